@@ -1,0 +1,242 @@
+import { fork, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { Queue } from 'bullmq';
+import type { Redis } from 'ioredis';
+import { loadConfig, type Config } from '../src/config.ts';
+import type { LeaseIdentity } from '../src/lease.ts';
+import { OperationsQueue } from '../src/queues/operations-queue.ts';
+import { createRedis } from '../src/queues/redis.ts';
+
+const WORKERS = 2;
+const CONCURRENCY = 50;
+const out = (line: string) => process.stderr.write(`${line}\n`);
+
+interface Figures {
+  lanes_ops_per_s: number;
+  plain_bullmq_jobs_per_s: number;
+  ratio_vs_plain: number;
+  hot_lease_ops_per_s: number;
+  handoff_p50_ms: number;
+  handoff_p99_ms: number;
+  many_leases_ops_per_s: number;
+  redis_memory_before_bytes: number;
+  redis_memory_after_bytes: number;
+  lane_keys_left: number;
+  loads: Record<string, number>;
+}
+
+function benchConfig(prefix: string): Config {
+  return loadConfig({
+    ...process.env,
+    LEASE_OPS_PREFIX: prefix,
+    LEASE_OPS_CONCURRENCY: String(CONCURRENCY),
+    LEASE_OPS_KEEP_COMPLETED_S: '0',
+    LEASE_OPS_LOG_LEVEL: 'warn',
+  });
+}
+
+async function startWorkers(mode: 'plain' | 'lanes', config: Config): Promise<ChildProcess[]> {
+  const env = {
+    ...process.env,
+    REDIS_URL: config.REDIS_URL,
+    LEASE_OPS_PREFIX: config.LEASE_OPS_PREFIX,
+    LEASE_OPS_CONCURRENCY: String(CONCURRENCY),
+    LEASE_OPS_KEEP_COMPLETED_S: '0',
+  };
+  const children = Array.from({ length: WORKERS }, () =>
+    fork(new URL('./worker-child.ts', import.meta.url).pathname, [mode], { env, execArgv: ['--import', 'tsx'] }),
+  );
+  await Promise.all(children.map((c) => once(c, 'message')));
+  return children;
+}
+
+async function stopWorkers(children: ChildProcess[]): Promise<void> {
+  await Promise.all(
+    children.map(async (c) => {
+      c.send('stop');
+      await once(c, 'exit');
+    }),
+  );
+}
+
+async function collectTimings(children: ChildProcess[]): Promise<[bigint, bigint][]> {
+  const all: [bigint, bigint][] = [];
+  for (const c of children) {
+    c.send('report');
+    const [msg] = (await once(c, 'message')) as [{ timings: [string, string][] }];
+    for (const [s, e] of msg.timings) all.push([BigInt(s), BigInt(e)]);
+  }
+  return all.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+}
+
+/** Waits until the queue holds no waiting, active or delayed job and no lane is open. */
+async function drained(queue: Queue, redis: Redis, lanesKey: string | null): Promise<void> {
+  for (;;) {
+    const counts = await queue.getJobCounts('wait', 'active', 'delayed', 'prioritized');
+    const open = lanesKey ? await redis.zcard(lanesKey) : 0;
+    if (Object.values(counts).every((n) => n === 0) && open === 0) return;
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
+async function pool<T>(items: T[], width: number, fn: (item: T) => Promise<unknown>): Promise<void> {
+  let i = 0;
+  await Promise.all(
+    Array.from({ length: width }, async () => {
+      while (i < items.length) await fn(items[i++]!);
+    }),
+  );
+}
+
+async function clearPrefix(redis: Redis, prefix: string): Promise<void> {
+  let cursor = '0';
+  do {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}*`, 'COUNT', 1000);
+    cursor = next;
+    if (keys.length) await redis.unlink(...keys);
+  } while (cursor !== '0');
+}
+
+async function countKeys(redis: Redis, pattern: string): Promise<number> {
+  let cursor = '0';
+  let n = 0;
+  do {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1000);
+    cursor = next;
+    n += keys.length;
+  } while (cursor !== '0');
+  return n;
+}
+
+const usedMemory = async (redis: Redis) => Number(/used_memory:(\d+)/.exec(await redis.info('memory'))?.[1] ?? 0);
+
+const leaseOf = (i: number): LeaseIdentity => ({ provider: 'noop', companyId: 'bench', environmentId: 'env', leaseId: `lease-${i}` });
+
+/** Plain BullMQ: the same no-op jobs, no lanes. Jobs are added first, then timed to drain. */
+async function plainRun(jobs: number): Promise<number> {
+  const config = benchConfig('{lease-ops-bench-plain}');
+  const redis = createRedis(config.REDIS_URL);
+  await clearPrefix(redis, config.LEASE_OPS_PREFIX);
+  const queue = new Queue(config.LEASE_OPS_QUEUE, { connection: redis, prefix: config.LEASE_OPS_PREFIX });
+  const batch = 1_000;
+  for (let i = 0; i < jobs; i += batch) {
+    await queue.addBulk(
+      Array.from({ length: Math.min(batch, jobs - i) }, (_, k) => ({
+        name: 'acquire',
+        data: { i: i + k },
+        opts: { removeOnComplete: true },
+      })),
+    );
+  }
+  const children = await startWorkers('plain', config);
+  const t0 = performance.now();
+  for (const c of children) c.send('go');
+  await drained(queue, redis, null);
+  const seconds = (performance.now() - t0) / 1000;
+  await stopWorkers(children);
+  await queue.close();
+  await clearPrefix(redis, config.LEASE_OPS_PREFIX);
+  redis.disconnect();
+  return jobs / seconds;
+}
+
+interface LanesRun {
+  opsPerS: number;
+  timings: [bigint, bigint][];
+  memBefore: number;
+  memAfter: number;
+  laneKeysLeft: number;
+}
+
+/** lease-ops lanes: `jobs` operations round-robin over `leases` leases, added first, then timed. */
+async function lanesRun(jobs: number, leases: number): Promise<LanesRun> {
+  const config = benchConfig('{lease-ops-bench-lanes}');
+  const redis = createRedis(config.REDIS_URL);
+  await clearPrefix(redis, config.LEASE_OPS_PREFIX);
+  const ops = new OperationsQueue(redis, config);
+  const children = await startWorkers('lanes', config);
+  // Warm up: one small load so BullMQ's own structures (event stream, meta) exist before
+  // the memory baseline is taken.
+  await pool([...Array(200).keys()], 50, (i) => ops.enqueue({ op: 'acquire', lease: leaseOf(i), params: { runId: 'w' } }));
+  for (const c of children) c.send('go');
+  await drained(ops.queue, redis, ops.lanes.lanesKey);
+  for (const c of children) c.send('reset');
+  const memBefore = await usedMemory(redis);
+
+  // Paused, so the load is all in place before the clock starts, as for plain BullMQ.
+  await ops.queue.pause();
+  await pool([...Array(jobs).keys()], 200, (i) =>
+    ops.enqueue({ op: 'acquire', lease: leaseOf(i % leases), params: { runId: `r${i}` } }),
+  );
+  const t0 = performance.now();
+  await ops.queue.resume();
+  await drained(ops.queue, redis, ops.lanes.lanesKey);
+  const seconds = (performance.now() - t0) / 1000;
+  const timings = await collectTimings(children);
+  const memAfter = await usedMemory(redis);
+  const laneKeysLeft = await countKeys(redis, `${config.LEASE_OPS_PREFIX}:lane:*`);
+  await stopWorkers(children);
+  await ops.close();
+  await clearPrefix(redis, config.LEASE_OPS_PREFIX);
+  redis.disconnect();
+  return { opsPerS: jobs / seconds, timings, memBefore, memAfter, laneKeysLeft };
+}
+
+function percentile(sorted: number[], p: number): number {
+  if (!sorted.length) return NaN;
+  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
+}
+
+export async function runBench(opts: { json: boolean; quick: boolean }): Promise<Figures> {
+  const scale = opts.quick ? 0.1 : 1;
+  const loads = {
+    jobs: Math.round(20_000 * scale),
+    leases: Math.round(1_000 * scale),
+    hot_ops: Math.round(2_000 * scale),
+    many_leases: Math.round(100_000 * scale),
+  };
+  out(`bench: ${WORKERS} worker processes x concurrency ${CONCURRENCY}, Redis ${loadConfig().REDIS_URL}`);
+  out(`(b) plain BullMQ, ${loads.jobs} no-op jobs ...`);
+  const plain = await plainRun(loads.jobs);
+  out(`(a) lanes, ${loads.jobs} operations over ${loads.leases} leases ...`);
+  const lanes = await lanesRun(loads.jobs, loads.leases);
+  out(`(c) one hot lease, ${loads.hot_ops} operations ...`);
+  const hot = await lanesRun(loads.hot_ops, 1);
+  const handoffs = hot.timings
+    .slice(1)
+    .map((t, i) => Number(t[0] - hot.timings[i]![1]) / 1e6)
+    .sort((a, b) => a - b);
+  out(`(d) ${loads.many_leases} leases, one operation each ...`);
+  const many = await lanesRun(loads.many_leases, loads.many_leases);
+
+  const figures: Figures = {
+    lanes_ops_per_s: Math.round(lanes.opsPerS),
+    plain_bullmq_jobs_per_s: Math.round(plain),
+    ratio_vs_plain: Number((lanes.opsPerS / plain).toFixed(3)),
+    hot_lease_ops_per_s: Math.round(hot.opsPerS),
+    handoff_p50_ms: Number(percentile(handoffs, 50).toFixed(3)),
+    handoff_p99_ms: Number(percentile(handoffs, 99).toFixed(3)),
+    many_leases_ops_per_s: Math.round(many.opsPerS),
+    redis_memory_before_bytes: many.memBefore,
+    redis_memory_after_bytes: many.memAfter,
+    lane_keys_left: lanes.laneKeysLeft + hot.laneKeysLeft + many.laneKeysLeft,
+    loads,
+  };
+  if (opts.json) {
+    process.stdout.write(`${JSON.stringify(figures)}\n`);
+  } else {
+    const rows: [string, string][] = [
+      [`(a) lanes: ${loads.jobs} ops over ${loads.leases} leases`, `${figures.lanes_ops_per_s} ops/s`],
+      [`(b) plain BullMQ: same jobs, no lanes`, `${figures.plain_bullmq_jobs_per_s} jobs/s`],
+      [`    ratio (a)/(b)`, `${figures.ratio_vs_plain}`],
+      [`(c) one hot lease: ${loads.hot_ops} ops`, `${figures.hot_lease_ops_per_s} ops/s`],
+      [`    hand-off p50 / p99`, `${figures.handoff_p50_ms} / ${figures.handoff_p99_ms} ms`],
+      [`(d) ${loads.many_leases} leases, one op each`, `${figures.many_leases_ops_per_s} ops/s (${(many.opsPerS / lanes.opsPerS).toFixed(2)} of (a))`],
+      [`    Redis memory before / after`, `${figures.redis_memory_before_bytes} / ${figures.redis_memory_after_bytes} bytes`],
+      [`    lane keys left in Redis`, `${figures.lane_keys_left}`],
+    ];
+    const w = Math.max(...rows.map((r) => r[0].length));
+    process.stdout.write(`${rows.map(([k, v]) => `${k.padEnd(w)}  ${v}`).join('\n')}\n`);
+  }
+  return figures;
+}

@@ -1,0 +1,80 @@
+// A worker process for the benchmark: plain BullMQ or lease-ops lanes, no-op jobs.
+// It connects, says 'ready', starts on 'go', and on 'report' sends its op timings.
+import { Worker } from 'bullmq';
+import { loadConfig } from '../src/config.ts';
+import { createLogger } from '../src/logger.ts';
+import { ProviderRegistry } from '../src/providers/registry.ts';
+import type { LeaseProvider } from '../src/providers/types.ts';
+import { createRedis } from '../src/queues/redis.ts';
+import { LeaseWorker } from '../src/queues/worker.ts';
+
+const mode = process.argv[2] as 'plain' | 'lanes';
+const config = loadConfig();
+const send = (msg: unknown) => process.send?.(msg);
+/** [start, end] of every operation, in process.hrtime ns (one clock for all processes). */
+const timings: [string, string][] = [];
+
+const noop: LeaseProvider = {
+  name: 'noop',
+  capabilities: { stop: true, pause: false, forceStop: true },
+  async acquire() {
+    const at = String(process.hrtime.bigint());
+    timings.push([at, at]);
+    return { providerLeaseId: 'x', metadata: {}, expiresAt: null };
+  },
+  async resume() {
+    return { providerLeaseId: 'x', metadata: {}, expiresAt: null };
+  },
+  async release(_c, p) {
+    return { providerLeaseId: p.providerLeaseId, disposition: p.resourceDisposition, state: 'running' };
+  },
+  async stop(_c, p) {
+    return { providerLeaseId: p.providerLeaseId, state: 'stopped' };
+  },
+  async forceStop(_c, p) {
+    return { providerLeaseId: p.providerLeaseId, state: 'stopped' };
+  },
+  async destroy(_c, p) {
+    return { providerLeaseId: p.providerLeaseId, state: 'destroyed' };
+  },
+  async status() {
+    return { kind: 'running' };
+  },
+};
+
+let close: () => Promise<void>;
+let run: () => void;
+if (mode === 'plain') {
+  const connection = createRedis(config.REDIS_URL);
+  const worker = new Worker(config.LEASE_OPS_QUEUE, async () => 'ok', {
+    connection,
+    prefix: config.LEASE_OPS_PREFIX,
+    concurrency: config.LEASE_OPS_CONCURRENCY,
+    autorun: false,
+  });
+  await worker.waitUntilReady();
+  run = () => void worker.run();
+  close = async () => {
+    await worker.close();
+    connection.disconnect();
+  };
+} else {
+  const worker = new LeaseWorker(config, new ProviderRegistry([noop]), createLogger({ level: 'warn' }));
+  let started = false;
+  run = () => {
+    if (!started) void worker.start();
+    started = true;
+  };
+  close = () => worker.close();
+}
+
+process.on('message', async (msg: string) => {
+  if (msg === 'go') run();
+  if (msg === 'report') send({ timings });
+  if (msg === 'reset') timings.length = 0;
+  if (msg === 'stop') {
+    await close();
+    process.exit(0);
+  }
+});
+send('ready');

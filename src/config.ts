@@ -1,0 +1,59 @@
+import { z } from 'zod';
+
+/** Thrown when an environment variable does not parse; the message names the variable. */
+export class ConfigError extends Error {
+  override name = 'ConfigError';
+}
+
+const int = (def: number, min = 0) => z.coerce.number().int().min(min).default(def);
+const bool = (def: boolean) =>
+  z
+    .enum(['true', 'false', '1', '0', 'yes', 'no'])
+    .default(def ? 'true' : 'false')
+    .transform((v) => v === 'true' || v === '1' || v === 'yes');
+
+/**
+ * Every setting lease-ops reads from the environment. Names are the environment
+ * variable names, so an error message can point at exactly what to fix.
+ */
+export const EnvSchema = z.object({
+  REDIS_URL: z.string().url().default('redis://127.0.0.1:6379'),
+  /** Key prefix for every key lease-ops and BullMQ write. Must hold a {hash tag} so one
+   *  Redis Cluster slot owns the whole queue and its lanes (Lua scripts touch both). */
+  LEASE_OPS_PREFIX: z
+    .string()
+    .regex(/^[^{}]*\{[^{}]+\}[^{}]*$/, 'must contain exactly one {hash tag}, e.g. {lease-ops}')
+    .default('{lease-ops}'),
+  LEASE_OPS_QUEUE: z.string().regex(/^[A-Za-z0-9_-]+$/).default('ops'),
+  LEASE_OPS_CONCURRENCY: int(50, 1),
+  /** BullMQ lock: a job whose worker stops renewing it for this long is stalled and re-run. */
+  LEASE_OPS_LOCK_MS: int(30_000, 1_000),
+  LEASE_OPS_STALLED_INTERVAL_MS: int(30_000, 500),
+  LEASE_OPS_MAX_STALLED: int(1, 0),
+  /** How often the lane sweep runs, and how long a lane may show no progress before the
+   *  sweep looks at its head. Together they bound how long a removed or crashed job can
+   *  block its lease. */
+  LEASE_OPS_SWEEP_INTERVAL_MS: int(5_000, 100),
+  LEASE_OPS_SWEEP_STALE_MS: int(10_000, 0),
+  LEASE_OPS_KEEP_COMPLETED_S: int(3_600, 0),
+  LEASE_OPS_KEEP_FAILED_S: int(7 * 24 * 3_600, 0),
+  /** Built-in provider names or module paths, comma separated (see README, providers). */
+  LEASE_OPS_PROVIDERS: z.string().default('simulated'),
+  LEASE_OPS_LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  LEASE_OPS_LOG_PRETTY: bool(false),
+});
+
+export type Config = z.infer<typeof EnvSchema>;
+
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  const parsed = EnvSchema.safeParse(env);
+  if (!parsed.success) {
+    const lines = parsed.error.issues.map((issue) => {
+      const name = issue.path.join('.');
+      const value = env[name];
+      return `  ${name}=${JSON.stringify(value ?? '')}: ${issue.message}`;
+    });
+    throw new ConfigError(`invalid configuration:\n${lines.join('\n')}`);
+  }
+  return parsed.data;
+}

@@ -1,0 +1,85 @@
+import { z } from 'zod';
+import { LeaseIdentitySchema } from './lease.ts';
+
+export const OPERATIONS = ['acquire', 'resume', 'release', 'stop', 'force-stop', 'destroy'] as const;
+export const OperationNameSchema = z.enum(OPERATIONS);
+export type OperationName = z.infer<typeof OperationNameSchema>;
+
+const providerLeaseId = z
+  .string()
+  .min(1)
+  .max(256)
+  .regex(/^[^\p{Cc}]+$/u, 'providerLeaseId must not contain control characters');
+/** Opaque metadata a provider returned with a lease; bounded so a job stays small. */
+const leaseMetadata = z
+  .record(z.string().max(128), z.unknown())
+  .refine((m) => JSON.stringify(m).length <= 16_384, 'leaseMetadata must serialise to at most 16 KiB');
+
+export const ResourceDispositionSchema = z.enum(['keep_running', 'stop_and_retain', 'destroy']);
+export type ResourceDisposition = z.infer<typeof ResourceDispositionSchema>;
+
+export const AcquireParamsSchema = z.strictObject({
+  runId: z.string().min(1).max(256),
+  requestedExpiresAt: z.iso.datetime().optional(),
+  resources: z
+    .strictObject({
+      cpu: z.number().positive().max(1024).optional(),
+      memoryGiB: z.number().positive().max(4096).optional(),
+      diskGiB: z.number().positive().max(65536).optional(),
+    })
+    .optional(),
+});
+export const ResumeParamsSchema = z.strictObject({ providerLeaseId, leaseMetadata: leaseMetadata.default({}) });
+export const ReleaseParamsSchema = z.strictObject({
+  providerLeaseId,
+  leaseMetadata: leaseMetadata.default({}),
+  cancelActiveWork: z.boolean().default(false),
+  resourceDisposition: ResourceDispositionSchema,
+});
+export const TargetParamsSchema = z.strictObject({ providerLeaseId });
+
+/** The params each operation takes, keyed by operation name. */
+export const OperationParamsSchemas = {
+  acquire: AcquireParamsSchema,
+  resume: ResumeParamsSchema,
+  release: ReleaseParamsSchema,
+  stop: TargetParamsSchema,
+  'force-stop': TargetParamsSchema,
+  destroy: TargetParamsSchema,
+} as const satisfies Record<OperationName, z.ZodType>;
+
+export type OperationParams = {
+  [K in OperationName]: z.infer<(typeof OperationParamsSchemas)[K]>;
+};
+
+const common = {
+  lease: LeaseIdentitySchema,
+  /** Epoch ms when lease-ops accepted the operation. */
+  acceptedAt: z.number().int().nonnegative(),
+  /** Epoch ms after which no attempt starts and no retry is scheduled. */
+  deadlineAt: z.number().int().nonnegative(),
+};
+
+/**
+ * The data of every lease-ops job, as stored in BullMQ. Validated when enqueued and again
+ * when a worker picks the job up, since anything can be written into Redis in between.
+ */
+export const OperationJobDataSchema = z.discriminatedUnion('op', [
+  z.strictObject({ op: z.literal('acquire'), params: AcquireParamsSchema, ...common }),
+  z.strictObject({ op: z.literal('resume'), params: ResumeParamsSchema, ...common }),
+  z.strictObject({ op: z.literal('release'), params: ReleaseParamsSchema, ...common }),
+  z.strictObject({ op: z.literal('stop'), params: TargetParamsSchema, ...common }),
+  z.strictObject({ op: z.literal('force-stop'), params: TargetParamsSchema, ...common }),
+  z.strictObject({ op: z.literal('destroy'), params: TargetParamsSchema, ...common }),
+]);
+export type OperationJobData = z.infer<typeof OperationJobDataSchema>;
+
+/** Default deadlines per operation (brief: acquire/start 300 s, resume budget 60 s). */
+export const DEFAULT_DEADLINE_MS: Record<OperationName, number> = {
+  acquire: 300_000,
+  resume: 60_000,
+  release: 120_000,
+  stop: 120_000,
+  'force-stop': 120_000,
+  destroy: 120_000,
+};

@@ -1,0 +1,35 @@
+import { z } from 'zod';
+import { PermanentError } from '../providers/errors.ts';
+
+// What providers return is checked like any other input: a provider (possibly a user's
+// own module) that breaks the contract fails the operation clearly instead of storing junk.
+
+export const LeaseSchema = z.strictObject({
+  providerLeaseId: z.string().min(1).max(256),
+  metadata: z.record(z.string(), z.unknown()),
+  expiresAt: z.iso.datetime({ offset: true }).nullable(),
+});
+export const ExpiredLeaseSchema = z.strictObject({
+  providerLeaseId: z.null(),
+  metadata: z.object({ expired: z.literal(true) }),
+});
+export const TerminationReceiptSchema = z.strictObject({
+  providerLeaseId: z.string().min(1).max(256),
+  state: z.enum(['stopped', 'destroyed']),
+});
+export const ReleaseReceiptSchema = z.strictObject({
+  providerLeaseId: z.string().min(1).max(256),
+  disposition: z.enum(['keep_running', 'stop_and_retain', 'destroy']),
+  state: z.enum(['running', 'stopped', 'destroyed']),
+});
+
+export function checkResult<T>(schema: z.ZodType<T>, value: unknown, provider: string, op: string): T {
+  const parsed = schema.safeParse(value);
+  if (!parsed.success) {
+    throw new PermanentError(
+      'invalid_provider_result',
+      `provider ${provider} returned an invalid ${op} result: ${z.prettifyError(parsed.error)}`,
+    );
+  }
+  return parsed.data;
+}

@@ -1,0 +1,75 @@
+import type { Logger } from '../logger.ts';
+import type { LeaseIdentity } from '../lease.ts';
+import type { OperationParams, ResourceDisposition } from '../operations.ts';
+
+/** A lease as a provider hands it out. */
+export interface Lease {
+  providerLeaseId: string;
+  metadata: Record<string, unknown>;
+  /** ISO time the provider will reclaim the sandbox, or null if it will not by itself. */
+  expiresAt: string | null;
+}
+
+/** Resume of a sandbox that cannot be reused (gone, identity mismatch): a result, not an error. */
+export interface ExpiredLease {
+  providerLeaseId: null;
+  metadata: { expired: true };
+}
+
+/** Given only after the provider confirmed, by a fresh read, that execution ended. */
+export interface TerminationReceipt {
+  providerLeaseId: string;
+  state: 'stopped' | 'destroyed';
+}
+
+export interface ReleaseReceipt {
+  providerLeaseId: string;
+  disposition: ResourceDisposition;
+  /** `running` only for keep_running; otherwise a confirmed terminal state. */
+  state: 'running' | 'stopped' | 'destroyed';
+}
+
+/** A provider's sandbox state, normalised across providers. */
+export type SandboxState =
+  | { kind: 'running' }
+  | { kind: 'stopped'; providerState: string }
+  | { kind: 'transitioning'; providerState: string }
+  | { kind: 'error'; providerState: string; recoverable: boolean }
+  | { kind: 'gone' };
+
+export interface ProviderCapabilities {
+  stop: boolean;
+  pause: boolean;
+  forceStop: boolean;
+}
+
+/** Everything a provider call gets besides its params. */
+export interface OperationContext {
+  lease: LeaseIdentity;
+  jobId: string;
+  attempt: number;
+  /** Aborted when this attempt must stop: its lock was lost or a newer attempt superseded it. */
+  signal: AbortSignal;
+  log: Logger;
+}
+
+/**
+ * One interface for every cloud. Processors and the lane see nothing else.
+ * Errors are thrown as SettlingError, TransientError or PermanentError.
+ */
+export interface LeaseProvider {
+  readonly name: string;
+  readonly capabilities: ProviderCapabilities;
+  acquire(ctx: OperationContext, params: OperationParams['acquire']): Promise<Lease>;
+  resume(ctx: OperationContext, params: OperationParams['resume']): Promise<Lease | ExpiredLease>;
+  release(ctx: OperationContext, params: OperationParams['release']): Promise<ReleaseReceipt>;
+  stop(ctx: OperationContext, params: OperationParams['stop']): Promise<TerminationReceipt>;
+  forceStop(ctx: OperationContext, params: OperationParams['force-stop']): Promise<TerminationReceipt>;
+  destroy(ctx: OperationContext, params: OperationParams['destroy']): Promise<TerminationReceipt>;
+  /** A fresh read of the sandbox's state (never a cached one). */
+  status(ctx: OperationContext, params: { providerLeaseId: string }): Promise<SandboxState>;
+  close?(): Promise<void>;
+}
+
+/** What a provider module exports: `export default function createProvider(env) {...}`. */
+export type ProviderFactory = (env: NodeJS.ProcessEnv) => LeaseProvider | Promise<LeaseProvider>;
