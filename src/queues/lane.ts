@@ -1,22 +1,33 @@
-import { readFileSync } from 'node:fs';
 import type { Cluster, Redis } from 'ioredis';
+import { loadLuaScript } from './lua-scripts.ts';
 
 type RedisClient = Redis | Cluster;
 
-const SCRIPTS = ['lane-push', 'lane-acquire', 'lane-release', 'lane-yield', 'lane-drop', 'lane-touch'] as const;
-const KEY_COUNTS: Record<(typeof SCRIPTS)[number], number> = {
-  'lane-push': 3,
+const SCRIPTS = {
+  'lane-push': 10,
   'lane-acquire': 5,
-  'lane-release': 4,
+  'lane-release': 10,
   'lane-yield': 1,
-  'lane-drop': 3,
-  'lane-touch': 2,
-};
+  'lane-repair': 10,
+} as const;
+type ScriptName = keyof typeof SCRIPTS;
 
 /** Command names registered on the client; prefixed so they never clash with BullMQ's. */
 const commandName = (script: string) => `leaseOps_${script.replaceAll('-', '_')}`;
 
 type Evaluator = (...args: (string | number)[]) => Promise<unknown>;
+
+/** The BullMQ keys a hand-off writes, exactly as BullMQ's own promote does. */
+export interface BullKeys {
+  delayed: string;
+  wait: string;
+  meta: string;
+  active: string;
+  marker: string;
+  events: string;
+  /** Prefix of a job's hash key: `${jobPrefix}${jobId}`. */
+  jobPrefix: string;
+}
 
 /** The outcome a lane records for its finished head, replayed if the job ever re-runs. */
 export type LaneOutcome = { status: 'completed'; result: unknown } | { status: 'failed'; error: string; code: string };
@@ -27,39 +38,46 @@ export type AcquireResult =
   | { kind: 'done'; outcome: LaneOutcome }
   | { kind: 'orphan' };
 
-export type AdvanceResult = { kind: 'stale' } | { kind: 'moved' } | { kind: 'next'; jobId: string } | { kind: 'idle' };
+/** How a hand-off went: promoted to the wait list, or the job was already elsewhere. */
+export type HandOff = { jobId: string; result: 'promoted' | 'elsewhere' };
+
+export type ReleaseResult = { kind: 'stale' } | { kind: 'next'; handOff: HandOff } | { kind: 'idle' };
+
+export type RepairResult =
+  | { kind: 'forgotten' }
+  | { kind: 'healthy' }
+  | { kind: 'dropped'; jobId: string; next: HandOff | null }
+  | { kind: 'handed'; jobId: string; result: string };
 
 /**
  * The per-lease lanes: which job of a lease may run, in what order, and who holds it.
- * All bookkeeping is done by the Lua scripts beside this file, each one atomic.
+ * All bookkeeping is done by the Lua scripts in ./lua, each one atomic.
  *
  * Keys (all under the one hash-tagged prefix, so a Redis Cluster keeps them in one slot
  * with the BullMQ queue they refer to):
  *   <prefix>:lane:<laneId>     list of job ids, head first; gone when the lane is idle
- *   <prefix>:lane:<laneId>:x   hash {job, token} of the executing head; gone when none
+ *   <prefix>:lane:<laneId>:x   hash {job, token} of the lane's holder; gone when none
  *   <prefix>:lanes             zset laneId -> last progress (ms), read by the sweep
  *   <prefix>:fence             counter behind every fencing token
  */
 export class Lanes {
   readonly lanesKey: string;
   readonly fenceKey: string;
+  private readonly bullKeyList: string[];
 
   constructor(
     private readonly client: RedisClient,
     readonly prefix: string,
-    /** Maps a job id to its BullMQ job hash key. */
-    private readonly jobKey: (jobId: string) => string,
+    private readonly bull: BullKeys,
+    /** A delayed head whose delay is at least this is parked (not backing off). */
+    private readonly parkedThresholdMs: number,
   ) {
     this.lanesKey = `${prefix}:lanes`;
     this.fenceKey = `${prefix}:fence`;
-    for (const script of SCRIPTS) {
+    this.bullKeyList = [bull.delayed, bull.wait, bull.meta, bull.active, bull.marker, bull.events];
+    for (const [script, numberOfKeys] of Object.entries(SCRIPTS)) {
       const name = commandName(script);
-      if (!(name in client)) {
-        client.defineCommand(name, {
-          numberOfKeys: KEY_COUNTS[script],
-          lua: readFileSync(new URL(`./lua/${script}.lua`, import.meta.url), 'utf8'),
-        });
-      }
+      if (!(name in client)) client.defineCommand(name, { numberOfKeys, lua: loadLuaScript(script) });
     }
   }
 
@@ -71,25 +89,29 @@ export class Lanes {
     return `${this.prefix}:lane:${laneId}:x`;
   }
 
-  private run(script: (typeof SCRIPTS)[number], ...args: (string | number)[]): Promise<unknown> {
+  private run(script: ScriptName, ...args: (string | number)[]): Promise<unknown> {
     const fn = (this.client as unknown as Record<string, Evaluator>)[commandName(script)];
     if (!fn) throw new Error(`lane script ${script} is not loaded`);
     return fn.apply(this.client, args);
   }
 
-  /** Returns true when the job became the head with nothing executing: hand it to the workers. */
-  async push(laneId: string, jobId: string, position: 'tail' | 'front' = 'tail'): Promise<boolean> {
-    const r = await this.run(
+  private laneKeys(laneId: string): string[] {
+    return [this.listKey(laneId), this.execKey(laneId), this.lanesKey, this.fenceKey];
+  }
+
+  /** Adds a job to its lane; returns the hand-off when it became the head with nothing executing. */
+  async push(laneId: string, jobId: string, position: 'tail' | 'front' = 'tail'): Promise<HandOff | null> {
+    const r = (await this.run(
       'lane-push',
-      this.listKey(laneId),
-      this.execKey(laneId),
-      this.lanesKey,
+      ...this.laneKeys(laneId),
+      ...this.bullKeyList,
       jobId,
       laneId,
       Date.now(),
       position,
-    );
-    return r === 1;
+      this.bull.jobPrefix,
+    )) as string[];
+    return r[0] === 'next' ? toHandOff(r[1], r[2]) : null;
   }
 
   async acquire(laneId: string, jobId: string): Promise<AcquireResult> {
@@ -99,7 +121,7 @@ export class Lanes {
       this.execKey(laneId),
       this.fenceKey,
       this.lanesKey,
-      this.jobKey(jobId),
+      this.bull.jobPrefix + jobId,
       jobId,
       laneId,
       Date.now(),
@@ -116,43 +138,60 @@ export class Lanes {
     }
   }
 
-  async release(laneId: string, jobId: string, token: string, outcome: LaneOutcome): Promise<AdvanceResult> {
+  /**
+   * Ends the holder's turn and hands off the next job. `completionFollows`: BullMQ's
+   * completion of this job is sent next on the same connection (see hand-off.lua).
+   */
+  async release(
+    laneId: string,
+    jobId: string,
+    token: string,
+    outcome: LaneOutcome,
+    completionFollows = false,
+  ): Promise<ReleaseResult> {
     const r = (await this.run(
       'lane-release',
-      this.listKey(laneId),
-      this.execKey(laneId),
-      this.lanesKey,
-      this.jobKey(jobId),
+      ...this.laneKeys(laneId),
+      ...this.bullKeyList,
       jobId,
       token,
       JSON.stringify(outcome),
       laneId,
       Date.now(),
-    )) as [string, string?];
-    return toAdvance(r);
+      this.bull.jobPrefix,
+      completionFollows ? '1' : '0',
+    )) as string[];
+    if (r[0] === 'stale') return { kind: 'stale' };
+    if (r[0] === 'next') return { kind: 'next', handOff: toHandOff(r[1], r[2]) };
+    return { kind: 'idle' };
   }
 
-  /** Before a retry's backoff: keep the head, stop being the executing one. False if stale. */
+  /** Before a retry's backoff: keep the head, stop being the holder. False if stale. */
   async yield(laneId: string, jobId: string, token: string): Promise<boolean> {
     return (await this.run('lane-yield', this.execKey(laneId), jobId, token)) === 1;
   }
 
-  async drop(laneId: string, jobId: string): Promise<AdvanceResult> {
+  /** The one recovery step (see lane-repair.lua). */
+  async repair(laneId: string): Promise<RepairResult> {
     const r = (await this.run(
-      'lane-drop',
-      this.listKey(laneId),
-      this.execKey(laneId),
-      this.lanesKey,
-      jobId,
+      'lane-repair',
+      ...this.laneKeys(laneId),
+      ...this.bullKeyList,
       laneId,
       Date.now(),
-    )) as [string, string?];
-    return toAdvance(r);
-  }
-
-  /** Returns false when the lane no longer exists (and was forgotten by the index). */
-  async touch(laneId: string): Promise<boolean> {
-    return (await this.run('lane-touch', this.listKey(laneId), this.lanesKey, laneId, Date.now())) === 1;
+      this.bull.jobPrefix,
+      this.parkedThresholdMs,
+    )) as string[];
+    switch (r[0]) {
+      case 'forgotten':
+        return { kind: 'forgotten' };
+      case 'dropped':
+        return { kind: 'dropped', jobId: String(r[1]), next: r[2] === 'next' ? toHandOff(r[3], r[4]) : null };
+      case 'handed':
+        return { kind: 'handed', jobId: String(r[1]), result: String(r[2]) };
+      default:
+        return { kind: 'healthy' };
+    }
   }
 
   /** Lanes that showed no progress since `olderThan` (epoch ms), oldest first. */
@@ -160,36 +199,19 @@ export class Lanes {
     return this.client.zrangebyscore(this.lanesKey, '-inf', olderThan, 'LIMIT', 0, limit);
   }
 
-  async view(laneId: string): Promise<{ jobs: string[]; executing: { job: string; token: string } | null }> {
+  async view(laneId: string): Promise<{ jobs: string[]; holder: { job: string; token: string } | null }> {
     const [jobs, exec] = await Promise.all([
       this.client.lrange(this.listKey(laneId), 0, -1),
       this.client.hgetall(this.execKey(laneId)),
     ]);
-    return { jobs, executing: exec.job && exec.token ? { job: exec.job, token: exec.token } : null };
+    return { jobs, holder: exec.job && exec.token ? { job: exec.job, token: exec.token } : null };
   }
 
-  async head(laneId: string): Promise<{ job: string | null; executing: string | null }> {
-    const [job, executing] = await Promise.all([
-      this.client.lindex(this.listKey(laneId), 0),
-      this.client.hget(this.execKey(laneId), 'job'),
-    ]);
-    return { job, executing };
-  }
-
-  async activeLaneCount(): Promise<number> {
+  async openLaneCount(): Promise<number> {
     return this.client.zcard(this.lanesKey);
   }
 }
 
-function toAdvance(r: [string, string?]): AdvanceResult {
-  switch (r[0]) {
-    case 'stale':
-      return { kind: 'stale' };
-    case 'moved':
-      return { kind: 'moved' };
-    case 'next':
-      return { kind: 'next', jobId: String(r[1]) };
-    default:
-      return { kind: 'idle' };
-  }
+function toHandOff(jobId: unknown, result: unknown): HandOff {
+  return { jobId: String(jobId), result: result === 'promoted' ? 'promoted' : 'elsewhere' };
 }

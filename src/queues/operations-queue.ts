@@ -3,7 +3,6 @@ import { Queue, type JobsOptions } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Config } from '../config.ts';
 import { laneIdOf, type LeaseIdentity } from '../lease.ts';
-import type { Logger } from '../logger.ts';
 import {
   DEFAULT_DEADLINE_MS,
   OperationJobDataSchema,
@@ -56,22 +55,23 @@ export class OperationsQueue {
   constructor(
     readonly connection: Redis,
     readonly settings: QueueSettings,
-    private readonly log?: Logger,
   ) {
     this.queue = new Queue(settings.LEASE_OPS_QUEUE, { connection, prefix: settings.LEASE_OPS_PREFIX });
-    this.lanes = new Lanes(connection, settings.LEASE_OPS_PREFIX, (jobId) => this.queue.toKey(jobId));
+    this.lanes = this.lanesOn(connection);
     this.jobOptions = {
       delay: PARK_MS,
       attempts: UNBOUNDED_ATTEMPTS,
       backoff: { type: BACKOFF_TYPE },
-      removeOnComplete: { age: settings.LEASE_OPS_KEEP_COMPLETED_S },
-      removeOnFail: { age: settings.LEASE_OPS_KEEP_FAILED_S },
+      // 0 means remove at once; BullMQ's `true` does that without an age scan per job.
+      removeOnComplete: settings.LEASE_OPS_KEEP_COMPLETED_S === 0 ? true : { age: settings.LEASE_OPS_KEEP_COMPLETED_S },
+      removeOnFail: settings.LEASE_OPS_KEEP_FAILED_S === 0 ? true : { age: settings.LEASE_OPS_KEEP_FAILED_S },
     };
   }
 
   /**
    * Validates and accepts one operation. The job is stored parked first and only then
-   * joins its lane, so a lane never names a job that does not exist.
+   * joins its lane (which hands it to the workers if it is the head), so a lane never
+   * names a job that does not exist.
    */
   async enqueue(request: EnqueueRequest): Promise<Enqueued> {
     const data = buildJobData(request);
@@ -80,29 +80,23 @@ export class OperationsQueue {
     await this.queue.add(data.op, data, { ...this.jobOptions, jobId });
     // The sanctioned exception: a force-stop goes ahead of queued and backing-off
     // operations of its lease, never alongside an executing one.
-    const position = data.op === 'force-stop' ? 'front' : 'tail';
-    if (await this.lanes.push(laneId, jobId, position)) await this.handOff(laneId, jobId);
+    await this.lanes.push(laneId, jobId, data.op === 'force-stop' ? 'front' : 'tail');
     return { jobId, laneId };
   }
 
-  /**
-   * Makes a lane's new head runnable. A head whose job was removed meanwhile is dropped
-   * and the next one tried, so a removed job never blocks its lane.
-   */
-  async handOff(laneId: string, jobId: string): Promise<void> {
-    let next: string | null = jobId;
-    while (next) {
-      try {
-        await this.queue.backend.promote(next);
-        return;
-      } catch (err) {
-        const state = await this.queue.getJobState(next);
-        if (state !== 'unknown') return; // already waiting or active (e.g. promoted by hand)
-        this.log?.warn({ laneId, jobId: next }, 'lane head vanished before hand-off; dropping it');
-        const dropped = await this.lanes.drop(laneId, next);
-        next = dropped.kind === 'next' ? dropped.jobId : null;
-      }
-    }
+  /** The lanes of this queue, spoken to over another connection. */
+  lanesOn(connection: Redis): Lanes {
+    const k = this.queue.keys;
+    const bull = {
+      delayed: k.delayed!,
+      wait: k.wait!,
+      meta: k.meta!,
+      active: k.active!,
+      marker: k.marker!,
+      events: k.events!,
+      jobPrefix: this.queue.toKey(''),
+    };
+    return new Lanes(connection, this.settings.LEASE_OPS_PREFIX, bull, PARK_MS / 2);
   }
 
   async close(): Promise<void> {

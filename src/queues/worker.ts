@@ -7,6 +7,7 @@ import type { Logger } from '../logger.ts';
 import { OperationJobDataSchema } from '../operations.ts';
 import { runOperation } from '../processors/index.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
+import type { Lanes } from './lane.ts';
 import { BACKOFF_TYPE, OperationsQueue, PARK_MS } from './operations-queue.ts';
 import { createRedis } from './redis.ts';
 import { decideRetry, DeadlineExceededError, OperationFailedError, RetryLaterError } from './retry-policy.ts';
@@ -39,6 +40,7 @@ export class LeaseWorker {
   private readonly maintenanceQueue: Queue;
   private readonly maintenanceWorker: Worker;
   private readonly connection: Redis;
+  private readonly releaseLanes: Lanes;
   /** Connections handed to BullMQ, which leaves closing them to their owner. */
   private readonly ownedConnections: Redis[] = [];
   private closing: Promise<void> | null = null;
@@ -54,10 +56,15 @@ export class LeaseWorker {
       this.ownedConnections.push(c);
       return c;
     };
-    this.ops = new OperationsQueue(this.connection, settings, log);
+    this.ops = new OperationsQueue(this.connection, settings);
     const prefix = settings.LEASE_OPS_PREFIX;
+    const workerConnection = connect();
+    // Releases go over the BullMQ worker's own connection: Redis runs one connection's
+    // commands in order, so the release (which hands off the next job) always lands just
+    // before BullMQ's completion of the same job, whose fetch-next then finds that job.
+    this.releaseLanes = this.ops.lanesOn(workerConnection);
     this.worker = new Worker(settings.LEASE_OPS_QUEUE, (job, token, signal) => this.process(job, token, signal), {
-      connection: connect(),
+      connection: workerConnection,
       prefix,
       concurrency: settings.LEASE_OPS_CONCURRENCY,
       lockDuration: settings.LEASE_OPS_LOCK_MS,
@@ -118,36 +125,38 @@ export class LeaseWorker {
     const laneId = laneIdOfJobId(jobId);
     if (!laneId) throw new UnrecoverableError(`job ${jobId} has no lane: only lease-ops' enqueue may add jobs`);
 
-    const acquired = await this.ops.lanes.acquire(laneId, jobId);
-    switch (acquired.kind) {
-      case 'park':
-        // Not this job's turn (it was promoted by hand, or a force-stop went ahead of its
-        // backoff): back to the parked set until the lane hands it off.
-        await job.moveToDelayed(Date.now() + PARK_MS, token);
-        throw new DelayedError();
-      case 'done':
-        // A re-run after a crash between the lane's release and BullMQ's completion.
-        if (acquired.outcome.status === 'completed') return acquired.outcome.result;
-        throw new UnrecoverableError(acquired.outcome.error);
-      case 'orphan':
-        throw new UnrecoverableError('operation was never accepted into its lane (its enqueue was interrupted)');
-      case 'run':
-        break;
+    let fence = handedOffFence(job);
+    if (fence === null) {
+      const acquired = await this.ops.lanes.acquire(laneId, jobId);
+      switch (acquired.kind) {
+        case 'park':
+          // Not this job's turn (it was promoted by hand, or a force-stop went ahead of its
+          // backoff): back to the parked set. The lane may have reached it meanwhile, so ask
+          // the lane's repair step to hand it off if it is now the head.
+          await job.moveToDelayed(Date.now() + PARK_MS, token);
+          await this.ops.lanes.repair(laneId);
+          throw new DelayedError();
+        case 'done':
+          // A re-run after a crash between the lane's release and BullMQ's completion.
+          if (acquired.outcome.status === 'completed') return acquired.outcome.result;
+          throw new UnrecoverableError(acquired.outcome.error);
+        case 'orphan':
+          throw new UnrecoverableError('operation was never accepted into its lane (its enqueue was interrupted)');
+        case 'run':
+          fence = acquired.token;
+      }
     }
-    const fence = acquired.token;
 
     const parsed = OperationJobDataSchema.safeParse(job.data);
     if (!parsed.success) {
       return this.fail(laneId, jobId, fence, 'invalid_job_data', `invalid job data: ${z.prettifyError(parsed.error)}`);
     }
     const data = parsed.data;
-    const log = this.log.child({
-      leaseId: data.lease.leaseId,
-      provider: data.lease.provider,
-      jobId,
-      op: data.op,
-      attempt: job.attemptsMade + 1,
-    });
+    const attempt = job.attemptsMade + 1;
+    // A child logger costs more than a no-op operation; make it only when something logs.
+    let child: Logger | undefined;
+    const bindings = { leaseId: data.lease.leaseId, provider: data.lease.provider, jobId, op: data.op, attempt };
+    const logger = () => (child ??= this.log.child(bindings));
     const provider = this.providers.get(data.lease.provider);
     if (!provider) {
       return this.fail(laneId, jobId, fence, 'unknown_provider', `no provider named "${data.lease.provider}" is configured`);
@@ -158,39 +167,64 @@ export class LeaseWorker {
 
     let result: unknown;
     try {
-      const ctx = { lease: data.lease, jobId, attempt: job.attemptsMade + 1, signal: signal ?? new AbortController().signal, log };
+      const ctx = {
+        lease: data.lease,
+        jobId,
+        attempt,
+        signal: signal ?? new AbortController().signal,
+        get log() {
+          return logger();
+        },
+      };
       result = await runOperation(provider, ctx, data);
     } catch (err) {
       const decision = decideRetry(err, job.attemptsMade, data.deadlineAt, Date.now());
       if (decision.retry) {
-        log.info({ err, delayMs: decision.delayMs }, 'operation will be retried');
+        logger().info({ err, delayMs: decision.delayMs }, 'operation will be retried');
         await this.ops.lanes.yield(laneId, jobId, fence);
         throw new RetryLaterError(decision.delayMs, err);
       }
       const message = err instanceof Error ? err.message : String(err);
-      log.warn({ err, reason: decision.reason }, 'operation failed');
+      logger().warn({ err, reason: decision.reason }, 'operation failed');
       if (decision.reason === 'deadline') {
         return this.fail(laneId, jobId, fence, 'deadline_exceeded', `last provider error: ${message}`);
       }
       return this.fail(laneId, jobId, fence, errorCode(err), message);
     }
 
-    const released = await this.ops.lanes.release(laneId, jobId, fence, { status: 'completed', result });
-    if (released.kind === 'stale') {
-      log.warn('attempt was superseded while it ran; its result is discarded');
-      throw new Error('attempt superseded by a newer attempt of the same job');
-    }
-    if (released.kind === 'next') await this.ops.handOff(laneId, released.jobId);
+    // Not awaited: the release is queued on the worker's connection ahead of BullMQ's own
+    // completion, so the next job of the lane starts one round trip sooner. A stale
+    // release (this attempt was superseded) changes nothing, and BullMQ refuses to
+    // complete the job too, as the superseding start took its lock.
+    this.releaseLanes.release(laneId, jobId, fence, { status: 'completed', result }, true).then(
+      (released) => {
+        if (released.kind === 'stale') logger().warn('attempt was superseded while it ran; its result is discarded');
+      },
+      (err: unknown) => logger().error({ err }, 'lane release failed; the lane sweep will repair the lane'),
+    );
     return result;
   }
 
-  /** Records a final failure in the lane, hands off the next job, and fails this one for good. */
+  /** Records a final failure in the lane (which hands off the next job) and fails this one for good. */
   private async fail(laneId: string, jobId: string, fence: string, code: string, message: string): Promise<never> {
     const err = code === 'deadline_exceeded' ? new DeadlineExceededError(message) : new OperationFailedError(code, message);
-    const released = await this.ops.lanes.release(laneId, jobId, fence, { status: 'failed', code, error: err.message });
-    if (released.kind === 'next') await this.ops.handOff(laneId, released.jobId);
+    await this.releaseLanes.release(laneId, jobId, fence, { status: 'failed', code, error: err.message }, true);
     throw err;
   }
+}
+
+/**
+ * The fencing token a lane hand-off left in the job's progress field. Trusted only on the
+ * job's first start: any later start (a retry, a re-run after a stall, a start after
+ * parking) asks the lane for a fresh token, so no two attempts ever share one.
+ */
+function handedOffFence(job: Job): string | null {
+  if (job.attemptsStarted !== 1 || job.attemptsMade !== 0) return null;
+  const progress = job.progress as unknown;
+  if (progress && typeof progress === 'object' && 'fence' in progress && typeof progress.fence === 'string') {
+    return progress.fence;
+  }
+  return null;
 }
 
 function errorCode(err: unknown): string {

@@ -1,33 +1,38 @@
 --[[
-  Appends an accepted operation to its lease's lane (or, for the sanctioned exception,
-  puts it at the front without ever overtaking an executing operation).
+  Appends an accepted operation to its lease's lane and, if it is the head with nothing
+  executing, hands it to the workers. The sanctioned exception (mode 'front', used by
+  force-stop) goes ahead of queued and backing-off operations, never alongside an
+  executing one.
 
-  KEYS[1] lane list (job ids, head first)
-  KEYS[2] lane executing hash {job, token}
-  KEYS[3] lanes index (zset laneId -> last progress ms)
+  KEYS[1] lane list (job ids, head first)   KEYS[2] lane executing hash {job, token}
+  KEYS[3] lanes index (zset laneId -> last progress ms)   KEYS[4] fencing counter
+  KEYS[5..10] BullMQ delayed, wait, meta, active, marker, events
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] 'tail' | 'front'
+  ARGV[5] BullMQ job key prefix
 
-  Returns 1 when the job is now the head and nothing executes, so the caller must hand it
-  to the workers; 0 when it waits behind others.
+  Returns {'queued'} when it waits behind others, or {'next', jobId, handOffResult}.
 ]]
-local list, exec, lanes = KEYS[1], KEYS[2], KEYS[3]
+local rcall = redis.call
+local listKey, execKey, lanesKey, fenceKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local q = { delayed = KEYS[5], wait = KEYS[6], meta = KEYS[7], active = KEYS[8], marker = KEYS[9],
+  events = KEYS[10], jobPrefix = ARGV[5] }
 local jobId, laneId, now, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
-redis.call('ZADD', lanes, 'NX', now, laneId)
+--- @include "hand-off"
+
+rcall('ZADD', lanesKey, 'NX', now, laneId)
+local executing = rcall('HGET', execKey, 'job')
 
 if mode == 'front' then
-  local executing = redis.call('HGET', exec, 'job')
-  local head = redis.call('LINDEX', list, 0)
+  local head = rcall('LINDEX', listKey, 0)
   if executing and head then
-    -- Never alongside an executing operation: right behind it instead.
-    redis.call('LINSERT', list, 'AFTER', head, jobId)
-    return 0
+    rcall('LINSERT', listKey, 'AFTER', head, jobId)
+    return {'queued'}
   end
-  redis.call('LPUSH', list, jobId)
-  return 1
+  rcall('LPUSH', listKey, jobId)
+else
+  if rcall('RPUSH', listKey, jobId) > 1 then
+    return {'queued'}
+  end
 end
-
-if redis.call('RPUSH', list, jobId) == 1 then
-  return 1
-end
-return 0
+return {'next', jobId, handOff(q, execKey, fenceKey, jobId)}

@@ -1,34 +1,36 @@
 --[[
-  Ends the executing head of a lane and names the next job to hand to the workers.
+  Ends the executing head of a lane and hands off the next job, in one atomic step.
   Refused for a stale attempt: one whose token is no longer the lane's current one.
   The outcome is kept on the job hash so that a re-run of this job (a crash before BullMQ
   recorded completion) repeats it instead of calling the provider again.
 
-  KEYS[1] lane list   KEYS[2] lane executing hash   KEYS[3] lanes index   KEYS[4] job hash
+  KEYS[1] lane list   KEYS[2] lane executing hash   KEYS[3] lanes index   KEYS[4] fencing counter
+  KEYS[5..10] BullMQ delayed, wait, meta, active, marker, events
   ARGV[1] job id   ARGV[2] token   ARGV[3] outcome (JSON)   ARGV[4] lane id   ARGV[5] now
+  ARGV[6] BullMQ job key prefix   ARGV[7] '1' when BullMQ's completion follows on this
+  connection (see lazyMarker in includes/hand-off.lua)
 
-  Returns {'stale'} | {'next', jobId} | {'idle'}
+  Returns {'stale'} | {'next', jobId, handOffResult} | {'idle'}
 ]]
-local list, exec, lanes, jobKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local rcall = redis.call
+local listKey, execKey, lanesKey, fenceKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local q = { delayed = KEYS[5], wait = KEYS[6], meta = KEYS[7], active = KEYS[8], marker = KEYS[9],
+  events = KEYS[10], jobPrefix = ARGV[6], lazyMarker = ARGV[7] == '1' }
 local jobId, token, outcome, laneId, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
-local holder = redis.call('HMGET', exec, 'job', 'token')
+--- @include "hand-off"
+
+local holder = rcall('HMGET', execKey, 'job', 'token')
 if holder[1] ~= jobId or holder[2] ~= token then
   return {'stale'}
 end
 
--- The holder is always the head: only release and drop remove a head, and 'front'
+-- The holder is always the head: only release and repair remove a head, and 'front'
 -- pushes never go before an executing one.
-redis.call('LPOP', list)
-redis.call('DEL', exec)
-if redis.call('EXISTS', jobKey) == 1 then
-  redis.call('HSET', jobKey, 'lo:outcome', outcome)
+rcall('LPOP', listKey)
+rcall('DEL', execKey)
+local jobKey = q.jobPrefix .. jobId
+if rcall('EXISTS', jobKey) == 1 then
+  rcall('HSET', jobKey, 'lo:outcome', outcome)
 end
-
-local nextJob = redis.call('LINDEX', list, 0)
-if nextJob then
-  redis.call('ZADD', lanes, now, laneId)
-  return {'next', nextJob}
-end
-redis.call('ZREM', lanes, laneId)
-return {'idle'}
+return advanceLane(q, listKey, execKey, fenceKey, lanesKey, laneId, now)

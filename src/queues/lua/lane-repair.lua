@@ -1,0 +1,50 @@
+--[[
+  The one recovery step for a lane, used by the periodic sweep and by a job that has just
+  parked itself. It looks at the head and:
+    - drops it when its job is gone (removed by an operator) or finished without the lane
+      hearing of it (BullMQ failed it after too many stalls), then hands off the next;
+    - hands it off when it is still parked (its hand-off raced a parking attempt, or the
+      process that should have handed it off died);
+    - otherwise (waiting, active, backing off) marks the lane as seen.
+  Every branch is conditional on what it reads in the same atomic step, so a repair that
+  races a worker can only find the work already done.
+
+  KEYS[1] lane list   KEYS[2] lane executing hash   KEYS[3] lanes index   KEYS[4] fencing counter
+  KEYS[5..10] BullMQ delayed, wait, meta, active, marker, events
+  ARGV[1] lane id   ARGV[2] now (ms)   ARGV[3] BullMQ job key prefix
+  ARGV[4] parked threshold: a delayed head whose delay is at least this is parked, not
+          backing off
+
+  Returns {'forgotten'} | {'healthy'} | {'dropped', jobId, ...advance} | {'handed', jobId, r}
+]]
+local rcall = redis.call
+local listKey, execKey, lanesKey, fenceKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local q = { delayed = KEYS[5], wait = KEYS[6], meta = KEYS[7], active = KEYS[8], marker = KEYS[9],
+  events = KEYS[10], jobPrefix = ARGV[3] }
+local laneId, now, parkedDelay = ARGV[1], ARGV[2], tonumber(ARGV[4])
+
+--- @include "hand-off"
+
+local head = rcall('LINDEX', listKey, 0)
+if not head then
+  rcall('ZREM', lanesKey, laneId)
+  rcall('DEL', execKey)
+  return {'forgotten'}
+end
+
+local jobKey = q.jobPrefix .. head
+if rcall('EXISTS', jobKey) == 0 or rcall('HEXISTS', jobKey, 'finishedOn') == 1 then
+  rcall('LPOP', listKey)
+  if rcall('HGET', execKey, 'job') == head then
+    rcall('DEL', execKey)
+  end
+  local advanced = advanceLane(q, listKey, execKey, fenceKey, lanesKey, laneId, now)
+  return {'dropped', head, advanced[1], advanced[2], advanced[3]}
+end
+
+if rcall('ZSCORE', q.delayed, head) and (tonumber(rcall('HGET', jobKey, 'delay')) or 0) >= parkedDelay then
+  return {'handed', head, handOff(q, execKey, fenceKey, head)}
+end
+
+rcall('ZADD', lanesKey, 'XX', now, laneId)
+return {'healthy'}
