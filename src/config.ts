@@ -35,6 +35,9 @@ export const EnvSchema = z.object({
    *  block its lease. */
   LEASE_OPS_SWEEP_INTERVAL_MS: int(5_000, 100),
   LEASE_OPS_SWEEP_STALE_MS: int(10_000, 0),
+  /** Retry backoff for settling and transient errors (brief: 250 ms doubling to 5 s). */
+  LEASE_OPS_BACKOFF_BASE_MS: int(250, 1),
+  LEASE_OPS_BACKOFF_CAP_MS: int(5_000, 1),
   LEASE_OPS_KEEP_COMPLETED_S: int(3_600, 0),
   LEASE_OPS_KEEP_FAILED_S: int(7 * 24 * 3_600, 0),
   /** Built-in provider names or module paths, comma separated (see README, providers). */

@@ -10,7 +10,14 @@ import type { ProviderRegistry } from '../providers/registry.ts';
 import type { Lanes } from './lane.ts';
 import { BACKOFF_TYPE, OperationsQueue, PARK_MS } from './operations-queue.ts';
 import { createRedis } from './redis.ts';
-import { decideRetry, DeadlineExceededError, OperationFailedError, RetryLaterError } from './retry-policy.ts';
+import {
+  type BackoffSettings,
+  decideRetry,
+  DEFAULT_BACKOFF,
+  DeadlineExceededError,
+  OperationFailedError,
+  RetryLaterError,
+} from './retry-policy.ts';
 import { sweepLanes } from './sweep.ts';
 
 const SWEEP_SCHEDULER_ID = 'lane-sweep';
@@ -28,6 +35,8 @@ export type WorkerSettings = Pick<
   | 'LEASE_OPS_SWEEP_STALE_MS'
   | 'LEASE_OPS_KEEP_COMPLETED_S'
   | 'LEASE_OPS_KEEP_FAILED_S'
+  | 'LEASE_OPS_BACKOFF_BASE_MS'
+  | 'LEASE_OPS_BACKOFF_CAP_MS'
 >;
 
 /**
@@ -44,12 +53,14 @@ export class LeaseWorker {
   /** Connections handed to BullMQ, which leaves closing them to their owner. */
   private readonly ownedConnections: Redis[] = [];
   private closing: Promise<void> | null = null;
+  private readonly backoff: BackoffSettings;
 
   constructor(
     private readonly settings: WorkerSettings,
     private readonly providers: ProviderRegistry,
     private readonly log: Logger,
   ) {
+    this.backoff = { ...DEFAULT_BACKOFF, baseMs: settings.LEASE_OPS_BACKOFF_BASE_MS, capMs: settings.LEASE_OPS_BACKOFF_CAP_MS };
     this.connection = createRedis(settings.REDIS_URL);
     const connect = () => {
       const c = createRedis(settings.REDIS_URL);
@@ -178,7 +189,7 @@ export class LeaseWorker {
       };
       result = await runOperation(provider, ctx, data);
     } catch (err) {
-      const decision = decideRetry(err, job.attemptsMade, data.deadlineAt, Date.now());
+      const decision = decideRetry(err, job.attemptsMade, data.deadlineAt, Date.now(), this.backoff);
       if (decision.retry) {
         logger().info({ err, delayMs: decision.delayMs }, 'operation will be retried');
         await this.ops.lanes.yield(laneId, jobId, fence);

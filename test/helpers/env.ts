@@ -1,0 +1,134 @@
+import { randomBytes } from 'node:crypto';
+import { QueueEvents } from 'bullmq';
+import type { Redis } from 'ioredis';
+import { loadConfig, type Config } from '../../src/config.ts';
+import { createLogger } from '../../src/logger.ts';
+import { ProviderRegistry } from '../../src/providers/registry.ts';
+import type { LeaseProvider } from '../../src/providers/types.ts';
+import { OperationsQueue } from '../../src/queues/operations-queue.ts';
+import { createRedis } from '../../src/queues/redis.ts';
+import { LeaseWorker } from '../../src/queues/worker.ts';
+import type { LeaseIdentity } from '../../src/lease.ts';
+
+export const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
+
+/** Settings for one test: its own hash-tagged prefix, so tests never see each other's keys. */
+export function testConfig(overrides: Record<string, string> = {}): Config {
+  return loadConfig({
+    REDIS_URL,
+    LEASE_OPS_PREFIX: `{lo-test-${randomBytes(4).toString('hex')}}`,
+    LEASE_OPS_LOG_LEVEL: 'silent',
+    LEASE_OPS_LOCK_MS: '2000',
+    LEASE_OPS_STALLED_INTERVAL_MS: '1000',
+    LEASE_OPS_SWEEP_INTERVAL_MS: '300',
+    LEASE_OPS_SWEEP_STALE_MS: '300',
+    LEASE_OPS_BACKOFF_BASE_MS: '20',
+    LEASE_OPS_BACKOFF_CAP_MS: '200',
+    ...overrides,
+  });
+}
+
+export const lease = (leaseId: string, companyId = 'co'): LeaseIdentity => ({
+  provider: 'recording',
+  companyId,
+  environmentId: 'env',
+  leaseId,
+});
+
+/** A producer, an event listener and a tidy-up for one test's prefix. */
+export class TestBed {
+  readonly redis: Redis;
+  readonly ops: OperationsQueue;
+  readonly events: QueueEvents;
+  private readonly eventsConnection: Redis;
+  private readonly workers: LeaseWorker[] = [];
+
+  constructor(readonly config: Config) {
+    this.redis = createRedis(config.REDIS_URL);
+    this.ops = new OperationsQueue(this.redis, config);
+    this.eventsConnection = createRedis(config.REDIS_URL);
+    this.events = new QueueEvents(config.LEASE_OPS_QUEUE, { connection: this.eventsConnection, prefix: config.LEASE_OPS_PREFIX });
+  }
+
+  static async create(overrides: Record<string, string> = {}): Promise<TestBed> {
+    const bed = new TestBed(testConfig(overrides));
+    await bed.events.waitUntilReady();
+    return bed;
+  }
+
+  async startWorker(...providers: LeaseProvider[]): Promise<LeaseWorker> {
+    const worker = new LeaseWorker(this.config, new ProviderRegistry(providers), createLogger({ level: 'silent' }));
+    await worker.start();
+    this.workers.push(worker);
+    return worker;
+  }
+
+  /** Resolves with each job's end state once every one of them completed or failed (from BullMQ's events). */
+  waitForAll(jobIds: string[], timeoutMs = 30_000): Promise<Map<string, 'completed' | 'failed'>> {
+    const pending = new Set(jobIds);
+    const ended = new Map<string, 'completed' | 'failed'>();
+    return new Promise((resolve, reject) => {
+      const finish = (state: 'completed' | 'failed') => ({ jobId }: { jobId: string }) => {
+        if (!pending.delete(jobId)) return;
+        ended.set(jobId, state);
+        if (pending.size === 0) done();
+      };
+      const onCompleted = finish('completed');
+      const onFailed = finish('failed');
+      const timer = setTimeout(() => {
+        cleanup();
+        reject(new Error(`${pending.size} of ${jobIds.length} operations did not end within ${timeoutMs} ms`));
+      }, timeoutMs);
+      const cleanup = () => {
+        clearTimeout(timer);
+        this.events.off('completed', onCompleted);
+        this.events.off('failed', onFailed);
+      };
+      const done = () => {
+        cleanup();
+        resolve(ended);
+      };
+      this.events.on('completed', onCompleted);
+      this.events.on('failed', onFailed);
+      // Jobs that ended before we listened.
+      void Promise.all(
+        [...pending].map(async (id) => {
+          const state = await this.ops.queue.getJobState(id);
+          if (state === 'completed' || state === 'failed') finish(state)({ jobId: id });
+        }),
+      );
+    });
+  }
+
+  /** Keys left under this test's prefix that belong to lanes. */
+  async laneKeys(): Promise<string[]> {
+    return scanKeys(this.redis, `${this.config.LEASE_OPS_PREFIX}:lane*`);
+  }
+
+  async close(): Promise<void> {
+    await Promise.all(this.workers.map((w) => w.close()));
+    await this.events.close();
+    await this.ops.close();
+    for (const key of await scanKeys(this.redis, `${this.config.LEASE_OPS_PREFIX}*`)) await this.redis.unlink(key);
+    this.eventsConnection.disconnect();
+    this.redis.disconnect();
+  }
+}
+
+export async function scanKeys(redis: Redis, pattern: string): Promise<string[]> {
+  const keys: string[] = [];
+  let cursor = '0';
+  do {
+    const [next, batch] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1000);
+    cursor = next;
+    keys.push(...batch);
+  } while (cursor !== '0');
+  return keys;
+}
+
+/** A promise and the function that settles it: for tests that release a provider call on cue. */
+export function gate<T = void>(): { promise: Promise<T>; open: (value: T) => void } {
+  let open!: (value: T) => void;
+  const promise = new Promise<T>((r) => (open = r));
+  return { promise, open };
+}

@@ -1,0 +1,52 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+
+const BIN = fileURLToPath(new URL('../../bin/lease-ops.js', import.meta.url));
+
+/** A `lease-ops worker` child process started from the real entry point. */
+export class WorkerProcess {
+  readonly child: ChildProcess;
+  readonly ready: Promise<void>;
+  readonly exited: Promise<number | null>;
+  readonly logs: string[] = [];
+
+  constructor(env: Record<string, string>) {
+    this.child = spawn(process.execPath, [BIN, 'worker'], {
+      env: { ...process.env, LEASE_OPS_LOG_LEVEL: 'info', ...env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    this.exited = once(this.child, 'exit').then(([code]) => code as number | null);
+    let onReady!: () => void;
+    this.ready = new Promise((resolve, reject) => {
+      onReady = resolve;
+      void this.exited.then((code) => reject(new Error(`worker exited (${code}) before it was ready:\n${this.logs.join('\n')}`)));
+    });
+    this.ready.catch(() => undefined);
+    for (const stream of [this.child.stdout!, this.child.stderr!]) {
+      createInterface({ input: stream }).on('line', (line) => {
+        this.logs.push(line);
+        if (line.includes('"worker started"')) onReady();
+      });
+    }
+  }
+
+  get pid(): number {
+    return this.child.pid!;
+  }
+
+  /** SIGKILL: no clean-up, no hand-back; returns the kill time on the shared clock. */
+  async kill(): Promise<bigint> {
+    const at = process.hrtime.bigint();
+    this.child.kill('SIGKILL');
+    await this.exited;
+    return at;
+  }
+
+  /** SIGTERM: graceful stop; resolves with the exit code. */
+  async terminate(): Promise<number | null> {
+    this.child.kill('SIGTERM');
+    return this.exited;
+  }
+}

@@ -1,0 +1,234 @@
+import { Job } from 'bullmq';
+import { afterEach, describe, expect, it } from 'vitest';
+import { ZodError } from 'zod';
+import { laneIdOf } from '../src/lease.ts';
+import { gate, lease, TestBed } from './helpers/env.ts';
+import { findOrderViolations, findOverlaps, joinCalls } from './helpers/invariants.ts';
+import { createRecordingProvider } from './helpers/recording-provider.ts';
+
+let bed: TestBed | undefined;
+afterEach(async () => {
+  await bed?.close();
+  bed = undefined;
+});
+
+const stop = (id: string) => ({ providerLeaseId: id });
+
+describe('the lane', () => {
+  it('runs the operations of one lease one at a time, in accepted order, across workers and concurrency', async () => {
+    bed = await TestBed.create({ LEASE_OPS_CONCURRENCY: '20' });
+    const { provider, calls } = createRecordingProvider({
+      behaviour: async ({ ctx }) => {
+        await new Promise((r) => setTimeout(r, (ctx.jobId.charCodeAt(30) % 5) + 1));
+        return 'ok' as const;
+      },
+    });
+    await bed.startWorker(provider);
+    await bed.startWorker(provider);
+
+    const accepted = new Map<string, string[]>();
+    const ids: string[] = [];
+    for (let i = 0; i < 120; i++) {
+      const leaseId = `lease-${i % 4}`;
+      const { jobId } = await bed.ops.enqueue({ op: 'stop', lease: lease(leaseId), params: stop(leaseId) });
+      ids.push(jobId);
+      accepted.set(leaseId, [...(accepted.get(leaseId) ?? []), jobId]);
+    }
+    const ended = await bed.waitForAll(ids);
+
+    expect([...ended.values()].every((s) => s === 'completed')).toBe(true);
+    const joined = joinCalls(calls);
+    expect(joined).toHaveLength(120);
+    expect(findOverlaps(joined)).toEqual([]);
+    expect(findOrderViolations(joined, accepted)).toEqual([]);
+    expect(await bed.laneKeys()).toEqual([]);
+  });
+
+  it('runs different leases in parallel: a busy lease never delays another', async () => {
+    bed = await TestBed.create();
+    const slow = gate();
+    const { provider } = createRecordingProvider({
+      behaviour: async ({ ctx }) => {
+        if (ctx.lease.leaseId === 'busy') await slow.promise;
+        return 'ok' as const;
+      },
+    });
+    await bed.startWorker(provider);
+    const busy = await bed.ops.enqueue({ op: 'stop', lease: lease('busy'), params: stop('busy') });
+    const other = await bed.ops.enqueue({ op: 'stop', lease: lease('other'), params: stop('other') });
+
+    const ended = await bed.waitForAll([other.jobId], 10_000);
+    expect(ended.get(other.jobId)).toBe('completed');
+    expect(await bed.ops.queue.getJobState(busy.jobId)).toBe('active');
+    slow.open();
+    await bed.waitForAll([busy.jobId]);
+  });
+
+  it('keeps a retried operation at the head of its lane: later ones wait for it', async () => {
+    bed = await TestBed.create();
+    let settles = 3;
+    const { provider, calls } = createRecordingProvider({
+      behaviour: ({ op }) => (op === 'stop' && settles-- > 0 ? 'settling' : 'ok'),
+    });
+    await bed.startWorker(provider);
+    const first = await bed.ops.enqueue({ op: 'stop', lease: lease('a'), params: stop('a') });
+    const second = await bed.ops.enqueue({ op: 'resume', lease: lease('a'), params: { providerLeaseId: 'a' } });
+    const ended = await bed.waitForAll([first.jobId, second.jobId]);
+
+    expect(ended.get(first.jobId)).toBe('completed');
+    expect(ended.get(second.jobId)).toBe('completed');
+    const sequence = joinCalls(calls)
+      .sort((x, y) => (BigInt(x.start) < BigInt(y.start) ? -1 : 1))
+      .map((c) => `${c.op}:${c.outcome}`);
+    expect(sequence).toEqual(['stop:settling', 'stop:settling', 'stop:settling', 'stop:ok', 'resume:ok']);
+  });
+
+  it('fails a permanent error at once and hands the lane to the next operation', async () => {
+    bed = await TestBed.create();
+    const { provider, calls } = createRecordingProvider({ behaviour: ({ op }) => (op === 'stop' ? 'permanent' : 'ok') });
+    await bed.startWorker(provider);
+    const first = await bed.ops.enqueue({ op: 'stop', lease: lease('a'), params: stop('a') });
+    const second = await bed.ops.enqueue({ op: 'destroy', lease: lease('a'), params: stop('a') });
+    const ended = await bed.waitForAll([first.jobId, second.jobId]);
+
+    expect(ended.get(first.jobId)).toBe('failed');
+    expect(ended.get(second.jobId)).toBe('completed');
+    const failed = await bed.ops.queue.getJob(first.jobId);
+    expect(failed?.failedReason).toMatch(/^refused: /);
+    expect(failed?.attemptsMade).toBe(1);
+    expect(joinCalls(calls).filter((c) => c.op === 'stop')).toHaveLength(1);
+  });
+
+  it('fails an operation that keeps settling at its deadline, naming the last provider error', async () => {
+    bed = await TestBed.create();
+    const { provider } = createRecordingProvider({ behaviour: () => 'settling' });
+    await bed.startWorker(provider);
+    const started = Date.now();
+    const op = await bed.ops.enqueue({ op: 'stop', lease: lease('a'), params: stop('a'), deadlineMs: 600 });
+    const ended = await bed.waitForAll([op.jobId]);
+
+    expect(ended.get(op.jobId)).toBe('failed');
+    const job = await bed.ops.queue.getJob(op.jobId);
+    expect(job?.failedReason).toMatch(/^deadline_exceeded: last provider error: lease a is still settling/);
+    // The last retry was never scheduled past the deadline.
+    expect((job?.finishedOn ?? 0) - started).toBeLessThan(600 + 500);
+  });
+
+  it('validates at enqueue: bad input is refused with a clear error and nothing is enqueued', async () => {
+    bed = await TestBed.create();
+    await expect(bed.ops.enqueue({ op: 'release', lease: lease('a'), params: { providerLeaseId: 'a' } })).rejects.toThrow(ZodError);
+    await expect(
+      bed.ops.enqueue({ op: 'stop', lease: { ...lease('a'), companyId: 'bad\u0000id' }, params: stop('a') }),
+    ).rejects.toThrow(/control characters/);
+    await expect(bed.ops.enqueue({ op: 'explode' as never, lease: lease('a'), params: {} })).rejects.toThrow(ZodError);
+    expect(await bed.ops.queue.count()).toBe(0);
+    expect(await bed.laneKeys()).toEqual([]);
+  });
+
+  it('fails a job whose data was corrupted in Redis at once, keeps the worker running and the lane moving', async () => {
+    bed = await TestBed.create();
+    const { provider } = createRecordingProvider();
+    await bed.startWorker(provider);
+    const held = gate();
+    // Park the lane behind a first operation so the second can be corrupted before it runs.
+    const blocker = createRecordingProvider({ name: 'blocker', behaviour: async () => (await held.promise, 'ok' as const) });
+    await bed.startWorker(blocker.provider);
+    const first = await bed.ops.enqueue({ op: 'stop', lease: { ...lease('a'), provider: 'blocker' }, params: stop('a') });
+    const bad = await bed.ops.enqueue({ op: 'stop', lease: { ...lease('a'), provider: 'blocker' }, params: stop('a') });
+    const after = await bed.ops.enqueue({ op: 'destroy', lease: { ...lease('a'), provider: 'blocker' }, params: stop('a') });
+    await bed.redis.hset(bed.ops.queue.toKey(bad.jobId), 'data', JSON.stringify({ op: 'stop', lease: 42 }));
+    held.open();
+
+    const ended = await bed.waitForAll([first.jobId, bad.jobId, after.jobId]);
+    expect(ended.get(bad.jobId)).toBe('failed');
+    expect((await bed.ops.queue.getJob(bad.jobId))?.failedReason).toMatch(/^invalid_job_data: /);
+    expect(ended.get(after.jobId)).toBe('completed');
+  });
+
+  it('gets a lane going again within the sweep bound when an operator removes its head', async () => {
+    bed = await TestBed.create();
+    let removed = false;
+    const { provider } = createRecordingProvider({ behaviour: ({ op }) => (op === 'stop' && !removed ? 'settling' : 'ok') });
+    await bed.startWorker(provider);
+    const head = await bed.ops.enqueue({ op: 'stop', lease: lease('a'), params: stop('a') });
+    const next = await bed.ops.enqueue({ op: 'destroy', lease: lease('a'), params: stop('a') });
+    // Wait until the head is backing off, then remove it as an operator would in Bull Board.
+    await new Promise<void>((resolve) => {
+      const onDelayed = ({ jobId }: { jobId: string }) => {
+        if (jobId === head.jobId) {
+          bed!.events.off('delayed', onDelayed);
+          resolve();
+        }
+      };
+      bed!.events.on('delayed', onDelayed);
+    });
+    const job = await Job.fromId(bed.ops.queue, head.jobId);
+    await job!.remove();
+    removed = true;
+    const removedAt = Date.now();
+
+    const ended = await bed.waitForAll([next.jobId], 10_000);
+    expect(ended.get(next.jobId)).toBe('completed');
+    // Sweep interval + quiet time (300 + 300 ms in tests) + one sweep's work.
+    expect(Date.now() - removedAt).toBeLessThan(2_000);
+    expect(await bed.laneKeys()).toEqual([]);
+  });
+
+  it('re-parks an operation promoted by hand out of turn; it still runs after the one before it', async () => {
+    bed = await TestBed.create();
+    const held = gate();
+    const { provider, calls } = createRecordingProvider({ behaviour: async ({ op }) => (op === 'stop' ? (await held.promise, 'ok' as const) : ('ok' as const)) });
+    await bed.startWorker(provider);
+    const first = await bed.ops.enqueue({ op: 'stop', lease: lease('a'), params: stop('a') });
+    const second = await bed.ops.enqueue({ op: 'destroy', lease: lease('a'), params: stop('a') });
+    expect(await bed.ops.queue.getJobState(second.jobId)).toBe('delayed');
+    await (await Job.fromId(bed.ops.queue, second.jobId))!.promote();
+    // The promoted job is picked up, finds it is not its turn, and parks again.
+    await new Promise<void>((resolve) => {
+      const onDelayed = ({ jobId }: { jobId: string }) => {
+        if (jobId === second.jobId) {
+          bed!.events.off('delayed', onDelayed);
+          resolve();
+        }
+      };
+      bed!.events.on('delayed', onDelayed);
+    });
+    expect(joinCalls(calls).map((c) => c.op)).toEqual(['stop']);
+    held.open();
+    await bed.waitForAll([first.jobId, second.jobId]);
+    const ops = joinCalls(calls)
+      .sort((x, y) => (BigInt(x.start) < BigInt(y.start) ? -1 : 1))
+      .map((c) => c.op);
+    expect(ops).toEqual(['stop', 'destroy']);
+  });
+
+  it('lets a force-stop go ahead of queued operations but never alongside the executing one', async () => {
+    bed = await TestBed.create();
+    const held = gate();
+    const { provider, calls } = createRecordingProvider({
+      behaviour: async ({ op }) => (op === 'stop' ? (await held.promise, 'ok' as const) : ('ok' as const)),
+    });
+    await bed.startWorker(provider);
+    const executing = await bed.ops.enqueue({ op: 'stop', lease: lease('a'), params: stop('a') });
+    const queued = await bed.ops.enqueue({ op: 'resume', lease: lease('a'), params: { providerLeaseId: 'a' } });
+    const force = await bed.ops.enqueue({ op: 'force-stop', lease: lease('a'), params: stop('a') });
+    const laneId = laneIdOf(lease('a'));
+    expect((await bed.ops.lanes.view(laneId)).jobs).toEqual([executing.jobId, force.jobId, queued.jobId]);
+    held.open();
+    await bed.waitForAll([executing.jobId, queued.jobId, force.jobId]);
+    const joined = joinCalls(calls).sort((x, y) => (BigInt(x.start) < BigInt(y.start) ? -1 : 1));
+    expect(joined.map((c) => c.op)).toEqual(['stop', 'force-stop', 'resume']);
+    expect(findOverlaps(joined)).toEqual([]);
+  });
+
+  it('leaves no per-lease key behind once every lane is idle', async () => {
+    bed = await TestBed.create();
+    const { provider } = createRecordingProvider();
+    await bed.startWorker(provider);
+    const ids = [];
+    for (let i = 0; i < 30; i++) ids.push((await bed.ops.enqueue({ op: 'stop', lease: lease(`l${i % 10}`), params: stop('x') })).jobId);
+    await bed.waitForAll(ids);
+    expect(await bed.laneKeys()).toEqual([]);
+    expect(await bed.ops.lanes.openLaneCount()).toBe(0);
+  });
+});
