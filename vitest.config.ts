@@ -7,6 +7,7 @@ export default defineConfig({
     // multi-process tests' timing honest.
     fileParallelism: false,
     testTimeout: 60_000,
+    reporters: ['default', './test/helpers/summary-reporter.ts'],
     hookTimeout: 30_000,
   },
 });

@@ -65,7 +65,6 @@ async function collectTimings(children: ChildProcess[]): Promise<[bigint, bigint
     c.send('report');
     const [msg] = (await once(c, 'message')) as [{ timings: [string, string][] }];
     for (const [s, e] of msg.timings) all.push([BigInt(s), BigInt(e)]);
-    if (process.env.BENCH_DEBUG) out(`child ${c.pid}: ${msg.timings.length} ops`);
   }
   return all.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
 }
@@ -150,7 +149,7 @@ interface LanesRun {
 }
 
 /** lease-ops lanes: `jobs` operations round-robin over `leases` leases, added first, then timed. */
-async function lanesRun(jobs: number, leases: number): Promise<LanesRun> {
+async function lanesRun(jobs: number, leases: number, recordTimings = false): Promise<LanesRun> {
   const config = benchConfig('{lease-ops-bench-lanes}');
   const redis = createRedis(config.REDIS_URL);
   await clearPrefix(redis, config.LEASE_OPS_PREFIX);
@@ -162,6 +161,7 @@ async function lanesRun(jobs: number, leases: number): Promise<LanesRun> {
   for (const c of children) c.send('go');
   await drained(ops.queue, redis, ops.lanes.lanesKey);
   for (const c of children) c.send('reset');
+  if (recordTimings) for (const c of children) c.send('record');
   const memBefore = await usedMemory(redis);
 
   // Paused, so the load is all in place before the clock starts, as for plain BullMQ.
@@ -183,15 +183,15 @@ async function lanesRun(jobs: number, leases: number): Promise<LanesRun> {
   return { opsPerS: jobs / seconds, timings, memBefore, memAfter, laneKeysLeft };
 }
 
+const ROUNDS = 3;
+
+function median(values: number[]): number {
+  return [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
+}
+
 function percentile(sorted: number[], p: number): number {
   if (!sorted.length) return NaN;
   return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
-}
-
-export async function runHotOnly(ops: number): Promise<void> {
-  const hot = await lanesRun(ops, 1);
-  const h = hot.timings.slice(1).map((t, i) => Number(t[0] - hot.timings[i]![1]) / 1e6).sort((a, b) => a - b);
-  out(`hot ${Math.round(hot.opsPerS)} ops/s p50 ${percentile(h, 50).toFixed(3)} p99 ${percentile(h, 99).toFixed(3)}`);
 }
 
 export async function runBench(opts: { json: boolean; quick: boolean }): Promise<Figures> {
@@ -203,12 +203,20 @@ export async function runBench(opts: { json: boolean; quick: boolean }): Promise
     many_leases: Math.round(100_000 * scale),
   };
   out(`bench: ${WORKERS} worker processes x concurrency ${CONCURRENCY}, Redis ${loadConfig().REDIS_URL}`);
-  out(`(b) plain BullMQ, ${loads.jobs} no-op jobs ...`);
-  const plain = await plainRun(loads.jobs);
-  out(`(a) lanes, ${loads.jobs} operations over ${loads.leases} leases ...`);
-  const lanes = await lanesRun(loads.jobs, loads.leases);
+  // (a) and (b) alternate over several rounds and report medians: on a small shared machine
+  // one round's figure drifts, the ratio of medians measured side by side much less.
+  const plainRounds: number[] = [];
+  const lanesRounds: LanesRun[] = [];
+  for (let round = 1; round <= ROUNDS; round++) {
+    out(`(b) plain BullMQ, ${loads.jobs} no-op jobs, round ${round}/${ROUNDS} ...`);
+    plainRounds.push(await plainRun(loads.jobs));
+    out(`(a) lanes, ${loads.jobs} operations over ${loads.leases} leases, round ${round}/${ROUNDS} ...`);
+    lanesRounds.push(await lanesRun(loads.jobs, loads.leases));
+  }
+  const plain = median(plainRounds);
+  const lanes = lanesRounds.sort((x, y) => x.opsPerS - y.opsPerS)[Math.floor(ROUNDS / 2)]!;
   out(`(c) one hot lease, ${loads.hot_ops} operations ...`);
-  const hot = await lanesRun(loads.hot_ops, 1);
+  const hot = await lanesRun(loads.hot_ops, 1, true);
   const handoffs = hot.timings
     .slice(1)
     .map((t, i) => Number(t[0] - hot.timings[i]![1]) / 1e6)
@@ -226,15 +234,15 @@ export async function runBench(opts: { json: boolean; quick: boolean }): Promise
     many_leases_ops_per_s: Math.round(many.opsPerS),
     redis_memory_before_bytes: many.memBefore,
     redis_memory_after_bytes: many.memAfter,
-    lane_keys_left: lanes.laneKeysLeft + hot.laneKeysLeft + many.laneKeysLeft,
+    lane_keys_left: lanesRounds.reduce((n, r) => n + r.laneKeysLeft, 0) + hot.laneKeysLeft + many.laneKeysLeft,
     loads,
   };
   if (opts.json) {
     process.stdout.write(`${JSON.stringify(figures)}\n`);
   } else {
     const rows: [string, string][] = [
-      [`(a) lanes: ${loads.jobs} ops over ${loads.leases} leases`, `${figures.lanes_ops_per_s} ops/s`],
-      [`(b) plain BullMQ: same jobs, no lanes`, `${figures.plain_bullmq_jobs_per_s} jobs/s`],
+      [`(a) lanes: ${loads.jobs} ops over ${loads.leases} leases (median of ${ROUNDS})`, `${figures.lanes_ops_per_s} ops/s`],
+      [`(b) plain BullMQ: same jobs, no lanes (median of ${ROUNDS})`, `${figures.plain_bullmq_jobs_per_s} jobs/s`],
       [`    ratio (a)/(b)`, `${figures.ratio_vs_plain}`],
       [`(c) one hot lease: ${loads.hot_ops} ops`, `${figures.hot_lease_ops_per_s} ops/s`],
       [`    hand-off p50 / p99`, `${figures.handoff_p50_ms} / ${figures.handoff_p99_ms} ms`],

@@ -11,15 +11,18 @@ import { LeaseWorker } from '../src/queues/worker.ts';
 const mode = process.argv[2] as 'plain' | 'lanes';
 const config = loadConfig();
 const send = (msg: unknown) => process.send?.(msg);
-/** [start, end] of every operation, in process.hrtime ns (one clock for all processes). */
+/** Start of every operation, in process.hrtime ns (one clock for all processes), when asked. */
 const timings: [string, string][] = [];
+let recording = false;
 
 const noop: LeaseProvider = {
   name: 'noop',
   capabilities: { stop: true, pause: false, forceStop: true },
   async acquire() {
-    const at = String(process.hrtime.bigint());
-    timings.push([at, at]);
+    if (recording) {
+      const at = String(process.hrtime.bigint());
+      timings.push([at, at]);
+    }
     return { providerLeaseId: 'x', metadata: {}, expiresAt: null };
   },
   async resume() {
@@ -72,6 +75,7 @@ process.on('message', async (msg: string) => {
   if (msg === 'go') run();
   if (msg === 'report') send({ timings });
   if (msg === 'reset') timings.length = 0;
+  if (msg === 'record') recording = true;
   if (msg === 'stop') {
     await close();
     process.exit(0);

@@ -1,6 +1,7 @@
 import { LeaseOpsClient } from './client.ts';
 import { loadConfig } from './config.ts';
 import type { LeaseIdentity } from './lease.ts';
+import { redisAnswers, startPrivateRedis, type PrivateRedis } from './redis-server.ts';
 import { exitOnSignals, loggerFor, startWorker } from './runtime.ts';
 
 const out = (line: string) => process.stdout.write(`${line}\n`);
@@ -10,7 +11,22 @@ const out = (line: string) => process.stdout.write(`${line}\n`);
  * lease taken through acquire, stop, resume and release while you watch.
  */
 export async function runStart(opts: { once: boolean }): Promise<void> {
-  const config = loadConfig({ LEASE_OPS_LOG_LEVEL: 'warn', ...process.env });
+  let config = loadConfig({ LEASE_OPS_LOG_LEVEL: 'warn', ...process.env });
+  let privateRedis: PrivateRedis | null = null;
+  if (!(await redisAnswers(config.REDIS_URL))) {
+    privateRedis = await startPrivateRedis();
+    if (!privateRedis) {
+      process.stderr.write(
+        `lease-ops: no Redis answers at ${config.REDIS_URL} and redis-server is not installed.\n` +
+          '  Install it (Debian/Ubuntu: sudo apt-get install redis-server; macOS: brew install redis),\n' +
+          '  or run one with Docker: docker run -p 6379:6379 redis:7, or set REDIS_URL.\n',
+      );
+      process.exitCode = 1;
+      return;
+    }
+    out(`lease-ops: no Redis answered at ${config.REDIS_URL}; started a private one at ${privateRedis.url} (nothing persists)`);
+    config = { ...config, REDIS_URL: privateRedis.url };
+  }
   const log = loggerFor(config);
   const worker = await startWorker(config, log);
   const client = new LeaseOpsClient(config);
@@ -40,6 +56,7 @@ export async function runStart(opts: { once: boolean }): Promise<void> {
     if (opts.once) {
       await client.close();
       await worker.close();
+      privateRedis?.stop();
     }
   }
   if (!opts.once) {
@@ -47,6 +64,7 @@ export async function runStart(opts: { once: boolean }): Promise<void> {
     exitOnSignals(log, async () => {
       await client.close();
       await worker.close();
+      privateRedis?.stop();
     });
   }
 }

@@ -4,11 +4,11 @@ import { loadLuaScript } from './lua-scripts.ts';
 type RedisClient = Redis | Cluster;
 
 const SCRIPTS = {
-  'lane-push': 10,
+  'lane-push': 4,
   'lane-acquire': 5,
-  'lane-release': 10,
+  'lane-release': 4,
   'lane-yield': 1,
-  'lane-repair': 10,
+  'lane-repair': 4,
 } as const;
 type ScriptName = keyof typeof SCRIPTS;
 
@@ -17,17 +17,6 @@ const commandName = (script: string) => `leaseOps_${script.replaceAll('-', '_')}
 
 type Evaluator = (...args: (string | number)[]) => Promise<unknown>;
 
-/** The BullMQ keys a hand-off writes, exactly as BullMQ's own promote does. */
-export interface BullKeys {
-  delayed: string;
-  wait: string;
-  meta: string;
-  active: string;
-  marker: string;
-  events: string;
-  /** Prefix of a job's hash key: `${jobPrefix}${jobId}`. */
-  jobPrefix: string;
-}
 
 /** The outcome a lane records for its finished head, replayed if the job ever re-runs. */
 export type LaneOutcome = { status: 'completed'; result: unknown } | { status: 'failed'; error: string; code: string };
@@ -63,18 +52,20 @@ export type RepairResult =
 export class Lanes {
   readonly lanesKey: string;
   readonly fenceKey: string;
-  private readonly bullKeyList: string[];
 
   constructor(
     private readonly client: RedisClient,
     readonly prefix: string,
-    private readonly bull: BullKeys,
+    /**
+     * The BullMQ queue's key prefix (`<prefix>:<queue>:`): a job's hash is this plus its
+     * id, and the scripts find the queue's own keys (wait, delayed, marker...) under it.
+     */
+    private readonly queueKeyPrefix: string,
     /** A delayed head whose delay is at least this is parked (not backing off). */
     private readonly parkedThresholdMs: number,
   ) {
     this.lanesKey = `${prefix}:lanes`;
     this.fenceKey = `${prefix}:fence`;
-    this.bullKeyList = [bull.delayed, bull.wait, bull.meta, bull.active, bull.marker, bull.events];
     for (const [script, numberOfKeys] of Object.entries(SCRIPTS)) {
       const name = commandName(script);
       if (!(name in client)) client.defineCommand(name, { numberOfKeys, lua: loadLuaScript(script) });
@@ -104,12 +95,11 @@ export class Lanes {
     const r = (await this.run(
       'lane-push',
       ...this.laneKeys(laneId),
-      ...this.bullKeyList,
-      jobId,
+            jobId,
       laneId,
       Date.now(),
       position,
-      this.bull.jobPrefix,
+      this.queueKeyPrefix,
     )) as string[];
     return r[0] === 'next' ? toHandOff(r[1], r[2]) : null;
   }
@@ -121,7 +111,7 @@ export class Lanes {
       this.execKey(laneId),
       this.fenceKey,
       this.lanesKey,
-      this.bull.jobPrefix + jobId,
+      this.queueKeyPrefix + jobId,
       jobId,
       laneId,
       Date.now(),
@@ -152,13 +142,12 @@ export class Lanes {
     const r = (await this.run(
       'lane-release',
       ...this.laneKeys(laneId),
-      ...this.bullKeyList,
-      jobId,
+            jobId,
       token,
       JSON.stringify(outcome),
       laneId,
       Date.now(),
-      this.bull.jobPrefix,
+      this.queueKeyPrefix,
       completionFollows ? '1' : '0',
     )) as string[];
     if (r[0] === 'stale') return { kind: 'stale' };
@@ -176,10 +165,9 @@ export class Lanes {
     const r = (await this.run(
       'lane-repair',
       ...this.laneKeys(laneId),
-      ...this.bullKeyList,
-      laneId,
+            laneId,
       Date.now(),
-      this.bull.jobPrefix,
+      this.queueKeyPrefix,
       this.parkedThresholdMs,
     )) as string[];
     switch (r[0]) {

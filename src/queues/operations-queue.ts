@@ -86,17 +86,7 @@ export class OperationsQueue {
 
   /** The lanes of this queue, spoken to over another connection. */
   lanesOn(connection: Redis): Lanes {
-    const k = this.queue.keys;
-    const bull = {
-      delayed: k.delayed!,
-      wait: k.wait!,
-      meta: k.meta!,
-      active: k.active!,
-      marker: k.marker!,
-      events: k.events!,
-      jobPrefix: this.queue.toKey(''),
-    };
-    return new Lanes(connection, this.settings.LEASE_OPS_PREFIX, bull, PARK_MS / 2);
+    return new Lanes(connection, this.settings.LEASE_OPS_PREFIX, this.queue.toKey(''), PARK_MS / 2);
   }
 
   async close(): Promise<void> {

@@ -74,7 +74,10 @@ export class LeaseWorker {
     // commands in order, so the release (which hands off the next job) always lands just
     // before BullMQ's completion of the same job, whose fetch-next then finds that job.
     this.releaseLanes = this.ops.lanesOn(workerConnection);
-    this.worker = new Worker(settings.LEASE_OPS_QUEUE, (job, token, signal) => this.process(job, token, signal), {
+    // Two parameters on purpose: BullMQ gives a processor that takes a third one an
+    // AbortController per job, which costs more than a no-op operation; the attempt makes
+    // its own signal only when a provider asks for it.
+    this.worker = new Worker(settings.LEASE_OPS_QUEUE, (job, token) => this.process(job, token), {
       connection: workerConnection,
       prefix,
       concurrency: settings.LEASE_OPS_CONCURRENCY,
@@ -131,7 +134,7 @@ export class LeaseWorker {
     return this.closing;
   }
 
-  private async process(job: Job, token: string | undefined, signal: AbortSignal | undefined): Promise<unknown> {
+  private async process(job: Job, token: string | undefined): Promise<unknown> {
     const jobId = job.id ?? '';
     const laneId = laneIdOfJobId(jobId);
     if (!laneId) throw new UnrecoverableError(`job ${jobId} has no lane: only lease-ops' enqueue may add jobs`);
@@ -178,11 +181,14 @@ export class LeaseWorker {
 
     let result: unknown;
     try {
+      let abort: AbortController | undefined;
       const ctx = {
         lease: data.lease,
         jobId,
         attempt,
-        signal: signal ?? new AbortController().signal,
+        get signal() {
+          return (abort ??= new AbortController()).signal;
+        },
         get log() {
           return logger();
         },

@@ -75,6 +75,7 @@ export function seededFraction(seed: string, key: string): number {
  * The module form, for worker child processes (LEASE_OPS_PROVIDERS=<this file>):
  *   RECORDING_FILE      where to append call records (JSON lines)
  *   RECORDING_SEED      seed for durations and failures
+ *   RECORDING_MIN_MS    shortest call duration (default 0)
  *   RECORDING_MAX_MS    longest call duration
  *   RECORDING_SETTLE_P  chance that an attempt fails with a settling error
  */
@@ -82,13 +83,14 @@ export default function createProvider(env: NodeJS.ProcessEnv): LeaseProvider {
   const file = env.RECORDING_FILE;
   if (!file) throw new Error('RECORDING_FILE is not set');
   const seed = env.RECORDING_SEED ?? '1';
+  const minMs = Number(env.RECORDING_MIN_MS ?? '0');
   const maxMs = Number(env.RECORDING_MAX_MS ?? '10');
   const settleP = Number(env.RECORDING_SETTLE_P ?? '0');
   return createRecordingProvider({
     sink: (r) => appendFileSync(file, `${JSON.stringify(r)}\n`),
     behaviour: async ({ ctx }) => {
       const key = `${ctx.jobId}:${ctx.attempt}`;
-      const ms = Math.floor(seededFraction(seed, `d:${key}`) * maxMs);
+      const ms = minMs + Math.floor(seededFraction(seed, `d:${key}`) * (maxMs - minMs));
       if (ms > 0) await new Promise((r) => setTimeout(r, ms));
       return seededFraction(seed, `s:${key}`) < settleP ? 'settling' : 'ok';
     },

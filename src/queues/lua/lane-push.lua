@@ -6,7 +6,6 @@
 
   KEYS[1] lane list (job ids, head first)   KEYS[2] lane executing hash {job, token}
   KEYS[3] lanes index (zset laneId -> last progress ms)   KEYS[4] fencing counter
-  KEYS[5..10] BullMQ delayed, wait, meta, active, marker, events
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] 'tail' | 'front'
   ARGV[5] BullMQ job key prefix
 
@@ -14,11 +13,10 @@
 ]]
 local rcall = redis.call
 local listKey, execKey, lanesKey, fenceKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local q = { delayed = KEYS[5], wait = KEYS[6], meta = KEYS[7], active = KEYS[8], marker = KEYS[9],
-  events = KEYS[10], jobPrefix = ARGV[5] }
 local jobId, laneId, now, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 --- @include "hand-off"
+local q = bullKeys(ARGV[5], false)
 
 rcall('ZADD', lanesKey, 'NX', now, laneId)
 local executing = rcall('HGET', execKey, 'job')

@@ -5,7 +5,6 @@
   recorded completion) repeats it instead of calling the provider again.
 
   KEYS[1] lane list   KEYS[2] lane executing hash   KEYS[3] lanes index   KEYS[4] fencing counter
-  KEYS[5..10] BullMQ delayed, wait, meta, active, marker, events
   ARGV[1] job id   ARGV[2] token   ARGV[3] outcome (JSON)   ARGV[4] lane id   ARGV[5] now
   ARGV[6] BullMQ job key prefix   ARGV[7] '1' when BullMQ's completion follows on this
   connection (see lazyMarker in includes/hand-off.lua)
@@ -14,11 +13,10 @@
 ]]
 local rcall = redis.call
 local listKey, execKey, lanesKey, fenceKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local q = { delayed = KEYS[5], wait = KEYS[6], meta = KEYS[7], active = KEYS[8], marker = KEYS[9],
-  events = KEYS[10], jobPrefix = ARGV[6], lazyMarker = ARGV[7] == '1' }
 local jobId, token, outcome, laneId, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
 --- @include "hand-off"
+local q = bullKeys(ARGV[6], ARGV[7] == '1')
 
 local holder = rcall('HMGET', execKey, 'job', 'token')
 if holder[1] ~= jobId or holder[2] ~= token then

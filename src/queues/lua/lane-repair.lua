@@ -10,7 +10,6 @@
   races a worker can only find the work already done.
 
   KEYS[1] lane list   KEYS[2] lane executing hash   KEYS[3] lanes index   KEYS[4] fencing counter
-  KEYS[5..10] BullMQ delayed, wait, meta, active, marker, events
   ARGV[1] lane id   ARGV[2] now (ms)   ARGV[3] BullMQ job key prefix
   ARGV[4] parked threshold: a delayed head whose delay is at least this is parked, not
           backing off
@@ -19,11 +18,10 @@
 ]]
 local rcall = redis.call
 local listKey, execKey, lanesKey, fenceKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local q = { delayed = KEYS[5], wait = KEYS[6], meta = KEYS[7], active = KEYS[8], marker = KEYS[9],
-  events = KEYS[10], jobPrefix = ARGV[3] }
 local laneId, now, parkedDelay = ARGV[1], ARGV[2], tonumber(ARGV[4])
 
 --- @include "hand-off"
+local q = bullKeys(ARGV[3], false)
 
 local head = rcall('LINDEX', listKey, 0)
 if not head then

@@ -7,14 +7,21 @@
   that token in the job's progress field: the worker that starts this first attempt can run
   it without asking the lane again.
 
-  Expects `rcall`, and `q` = { delayed, wait, meta, active, marker, events, jobPrefix,
-  lazyMarker }. With lazyMarker (a release that BullMQ's completion of the same job follows
+  Expects `rcall`, and `q` from bullKeys() below. With lazyMarker (a release that BullMQ's completion of the same job follows
   on the same connection), the marker that wakes idle workers is left out when this job is
   the only one waiting: BullMQ's fetch-next in that completion takes it, and waking another
   worker would only make it race for nothing.
   Returns 'promoted', 'missing' (the job was removed), or 'elsewhere' (not parked: already
   waiting, or active while it parks; it then asks the lane itself).
 ]]
+-- BullMQ's keys of the queue whose job keys start with `jobPrefix` ('<prefix>:<queue>:').
+-- They share the lane keys' hash tag, so they live in the same Cluster slot.
+local function bullKeys(jobPrefix, lazyMarker)
+  return { delayed = jobPrefix .. 'delayed', wait = jobPrefix .. 'wait', meta = jobPrefix .. 'meta',
+    active = jobPrefix .. 'active', marker = jobPrefix .. 'marker', events = jobPrefix .. 'events',
+    jobPrefix = jobPrefix, lazyMarker = lazyMarker }
+end
+
 local function isQueuePausedOrMaxed(metaKey, activeKey)
   local attrs = rcall('HMGET', metaKey, 'paused', 'concurrency')
   if attrs[1] then return true end

@@ -1,0 +1,61 @@
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Redis } from 'ioredis';
+
+/** True when a Redis answers PING at the URL within a short time. */
+export async function redisAnswers(url: string, timeoutMs = 1_500): Promise<boolean> {
+  const client = new Redis(url, { lazyConnect: true, connectTimeout: timeoutMs, maxRetriesPerRequest: 0, retryStrategy: () => null });
+  client.on('error', () => undefined);
+  try {
+    await client.connect();
+    return (await client.ping()) === 'PONG';
+  } catch {
+    return false;
+  } finally {
+    client.disconnect();
+  }
+}
+
+async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const address = server.address();
+      const port = typeof address === 'object' && address ? address.port : 0;
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+export interface PrivateRedis {
+  url: string;
+  stop(): void;
+}
+
+/**
+ * Starts a throwaway redis-server on a free loopback port (no persistence), for the
+ * all-in-one `start` when no Redis answers. Returns null when redis-server is not installed.
+ */
+export async function startPrivateRedis(): Promise<PrivateRedis | null> {
+  if (spawnSync('redis-server', ['--version']).status !== 0) return null;
+  const port = await freePort();
+  const dir = mkdtempSync(join(tmpdir(), 'lease-ops-redis-'));
+  const child = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir], {
+    stdio: 'ignore',
+  });
+  const url = `redis://127.0.0.1:${port}`;
+  const stop = () => {
+    child.kill('SIGTERM');
+    rmSync(dir, { recursive: true, force: true });
+  };
+  for (let i = 0; i < 50; i++) {
+    if (await redisAnswers(url, 200)) return { url, stop };
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  stop();
+  throw new Error(`redis-server did not answer on ${url}`);
+}

@@ -1,0 +1,95 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { laneIdOf } from '../src/lease.ts';
+import { lease, TestBed } from './helpers/env.ts';
+
+// The lane scripts on their own (no worker), against real Redis and a real BullMQ queue.
+let bed: TestBed | undefined;
+afterEach(async () => {
+  await bed?.close();
+  bed = undefined;
+});
+
+async function enqueueParked(b: TestBed, leaseId: string) {
+  // Pause the queue so no worker could take anything; there is no worker anyway.
+  return b.ops.enqueue({ op: 'stop', lease: lease(leaseId), params: { providerLeaseId: leaseId } });
+}
+
+describe('lane scripts', () => {
+  it('hands the head to BullMQ with a fencing token in its progress, and keeps the rest parked', async () => {
+    bed = await TestBed.create();
+    const a = await enqueueParked(bed, 'x');
+    const b = await enqueueParked(bed, 'x');
+    expect(await bed.ops.queue.getJobState(a.jobId)).toBe('waiting');
+    expect(await bed.ops.queue.getJobState(b.jobId)).toBe('delayed');
+    const job = await bed.ops.queue.getJob(a.jobId);
+    const view = await bed.ops.lanes.view(a.laneId);
+    expect(view.jobs).toEqual([a.jobId, b.jobId]);
+    expect(job?.progress).toEqual({ lane: 'handed-off', fence: view.holder?.token });
+  });
+
+  it('refuses a stale attempt: an older token can neither release nor yield the lane', async () => {
+    bed = await TestBed.create();
+    const a = await enqueueParked(bed, 'x');
+    await enqueueParked(bed, 'x');
+    const first = (await bed.ops.lanes.view(a.laneId)).holder!.token;
+    const again = await bed.ops.lanes.acquire(a.laneId, a.jobId); // a newer attempt of the same job
+    expect(again.kind).toBe('run');
+    const second = again.kind === 'run' ? again.token : '';
+    expect(BigInt(second)).toBeGreaterThan(BigInt(first));
+    expect(await bed.ops.lanes.yield(a.laneId, a.jobId, first)).toBe(false);
+    expect(await bed.ops.lanes.release(a.laneId, a.jobId, first, { status: 'completed', result: 1 })).toEqual({ kind: 'stale' });
+    expect((await bed.ops.lanes.view(a.laneId)).jobs[0]).toBe(a.jobId);
+  });
+
+  it('replays the recorded outcome for a re-run after release, and calls a job outside any lane an orphan', async () => {
+    bed = await TestBed.create();
+    const a = await enqueueParked(bed, 'x');
+    const b = await enqueueParked(bed, 'x');
+    const token = (await bed.ops.lanes.view(a.laneId)).holder!.token;
+    const released = await bed.ops.lanes.release(a.laneId, a.jobId, token, { status: 'completed', result: { ok: 1 } });
+    expect(released).toEqual({ kind: 'next', handOff: { jobId: b.jobId, result: 'promoted' } });
+    expect(await bed.ops.lanes.acquire(a.laneId, a.jobId)).toEqual({ kind: 'done', outcome: { status: 'completed', result: { ok: 1 } } });
+
+    await bed.ops.queue.add('stop', {}, { jobId: `${a.laneId}.stray`, delay: 60_000 });
+    expect(await bed.ops.lanes.acquire(a.laneId, `${a.laneId}.stray`)).toEqual({ kind: 'orphan' });
+    expect(await bed.ops.lanes.acquire(a.laneId, b.jobId)).toMatchObject({ kind: 'run' });
+  });
+
+  it('repairs: drops a removed head and hands off the next; hands off a head left parked; leaves a healthy lane be', async () => {
+    bed = await TestBed.create();
+    const a = await enqueueParked(bed, 'x');
+    const b = await enqueueParked(bed, 'x');
+    const c = await enqueueParked(bed, 'x');
+    const laneId = laneIdOf(lease('x'));
+    expect(await bed.ops.lanes.repair(laneId)).toEqual({ kind: 'healthy' });
+
+    await (await bed.ops.queue.getJob(a.jobId))!.remove();
+    expect(await bed.ops.lanes.repair(laneId)).toEqual({ kind: 'dropped', jobId: a.jobId, next: { jobId: b.jobId, result: 'promoted' } });
+    expect(await bed.ops.queue.getJobState(b.jobId)).toBe('waiting');
+
+    // Remove b too, and c while parked: a release then skips the missing c.
+    const tokenB = (await bed.ops.lanes.view(laneId)).holder!.token;
+    await (await bed.ops.queue.getJob(c.jobId))!.remove();
+    expect(await bed.ops.lanes.release(laneId, b.jobId, tokenB, { status: 'completed', result: null })).toEqual({ kind: 'idle' });
+    expect(await bed.laneKeys()).toEqual([]);
+  });
+
+  it('repairs a parked head that nobody handed off (the process that should have died first)', async () => {
+    bed = await TestBed.create();
+    const a = await enqueueParked(bed, 'y');
+    const b = await enqueueParked(bed, 'y');
+    const laneId = a.laneId;
+    // Simulate a crash between BullMQ finishing `a` and the lane hearing of it.
+    await bed.redis.hset(bed.ops.queue.toKey(a.jobId), 'finishedOn', Date.now());
+    const r = await bed.ops.lanes.repair(laneId);
+    expect(r).toEqual({ kind: 'dropped', jobId: a.jobId, next: { jobId: b.jobId, result: 'promoted' } });
+    // And a head left parked with no holder (its hand-off found it active while it parked
+    // itself) is handed off.
+    const other = laneIdOf(lease('z'));
+    const parked = `${other}.parked`;
+    await bed.ops.queue.add('stop', {}, { jobId: parked, delay: 24 * 3_600_000 });
+    await bed.redis.rpush(bed.ops.lanes.listKey(other), parked);
+    expect(await bed.ops.lanes.repair(other)).toEqual({ kind: 'handed', jobId: parked, result: 'promoted' });
+    expect(await bed.ops.queue.getJobState(parked)).toBe('waiting');
+  });
+});

@@ -1,0 +1,80 @@
+import { execFile } from 'node:child_process';
+import { mkdtempSync, rmSync, watch } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { fileURLToPath } from 'node:url';
+import { afterEach, describe, expect, it } from 'vitest';
+import { lease, REDIS_URL, TestBed } from './helpers/env.ts';
+import { readCallFile } from './helpers/invariants.ts';
+import { WorkerProcess } from './helpers/worker-process.ts';
+
+const PROVIDER = fileURLToPath(new URL('./helpers/recording-provider.ts', import.meta.url));
+const BIN = fileURLToPath(new URL('../bin/lease-ops.js', import.meta.url));
+
+let bed: TestBed | undefined;
+let dir: string | undefined;
+afterEach(async () => {
+  await bed?.close();
+  if (dir) rmSync(dir, { recursive: true, force: true });
+  bed = undefined;
+  dir = undefined;
+});
+
+describe('the worker process', () => {
+  it('on SIGTERM finishes the operation in flight, then exits 0', async () => {
+    bed = await TestBed.create();
+    dir = mkdtempSync(join(tmpdir(), 'lease-ops-term-'));
+    const callFile = join(dir, 'calls.jsonl');
+    const worker = new WorkerProcess({
+      REDIS_URL: bed.config.REDIS_URL,
+      LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX,
+      LEASE_OPS_PROVIDERS: PROVIDER,
+      RECORDING_FILE: callFile,
+      RECORDING_MIN_MS: '800',
+      RECORDING_MAX_MS: '1000',
+    });
+    await worker.ready;
+    // The provider writes a record when its call starts: that is the moment to signal.
+    const callStarted = new Promise<void>((resolve) => {
+      const watcher = watch(dir!, () => {
+        if (readCallFile(callFile).length > 0) {
+          watcher.close();
+          resolve();
+        }
+      });
+    });
+    const { jobId } = await bed.ops.enqueue({ op: 'stop', lease: lease('t'), params: { providerLeaseId: 't' } });
+    await callStarted;
+    const ended = bed.waitForAll([jobId]);
+    const termAt = process.hrtime.bigint();
+    expect(await worker.terminate()).toBe(0);
+    expect((await ended).get(jobId)).toBe('completed');
+    const calls = readCallFile(callFile);
+    expect(calls).toHaveLength(1);
+    // The call was in flight when SIGTERM came, and ran to its end.
+    expect(BigInt(calls[0]!.start)).toBeLessThan(termAt);
+    expect(BigInt(calls[0]!.end!)).toBeGreaterThan(termAt);
+  });
+
+  it('refuses a bad environment with a message naming the variable', async () => {
+    const run = promisify(execFile)(process.execPath, [BIN, 'worker'], {
+      env: { ...process.env, LEASE_OPS_CONCURRENCY: 'lots' },
+    });
+    await expect(run).rejects.toMatchObject({ code: 2, stderr: expect.stringMatching(/LEASE_OPS_CONCURRENCY="lots"/) });
+  });
+
+  it('`start --once` plays a full lease lifecycle on the embedded simulated cloud', async () => {
+    const prefix = `{lo-test-start-${process.pid}}`;
+    const { stdout } = await promisify(execFile)(process.execPath, [BIN, 'start', '--once'], {
+      env: { ...process.env, REDIS_URL, LEASE_OPS_PREFIX: prefix },
+      timeout: 60_000,
+    });
+    const lines = stdout.split('\n');
+    for (const op of ['acquire', 'stop', 'resume', 'release']) {
+      expect(lines.some((l) => new RegExp(`\\s${op}\\s+completed`).test(l))).toBe(true);
+    }
+    expect(stdout).toMatch(/lifecycle done/);
+    bed = await TestBed.create({ LEASE_OPS_PREFIX: prefix });
+  });
+});
