@@ -7,7 +7,7 @@ import type { LeaseIdentity } from '../src/lease.ts';
 import { OperationsQueue } from '../src/queues/operations-queue.ts';
 import { createRedis } from '../src/queues/redis.ts';
 
-const WORKERS = Number(process.env.BENCH_WORKERS ?? 2);
+const WORKERS = 2;
 const CONCURRENCY = 50;
 const out = (line: string) => process.stderr.write(`${line}\n`);
 
@@ -16,6 +16,8 @@ interface Figures {
   plain_bullmq_jobs_per_s: number;
   ratio_vs_plain: number;
   hot_lease_ops_per_s: number;
+  hot_lease_one_worker_ops_per_s: number;
+  handoff_one_worker_p50_ms: number;
   handoff_p50_ms: number;
   handoff_p99_ms: number;
   many_leases_ops_per_s: number;
@@ -35,7 +37,7 @@ function benchConfig(prefix: string): Config {
   });
 }
 
-async function startWorkers(mode: 'plain' | 'lanes', config: Config): Promise<ChildProcess[]> {
+async function startWorkers(mode: 'plain' | 'lanes', config: Config, count = WORKERS): Promise<ChildProcess[]> {
   const env = {
     ...process.env,
     REDIS_URL: config.REDIS_URL,
@@ -43,7 +45,7 @@ async function startWorkers(mode: 'plain' | 'lanes', config: Config): Promise<Ch
     LEASE_OPS_CONCURRENCY: String(CONCURRENCY),
     LEASE_OPS_KEEP_COMPLETED_S: '0',
   };
-  const children = Array.from({ length: WORKERS }, () =>
+  const children = Array.from({ length: count }, () =>
     fork(new URL('./worker-child.ts', import.meta.url).pathname, [mode], { env, execArgv: ['--import', 'tsx'] }),
   );
   await Promise.all(children.map((c) => once(c, 'message')));
@@ -149,12 +151,12 @@ interface LanesRun {
 }
 
 /** lease-ops lanes: `jobs` operations round-robin over `leases` leases, added first, then timed. */
-async function lanesRun(jobs: number, leases: number, recordTimings = false): Promise<LanesRun> {
+async function lanesRun(jobs: number, leases: number, recordTimings = false, workers = WORKERS): Promise<LanesRun> {
   const config = benchConfig('{lease-ops-bench-lanes}');
   const redis = createRedis(config.REDIS_URL);
   await clearPrefix(redis, config.LEASE_OPS_PREFIX);
   const ops = new OperationsQueue(redis, config);
-  const children = await startWorkers('lanes', config);
+  const children = await startWorkers('lanes', config, workers);
   // Warm up, enough to fill BullMQ's event stream to its cap (10,000 events), so the memory
   // baseline already holds what BullMQ keeps at any load and the comparison shows lanes alone.
   await pool([...Array(3_000).keys()], 100, (i) => ops.enqueue({ op: 'acquire', lease: leaseOf(i), params: { runId: 'w' } }));
@@ -183,10 +185,18 @@ async function lanesRun(jobs: number, leases: number, recordTimings = false): Pr
   return { opsPerS: jobs / seconds, timings, memBefore, memAfter, laneKeysLeft };
 }
 
-const ROUNDS = 3;
+const ROUNDS = 5;
 
 function median(values: number[]): number {
   return [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
+}
+
+/** End of one operation to start of the next, in ms, sorted. */
+function handoffTimes(timings: [bigint, bigint][]): number[] {
+  return timings
+    .slice(1)
+    .map((t, i) => Number(t[0] - timings[i]![1]) / 1e6)
+    .sort((a, b) => a - b);
 }
 
 function percentile(sorted: number[], p: number): number {
@@ -217,10 +227,12 @@ export async function runBench(opts: { json: boolean; quick: boolean }): Promise
   const lanes = lanesRounds.sort((x, y) => x.opsPerS - y.opsPerS)[Math.floor(ROUNDS / 2)]!;
   out(`(c) one hot lease, ${loads.hot_ops} operations ...`);
   const hot = await lanesRun(loads.hot_ops, 1, true);
-  const handoffs = hot.timings
-    .slice(1)
-    .map((t, i) => Number(t[0] - hot.timings[i]![1]) / 1e6)
-    .sort((a, b) => a - b);
+  const handoffs = handoffTimes(hot.timings);
+  // The same lease with one worker process: with two, every hand-off also wakes the idle
+  // process (BullMQ marks the queue after each fetch), which costs a wasted fetch per op.
+  out(`(c) one hot lease, ${loads.hot_ops} operations, one worker process ...`);
+  const hotOne = await lanesRun(loads.hot_ops, 1, true, 1);
+  const handoffsOne = handoffTimes(hotOne.timings);
   out(`(d) ${loads.many_leases} leases, one operation each ...`);
   const many = await lanesRun(loads.many_leases, loads.many_leases);
 
@@ -229,12 +241,14 @@ export async function runBench(opts: { json: boolean; quick: boolean }): Promise
     plain_bullmq_jobs_per_s: Math.round(plain),
     ratio_vs_plain: Number((lanes.opsPerS / plain).toFixed(3)),
     hot_lease_ops_per_s: Math.round(hot.opsPerS),
+    hot_lease_one_worker_ops_per_s: Math.round(hotOne.opsPerS),
+    handoff_one_worker_p50_ms: Number(percentile(handoffsOne, 50).toFixed(3)),
     handoff_p50_ms: Number(percentile(handoffs, 50).toFixed(3)),
     handoff_p99_ms: Number(percentile(handoffs, 99).toFixed(3)),
     many_leases_ops_per_s: Math.round(many.opsPerS),
     redis_memory_before_bytes: many.memBefore,
     redis_memory_after_bytes: many.memAfter,
-    lane_keys_left: lanesRounds.reduce((n, r) => n + r.laneKeysLeft, 0) + hot.laneKeysLeft + many.laneKeysLeft,
+    lane_keys_left: lanesRounds.reduce((n, r) => n + r.laneKeysLeft, 0) + hot.laneKeysLeft + hotOne.laneKeysLeft + many.laneKeysLeft,
     loads,
   };
   if (opts.json) {
@@ -246,6 +260,7 @@ export async function runBench(opts: { json: boolean; quick: boolean }): Promise
       [`    ratio (a)/(b)`, `${figures.ratio_vs_plain}`],
       [`(c) one hot lease: ${loads.hot_ops} ops`, `${figures.hot_lease_ops_per_s} ops/s`],
       [`    hand-off p50 / p99`, `${figures.handoff_p50_ms} / ${figures.handoff_p99_ms} ms`],
+      [`    same, one worker process`, `${figures.hot_lease_one_worker_ops_per_s} ops/s, hand-off p50 ${figures.handoff_one_worker_p50_ms} ms`],
       [`(d) ${loads.many_leases} leases, one op each`, `${figures.many_leases_ops_per_s} ops/s (${(many.opsPerS / lanes.opsPerS).toFixed(2)} of (a))`],
       [`    Redis memory before / after`, `${figures.redis_memory_before_bytes} / ${figures.redis_memory_after_bytes} bytes`],
       [`    lane keys left in Redis`, `${figures.lane_keys_left}`],

@@ -50,6 +50,8 @@ export class LeaseWorker {
   private readonly maintenanceWorker: Worker;
   private readonly connection: Redis;
   private readonly releaseLanes: Lanes;
+  private readonly workerConnection: Redis;
+  private writesHeld = false;
   /** Connections handed to BullMQ, which leaves closing them to their owner. */
   private readonly ownedConnections: Redis[] = [];
   private closing: Promise<void> | null = null;
@@ -70,6 +72,7 @@ export class LeaseWorker {
     this.ops = new OperationsQueue(this.connection, settings);
     const prefix = settings.LEASE_OPS_PREFIX;
     const workerConnection = connect();
+    this.workerConnection = workerConnection;
     // Releases go over the BullMQ worker's own connection: Redis runs one connection's
     // commands in order, so the release (which hands off the next job) always lands just
     // before BullMQ's completion of the same job, whose fetch-next then finds that job.
@@ -209,6 +212,7 @@ export class LeaseWorker {
       return this.fail(laneId, jobId, fence, errorCode(err), message);
     }
 
+    this.coalesceWrites();
     // Not awaited: the release is queued on the worker's connection ahead of BullMQ's own
     // completion, so the next job of the lane starts one round trip sooner. A stale
     // release (this attempt was superseded) changes nothing, and BullMQ refuses to
@@ -220,6 +224,22 @@ export class LeaseWorker {
       (err: unknown) => logger().error({ err }, 'lane release failed; the lane sweep will repair the lane'),
     );
     return result;
+  }
+
+  /**
+   * Holds this tick's writes on the worker connection and sends them in one go: the lane
+   * release and BullMQ's completion of the same job (issued a few microtasks later) then
+   * cost one socket write instead of two.
+   */
+  private coalesceWrites(): void {
+    const stream = this.workerConnection.stream;
+    if (this.writesHeld || !stream || stream.destroyed) return;
+    this.writesHeld = true;
+    stream.cork();
+    setImmediate(() => {
+      this.writesHeld = false;
+      stream.uncork();
+    });
   }
 
   /** Records a final failure in the lane (which hands off the next job) and fails this one for good. */
