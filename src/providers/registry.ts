@@ -1,5 +1,7 @@
 import { isAbsolute, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
+import { z } from 'zod';
+import { createDaytonaProvider } from './daytona/index.ts';
 import { createSimulatedProvider } from './simulated/index.ts';
 import type { LeaseProvider, ProviderFactory } from './types.ts';
 
@@ -29,9 +31,41 @@ export class ProviderRegistry {
   }
 }
 
+/** A required environment variable, with an error that names it (and never its value). */
+function required(env: NodeJS.ProcessEnv, variable: string, forWhat: string): string {
+  const value = env[variable];
+  if (!value) throw new Error(`${forWhat} needs ${variable} to be set`);
+  return value;
+}
+
+/** Built-in providers, configured from the environment (credentials by variable name). */
 const BUILT_IN: Record<string, ProviderFactory> = {
-  simulated: () => createSimulatedProvider(),
+  simulated: (env) => createSimulatedProvider(env),
+  daytona: (env) =>
+    createDaytonaProvider({
+      name: 'daytona',
+      apiUrl: env.DAYTONA_API_URL ?? 'https://app.daytona.io/api',
+      apiKey: required(env, 'DAYTONA_API_KEY', 'the daytona provider'),
+      ...(env.DAYTONA_ORGANIZATION_ID ? { organizationId: env.DAYTONA_ORGANIZATION_ID } : {}),
+    }),
 };
+
+/**
+ * LEASE_OPS_PROVIDERS_FILE: named provider instances, e.g. two Daytona organisations.
+ * Keys are never written in the file, only the names of the variables that hold them.
+ */
+const ProvidersFileSchema = z.array(
+  z.discriminatedUnion('type', [
+    z.strictObject({
+      type: z.literal('daytona'),
+      name: z.string().regex(/^[a-z0-9][a-z0-9._-]*$/),
+      apiUrl: z.url(),
+      apiKeyEnv: z.string().regex(/^[A-Z_][A-Z0-9_]*$/, 'apiKeyEnv names an environment variable'),
+      organizationId: z.string().optional(),
+    }),
+    z.strictObject({ type: z.literal('module'), path: z.string().min(1) }),
+  ]),
+);
 
 /**
  * Builds the registry from a comma-separated list: built-in names (`simulated`) and paths
@@ -39,6 +73,24 @@ const BUILT_IN: Record<string, ProviderFactory> = {
  */
 export async function loadProviders(spec: string, env: NodeJS.ProcessEnv = process.env): Promise<ProviderRegistry> {
   const registry = new ProviderRegistry();
+  if (env.LEASE_OPS_PROVIDERS_FILE) {
+    const { readFile } = await import('node:fs/promises');
+    const entries = ProvidersFileSchema.parse(JSON.parse(await readFile(env.LEASE_OPS_PROVIDERS_FILE, 'utf8')));
+    for (const entry of entries) {
+      if (entry.type === 'module') {
+        registry.add(await loadProviderModule(entry.path, env));
+        continue;
+      }
+      registry.add(
+        createDaytonaProvider({
+          name: entry.name,
+          apiUrl: entry.apiUrl,
+          apiKey: required(env, entry.apiKeyEnv, `provider ${entry.name}`),
+          ...(entry.organizationId ? { organizationId: entry.organizationId } : {}),
+        }),
+      );
+    }
+  }
   for (const entry of spec.split(',').map((s) => s.trim()).filter(Boolean)) {
     const builtIn = BUILT_IN[entry];
     if (builtIn) {

@@ -1,0 +1,97 @@
+// A complete, small lease-ops provider: copy it, replace the Map with your cloud's API.
+// Run it with: LEASE_OPS_PROVIDERS=./examples/memory-provider.ts npx lease-ops worker
+// Jobs reach it as lease.provider = "memory".
+import { randomUUID } from 'node:crypto';
+import { PermanentError, SettlingError, type LeaseProvider, type OperationContext, type ProviderFactory } from 'lease-ops';
+
+type State = 'started' | 'starting' | 'stopping' | 'stopped';
+interface Sandbox {
+  id: string;
+  state: State;
+  settlesAt: number; // when a transition (starting, stopping) ends
+  companyId: string;
+  environmentId: string;
+}
+
+const createProvider: ProviderFactory = (env) => {
+  const transitionMs = Number(env.MEMORY_PROVIDER_TRANSITION_MS ?? 100);
+  const sandboxes = new Map<string, Sandbox>();
+
+  // Always read fresh: a transition may have ended since the last call.
+  const read = (ctx: OperationContext, id: string): Sandbox | undefined => {
+    const sb = sandboxes.get(id);
+    if (sb && Date.now() >= sb.settlesAt) {
+      if (sb.state === 'starting') sb.state = 'started';
+      if (sb.state === 'stopping') sb.state = 'stopped';
+    }
+    if (sb && (sb.companyId !== ctx.lease.companyId || sb.environmentId !== ctx.lease.environmentId)) {
+      throw new PermanentError('lease_environment_mismatch', `sandbox ${id} belongs to another environment`);
+    }
+    return sb;
+  };
+  // Never wait for a transition here: raise SettlingError and let lease-ops retry with backoff.
+  const begin = (sb: Sandbox, state: 'starting' | 'stopping') => {
+    sb.state = state;
+    sb.settlesAt = Date.now() + transitionMs;
+    throw new SettlingError(`sandbox_${state}`, `sandbox ${sb.id} is ${state}`);
+  };
+  const stop = (ctx: OperationContext, id: string) => {
+    const sb = read(ctx, id);
+    if (!sb) return { providerLeaseId: id, state: 'destroyed' as const };
+    if (sb.state === 'starting' || sb.state === 'stopping') begin(sb, 'stopping');
+    if (sb.state === 'started') begin(sb, 'stopping');
+    return { providerLeaseId: id, state: 'stopped' as const }; // confirmed by the fresh read
+  };
+
+  const provider: LeaseProvider = {
+    name: 'memory',
+    capabilities: { stop: true, pause: false, forceStop: true },
+    async acquire(ctx) {
+      const sb: Sandbox = { id: `mem-${randomUUID()}`, state: 'started', settlesAt: 0, companyId: ctx.lease.companyId, environmentId: ctx.lease.environmentId };
+      sandboxes.set(sb.id, sb);
+      return { providerLeaseId: sb.id, metadata: {}, expiresAt: null };
+    },
+    async resume(ctx, { providerLeaseId }) {
+      const sb = sandboxes.get(providerLeaseId);
+      if (!sb || sb.companyId !== ctx.lease.companyId || sb.environmentId !== ctx.lease.environmentId) {
+        return { providerLeaseId: null, metadata: { expired: true } }; // gone or not ours: expired
+      }
+      read(ctx, providerLeaseId);
+      if (sb.state === 'stopped') begin(sb, 'starting');
+      if (sb.state !== 'started') throw new SettlingError(`sandbox_${sb.state}`, `sandbox ${sb.id} is ${sb.state}`);
+      return { providerLeaseId, metadata: {}, expiresAt: null };
+    },
+    async release(ctx, { providerLeaseId, resourceDisposition }) {
+      if (resourceDisposition === 'keep_running') return { providerLeaseId, disposition: resourceDisposition, state: 'running' };
+      if (resourceDisposition === 'destroy') {
+        read(ctx, providerLeaseId);
+        sandboxes.delete(providerLeaseId);
+        return { providerLeaseId, disposition: resourceDisposition, state: 'destroyed' };
+      }
+      return { providerLeaseId, disposition: resourceDisposition, state: stop(ctx, providerLeaseId).state };
+    },
+    async stop(ctx, { providerLeaseId }) {
+      return stop(ctx, providerLeaseId);
+    },
+    async forceStop(ctx, { providerLeaseId }) {
+      const sb = read(ctx, providerLeaseId);
+      if (sb) sb.state = 'stopped';
+      return { providerLeaseId, state: sb ? 'stopped' : 'destroyed' };
+    },
+    async destroy(ctx, { providerLeaseId }) {
+      read(ctx, providerLeaseId);
+      sandboxes.delete(providerLeaseId); // deleting what is gone is success
+      return { providerLeaseId, state: 'destroyed' };
+    },
+    async status(ctx, { providerLeaseId }) {
+      const sb = read(ctx, providerLeaseId);
+      if (!sb) return { kind: 'gone' };
+      if (sb.state === 'started') return { kind: 'running' };
+      if (sb.state === 'stopped') return { kind: 'stopped', providerState: 'stopped' };
+      return { kind: 'transitioning', providerState: sb.state };
+    },
+  };
+  return provider;
+};
+
+export default createProvider;

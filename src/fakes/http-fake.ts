@@ -1,0 +1,95 @@
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+
+/** One request the fake served, on the shared monotonic clock (process.hrtime, ns). */
+export interface FakeCall {
+  sandboxId: string | null;
+  method: string;
+  path: string;
+  status: number;
+  start: bigint;
+  end: bigint;
+}
+
+export interface FakeReply {
+  status: number;
+  body?: unknown;
+  headers?: Record<string, string>;
+}
+
+export type FakeRoute = (req: {
+  method: string;
+  path: string;
+  query: URLSearchParams;
+  body: unknown;
+  headers: IncomingMessage['headers'];
+}) => Promise<{ reply: FakeReply; sandboxId: string | null }> | { reply: FakeReply; sandboxId: string | null };
+
+/**
+ * The HTTP plumbing shared by the provider fakes: a real server on loopback, JSON in and
+ * out, and a log of every call with its start and end, so tests can check from the
+ * provider's side that calls for one sandbox never overlapped.
+ */
+export class HttpFake {
+  readonly calls: FakeCall[] = [];
+  private server: Server | null = null;
+  private baseUrl = '';
+
+  constructor(private readonly route: FakeRoute) {}
+
+  get url(): string {
+    if (!this.server) throw new Error('fake is not listening');
+    return this.baseUrl;
+  }
+
+  async listen(port = 0): Promise<string> {
+    this.server = createServer((req, res) => void this.handle(req, res));
+    await new Promise<void>((resolve) => this.server!.listen(port, '127.0.0.1', resolve));
+    this.baseUrl = `http://127.0.0.1:${(this.server.address() as AddressInfo).port}`;
+    return this.baseUrl;
+  }
+
+  async close(): Promise<void> {
+    const server = this.server;
+    this.server = null;
+    if (!server) return;
+    server.closeAllConnections();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  }
+
+  /** Pairs of calls on one sandbox that were in flight at the same time. */
+  overlaps(): string[] {
+    const bySandbox = new Map<string, FakeCall[]>();
+    for (const c of this.calls) {
+      if (!c.sandboxId) continue;
+      bySandbox.set(c.sandboxId, [...(bySandbox.get(c.sandboxId) ?? []), c]);
+    }
+    const found: string[] = [];
+    for (const [id, calls] of bySandbox) {
+      calls.sort((a, b) => (a.start < b.start ? -1 : 1));
+      for (let i = 1; i < calls.length; i++) {
+        if (calls[i]!.start < calls[i - 1]!.end) found.push(`${id}: ${calls[i]!.method} ${calls[i]!.path} overlapped ${calls[i - 1]!.method} ${calls[i - 1]!.path}`);
+      }
+    }
+    return found;
+  }
+
+  private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const start = process.hrtime.bigint();
+    const url = new URL(req.url ?? '/', 'http://fake');
+    let raw = '';
+    for await (const chunk of req) raw += chunk;
+    let body: unknown = undefined;
+    let result: Awaited<ReturnType<FakeRoute>>;
+    try {
+      body = raw ? JSON.parse(raw) : undefined;
+      result = await this.route({ method: req.method ?? 'GET', path: url.pathname, query: url.searchParams, body, headers: req.headers });
+    } catch (err) {
+      result = { sandboxId: null, reply: { status: 400, body: { message: `bad request: ${(err as Error).message}` } } };
+    }
+    const { reply } = result;
+    res.writeHead(reply.status, { 'content-type': 'application/json', ...reply.headers });
+    res.end(reply.body === undefined ? '' : JSON.stringify(reply.body));
+    this.calls.push({ sandboxId: result.sandboxId, method: req.method ?? 'GET', path: url.pathname, status: reply.status, start, end: process.hrtime.bigint() });
+  }
+}

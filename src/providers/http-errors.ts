@@ -1,0 +1,37 @@
+import { PermanentError, ProviderError, SettlingError, TransientError } from './errors.ts';
+
+const NETWORK_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'EAI_AGAIN', 'ENOTFOUND', 'ECONNABORTED', 'UND_ERR_SOCKET', 'UND_ERR_CONNECT_TIMEOUT', 'UND_ERR_HEADERS_TIMEOUT']);
+
+/** Retry-After as ms: seconds or an HTTP date. */
+export function retryAfterMs(value: string | null | undefined, now = Date.now()): number | undefined {
+  if (!value) return undefined;
+  const seconds = Number(value);
+  if (Number.isFinite(seconds)) return Math.max(0, seconds * 1000);
+  const at = Date.parse(value);
+  return Number.isFinite(at) ? Math.max(0, at - now) : undefined;
+}
+
+/**
+ * The error taxonomy for an HTTP answer that no operation handled itself: 409 is a state
+ * change in progress (settling); 429 and 5xx are transient (Retry-After honoured); 401 and
+ * 403 mean missing or wrong credentials; any other 4xx is a bad request. Both are permanent.
+ */
+export function errorForStatus(provider: string, status: number, message: string, retryAfter?: string | null): ProviderError {
+  const text = `${provider}: ${message} (HTTP ${status})`;
+  if (status === 409) return new SettlingError('state_change_in_progress', text);
+  if (status === 429) return new TransientError('rate_limited', text, { retryAfterMs: retryAfterMs(retryAfter) });
+  if (status >= 500) return new TransientError('provider_unavailable', text, { retryAfterMs: retryAfterMs(retryAfter) });
+  if (status === 401 || status === 403) return new PermanentError('unauthorized', text);
+  if (status === 404) return new PermanentError('not_found', text);
+  return new PermanentError('bad_request', text);
+}
+
+/** Connection refused, reset, timed out: the request may work if tried again. */
+export function networkError(provider: string, err: unknown): ProviderError | null {
+  const code = (err as { code?: unknown; cause?: { code?: unknown } })?.code ?? (err as { cause?: { code?: unknown } })?.cause?.code;
+  const name = (err as { name?: unknown })?.name;
+  if ((typeof code === 'string' && NETWORK_CODES.has(code)) || name === 'TimeoutError') {
+    return new TransientError('network', `${provider}: ${(err as Error).message || String(code)}`, { cause: err });
+  }
+  return null;
+}
