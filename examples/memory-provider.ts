@@ -35,10 +35,15 @@ const createProvider: ProviderFactory = (env) => {
     sb.settlesAt = Date.now() + transitionMs;
     throw new SettlingError(`sandbox_${state}`, `sandbox ${sb.id} is ${state}`);
   };
+  const busy = (sb: Sandbox) => {
+    if (sb.state === 'starting' || sb.state === 'stopping') {
+      throw new SettlingError(`sandbox_${sb.state}`, `sandbox ${sb.id} is ${sb.state}`);
+    }
+  };
   const stop = (ctx: OperationContext, id: string) => {
     const sb = read(ctx, id);
     if (!sb) return { providerLeaseId: id, state: 'destroyed' as const };
-    if (sb.state === 'starting' || sb.state === 'stopping') begin(sb, 'stopping');
+    busy(sb);
     if (sb.state === 'started') begin(sb, 'stopping');
     return { providerLeaseId: id, state: 'stopped' as const }; // confirmed by the fresh read
   };
@@ -57,12 +62,17 @@ const createProvider: ProviderFactory = (env) => {
         return { providerLeaseId: null, metadata: { expired: true } }; // gone or not ours: expired
       }
       read(ctx, providerLeaseId);
+      busy(sb);
       if (sb.state === 'stopped') begin(sb, 'starting');
-      if (sb.state !== 'started') throw new SettlingError(`sandbox_${sb.state}`, `sandbox ${sb.id} is ${sb.state}`);
       return { providerLeaseId, metadata: {}, expiresAt: null };
     },
     async release(ctx, { providerLeaseId, resourceDisposition }) {
-      if (resourceDisposition === 'keep_running') return { providerLeaseId, disposition: resourceDisposition, state: 'running' };
+      if (resourceDisposition === 'keep_running') {
+        const sb = read(ctx, providerLeaseId); // left as it is; say truthfully what that is
+        if (!sb) return { providerLeaseId, disposition: resourceDisposition, state: 'destroyed' };
+        busy(sb);
+        return { providerLeaseId, disposition: resourceDisposition, state: sb.state === 'started' ? 'running' : 'stopped' };
+      }
       if (resourceDisposition === 'destroy') {
         read(ctx, providerLeaseId);
         sandboxes.delete(providerLeaseId);

@@ -212,10 +212,13 @@ export function createDaytonaProvider(input: DaytonaSettings): LeaseProvider {
         return { providerLeaseId: id, disposition: 'destroy', state: r.state };
       }
       if (params.resourceDisposition === 'keep_running') {
+        // Left as it is; the receipt says truthfully what that is.
         const sb = await read(ctx, id);
         if (!sb) return { providerLeaseId: id, disposition: 'keep_running', state: 'destroyed' };
         requireOwn(ctx, sb);
-        return { providerLeaseId: id, disposition: 'keep_running', state: 'running' };
+        if (sb.state === 'started') return { providerLeaseId: id, disposition: 'keep_running', state: 'running' };
+        if (sb.state === 'stopped' || sb.state === 'archived') return { providerLeaseId: id, disposition: 'keep_running', state: 'stopped' };
+        throw settling(sb, 'release confirms');
       }
       // stop_and_retain: a retained sandbox must not be auto-deleted; confirm that before stopping.
       const sb = await read(ctx, id);

@@ -1,0 +1,168 @@
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createLogger } from '../src/logger.ts';
+import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
+import { PermanentError, SettlingError, TransientError } from '../src/providers/errors.ts';
+import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
+import { loadProviderModule } from '../src/providers/registry.ts';
+import { createSimulatedProvider } from '../src/providers/simulated/index.ts';
+import type { LeaseProvider, OperationContext } from '../src/providers/types.ts';
+
+/** What a contract run needs from one provider, and what its fake can be told to do. */
+interface Subject {
+  provider: LeaseProvider;
+  /** Makes the next call about this sandbox fail with an HTTP status (fakes only). */
+  inject?: (id: string, status: number, retryAfterS?: number) => void;
+  lose?: (id: string) => void;
+  /** The same provider with a wrong credential, where credentials exist. */
+  withWrongKey?: () => LeaseProvider;
+  close: () => Promise<void>;
+}
+
+const log = createLogger({ level: 'silent' });
+let jobSeq = 0;
+const ctx = (leaseId: string, environmentId = 'env-a'): OperationContext => ({
+  lease: { provider: 'x', companyId: 'co', environmentId, leaseId },
+  jobId: `contract.${++jobSeq}`,
+  attempt: 1,
+  signal: new AbortController().signal,
+  log,
+});
+
+/** What the lane does for a settling error, in small: try again until it settles. */
+async function settled<T>(fn: () => Promise<T>, timeoutMs = 5_000): Promise<T> {
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      return await fn();
+    } catch (err) {
+      if (!(err instanceof SettlingError) || Date.now() > until) throw err;
+      await new Promise((r) => setTimeout(r, 10));
+    }
+  }
+}
+
+const SUBJECTS: Record<string, () => Promise<Subject>> = {
+  daytona: async () => {
+    const fake = new DaytonaFake({ apiKey: 'k', timings: { create: 20, start: 30, stop: 30, forceStop: 0, destroy: 10 } });
+    const apiUrl = await fake.listen();
+    return {
+      provider: createDaytonaProvider({ apiUrl, apiKey: 'k' }),
+      inject: (id, status, retryAfterS) => fake.control(id, { failNext: [{ status, retryAfterS }] }),
+      lose: (id) => fake.control(id, { lost: true }),
+      withWrongKey: () => createDaytonaProvider({ apiUrl, apiKey: 'wrong' }),
+      close: () => fake.close(),
+    };
+  },
+  simulated: async () => {
+    const provider = await createSimulatedProvider({});
+    return { provider, close: async () => provider.close?.() };
+  },
+  'README example (examples/memory-provider.ts)': async () => {
+    const path = fileURLToPath(new URL('../examples/memory-provider.ts', import.meta.url));
+    const provider = await loadProviderModule(path, { MEMORY_PROVIDER_TRANSITION_MS: '20' });
+    return { provider, close: async () => undefined };
+  },
+};
+
+for (const [name, make] of Object.entries(SUBJECTS)) {
+  describe(`provider contract: ${name}`, () => {
+    let s: Subject;
+    beforeAll(async () => {
+      s = await make();
+    });
+    afterAll(async () => {
+      await s.close();
+    });
+
+    // One context per operation: its retries keep the job id, as the lane's retries do.
+    const acquire = async (leaseId: string) => {
+      const c = ctx(leaseId);
+      return settled(() => s.provider.acquire(c, { runId: `run-${leaseId}` }));
+    };
+
+    it('acquires a running sandbox and reads it fresh', async () => {
+      const lease = await acquire('a1');
+      expect(lease.providerLeaseId).toMatch(/\S/);
+      expect(await s.provider.status(ctx('a1'), { providerLeaseId: lease.providerLeaseId })).toEqual({ kind: 'running' });
+    });
+
+    it('stops a started sandbox with a receipt only once it is stopped, and stops a stopped one again', async () => {
+      const { providerLeaseId } = await acquire('s1');
+      const receipt = await settled(() => s.provider.stop(ctx('s1'), { providerLeaseId }));
+      expect(receipt).toEqual({ providerLeaseId, state: 'stopped' });
+      expect((await s.provider.status(ctx('s1'), { providerLeaseId })).kind).toBe('stopped');
+      expect(await s.provider.stop(ctx('s1'), { providerLeaseId })).toEqual({ providerLeaseId, state: 'stopped' });
+    });
+
+    it('resumes a stopped sandbox, and calls a gone one expired', async () => {
+      const { providerLeaseId } = await acquire('r1');
+      await settled(() => s.provider.stop(ctx('r1'), { providerLeaseId }));
+      const resumed = await settled(() => s.provider.resume(ctx('r1'), { providerLeaseId, leaseMetadata: {} }));
+      expect(resumed.providerLeaseId).toBe(providerLeaseId);
+      expect((await s.provider.status(ctx('r1'), { providerLeaseId })).kind).toBe('running');
+      await settled(() => s.provider.destroy(ctx('r1'), { providerLeaseId }));
+      expect(await s.provider.resume(ctx('r1'), { providerLeaseId, leaseMetadata: {} })).toEqual({ providerLeaseId: null, metadata: { expired: true } });
+    });
+
+    it('calls a sandbox of another environment expired on resume, and refuses to stop it', async () => {
+      const { providerLeaseId } = await acquire('m1');
+      expect(await s.provider.resume(ctx('m1', 'env-b'), { providerLeaseId, leaseMetadata: {} })).toEqual({ providerLeaseId: null, metadata: { expired: true } });
+      await expect(s.provider.stop(ctx('m1', 'env-b'), { providerLeaseId })).rejects.toBeInstanceOf(PermanentError);
+    });
+
+    it('releases with each disposition', async () => {
+      const keep = await acquire('rel-keep');
+      expect(await settled(() => s.provider.release(ctx('rel-keep'), { providerLeaseId: keep.providerLeaseId, leaseMetadata: {}, cancelActiveWork: false, resourceDisposition: 'keep_running' }))).toMatchObject({ state: 'running' });
+      expect((await s.provider.status(ctx('rel-keep'), keep)).kind).toBe('running');
+
+      const retain = await acquire('rel-retain');
+      expect(await settled(() => s.provider.release(ctx('rel-retain'), { providerLeaseId: retain.providerLeaseId, leaseMetadata: {}, cancelActiveWork: false, resourceDisposition: 'stop_and_retain' }))).toMatchObject({ state: 'stopped' });
+      expect((await s.provider.status(ctx('rel-retain'), retain)).kind).toBe('stopped');
+
+      const gone = await acquire('rel-destroy');
+      expect(await settled(() => s.provider.release(ctx('rel-destroy'), { providerLeaseId: gone.providerLeaseId, leaseMetadata: {}, cancelActiveWork: false, resourceDisposition: 'destroy' }))).toMatchObject({ state: 'destroyed' });
+      expect(await s.provider.status(ctx('rel-destroy'), gone)).toEqual({ kind: 'gone' });
+    });
+
+    it('force-stops', async () => {
+      const { providerLeaseId } = await acquire('f1');
+      expect(await settled(() => s.provider.forceStop(ctx('f1'), { providerLeaseId }))).toEqual({ providerLeaseId, state: 'stopped' });
+      expect((await s.provider.status(ctx('f1'), { providerLeaseId })).kind).toBe('stopped');
+    });
+
+    it('destroys twice: the second time the sandbox is already gone, which is success', async () => {
+      const { providerLeaseId } = await acquire('d1');
+      expect(await settled(() => s.provider.destroy(ctx('d1'), { providerLeaseId }))).toEqual({ providerLeaseId, state: 'destroyed' });
+      expect(await s.provider.destroy(ctx('d1'), { providerLeaseId })).toEqual({ providerLeaseId, state: 'destroyed' });
+    });
+
+    it('raises settling while a transition runs', async () => {
+      const { providerLeaseId } = await acquire('t1');
+      if (s.inject) {
+        s.inject(providerLeaseId, 409);
+        await expect(s.provider.stop(ctx('t1'), { providerLeaseId })).rejects.toBeInstanceOf(SettlingError);
+      } else {
+        // Providers without an HTTP fake: catch one mid-stop.
+        await expect(s.provider.stop(ctx('t1'), { providerLeaseId })).rejects.toBeInstanceOf(SettlingError);
+        await expect(s.provider.resume(ctx('t1'), { providerLeaseId, leaseMetadata: {} })).rejects.toBeInstanceOf(SettlingError);
+      }
+    });
+
+    it('raises transient errors for 429 (with Retry-After) and 5xx', async (t) => {
+      if (!s.inject) return t.skip();
+      const { providerLeaseId } = await acquire('e1');
+      s.inject(providerLeaseId, 429, 3);
+      const limited = await s.provider.status(ctx('e1'), { providerLeaseId }).catch((e: unknown) => e);
+      expect(limited).toBeInstanceOf(TransientError);
+      expect((limited as TransientError).retryAfterMs).toBe(3_000);
+      s.inject(providerLeaseId, 503);
+      await expect(s.provider.stop(ctx('e1'), { providerLeaseId })).rejects.toBeInstanceOf(TransientError);
+    });
+
+    it('raises a permanent error for bad credentials', async (t) => {
+      if (!s.withWrongKey) return t.skip();
+      await expect(s.withWrongKey().acquire(ctx('k1'), { runId: 'r' })).rejects.toMatchObject({ kind: 'permanent', code: 'unauthorized' });
+    });
+  });
+}
