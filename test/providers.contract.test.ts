@@ -4,6 +4,8 @@ import { createLogger } from '../src/logger.ts';
 import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
 import { PermanentError, SettlingError, TransientError } from '../src/providers/errors.ts';
 import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
+import { createCreateosProvider } from '../src/providers/createos/index.ts';
+import { CreateosFake } from '../src/fakes/createos-fake.ts';
 import { loadProviderModule } from '../src/providers/registry.ts';
 import { createSimulatedProvider } from '../src/providers/simulated/index.ts';
 import type { LeaseProvider, OperationContext } from '../src/providers/types.ts';
@@ -16,18 +18,24 @@ interface Subject {
   lose?: (id: string) => void;
   /** The same provider with a wrong credential, where credentials exist. */
   withWrongKey?: () => LeaseProvider;
+  /** The provider itself can tell whose sandbox it is (Daytona labels; not CreateOS). */
+  verifiesOwnership: boolean;
   close: () => Promise<void>;
 }
 
 const log = createLogger({ level: 'silent' });
 let jobSeq = 0;
-const ctx = (leaseId: string, environmentId = 'env-a'): OperationContext => ({
-  lease: { provider: 'x', companyId: 'co', environmentId, leaseId },
-  jobId: `contract.${++jobSeq}`,
-  attempt: 1,
-  signal: new AbortController().signal,
-  log,
-});
+const ctx = (leaseId: string, environmentId = 'env-a'): OperationContext => {
+  let saved: Record<string, unknown> = {};
+  return {
+    lease: { provider: 'x', companyId: 'co', environmentId, leaseId },
+    jobId: `contract.${++jobSeq}`,
+    attempt: 1,
+    signal: new AbortController().signal,
+    log,
+    checkpoint: { read: async () => saved, write: async (v) => void (saved = { ...saved, ...v }) },
+  };
+};
 
 /** What the lane does for a settling error, in small: try again until it settles. */
 async function settled<T>(fn: () => Promise<T>, timeoutMs = 5_000): Promise<T> {
@@ -51,17 +59,30 @@ const SUBJECTS: Record<string, () => Promise<Subject>> = {
       inject: (id, status, retryAfterS) => fake.control(id, { failNext: [{ status, retryAfterS }] }),
       lose: (id) => fake.control(id, { lost: true }),
       withWrongKey: () => createDaytonaProvider({ apiUrl, apiKey: 'wrong' }),
+      verifiesOwnership: true,
+      close: () => fake.close(),
+    };
+  },
+  createos: async () => {
+    const fake = new CreateosFake({ apiKey: 'k', timings: { create: 20, pause: 30, resume: 30, destroy: 10 } });
+    const apiUrl = await fake.listen();
+    return {
+      provider: createCreateosProvider({ apiUrl, apiKey: 'k', requestsPerMinute: 6_000 }),
+      inject: (id, status, retryAfterS) => fake.control(id, { failNext: [{ status, retryAfterS }] }),
+      lose: (id) => fake.control(id, { lost: true }),
+      withWrongKey: () => createCreateosProvider({ apiUrl, apiKey: 'wrong' }),
+      verifiesOwnership: false,
       close: () => fake.close(),
     };
   },
   simulated: async () => {
     const provider = await createSimulatedProvider({});
-    return { provider, close: async () => provider.close?.() };
+    return { provider, verifiesOwnership: true, close: async () => provider.close?.() };
   },
   'README example (examples/memory-provider.ts)': async () => {
     const path = fileURLToPath(new URL('../examples/memory-provider.ts', import.meta.url));
     const provider = await loadProviderModule(path, { MEMORY_PROVIDER_TRANSITION_MS: '20' });
-    return { provider, close: async () => undefined };
+    return { provider, verifiesOwnership: true, close: async () => undefined };
   },
 };
 
@@ -105,7 +126,8 @@ for (const [name, make] of Object.entries(SUBJECTS)) {
       expect(await s.provider.resume(ctx('r1'), { providerLeaseId, leaseMetadata: {} })).toEqual({ providerLeaseId: null, metadata: { expired: true } });
     });
 
-    it('calls a sandbox of another environment expired on resume, and refuses to stop it', async () => {
+    it('calls a sandbox of another environment expired on resume, and refuses to stop it', async (t) => {
+      if (!s.verifiesOwnership) return t.skip();
       const { providerLeaseId } = await acquire('m1');
       expect(await s.provider.resume(ctx('m1', 'env-b'), { providerLeaseId, leaseMetadata: {} })).toEqual({ providerLeaseId: null, metadata: { expired: true } });
       await expect(s.provider.stop(ctx('m1', 'env-b'), { providerLeaseId })).rejects.toBeInstanceOf(PermanentError);
@@ -125,8 +147,12 @@ for (const [name, make] of Object.entries(SUBJECTS)) {
       expect(await s.provider.status(ctx('rel-destroy'), gone)).toEqual({ kind: 'gone' });
     });
 
-    it('force-stops', async () => {
+    it('force-stops, or refuses at once where the provider cannot', async () => {
       const { providerLeaseId } = await acquire('f1');
+      if (!s.provider.capabilities.forceStop) {
+        await expect(s.provider.forceStop(ctx('f1'), { providerLeaseId })).rejects.toMatchObject({ kind: 'permanent', code: 'force_stop_unsupported' });
+        return;
+      }
       expect(await settled(() => s.provider.forceStop(ctx('f1'), { providerLeaseId }))).toEqual({ providerLeaseId, state: 'stopped' });
       expect((await s.provider.status(ctx('f1'), { providerLeaseId })).kind).toBe('stopped');
     });
@@ -166,3 +192,44 @@ for (const [name, make] of Object.entries(SUBJECTS)) {
     });
   });
 }
+
+describe('CreateOS specifics', () => {
+  let fake: CreateosFake;
+  let apiUrl: string;
+  beforeAll(async () => {
+    fake = new CreateosFake({ apiKey: 'k', timings: { create: 10, pause: 200, resume: 200, destroy: 10 }, ratePerMinute: 120 });
+    apiUrl = await fake.listen();
+  });
+  afterAll(() => fake.close());
+
+  it('treats an asynchronous pause reply as not done: settling until a fresh read says paused', async () => {
+    const provider = createCreateosProvider({ apiUrl, apiKey: 'k', requestsPerMinute: 6_000 });
+    const c = ctx('p1');
+    const { providerLeaseId } = await settled(() => provider.acquire(c, { runId: 'r' }));
+    await expect(provider.stop(ctx('p1'), { providerLeaseId })).rejects.toBeInstanceOf(SettlingError);
+    expect(fake.statusOf(providerLeaseId)).toBe('pausing');
+    expect(await settled(() => provider.stop(ctx('p1'), { providerLeaseId }))).toEqual({ providerLeaseId, state: 'stopped' });
+  });
+
+  it('refuses a lease of another environment, and calls a sandbox of another shape expired', async () => {
+    const provider = createCreateosProvider({ apiUrl, apiKey: 'k', requestsPerMinute: 6_000 });
+    const c = ctx('p2');
+    const lease = await settled(() => provider.acquire(c, { runId: 'r' }));
+    await expect(provider.resume(ctx('p2', 'env-b'), { providerLeaseId: lease.providerLeaseId, leaseMetadata: lease.metadata })).rejects.toMatchObject({ code: 'lease_environment_mismatch' });
+    expect(await provider.resume(ctx('p2'), { providerLeaseId: lease.providerLeaseId, leaseMetadata: { ...lease.metadata, shape: 'large' } })).toEqual({ providerLeaseId: null, metadata: { expired: true } });
+  });
+
+  it('paces its requests under the rate limit instead of running into 429s', async () => {
+    // The fake allows 120 requests a minute; the client paces itself to the same, two a
+    // second, so a burst of six is spread over three seconds and none is refused.
+    const provider = createCreateosProvider({ apiUrl, apiKey: 'k', requestsPerMinute: 120 });
+    const c = ctx('p3');
+    const { providerLeaseId } = await settled(() => provider.acquire(c, { runId: 'r' }));
+    const before = fake.rateLimited;
+    const started = Date.now();
+    await Promise.all(Array.from({ length: 6 }, () => provider.status(ctx('p3'), { providerLeaseId })));
+    expect(fake.rateLimited).toBe(before);
+    // Two requests a second: six take at least two seconds.
+    expect(Date.now() - started).toBeGreaterThanOrEqual(1_900);
+  });
+});

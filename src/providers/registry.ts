@@ -1,6 +1,7 @@
 import { isAbsolute, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { z } from 'zod';
+import { createCreateosProvider } from './createos/index.ts';
 import { createDaytonaProvider } from './daytona/index.ts';
 import { createSimulatedProvider } from './simulated/index.ts';
 import type { LeaseProvider, ProviderFactory } from './types.ts';
@@ -47,6 +48,13 @@ const BUILT_IN: Record<string, ProviderFactory> = {
       apiUrl: env.DAYTONA_API_URL ?? 'https://app.daytona.io/api',
       apiKey: required(env, 'DAYTONA_API_KEY', 'the daytona provider'),
       ...(env.DAYTONA_ORGANIZATION_ID ? { organizationId: env.DAYTONA_ORGANIZATION_ID } : {}),
+    }),
+  createos: (env) =>
+    createCreateosProvider({
+      name: 'createos',
+      apiUrl: required(env, 'CREATEOS_API_URL', 'the createos provider'),
+      apiKey: required(env, 'CREATEOS_API_KEY', 'the createos provider'),
+      ...(env.CREATEOS_SHAPE ? { shape: env.CREATEOS_SHAPE } : {}),
     }),
 };
 

@@ -51,6 +51,14 @@ export interface OperationContext {
   /** Aborted when this attempt must stop: its lock was lost or a newer attempt superseded it. */
   signal: AbortSignal;
   log: Logger;
+  /**
+   * Small facts an operation keeps across its retries, e.g. the id of a sandbox its first
+   * attempt created, so a retry finds it instead of creating another. Stored with the job.
+   */
+  checkpoint: {
+    read(): Promise<Record<string, unknown>>;
+    write(values: Record<string, unknown>): Promise<void>;
+  };
 }
 
 /**

@@ -7,6 +7,7 @@ import type { Logger } from '../logger.ts';
 import { OperationJobDataSchema } from '../operations.ts';
 import { runOperation } from '../processors/index.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
+import type { OperationContext } from '../providers/types.ts';
 import type { Lanes } from './lane.ts';
 import { BACKOFF_TYPE, OperationsQueue, PARK_MS } from './operations-queue.ts';
 import { createRedis } from './redis.ts';
@@ -195,6 +196,7 @@ export class LeaseWorker {
         get log() {
           return logger();
         },
+        checkpoint: this.checkpointOf(jobId),
       };
       result = await runOperation(provider, ctx, data);
     } catch (err) {
@@ -224,6 +226,18 @@ export class LeaseWorker {
       (err: unknown) => logger().error({ err }, 'lane release failed; the lane sweep will repair the lane'),
     );
     return result;
+  }
+
+  /** A job's checkpoint lives in its BullMQ hash, so it goes when the job goes. */
+  private checkpointOf(jobId: string): OperationContext['checkpoint'] {
+    const key = this.ops.queue.toKey(jobId);
+    return {
+      read: async () => JSON.parse((await this.connection.hget(key, 'lo:checkpoint')) ?? '{}') as Record<string, unknown>,
+      write: async (values) => {
+        const current = JSON.parse((await this.connection.hget(key, 'lo:checkpoint')) ?? '{}') as Record<string, unknown>;
+        await this.connection.hset(key, 'lo:checkpoint', JSON.stringify({ ...current, ...values }));
+      },
+    };
   }
 
   /**
