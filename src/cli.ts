@@ -27,6 +27,19 @@ program
   });
 
 program
+  .command('simulated-cloud')
+  .description('run the simulated cloud (a local Daytona API) for several worker processes to share')
+  .option('--port <port>', 'port on 127.0.0.1', '4100')
+  .action(async (opts: { port: string }) => {
+    const { runSimulatedCloud } = await import('./providers/simulated/index.ts');
+    const fake = await runSimulatedCloud(Number(opts.port));
+    process.stdout.write(`simulated cloud listening on ${fake.http.url}; workers use LEASE_OPS_SIMULATED_URL=${fake.http.url}\n`);
+    const stop = () => void fake.close().then(() => process.exit(0));
+    process.on('SIGTERM', stop);
+    process.on('SIGINT', stop);
+  });
+
+program
   .command('bench')
   .description('measure lanes against plain BullMQ on this machine and print the figures')
   .option('--json', 'print one JSON object instead of a table')

@@ -233,3 +233,12 @@ describe('CreateOS specifics', () => {
     expect(Date.now() - started).toBeGreaterThanOrEqual(1_900);
   });
 });
+
+describe('the README', () => {
+  it('shows the example provider exactly as the contract tests run it', async () => {
+    const { readFile } = await import('node:fs/promises');
+    const readme = await readFile(new URL('../README.md', import.meta.url), 'utf8');
+    const example = await readFile(new URL('../examples/memory-provider.ts', import.meta.url), 'utf8');
+    expect(readme).toContain(example);
+  });
+});

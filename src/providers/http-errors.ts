@@ -26,12 +26,16 @@ export function errorForStatus(provider: string, status: number, message: string
   return new PermanentError('bad_request', text);
 }
 
-/** Connection refused, reset, timed out: the request may work if tried again. */
+/**
+ * Connection refused, reset, timed out: the request may work if tried again. The HTTP
+ * client's own error is not kept as the cause: it carries the request, headers included,
+ * and a logged cause would print the credential.
+ */
 export function networkError(provider: string, err: unknown): ProviderError | null {
   const code = (err as { code?: unknown; cause?: { code?: unknown } })?.code ?? (err as { cause?: { code?: unknown } })?.cause?.code;
   const name = (err as { name?: unknown })?.name;
   if ((typeof code === 'string' && NETWORK_CODES.has(code)) || name === 'TimeoutError') {
-    return new TransientError('network', `${provider}: ${(err as Error).message || String(code)}`, { cause: err });
+    return new TransientError('network', `${provider}: ${typeof code === 'string' ? code : 'timeout'}: ${(err as Error).message}`);
   }
   return null;
 }

@@ -62,14 +62,20 @@ const BUILT_IN: Record<string, ProviderFactory> = {
  * LEASE_OPS_PROVIDERS_FILE: named provider instances, e.g. two Daytona organisations.
  * Keys are never written in the file, only the names of the variables that hold them.
  */
+const remote = {
+  name: z.string().regex(/^[a-z0-9][a-z0-9._-]*$/),
+  apiUrl: z.url(),
+  apiKeyEnv: z.string().regex(/^[A-Z_][A-Z0-9_]*$/, 'apiKeyEnv names an environment variable'),
+};
 const ProvidersFileSchema = z.array(
   z.discriminatedUnion('type', [
+    z.strictObject({ type: z.literal('daytona'), ...remote, organizationId: z.string().optional() }),
     z.strictObject({
-      type: z.literal('daytona'),
-      name: z.string().regex(/^[a-z0-9][a-z0-9._-]*$/),
-      apiUrl: z.url(),
-      apiKeyEnv: z.string().regex(/^[A-Z_][A-Z0-9_]*$/, 'apiKeyEnv names an environment variable'),
-      organizationId: z.string().optional(),
+      type: z.literal('createos'),
+      ...remote,
+      shape: z.string().optional(),
+      region: z.string().optional(),
+      rootfs: z.string().optional(),
     }),
     z.strictObject({ type: z.literal('module'), path: z.string().min(1) }),
   ]),
@@ -89,11 +95,17 @@ export async function loadProviders(spec: string, env: NodeJS.ProcessEnv = proce
         registry.add(await loadProviderModule(entry.path, env));
         continue;
       }
+      const apiKey = required(env, entry.apiKeyEnv, `provider ${entry.name}`);
+      if (entry.type === 'createos') {
+        const { type: _type, apiKeyEnv: _env, ...rest } = entry;
+        registry.add(createCreateosProvider({ ...rest, apiKey }));
+        continue;
+      }
       registry.add(
         createDaytonaProvider({
           name: entry.name,
           apiUrl: entry.apiUrl,
-          apiKey: required(env, entry.apiKeyEnv, `provider ${entry.name}`),
+          apiKey,
           ...(entry.organizationId ? { organizationId: entry.organizationId } : {}),
         }),
       );

@@ -180,7 +180,9 @@ export class LeaseWorker {
       return this.fail(laneId, jobId, fence, 'unknown_provider', `no provider named "${data.lease.provider}" is configured`);
     }
     if (Date.now() >= data.deadlineAt) {
-      return this.fail(laneId, jobId, fence, 'deadline_exceeded', 'deadline passed before the operation could start');
+      // A retry can come due just past the deadline; name the error that caused it.
+      const last = job.attemptsMade > 0 && job.failedReason ? `last provider error: ${job.failedReason}` : 'deadline passed before the operation could start';
+      return this.fail(laneId, jobId, fence, 'deadline_exceeded', last);
     }
 
     let result: unknown;

@@ -63,7 +63,7 @@ export function createCreateosProvider(input: CreateosSettings): LeaseProvider {
         signal: AbortSignal.any([ctx.signal, AbortSignal.timeout(settings.timeoutMs)]),
       });
     } catch (err) {
-      throw networkError(name, err) ?? new PermanentError('provider_error', `${name}: ${(err as Error).message}`, { cause: err });
+      throw networkError(name, err) ?? new PermanentError('provider_error', `${name}: ${(err as Error).message}`);
     }
     const text = await res.text();
     let envelope: z.infer<typeof EnvelopeSchema>;

@@ -71,7 +71,7 @@ export function createDaytonaProvider(input: DaytonaSettings): LeaseProvider {
       const message = typeof data?.message === 'string' ? data.message : err.message;
       return errorForStatus(name, err.response.status, message, err.response.headers['retry-after'] as string | undefined);
     }
-    return networkError(name, err) ?? new PermanentError('provider_error', `${name}: ${(err as Error).message}`, { cause: err });
+    return networkError(name, err) ?? new PermanentError('provider_error', `${name}: ${(err as Error).message}`);
   };
   const isStatus = (err: unknown, status: number) => isAxiosError(err) && err.response?.status === status;
 
