@@ -242,3 +242,55 @@ describe('the README', () => {
     expect(readme).toContain(example);
   });
 });
+
+describe('Daytona specifics', () => {
+  let fake: DaytonaFake;
+  let provider: LeaseProvider;
+  beforeAll(async () => {
+    fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 20, stop: 20, forceStop: 0, destroy: 10 } });
+    provider = createDaytonaProvider({ apiUrl: await fake.listen(), apiKey: 'k' });
+  });
+  afterAll(() => fake.close());
+  const fresh = async (leaseId: string) => {
+    const c = ctx(leaseId);
+    return (await settled(() => provider.acquire(c, { runId: 'r' }))).providerLeaseId;
+  };
+
+  it('stop-and-retain disables auto-delete, and confirms it, before stopping', async () => {
+    const id = await fresh('ret');
+    await settled(() => provider.release(ctx('ret'), { providerLeaseId: id, leaseMetadata: {}, cancelActiveWork: false, resourceDisposition: 'stop_and_retain' }));
+    expect(fake.sandboxes.get(id)?.autoDeleteInterval).toBe(-1);
+    const calls = fake.calls.filter((c) => c.sandboxId === id).map((c) => `${c.method} ${c.path.replace(id, ':id')}`);
+    expect(calls.indexOf('POST /sandbox/:id/autodelete/-1')).toBeLessThan(calls.indexOf('POST /sandbox/:id/stop'));
+  });
+
+  it('recovers a sandbox in a recoverable error on resume, and fails on an unrecoverable one', async () => {
+    const a = await fresh('err-a');
+    fake.control(a, { error: { recoverable: true, reason: 'disk full' } });
+    const resumed = await settled(() => provider.resume(ctx('err-a'), { providerLeaseId: a, leaseMetadata: {} }));
+    expect(resumed.providerLeaseId).toBe(a);
+    expect(fake.stateOf(a)).toBe('started');
+    const b = await fresh('err-b');
+    fake.control(b, { error: { recoverable: false, reason: 'host lost' } });
+    await expect(provider.resume(ctx('err-b'), { providerLeaseId: b, leaseMetadata: {} })).rejects.toMatchObject({ kind: 'permanent', code: 'sandbox_unrecoverable' });
+  });
+
+  it('a stop that ignores SIGTERM stays settling; a force-stop ends it; a refused force-stop is settling too', async () => {
+    const id = await fresh('stuck');
+    fake.control(id, { stuckStoppingMs: 60_000, refuseForceStops: 1 });
+    await expect(provider.stop(ctx('stuck'), { providerLeaseId: id })).rejects.toBeInstanceOf(SettlingError);
+    await expect(provider.stop(ctx('stuck'), { providerLeaseId: id })).rejects.toBeInstanceOf(SettlingError);
+    expect(fake.stateOf(id)).toBe('stopping');
+    await expect(provider.forceStop(ctx('stuck'), { providerLeaseId: id })).rejects.toMatchObject({ kind: 'settling', code: 'state_change_in_progress' });
+    expect(await provider.forceStop(ctx('stuck'), { providerLeaseId: id })).toEqual({ providerLeaseId: id, state: 'stopped' });
+    const stops = fake.calls.filter((c) => c.sandboxId === id && c.path.endsWith('/stop'));
+    expect(stops.length).toBe(3); // the graceful stop once (then only reads), two force attempts
+  });
+
+  it('a lost sandbox resumes as expired and destroys as already gone', async () => {
+    const id = await fresh('lost');
+    fake.control(id, { lost: true });
+    expect(await provider.resume(ctx('lost'), { providerLeaseId: id, leaseMetadata: {} })).toEqual({ providerLeaseId: null, metadata: { expired: true } });
+    expect(await provider.destroy(ctx('lost'), { providerLeaseId: id })).toEqual({ providerLeaseId: id, state: 'destroyed' });
+  });
+});
