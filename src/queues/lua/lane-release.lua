@@ -27,8 +27,10 @@ end
 -- pushes never go before an executing one.
 rcall('LPOP', listKey)
 rcall('DEL', execKey)
+-- When BullMQ's completion follows, this attempt holds the job's lock, so the job exists;
+-- otherwise check, so a removed job is not brought back as a stray hash.
 local jobKey = q.jobPrefix .. jobId
-if rcall('EXISTS', jobKey) == 1 then
+if q.lazyMarker or rcall('EXISTS', jobKey) == 1 then
   rcall('HSET', jobKey, 'lo:outcome', outcome)
 end
 return advanceLane(q, listKey, execKey, fenceKey, lanesKey, laneId, now)

@@ -61,7 +61,8 @@ local function advanceLane(q, listKey, execKey, fenceKey, lanesKey, laneId, now)
     end
     local r = handOff(q, execKey, fenceKey, nextJob)
     if r ~= 'missing' then
-      rcall('ZADD', lanesKey, now, laneId)
+      -- The lanes index is not touched on every hand-off: a busy lane only gets looked at
+      -- by the sweep, which costs less than a write per operation.
       return {'next', nextJob, r}
     end
     rcall('LPOP', listKey)
