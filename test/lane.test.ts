@@ -127,11 +127,9 @@ describe('the lane', () => {
 
   it('fails a job whose data was corrupted in Redis at once, keeps the worker running and the lane moving', async () => {
     bed = await TestBed.create();
-    const { provider } = createRecordingProvider();
-    await bed.startWorker(provider);
     const held = gate();
     // Park the lane behind a first operation so the second can be corrupted before it runs.
-    const blocker = createRecordingProvider({ name: 'blocker', behaviour: async () => (await held.promise, 'ok' as const) });
+    const blocker = createRecordingProvider({ name: 'blocker', behaviour: async ({ op }) => (op === 'stop' ? (await held.promise, 'ok' as const) : ('ok' as const)) });
     await bed.startWorker(blocker.provider);
     const first = await bed.ops.enqueue({ op: 'stop', lease: { ...lease('a'), provider: 'blocker' }, params: stop('a') });
     const bad = await bed.ops.enqueue({ op: 'stop', lease: { ...lease('a'), provider: 'blocker' }, params: stop('a') });

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { OperationName } from '../src/operations.ts';
-import { lease, TestBed } from './helpers/env.ts';
+import { lease, TestBed, workerEnv } from './helpers/env.ts';
 import { findOrderViolations, findOverlaps, readCallFile } from './helpers/invariants.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
 
@@ -39,9 +39,7 @@ describe(`${OPERATIONS} operations on ${LEASES} leases across 3 worker processes
 
   it('keeps every invariant: no overlap, accepted order, nothing lost, lanes drained, no keys left', { timeout: LONG ? 900_000 : 180_000 }, async () => {
     const callFile = join(dir, 'calls.jsonl');
-    const env = {
-      REDIS_URL: bed.config.REDIS_URL,
-      LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX,
+    const env = workerEnv(bed, {
       LEASE_OPS_PROVIDERS: PROVIDER,
       LEASE_OPS_CONCURRENCY: '20',
       LEASE_OPS_LOCK_MS: '2000',
@@ -55,7 +53,7 @@ describe(`${OPERATIONS} operations on ${LEASES} leases across 3 worker processes
       RECORDING_SEED: '42',
       RECORDING_MAX_MS: '8',
       RECORDING_SETTLE_P: '0.1',
-    };
+    });
     const workers = [new WorkerProcess(env), new WorkerProcess(env), new WorkerProcess(env)];
     await Promise.all(workers.map((w) => w.ready));
 

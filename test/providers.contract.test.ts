@@ -32,6 +32,7 @@ const ctx = (leaseId: string, environmentId = 'env-a'): OperationContext => {
     jobId: `contract.${++jobSeq}`,
     attempt: 1,
     signal: new AbortController().signal,
+    fence: async () => undefined,
     log,
     checkpoint: { read: async () => saved, write: async (v) => void (saved = { ...saved, ...v }) },
   };

@@ -50,6 +50,12 @@ export interface OperationContext {
   attempt: number;
   /** Aborted when this attempt must stop: its lock was lost or a newer attempt superseded it. */
   signal: AbortSignal;
+  /**
+   * Resolves if this attempt still holds its lease, throws StaleAttemptError if not. Call
+   * it before every call that changes or reads the sandbox, so a stale attempt's call is
+   * refused before it leaves the process. Built-in providers do.
+   */
+  fence(): Promise<void>;
   log: Logger;
   /**
    * Small facts an operation keeps across its retries, e.g. the id of a sandbox its first

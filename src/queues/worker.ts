@@ -8,6 +8,7 @@ import { OperationJobDataSchema } from '../operations.ts';
 import { runOperation } from '../processors/index.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
 import type { OperationContext } from '../providers/types.ts';
+import { Attempt, Fencing, StaleAttemptError } from './fencing.ts';
 import type { Lanes } from './lane.ts';
 import { BACKOFF_TYPE, OperationsQueue, PARK_MS } from './operations-queue.ts';
 import { createRedis } from './redis.ts';
@@ -51,6 +52,7 @@ export class LeaseWorker {
   private readonly maintenanceWorker: Worker;
   private readonly connection: Redis;
   private readonly releaseLanes: Lanes;
+  private readonly fencing: Fencing;
   private readonly workerConnection: Redis;
   private writesHeld = false;
   /** Connections handed to BullMQ, which leaves closing them to their owner. */
@@ -96,6 +98,9 @@ export class LeaseWorker {
       },
     });
     this.worker.on('error', (err) => this.log.error({ err }, 'worker error'));
+    // Fences are checked on the ops connection; the watcher runs a few times per lock period.
+    this.fencing = new Fencing(this.connection, (laneId) => this.ops.lanes.execKey(laneId), log, Math.max(250, Math.floor(settings.LEASE_OPS_LOCK_MS / 4)));
+    this.worker.on('lockRenewalFailed', (jobIds) => this.fencing.lockLost(jobIds));
 
     // Maintenance runs on its own small queue so a deep backlog of operations never
     // delays the sweep that keeps lanes moving.
@@ -122,6 +127,7 @@ export class LeaseWorker {
       { every: this.settings.LEASE_OPS_SWEEP_INTERVAL_MS },
       { name: SWEEP_SCHEDULER_ID, opts: { removeOnComplete: true, removeOnFail: 100 } },
     );
+    this.fencing.start();
     void this.worker.run();
     void this.maintenanceWorker.run();
     await Promise.all([this.worker.waitUntilReady(), this.maintenanceWorker.waitUntilReady()]);
@@ -131,6 +137,7 @@ export class LeaseWorker {
   close(): Promise<void> {
     this.closing ??= (async () => {
       await Promise.all([this.worker.close(), this.maintenanceWorker.close()]);
+      this.fencing.stop();
       await Promise.all([this.maintenanceQueue.close(), this.ops.close()]);
       await this.providers.close();
       for (const c of [this.connection, ...this.ownedConnections]) c.disconnect();
@@ -186,15 +193,18 @@ export class LeaseWorker {
     }
 
     let result: unknown;
+    const held = new Attempt(jobId, laneId, fence);
+    const untrack = this.fencing.track(held);
     try {
-      let abort: AbortController | undefined;
+      const fencing = this.fencing;
       const ctx = {
         lease: data.lease,
         jobId,
         attempt,
         get signal() {
-          return (abort ??= new AbortController()).signal;
+          return held.signal;
         },
+        fence: () => fencing.check(held),
         get log() {
           return logger();
         },
@@ -202,6 +212,12 @@ export class LeaseWorker {
       };
       result = await runOperation(provider, ctx, data);
     } catch (err) {
+      untrack();
+      if (err instanceof StaleAttemptError || held.stale) {
+        // Not this attempt's lane any more: touch nothing, let the current attempt finish.
+        logger().warn({ err }, 'stale attempt refused a provider call');
+        throw held.staleError();
+      }
       const decision = decideRetry(err, job.attemptsMade, data.deadlineAt, Date.now(), this.backoff);
       if (decision.retry) {
         logger().info({ err, delayMs: decision.delayMs }, 'operation will be retried');
@@ -217,6 +233,7 @@ export class LeaseWorker {
     }
 
     this.coalesceWrites();
+    untrack();
     // Not awaited: the release is queued on the worker's connection ahead of BullMQ's own
     // completion, so the next job of the lane starts one round trip sooner. A stale
     // release (this attempt was superseded) changes nothing, and BullMQ refuses to

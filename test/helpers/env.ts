@@ -35,6 +35,11 @@ export const lease = (leaseId: string, companyId = 'co'): LeaseIdentity => ({
   leaseId,
 });
 
+/** The environment of a `lease-ops worker` child process for this bed, plus overrides. */
+export function workerEnv(bed: TestBed, overrides: Record<string, string>): Record<string, string> {
+  return { REDIS_URL: bed.config.REDIS_URL, LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX, ...overrides };
+}
+
 /** A producer, an event listener and a tidy-up for one test's prefix. */
 export class TestBed {
   readonly redis: Redis;

@@ -23,12 +23,13 @@ export type Behaviour = (call: { ctx: OperationContext; op: OperationName }) => 
  * child process it appends records to a JSON-lines file, so a test can check the calls of
  * many worker processes against one clock.
  */
-export function createRecordingProvider(opts: { behaviour?: Behaviour; sink?: (record: CallRecord) => void; name?: string } = {}) {
+export function createRecordingProvider(opts: { behaviour?: Behaviour; sink?: (record: CallRecord) => void; name?: string; callsPerOp?: number } = {}) {
   const calls: CallRecord[] = [];
   const sink = opts.sink ?? ((r: CallRecord) => calls.push(r));
   const behaviour = opts.behaviour ?? (() => 'ok' as const);
 
   const call = async <T>(op: OperationName, ctx: OperationContext, result: () => T): Promise<T> => {
+    await ctx.fence();
     const record: CallRecord = {
       pid: process.pid,
       leaseId: ctx.lease.leaseId,
@@ -42,6 +43,14 @@ export function createRecordingProvider(opts: { behaviour?: Behaviour; sink?: (r
     record.end = String(process.hrtime.bigint());
     record.outcome = outcome;
     sink(record);
+    // Some operations take several provider calls (read, act, read): each one is fenced.
+    for (let i = 1; i < (opts.callsPerOp ?? 1) && outcome === 'ok'; i++) {
+      await ctx.fence();
+      const more: CallRecord = { pid: process.pid, leaseId: ctx.lease.leaseId, jobId: ctx.jobId, op, attempt: ctx.attempt, start: String(process.hrtime.bigint()) };
+      sink({ ...more });
+      await behaviour({ ctx, op });
+      sink({ ...more, end: String(process.hrtime.bigint()), outcome: 'ok' });
+    }
     if (outcome === 'settling') throw new SettlingError('still_settling', `lease ${ctx.lease.leaseId} is still settling`);
     if (outcome === 'permanent') throw new PermanentError('refused', `lease ${ctx.lease.leaseId} refused ${op}`);
     return result();
@@ -78,6 +87,7 @@ export function seededFraction(seed: string, key: string): number {
  *   RECORDING_MIN_MS    shortest call duration (default 0)
  *   RECORDING_MAX_MS    longest call duration
  *   RECORDING_SETTLE_P  chance that an attempt fails with a settling error
+ *   RECORDING_CALLS     provider calls per operation (default 1), each fenced
  */
 export default function createProvider(env: NodeJS.ProcessEnv): LeaseProvider {
   const file = env.RECORDING_FILE;
@@ -87,6 +97,7 @@ export default function createProvider(env: NodeJS.ProcessEnv): LeaseProvider {
   const maxMs = Number(env.RECORDING_MAX_MS ?? '10');
   const settleP = Number(env.RECORDING_SETTLE_P ?? '0');
   return createRecordingProvider({
+    callsPerOp: Number(env.RECORDING_CALLS ?? '1'),
     sink: (r) => appendFileSync(file, `${JSON.stringify(r)}\n`),
     behaviour: async ({ ctx }) => {
       const key = `${ctx.jobId}:${ctx.attempt}`;

@@ -11,6 +11,7 @@ export class WorkerProcess {
   readonly ready: Promise<void>;
   readonly exited: Promise<number | null>;
   readonly logs: string[] = [];
+  private readonly lineListeners = new Set<(line: string) => void>();
 
   constructor(env: Record<string, string>) {
     this.child = spawn(process.execPath, [BIN, 'worker'], {
@@ -28,8 +29,25 @@ export class WorkerProcess {
       createInterface({ input: stream }).on('line', (line) => {
         this.logs.push(line);
         if (line.includes('"worker started"')) onReady();
+        for (const listener of this.lineListeners) listener(line);
       });
     }
+  }
+
+  /** Resolves when the worker logs a line containing `text`. */
+  waitForLog(text: string, timeoutMs = 30_000): Promise<string> {
+    const seen = this.logs.find((l) => l.includes(text));
+    if (seen) return Promise.resolve(seen);
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`worker never logged "${text}"`)), timeoutMs);
+      const onLine = (line: string) => {
+        if (!line.includes(text)) return;
+        clearTimeout(timer);
+        this.lineListeners.delete(onLine);
+        resolve(line);
+      };
+      this.lineListeners.add(onLine);
+    });
   }
 
   get pid(): number {

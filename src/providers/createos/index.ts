@@ -54,6 +54,7 @@ export function createCreateosProvider(input: CreateosSettings): LeaseProvider {
 
   /** One request; returns the success data, or null for a 404 when `missingOk`. */
   const request = async (ctx: OperationContext, method: string, path: string, body?: unknown, missingOk = false): Promise<unknown> => {
+    await ctx.fence();
     let res: Response;
     try {
       res = await paced(`${base}/v1${path}`, {

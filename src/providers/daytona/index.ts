@@ -58,6 +58,7 @@ export function createDaytonaProvider(input: DaytonaSettings): LeaseProvider {
   const name = settings.name;
 
   const call = async <T>(ctx: OperationContext, request: (options: { signal: AbortSignal; timeout: number }) => Promise<AxiosResponse<T>>): Promise<T> => {
+    await ctx.fence();
     try {
       return (await request({ signal: ctx.signal, timeout: settings.timeoutMs })).data;
     } catch (err) {
@@ -77,6 +78,7 @@ export function createDaytonaProvider(input: DaytonaSettings): LeaseProvider {
 
   /** A fresh read; null when the sandbox does not exist (404). */
   const read = async (ctx: OperationContext, idOrName: string): Promise<SandboxReply | null> => {
+    await ctx.fence();
     try {
       const data = (await api.getSandbox(idOrName, org, undefined, { signal: ctx.signal, timeout: settings.timeoutMs })).data;
       return parseReply(data);
