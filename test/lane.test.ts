@@ -219,6 +219,29 @@ describe('the lane', () => {
     expect(findOverlaps(joined)).toEqual([]);
   });
 
+  it('lets a force-stop that arrived while the head executed go ahead once the head backs off', async () => {
+    bed = await TestBed.create();
+    const held = gate();
+    let stops = 0;
+    const { provider, calls } = createRecordingProvider({
+      behaviour: async ({ op }) => {
+        if (op !== 'stop') return 'ok';
+        if (++stops === 1) return (await held.promise, 'settling');
+        return 'ok';
+      },
+    });
+    await bed.startWorker(provider);
+    const executing = await bed.ops.enqueue({ op: 'stop', lease: lease('a'), params: stop('a') });
+    await new Promise<void>((resolve) => bed!.events.once('active', () => resolve()));
+    const force = await bed.ops.enqueue({ op: 'force-stop', lease: lease('a'), params: stop('a') });
+    held.open();
+    await bed.waitForAll([executing.jobId, force.jobId]);
+    const order = joinCalls(calls)
+      .sort((x, y) => (BigInt(x.start) < BigInt(y.start) ? -1 : 1))
+      .map((c) => `${c.op}:${c.outcome}`);
+    expect(order).toEqual(['stop:settling', 'force-stop:ok', 'stop:ok']);
+  });
+
   it('leaves no per-lease key behind once every lane is idle', async () => {
     bed = await TestBed.create();
     const { provider } = createRecordingProvider();

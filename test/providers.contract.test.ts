@@ -33,6 +33,7 @@ const ctx = (leaseId: string, environmentId = 'env-a'): OperationContext => {
     attempt: 1,
     signal: new AbortController().signal,
     fence: async () => undefined,
+    observe: () => undefined,
     log,
     checkpoint: { read: async () => saved, write: async (v) => void (saved = { ...saved, ...v }) },
   };

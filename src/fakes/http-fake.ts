@@ -6,6 +6,7 @@ export interface FakeCall {
   sandboxId: string | null;
   method: string;
   path: string;
+  query: string;
   status: number;
   start: bigint;
   end: bigint;
@@ -90,6 +91,6 @@ export class HttpFake {
     const { reply } = result;
     res.writeHead(reply.status, { 'content-type': 'application/json', ...reply.headers });
     res.end(reply.body === undefined ? '' : JSON.stringify(reply.body));
-    this.calls.push({ sandboxId: result.sandboxId, method: req.method ?? 'GET', path: url.pathname, status: reply.status, start, end: process.hrtime.bigint() });
+    this.calls.push({ sandboxId: result.sandboxId, method: req.method ?? 'GET', path: url.pathname, query: url.search, status: reply.status, start, end: process.hrtime.bigint() });
   }
 }

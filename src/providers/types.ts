@@ -56,6 +56,11 @@ export interface OperationContext {
    * refused before it leaves the process. Built-in providers do.
    */
   fence(): Promise<void>;
+  /**
+   * Reports what a fresh read saw. lease-ops keeps the last state per lease and since
+   * when, which is how the watchdog finds sandboxes stuck in `stopping`.
+   */
+  observe(providerLeaseId: string, state: SandboxState): void;
   log: Logger;
   /**
    * Small facts an operation keeps across its retries, e.g. the id of a sandbox its first

@@ -7,7 +7,7 @@ const SCRIPTS = {
   'lane-push': 4,
   'lane-acquire': 5,
   'lane-release': 4,
-  'lane-yield': 1,
+  'lane-yield': 4,
   'lane-repair': 4,
 } as const;
 type ScriptName = keyof typeof SCRIPTS;
@@ -157,7 +157,7 @@ export class Lanes {
 
   /** Before a retry's backoff: keep the head, stop being the holder. False if stale. */
   async yield(laneId: string, jobId: string, token: string): Promise<boolean> {
-    return (await this.run('lane-yield', this.execKey(laneId), jobId, token)) === 1;
+    return (await this.run('lane-yield', ...this.laneKeys(laneId), jobId, token, this.queueKeyPrefix)) === 1;
   }
 
   /** The one recovery step (see lane-repair.lua). */

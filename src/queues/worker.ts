@@ -4,10 +4,11 @@ import { z } from 'zod';
 import type { Config } from '../config.ts';
 import { laneIdOfJobId } from '../lease.ts';
 import type { Logger } from '../logger.ts';
-import { OperationJobDataSchema } from '../operations.ts';
 import { runOperation } from '../processors/index.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
-import type { OperationContext } from '../providers/types.ts';
+import type { OperationContext, SandboxState } from '../providers/types.ts';
+import type { LeaseIdentity } from '../lease.ts';
+import { LeaseRecords } from './lease-records.ts';
 import { Attempt, Fencing, StaleAttemptError } from './fencing.ts';
 import type { Lanes } from './lane.ts';
 import { BACKOFF_TYPE, OperationsQueue, PARK_MS } from './operations-queue.ts';
@@ -21,8 +22,11 @@ import {
   RetryLaterError,
 } from './retry-policy.ts';
 import { sweepLanes } from './sweep.ts';
+import { runWatchdog } from './watchdog.ts';
+import { DEFAULT_DEADLINE_MS, OperationJobDataSchema } from '../operations.ts';
 
 const SWEEP_SCHEDULER_ID = 'lane-sweep';
+const WATCHDOG_SCHEDULER_ID = 'stuck-stop-watchdog';
 
 export type WorkerSettings = Pick<
   Config,
@@ -39,6 +43,9 @@ export type WorkerSettings = Pick<
   | 'LEASE_OPS_KEEP_FAILED_S'
   | 'LEASE_OPS_BACKOFF_BASE_MS'
   | 'LEASE_OPS_BACKOFF_CAP_MS'
+  | 'LEASE_OPS_WATCHDOG_INTERVAL_MS'
+  | 'LEASE_OPS_STUCK_STOPPING_MS'
+  | 'LEASE_OPS_WATCHDOG_MAX_FORCE'
 >;
 
 /**
@@ -53,6 +60,7 @@ export class LeaseWorker {
   private readonly connection: Redis;
   private readonly releaseLanes: Lanes;
   private readonly fencing: Fencing;
+  readonly records: LeaseRecords;
   private readonly workerConnection: Redis;
   private writesHeld = false;
   /** Connections handed to BullMQ, which leaves closing them to their owner. */
@@ -73,6 +81,7 @@ export class LeaseWorker {
       return c;
     };
     this.ops = new OperationsQueue(this.connection, settings);
+    this.records = new LeaseRecords(this.connection, settings.LEASE_OPS_PREFIX);
     const prefix = settings.LEASE_OPS_PREFIX;
     const workerConnection = connect();
     this.workerConnection = workerConnection;
@@ -109,6 +118,13 @@ export class LeaseWorker {
     this.maintenanceWorker = new Worker(
       maintenanceName,
       async (job) => {
+        if (job.name === WATCHDOG_SCHEDULER_ID) {
+          return runWatchdog(this.ops, this.records, this.providers, {
+            stuckAfterMs: settings.LEASE_OPS_STUCK_STOPPING_MS,
+            maxForceStops: settings.LEASE_OPS_WATCHDOG_MAX_FORCE,
+            claimMs: DEFAULT_DEADLINE_MS['force-stop'],
+          }, this.log);
+        }
         if (job.name !== SWEEP_SCHEDULER_ID) throw new UnrecoverableError(`unknown maintenance job ${job.name}`);
         const report = await sweepLanes(this.ops, settings.LEASE_OPS_SWEEP_STALE_MS, this.log);
         if (report.dropped || report.handedOff) this.log.info(report, 'lane sweep repaired lanes');
@@ -128,6 +144,11 @@ export class LeaseWorker {
       { name: SWEEP_SCHEDULER_ID, opts: { removeOnComplete: true, removeOnFail: 100 } },
     );
     this.fencing.start();
+    await this.maintenanceQueue.upsertJobScheduler(
+      WATCHDOG_SCHEDULER_ID,
+      { every: this.settings.LEASE_OPS_WATCHDOG_INTERVAL_MS },
+      { name: WATCHDOG_SCHEDULER_ID, opts: { removeOnComplete: true, removeOnFail: 100 } },
+    );
     void this.worker.run();
     void this.maintenanceWorker.run();
     await Promise.all([this.worker.waitUntilReady(), this.maintenanceWorker.waitUntilReady()]);
@@ -193,6 +214,7 @@ export class LeaseWorker {
     }
 
     let result: unknown;
+    let observed: [string, SandboxState] | null = null;
     const held = new Attempt(jobId, laneId, fence);
     const untrack = this.fencing.track(held);
     try {
@@ -205,6 +227,9 @@ export class LeaseWorker {
           return held.signal;
         },
         fence: () => fencing.check(held),
+        observe: (providerLeaseId: string, state: SandboxState) => {
+          observed = [providerLeaseId, state];
+        },
         get log() {
           return logger();
         },
@@ -218,6 +243,7 @@ export class LeaseWorker {
         logger().warn({ err }, 'stale attempt refused a provider call');
         throw held.staleError();
       }
+      await this.record(laneId, data.lease, observed, logger);
       const decision = decideRetry(err, job.attemptsMade, data.deadlineAt, Date.now(), this.backoff);
       if (decision.retry) {
         logger().info({ err, delayMs: decision.delayMs }, 'operation will be retried');
@@ -234,6 +260,7 @@ export class LeaseWorker {
 
     this.coalesceWrites();
     untrack();
+    await this.record(laneId, data.lease, observed, logger);
     // Not awaited: the release is queued on the worker's connection ahead of BullMQ's own
     // completion, so the next job of the lane starts one round trip sooner. A stale
     // release (this attempt was superseded) changes nothing, and BullMQ refuses to
@@ -245,6 +272,16 @@ export class LeaseWorker {
       (err: unknown) => logger().error({ err }, 'lane release failed; the lane sweep will repair the lane'),
     );
     return result;
+  }
+
+  /** Keeps what the attempt last saw of its sandbox (before the lane moves on, so in order). */
+  private async record(laneId: string, lease: LeaseIdentity, observed: [string, SandboxState] | null, logger: () => Logger): Promise<void> {
+    if (!observed) return;
+    try {
+      await this.records.observe(laneId, lease, observed[0], observed[1]);
+    } catch (err) {
+      logger().warn({ err }, 'could not record the observed sandbox state');
+    }
   }
 
   /** A job's checkpoint lives in its BullMQ hash, so it goes when the job goes. */

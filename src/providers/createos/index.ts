@@ -87,9 +87,16 @@ export function createCreateosProvider(input: CreateosSettings): LeaseProvider {
   /** A fresh read; null when the sandbox is gone. */
   const read = async (ctx: OperationContext, id: string): Promise<CreateosSandbox | null> => {
     const data = await request(ctx, 'GET', `/sandboxes/${encodeURIComponent(id)}`, undefined, true);
-    if (data === null) return null;
-    const sb = sandbox(data);
-    return sb.status === 'destroyed' ? null : sb;
+    const sb = data === null ? null : sandbox(data);
+    const live = sb && sb.status !== 'destroyed' ? sb : null;
+    ctx.observe(id, live ? normalise(live) : { kind: 'gone' });
+    return live;
+  };
+  const normalise = (sb: CreateosSandbox): SandboxState => {
+    if (sb.status === 'running') return { kind: 'running' };
+    if (sb.status === 'paused') return { kind: 'stopped', providerState: 'paused' };
+    if (sb.status === 'error' || sb.status === 'failed') return { kind: 'error', providerState: sb.status, recoverable: false };
+    return { kind: 'transitioning', providerState: sb.status };
   };
   const settling = (sb: CreateosSandbox, doing: string) =>
     new SettlingError(`sandbox_${sb.status}`, `${name}: sandbox ${sb.id} is ${sb.status}; ${doing} once it settles`);
@@ -203,11 +210,7 @@ export function createCreateosProvider(input: CreateosSettings): LeaseProvider {
 
     async status(ctx, params): Promise<SandboxState> {
       const sb = await read(ctx, params.providerLeaseId);
-      if (!sb) return { kind: 'gone' };
-      if (sb.status === 'running') return { kind: 'running' };
-      if (sb.status === 'paused') return { kind: 'stopped', providerState: 'paused' };
-      if (sb.status === 'error' || sb.status === 'failed') return { kind: 'error', providerState: sb.status, recoverable: false };
-      return { kind: 'transitioning', providerState: sb.status };
+      return sb ? normalise(sb) : { kind: 'gone' };
     },
   };
 }

@@ -81,11 +81,24 @@ export function createDaytonaProvider(input: DaytonaSettings): LeaseProvider {
     await ctx.fence();
     try {
       const data = (await api.getSandbox(idOrName, org, undefined, { signal: ctx.signal, timeout: settings.timeoutMs })).data;
-      return parseReply(data);
+      const sb = parseReply(data);
+      ctx.observe(sb.id, normalise(sb));
+      return sb;
     } catch (err) {
-      if (isStatus(err, 404)) return null;
+      if (isStatus(err, 404)) {
+        ctx.observe(idOrName, { kind: 'gone' });
+        return null;
+      }
       throw toProviderError(err);
     }
+  };
+  const normalise = (sb: SandboxReply): SandboxState => {
+    const state = sb.state ?? 'unknown';
+    if (state === 'destroyed') return { kind: 'gone' };
+    if (state === 'started') return { kind: 'running' };
+    if (state === 'stopped' || state === 'archived' || state === 'paused') return { kind: 'stopped', providerState: state };
+    if (state === 'error' || state === 'build_failed') return { kind: 'error', providerState: state, recoverable: Boolean(sb.recoverable) };
+    return { kind: 'transitioning', providerState: state };
   };
   const parseReply = (data: unknown): SandboxReply => {
     const parsed = SandboxReplySchema.safeParse(data);
@@ -242,12 +255,7 @@ export function createDaytonaProvider(input: DaytonaSettings): LeaseProvider {
 
     async status(ctx, params): Promise<SandboxState> {
       const sb = await read(ctx, params.providerLeaseId);
-      if (!sb || sb.state === 'destroyed') return { kind: 'gone' };
-      const state = sb.state ?? 'unknown';
-      if (state === 'started') return { kind: 'running' };
-      if (state === 'stopped' || state === 'archived' || state === 'paused') return { kind: 'stopped', providerState: state };
-      if (state === 'error' || state === 'build_failed') return { kind: 'error', providerState: state, recoverable: Boolean(sb.recoverable) };
-      return { kind: 'transitioning', providerState: state };
+      return sb ? normalise(sb) : { kind: 'gone' };
     },
   };
 }

@@ -24,7 +24,10 @@ local executing = rcall('HGET', execKey, 'job')
 if mode == 'front' then
   local head = rcall('LINDEX', listKey, 0)
   if executing and head then
+    -- Right behind the executing head; if the head backs off for a retry, lane-yield
+    -- moves this job in front of it.
     rcall('LINSERT', listKey, 'AFTER', head, jobId)
+    rcall('HSET', execKey, 'front', jobId)
     return {'queued'}
   end
   rcall('LPUSH', listKey, jobId)

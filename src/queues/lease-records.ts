@@ -1,0 +1,98 @@
+import type { Redis } from 'ioredis';
+import type { LeaseIdentity } from '../lease.ts';
+import type { SandboxState } from '../providers/types.ts';
+import { loadLuaScript } from './lua-scripts.ts';
+
+/** What lease-ops last saw of a lease's sandbox. */
+export interface LeaseRecord {
+  lease: LeaseIdentity;
+  providerLeaseId: string;
+  kind: SandboxState['kind'];
+  providerState: string;
+  /** Epoch ms since the sandbox has been in this state (as far as lease-ops saw). */
+  since: number;
+  observedAt: number;
+  /** Force-stops the watchdog queued for the current stuck episode. */
+  forceStops: number;
+}
+
+/** A week without news and the record goes: it is a cache of observations, not a source of truth. */
+const RECORD_TTL_S = 7 * 24 * 3_600;
+
+/**
+ * Per-lease records of the observed provider state and since when, updated by every
+ * operation that reads its sandbox, and an index of leases seen `stopping` for the
+ * watchdog. Keys: <prefix>:lease:<laneId> (hash), <prefix>:stopping (zset).
+ */
+export class LeaseRecords {
+  readonly stoppingKey: string;
+
+  constructor(
+    private readonly redis: Redis,
+    private readonly prefix: string,
+  ) {
+    this.stoppingKey = `${prefix}:stopping`;
+    if (!('leaseOps_lease_observe' in redis)) redis.defineCommand('leaseOps_lease_observe', { numberOfKeys: 2, lua: loadLuaScript('lease-observe') });
+  }
+
+  recordKey(laneId: string): string {
+    return `${this.prefix}:lease:${laneId}`;
+  }
+
+  private claimKey(laneId: string): string {
+    return `${this.prefix}:lane:${laneId}:watchdog`;
+  }
+
+  /** Records an observation; returns since when the sandbox has been in that state. */
+  async observe(laneId: string, lease: LeaseIdentity, providerLeaseId: string, state: SandboxState): Promise<number> {
+    const providerState = 'providerState' in state ? state.providerState : state.kind;
+    const run = (this.redis as unknown as Record<string, (...a: (string | number)[]) => Promise<unknown>>).leaseOps_lease_observe!;
+    const since = await run.call(
+      this.redis,
+      this.recordKey(laneId),
+      this.stoppingKey,
+      laneId,
+      Date.now(),
+      state.kind,
+      providerState,
+      JSON.stringify(lease),
+      providerLeaseId,
+      RECORD_TTL_S,
+    );
+    return Number(since);
+  }
+
+  async get(laneId: string): Promise<LeaseRecord | null> {
+    const h = await this.redis.hgetall(this.recordKey(laneId));
+    if (!h.lease || !h.kind) return null;
+    return {
+      lease: JSON.parse(h.lease) as LeaseIdentity,
+      providerLeaseId: h.providerLeaseId ?? '',
+      kind: h.kind as SandboxState['kind'],
+      providerState: h.providerState ?? '',
+      since: Number(h.since),
+      observedAt: Number(h.observedAt),
+      forceStops: Number(h.forceStops ?? 0),
+    };
+  }
+
+  /** Lanes whose sandbox has been seen stopping since before `before` (epoch ms). */
+  async stoppingSince(before: number, limit = 500): Promise<string[]> {
+    return this.redis.zrangebyscore(this.stoppingKey, '-inf', before, 'LIMIT', 0, limit);
+  }
+
+  async forget(laneId: string): Promise<void> {
+    await this.redis.zrem(this.stoppingKey, laneId);
+  }
+
+  /**
+   * Claims the right to queue one force-stop for this lease for `ttlMs` (one per stuck
+   * episode, however many replicas scan); counts it. False if already claimed.
+   */
+  async claimForceStop(laneId: string, ttlMs: number): Promise<boolean> {
+    const claimed = await this.redis.set(this.claimKey(laneId), '1', 'PX', ttlMs, 'NX');
+    if (claimed !== 'OK') return false;
+    await this.redis.hincrby(this.recordKey(laneId), 'forceStops', 1);
+    return true;
+  }
+}

@@ -1,0 +1,34 @@
+--[[
+  Records what an operation saw of its sandbox: the state, and since when it has been in
+  it (kept while the state stays the same). Leases seen `stopping` are indexed by since,
+  so the stuck-stop watchdog finds them without listing the cloud. The record expires
+  after `ttl` seconds without news, so idle leases leave nothing behind for good.
+
+  KEYS[1] lease record hash   KEYS[2] stopping index (zset laneId -> since ms)
+  ARGV[1] lane id   ARGV[2] now (ms)   ARGV[3] state kind   ARGV[4] provider state
+  ARGV[5] lease identity (JSON)   ARGV[6] provider lease id   ARGV[7] ttl (s)
+
+  Returns the `since` of the recorded state.
+]]
+local rcall = redis.call
+local recordKey, stoppingKey = KEYS[1], KEYS[2]
+local laneId, now, kind, providerState = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+
+local previous = rcall('HMGET', recordKey, 'kind', 'providerState', 'since')
+local since = now
+if previous[1] == kind and previous[2] == providerState and previous[3] then
+  since = previous[3]
+else
+  -- A new state is a new episode: the watchdog's force-stop count starts again.
+  rcall('HDEL', recordKey, 'forceStops')
+end
+rcall('HSET', recordKey, 'kind', kind, 'providerState', providerState, 'since', since, 'observedAt', now,
+  'lease', ARGV[5], 'providerLeaseId', ARGV[6])
+rcall('EXPIRE', recordKey, ARGV[7])
+
+if kind == 'transitioning' and providerState == 'stopping' then
+  rcall('ZADD', stoppingKey, since, laneId)
+else
+  rcall('ZREM', stoppingKey, laneId)
+end
+return since
