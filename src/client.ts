@@ -32,7 +32,12 @@ export class LeaseOpsClient {
     this.ops = new OperationsQueue(this.connection, settings);
   }
 
-  enqueue<Op extends OperationName>(op: Op, lease: LeaseIdentity, params: unknown, opts: { deadlineMs?: number } = {}): Promise<Enqueued> {
+  enqueue<Op extends OperationName>(
+    op: Op,
+    lease: LeaseIdentity,
+    params: unknown,
+    opts: { deadlineMs?: number; idempotencyKey?: string } = {},
+  ): Promise<Enqueued> {
     return this.ops.enqueue({ op, lease, params, ...opts });
   }
 

@@ -253,3 +253,51 @@ describe('the lane', () => {
     expect(await bed.ops.lanes.openLaneCount()).toBe(0);
   });
 });
+
+describe('coalescing and idempotency at enqueue', () => {
+  it('an identical stop or release queued and not started absorbs the new one; a started one does not', async () => {
+    bed = await TestBed.create();
+    const held = gate();
+    const { provider, calls } = createRecordingProvider({ behaviour: async ({ op }) => (op === 'resume' ? (await held.promise, 'ok' as const) : ('ok' as const)) });
+    await bed.startWorker(provider);
+    const busy = await bed.ops.enqueue({ op: 'resume', lease: lease('a'), params: { providerLeaseId: 'a' } });
+    // Five identical stops at once, while the lane is busy: one job.
+    const stops = await Promise.all(Array.from({ length: 5 }, () => bed!.ops.enqueue({ op: 'stop', lease: lease('a'), params: stop('a') })));
+    expect(new Set(stops.map((s) => s.jobId)).size).toBe(1);
+    expect(stops.filter((s) => s.deduplicated === 'coalesced')).toHaveLength(4);
+    const retain = { providerLeaseId: 'a', leaseMetadata: {}, resourceDisposition: 'stop_and_retain' };
+    const r1 = await bed.ops.enqueue({ op: 'release', lease: lease('a'), params: retain });
+    const r2 = await bed.ops.enqueue({ op: 'release', lease: lease('a'), params: retain });
+    const r3 = await bed.ops.enqueue({ op: 'release', lease: lease('a'), params: { ...retain, resourceDisposition: 'destroy' } });
+    expect(r2.jobId).toBe(r1.jobId);
+    expect(r3.jobId).not.toBe(r1.jobId);
+    // A stop after other requests is not the same as the stop before them: not absorbed.
+    const s2 = await bed.ops.enqueue({ op: 'stop', lease: lease('a'), params: stop('a') });
+    expect(s2.jobId).not.toBe(stops[0]!.jobId);
+    expect(await bed.ops.queue.getJobCountByTypes('delayed', 'waiting', 'active')).toBe(5);
+    held.open();
+    await bed.waitForAll([busy.jobId, stops[0]!.jobId, r1.jobId, r3.jobId, s2.jobId]);
+    expect(joinCalls(calls).map((c) => c.op)).toEqual(['resume', 'stop', 'release', 'release', 'stop']);
+    // Once the first stop has run, a new stop is a new operation.
+    const later = await bed.ops.enqueue({ op: 'stop', lease: lease('a'), params: stop('a') });
+    expect(later.jobId).not.toBe(stops[0]!.jobId);
+    await bed.waitForAll([later.jobId]);
+    expect(await bed.laneKeys()).toEqual([]);
+  });
+
+  it('the same idempotency key returns the same operation, also after it ended', async () => {
+    bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '3600' });
+    const { provider, calls } = createRecordingProvider();
+    await bed.startWorker(provider);
+    const first = await bed.ops.enqueue({ op: 'destroy', lease: lease('i'), params: stop('i'), idempotencyKey: 'cp-req-1' });
+    const again = await bed.ops.enqueue({ op: 'destroy', lease: lease('i'), params: stop('i'), idempotencyKey: 'cp-req-1' });
+    expect(again).toEqual({ ...first, deduplicated: 'idempotency-key' });
+    await bed.waitForAll([first.jobId]);
+    const afterEnd = await bed.ops.enqueue({ op: 'destroy', lease: lease('i'), params: stop('i'), idempotencyKey: 'cp-req-1' });
+    expect(afterEnd.jobId).toBe(first.jobId);
+    const other = await bed.ops.enqueue({ op: 'destroy', lease: lease('i'), params: stop('i'), idempotencyKey: 'cp-req-2' });
+    expect(other.jobId).not.toBe(first.jobId);
+    await bed.waitForAll([other.jobId]);
+    expect(joinCalls(calls)).toHaveLength(2);
+  });
+});

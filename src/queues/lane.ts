@@ -90,18 +90,28 @@ export class Lanes {
     return [this.listKey(laneId), this.execKey(laneId), this.lanesKey, this.fenceKey];
   }
 
-  /** Adds a job to its lane; returns the hand-off when it became the head with nothing executing. */
-  async push(laneId: string, jobId: string, position: 'tail' | 'front' = 'tail'): Promise<HandOff | null> {
+  /**
+   * Adds a job to its lane. `coalesceAs`: an identical request (same key) queued last and
+   * not yet started absorbs this one, and its id comes back as `absorbedBy`.
+   */
+  async push(
+    laneId: string,
+    jobId: string,
+    position: 'tail' | 'front' = 'tail',
+    coalesceAs = '',
+  ): Promise<{ handOff: HandOff | null; absorbedBy: string | null }> {
     const r = (await this.run(
       'lane-push',
       ...this.laneKeys(laneId),
-            jobId,
+      jobId,
       laneId,
       Date.now(),
       position,
       this.queueKeyPrefix,
+      coalesceAs,
     )) as string[];
-    return r[0] === 'next' ? toHandOff(r[1], r[2]) : null;
+    if (r[0] === 'absorbed') return { handOff: null, absorbedBy: String(r[1]) };
+    return { handOff: r[0] === 'next' ? toHandOff(r[1], r[2]) : null, absorbedBy: null };
   }
 
   async acquire(laneId: string, jobId: string): Promise<AcquireResult> {

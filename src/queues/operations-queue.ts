@@ -1,4 +1,4 @@
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { Queue, type JobsOptions } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Config } from '../config.ts';
@@ -31,11 +31,27 @@ export type EnqueueRequest = {
   lease: LeaseIdentity;
   params: unknown;
   deadlineMs?: number;
+  /** The caller's key for this request: the same key returns the same job (for 24 h). */
+  idempotencyKey?: string;
 };
 
 export interface Enqueued {
   jobId: string;
   laneId: string;
+  /** Set when no new job was made: an identical queued request or the same key took it. */
+  deduplicated?: 'coalesced' | 'idempotency-key';
+}
+
+const IDEMPOTENCY_TTL_S = 24 * 3_600;
+
+/**
+ * Requests that mean the same as the one queued last and not yet started: a second stop of
+ * the same sandbox, or a release with the same parameters. '' for none.
+ */
+export function coalescingKey(data: OperationJobData): string {
+  if (data.op === 'stop') return `stop:${data.params.providerLeaseId}`;
+  if (data.op === 'release') return `release:${createHash('sha256').update(JSON.stringify(data.params)).digest('base64url')}`;
+  return '';
 }
 
 export type QueueSettings = Pick<
@@ -76,12 +92,32 @@ export class OperationsQueue {
   async enqueue(request: EnqueueRequest): Promise<Enqueued> {
     const data = buildJobData(request);
     const laneId = laneIdOf(data.lease);
+    const idemKey = request.idempotencyKey === undefined ? null : this.idempotencyKey(request.idempotencyKey);
+    if (idemKey) {
+      const earlier = await this.connection.get(idemKey);
+      if (earlier && (await this.queue.getJobState(earlier)) !== 'unknown') return { jobId: earlier, laneId, deduplicated: 'idempotency-key' };
+    }
+    const coalesceAs = coalescingKey(data);
     const jobId = `${laneId}.${randomBytes(12).toString('base64url')}`;
+    if (idemKey && (await this.connection.set(idemKey, jobId, 'EX', IDEMPOTENCY_TTL_S, 'NX')) !== 'OK') {
+      const racing = await this.connection.get(idemKey);
+      if (racing) return { jobId: racing, laneId, deduplicated: 'idempotency-key' };
+    }
     await this.queue.add(data.op, data, { ...this.jobOptions, jobId });
     // The sanctioned exception: a force-stop goes ahead of queued and backing-off
     // operations of its lease, never alongside an executing one.
-    await this.lanes.push(laneId, jobId, data.op === 'force-stop' ? 'front' : 'tail');
+    const pushed = await this.lanes.push(laneId, jobId, data.op === 'force-stop' ? 'front' : 'tail', coalesceAs);
+    if (pushed.absorbedBy) {
+      // An identical request got in first: ours never joined the lane, so drop its job.
+      await this.queue.remove(jobId);
+      if (idemKey) await this.connection.set(idemKey, pushed.absorbedBy, 'EX', IDEMPOTENCY_TTL_S);
+      return { jobId: pushed.absorbedBy, laneId, deduplicated: 'coalesced' };
+    }
     return { jobId, laneId };
+  }
+
+  private idempotencyKey(key: string): string {
+    return `${this.settings.LEASE_OPS_PREFIX}:idem:${createHash('sha256').update(key).digest('base64url')}`;
   }
 
   /** The lanes of this queue, spoken to over another connection. */

@@ -8,8 +8,11 @@
   KEYS[3] lanes index (zset laneId -> last progress ms)   KEYS[4] fencing counter
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] 'tail' | 'front'
   ARGV[5] BullMQ job key prefix
+  ARGV[6] coalescing key ('' for none): an identical request queued last and not yet
+          started absorbs this one
 
-  Returns {'queued'} when it waits behind others, or {'next', jobId, handOffResult}.
+  Returns {'queued'} when it waits behind others, {'next', jobId, handOffResult} when it was
+  handed to the workers, or {'absorbed', existingJobId} (the caller drops its own job).
 ]]
 local rcall = redis.call
 local listKey, execKey, lanesKey, fenceKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -17,6 +20,17 @@ local jobId, laneId, now, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 --- @include "hand-off"
 local q = bullKeys(ARGV[5], false)
+
+local coalesceKey, coalesceAs = listKey .. ':c', ARGV[6]
+if coalesceAs ~= '' then
+  -- Only the last queued request can absorb: one with other requests after it would
+  -- change what the lease ends up in (stop, resume, stop is not stop, resume).
+  local existing = rcall('HGET', coalesceKey, coalesceAs)
+  if existing and rcall('LINDEX', listKey, -1) == existing then
+    return {'absorbed', existing}
+  end
+  rcall('HSET', coalesceKey, coalesceAs, jobId, 'job:' .. jobId, coalesceAs)
+end
 
 rcall('ZADD', lanesKey, 'NX', now, laneId)
 local executing = rcall('HGET', execKey, 'job')
@@ -36,4 +50,4 @@ else
     return {'queued'}
   end
 end
-return {'next', jobId, handOff(q, execKey, fenceKey, jobId)}
+return {'next', jobId, handOff(q, execKey, fenceKey, jobId, listKey .. ':c')}

@@ -33,6 +33,7 @@ end
 local jobKey = q.jobPrefix .. head
 if rcall('EXISTS', jobKey) == 0 or rcall('HEXISTS', jobKey, 'finishedOn') == 1 then
   rcall('LPOP', listKey)
+  forgetCoalescing(listKey .. ':c', head)
   if rcall('HGET', execKey, 'job') == head then
     rcall('DEL', execKey)
   end
@@ -41,7 +42,7 @@ if rcall('EXISTS', jobKey) == 0 or rcall('HEXISTS', jobKey, 'finishedOn') == 1 t
 end
 
 if rcall('ZSCORE', q.delayed, head) and (tonumber(rcall('HGET', jobKey, 'delay')) or 0) >= parkedDelay then
-  return {'handed', head, handOff(q, execKey, fenceKey, head)}
+  return {'handed', head, handOff(q, execKey, fenceKey, head, listKey .. ':c')}
 end
 
 rcall('ZADD', lanesKey, 'XX', now, laneId)

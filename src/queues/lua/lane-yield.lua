@@ -23,6 +23,6 @@ local front = holder[3]
 if front and rcall('LPOS', listKey, front) then
   rcall('LREM', listKey, 1, front)
   rcall('LPUSH', listKey, front)
-  handOff(q, execKey, fenceKey, front)
+  handOff(q, execKey, fenceKey, front, listKey .. ':c')
 end
 return 1

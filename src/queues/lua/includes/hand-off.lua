@@ -29,7 +29,16 @@ local function isQueuePausedOrMaxed(metaKey, activeKey)
   return false
 end
 
-local function handOff(q, execKey, fenceKey, jobId)
+-- A job that starts (or vanishes) can no longer absorb identical requests.
+local function forgetCoalescing(coalesceKey, jobId)
+  local entry = rcall('HGET', coalesceKey, 'job:' .. jobId)
+  if entry then
+    rcall('HDEL', coalesceKey, entry, 'job:' .. jobId)
+  end
+end
+
+local function handOff(q, execKey, fenceKey, jobId, coalesceKey)
+  forgetCoalescing(coalesceKey, jobId)
   local jobKey = q.jobPrefix .. jobId
   if rcall('ZREM', q.delayed, jobId) == 1 then
     local token = tostring(rcall('INCR', fenceKey))
@@ -59,12 +68,13 @@ local function advanceLane(q, listKey, execKey, fenceKey, lanesKey, laneId, now)
       rcall('ZREM', lanesKey, laneId)
       return {'idle'}
     end
-    local r = handOff(q, execKey, fenceKey, nextJob)
+    local r = handOff(q, execKey, fenceKey, nextJob, listKey .. ':c')
     if r ~= 'missing' then
       -- The lanes index is not touched on every hand-off: a busy lane only gets looked at
       -- by the sweep, which costs less than a write per operation.
       return {'next', nextJob, r}
     end
     rcall('LPOP', listKey)
+    forgetCoalescing(listKey .. ':c', nextJob)
   end
 end
