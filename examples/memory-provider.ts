@@ -17,7 +17,8 @@ const createProvider: ProviderFactory = (env) => {
   const transitionMs = Number(env.MEMORY_PROVIDER_TRANSITION_MS ?? 100);
   const sandboxes = new Map<string, Sandbox>();
 
-  // Always read fresh: a transition may have ended since the last call.
+  // Always read fresh: a transition may have ended since the last call. Report what you
+  // saw (ctx.observe): that is how lease-ops finds sandboxes stuck in `stopping`.
   const read = (ctx: OperationContext, id: string): Sandbox | undefined => {
     const sb = sandboxes.get(id);
     if (sb && Date.now() >= sb.settlesAt) {
@@ -27,6 +28,10 @@ const createProvider: ProviderFactory = (env) => {
     if (sb && (sb.companyId !== ctx.lease.companyId || sb.environmentId !== ctx.lease.environmentId)) {
       throw new PermanentError('lease_environment_mismatch', `sandbox ${id} belongs to another environment`);
     }
+    if (!sb) ctx.observe(id, { kind: 'gone' });
+    else if (sb.state === 'started') ctx.observe(id, { kind: 'running' });
+    else if (sb.state === 'stopped') ctx.observe(id, { kind: 'stopped', providerState: 'stopped' });
+    else ctx.observe(id, { kind: 'transitioning', providerState: sb.state });
     return sb;
   };
   // Never wait for a transition here: raise SettlingError and let lease-ops retry with backoff.
@@ -48,15 +53,20 @@ const createProvider: ProviderFactory = (env) => {
     return { providerLeaseId: id, state: 'stopped' as const }; // confirmed by the fresh read
   };
 
+  // Before anything that touches the cloud: refuse if this attempt is stale (its lock was
+  // lost, or a newer attempt of the lease started). A real provider calls it before every
+  // request and passes ctx.signal to its HTTP client.
   const provider: LeaseProvider = {
     name: 'memory',
     capabilities: { stop: true, pause: false, forceStop: true },
     async acquire(ctx) {
+      await ctx.fence();
       const sb: Sandbox = { id: `mem-${randomUUID()}`, state: 'started', settlesAt: 0, companyId: ctx.lease.companyId, environmentId: ctx.lease.environmentId };
       sandboxes.set(sb.id, sb);
       return { providerLeaseId: sb.id, metadata: {}, expiresAt: null };
     },
     async resume(ctx, { providerLeaseId }) {
+      await ctx.fence();
       const sb = sandboxes.get(providerLeaseId);
       if (!sb || sb.companyId !== ctx.lease.companyId || sb.environmentId !== ctx.lease.environmentId) {
         return { providerLeaseId: null, metadata: { expired: true } }; // gone or not ours: expired
@@ -67,6 +77,7 @@ const createProvider: ProviderFactory = (env) => {
       return { providerLeaseId, metadata: {}, expiresAt: null };
     },
     async release(ctx, { providerLeaseId, resourceDisposition }) {
+      await ctx.fence();
       if (resourceDisposition === 'keep_running') {
         const sb = read(ctx, providerLeaseId); // left as it is; say truthfully what that is
         if (!sb) return { providerLeaseId, disposition: resourceDisposition, state: 'destroyed' };
@@ -81,19 +92,23 @@ const createProvider: ProviderFactory = (env) => {
       return { providerLeaseId, disposition: resourceDisposition, state: stop(ctx, providerLeaseId).state };
     },
     async stop(ctx, { providerLeaseId }) {
+      await ctx.fence();
       return stop(ctx, providerLeaseId);
     },
     async forceStop(ctx, { providerLeaseId }) {
+      await ctx.fence();
       const sb = read(ctx, providerLeaseId);
       if (sb) sb.state = 'stopped';
       return { providerLeaseId, state: sb ? 'stopped' : 'destroyed' };
     },
     async destroy(ctx, { providerLeaseId }) {
+      await ctx.fence();
       read(ctx, providerLeaseId);
       sandboxes.delete(providerLeaseId); // deleting what is gone is success
       return { providerLeaseId, state: 'destroyed' };
     },
     async status(ctx, { providerLeaseId }) {
+      await ctx.fence();
       const sb = read(ctx, providerLeaseId);
       if (!sb) return { kind: 'gone' };
       if (sb.state === 'started') return { kind: 'running' };
