@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { CreateosFake } from '../src/fakes/createos-fake.ts';
 import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
 import type { LeaseIdentity } from '../src/lease.ts';
 import { TestBed, workerEnv } from './helpers/env.ts';
@@ -8,17 +9,22 @@ import { WorkerProcess } from './helpers/worker-process.ts';
 const STUCK_MS = 1_000;
 const SCAN_MS = 300;
 
-describe('the stuck-stop watchdog, through the lane, with worker processes and the Daytona fake', () => {
+describe('settling, deadlines and the stuck-stop watchdog, through the lane, with worker processes and the fakes', () => {
   let bed: TestBed;
   let fake: DaytonaFake;
+  let createos: CreateosFake;
   let workers: WorkerProcess[];
   beforeAll(async () => {
-    bed = await TestBed.create();
+    bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '3600' });
     fake = new DaytonaFake({ apiKey: 'wd', timings: { create: 20, start: 50, stop: 50, forceStop: 0, destroy: 10 } });
+    createos = new CreateosFake({ apiKey: 'co', timings: { create: 20, pause: 800, resume: 100, destroy: 10 } });
     const env = workerEnv(bed, {
-      LEASE_OPS_PROVIDERS: 'daytona',
+      LEASE_OPS_PROVIDERS: 'daytona,createos',
       DAYTONA_API_URL: await fake.listen(),
       DAYTONA_API_KEY: 'wd',
+      CREATEOS_API_URL: await createos.listen(),
+      CREATEOS_API_KEY: 'co',
+      LEASE_OPS_KEEP_COMPLETED_S: '3600',
       LEASE_OPS_STUCK_STOPPING_MS: String(STUCK_MS),
       LEASE_OPS_WATCHDOG_INTERVAL_MS: String(SCAN_MS),
       LEASE_OPS_BACKOFF_BASE_MS: '50',
@@ -30,6 +36,7 @@ describe('the stuck-stop watchdog, through the lane, with worker processes and t
   afterAll(async () => {
     await Promise.all(workers.map((w) => w.terminate()));
     await fake.close();
+    await createos.close();
     await bed.close();
   });
 
@@ -79,5 +86,65 @@ describe('the stuck-stop watchdog, through the lane, with worker processes and t
     expect(states).toEqual(new Map([['stop', 'completed'], ['resume', 'completed']]));
     expect(forceStops(id)).toEqual([]);
     expect(fake.http.overlaps()).toEqual([]);
+  });
+
+  const SETTLING = 'The stopped Daytona sandbox is still settling cancelled work. Retry shortly.';
+  const stoppedSandbox = async (name: string) => {
+    const id = await startedSandbox(name);
+    const { jobId } = await bed.ops.enqueue({ op: 'stop', lease: identity(id), params: { providerLeaseId: id } });
+    await bed.waitForAll([jobId]);
+    return id;
+  };
+  const starts = (id: string) => fake.calls.filter((c) => c.sandboxId === id && c.path.endsWith('/start'));
+
+  it('(d) a resume that meets "still settling cancelled work" for 3 s retries with backoff and succeeds', async () => {
+    const id = await stoppedSandbox('wd-d');
+    fake.control(id, { conflictUntil: { at: Date.now() + 3_000, message: SETTLING } });
+    const { jobId } = await bed.ops.enqueue({ op: 'resume', lease: identity(id), params: { providerLeaseId: id, leaseMetadata: {} } });
+    expect((await bed.waitForAll([jobId], 20_000)).get(jobId)).toBe('completed');
+    const tries = starts(id);
+    expect(tries.filter((c) => c.status === 409).length).toBeGreaterThanOrEqual(3);
+    expect(tries.at(-1)?.status).toBe(200);
+    // Backoff: the gaps between refused tries grow (capped at 300 ms here).
+    const gaps = tries.slice(1).map((c, i) => Number(c.start - tries[i]!.start) / 1e6);
+    expect(gaps[gaps.length - 2]!).toBeGreaterThan(gaps[0]!);
+    expect(fake.stateOf(id)).toBe('started');
+  });
+
+  it('(d) ...and one that meets it past its deadline fails, naming the error, with no try after the deadline', async () => {
+    const id = await stoppedSandbox('wd-d2');
+    fake.control(id, { conflictUntil: { at: Date.now() + 60_000, message: SETTLING } });
+    const enqueuedAt = process.hrtime.bigint();
+    const { jobId } = await bed.ops.enqueue({ op: 'resume', lease: identity(id), params: { providerLeaseId: id, leaseMetadata: {} }, deadlineMs: 1_500 });
+    expect((await bed.waitForAll([jobId], 20_000)).get(jobId)).toBe('failed');
+    const reason = (await bed.ops.queue.getJob(jobId))?.failedReason ?? '';
+    expect(reason).toMatch(/^deadline_exceeded: last provider error: .*still settling cancelled work/);
+    const deadline = enqueuedAt + 1_500_000_000n;
+    expect(fake.calls.filter((c) => c.sandboxId === id && c.start > deadline)).toEqual([]);
+  });
+
+  it('(e) a release and a resume enqueued at once never overlap: the resume runs after the cleanup', async () => {
+    const identityOf = (leaseId: string): LeaseIdentity => ({ provider: 'createos', companyId: 'co', environmentId: 'env', leaseId });
+    const acquire = await bed.ops.enqueue({ op: 'acquire', lease: identityOf('e-new'), params: { runId: 'e' } });
+    await bed.waitForAll([acquire.jobId]);
+    const id = ((await bed.ops.queue.getJob(acquire.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    const [release, resume] = await Promise.all([
+      bed.ops.enqueue({ op: 'release', lease: identityOf(id), params: { providerLeaseId: id, leaseMetadata: {}, resourceDisposition: 'stop_and_retain' } }),
+      bed.ops.enqueue({ op: 'resume', lease: identityOf(id), params: { providerLeaseId: id, leaseMetadata: {} } }),
+    ]);
+    const ended = await bed.waitForAll([release.jobId, resume.jobId], 20_000);
+    expect([...ended.values()]).toEqual(['completed', 'completed']);
+    const releaseJob = await bed.ops.queue.getJob(release.jobId);
+    const resumeJob = await bed.ops.queue.getJob(resume.jobId);
+    // The release was accepted first, so it ran first: its end precedes the resume's start.
+    expect(releaseJob!.finishedOn!).toBeLessThanOrEqual(resumeJob!.processedOn!);
+    const calls = createos.calls.filter((c) => c.sandboxId === id);
+    const pauses = calls.filter((c) => c.path.endsWith('/pause'));
+    const resumes = calls.filter((c) => c.path.endsWith('/resume'));
+    expect(pauses.length).toBe(1);
+    expect(resumes.length).toBe(1);
+    expect(pauses[0]!.end < resumes[0]!.start).toBe(true);
+    expect(createos.http.overlaps()).toEqual([]);
+    expect(createos.statusOf(id)).toBe('running');
   });
 });

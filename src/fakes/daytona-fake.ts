@@ -31,6 +31,9 @@ export interface SandboxControls {
   failNext?: { status: number; retryAfterS?: number }[];
   /** The sandbox is gone: every request answers 404 (as after an out-of-band delete). */
   lost?: boolean;
+  /** Until this time (epoch ms), start and stop answer 409 with this message (cancelled
+   *  work still settling, as the reference plugin reported it). */
+  conflictUntil?: { at: number; message: string };
   /** Put the sandbox into `error`, recoverable or not. */
   error?: { recoverable: boolean; reason: string };
 }
@@ -187,6 +190,10 @@ export class DaytonaFake {
     if (method !== 'POST') return reply(this.error(path, 404, `Cannot ${method} ${path}`));
 
     const changing = sb.transition !== null;
+    const conflict = sb.controls.conflictUntil;
+    if (conflict && Date.now() < conflict.at && (action === 'start' || action === 'stop')) {
+      return reply(this.error(path, 409, conflict.message));
+    }
     switch (action) {
       case 'autodelete':
         sb.autoDeleteInterval = Number(arg);

@@ -99,6 +99,10 @@ export class LeaseWorker {
       lockDuration: settings.LEASE_OPS_LOCK_MS,
       stalledInterval: settings.LEASE_OPS_STALLED_INTERVAL_MS,
       maxStalledCount: settings.LEASE_OPS_MAX_STALLED,
+      // An idle worker's blocking fetch gives up after 1 s (BullMQ's default is 5 s). With
+      // two idle processes a backoff retry was seen waiting out the whole block timeout
+      // before a worker looked again; this bounds that wait. Root cause not found yet.
+      drainDelay: 1,
       autorun: false,
       settings: {
         // The processor already chose the delay (retry-policy.ts); -1 means do not retry.
