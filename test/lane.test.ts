@@ -30,7 +30,8 @@ describe('the lane', () => {
     const ids: string[] = [];
     for (let i = 0; i < 120; i++) {
       const leaseId = `lease-${i % 4}`;
-      const { jobId } = await bed.ops.enqueue({ op: 'stop', lease: lease(leaseId), params: stop(leaseId) });
+      // Destroy is never coalesced, so every enqueue here is an operation of its own.
+      const { jobId } = await bed.ops.enqueue({ op: 'destroy', lease: lease(leaseId), params: stop(leaseId) });
       ids.push(jobId);
       accepted.set(leaseId, [...(accepted.get(leaseId) ?? []), jobId]);
     }
