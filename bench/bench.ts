@@ -6,6 +6,7 @@ import { loadConfig, type Config } from '../src/config.ts';
 import type { LeaseIdentity } from '../src/lease.ts';
 import { OperationsQueue } from '../src/queues/operations-queue.ts';
 import { createRedis } from '../src/queues/redis.ts';
+import { REAL_TIMING, scenario } from '../src/demo.ts';
 
 const WORKERS = 2;
 const CONCURRENCY = 50;
@@ -23,6 +24,7 @@ interface Figures {
   many_leases_ops_per_s: number;
   redis_memory_before_bytes: number;
   redis_memory_after_bytes: number;
+  stuck_stop_recovery_s: number;
   lane_keys_left: number;
   loads: Record<string, number>;
 }
@@ -235,6 +237,9 @@ export async function runBench(opts: { json: boolean; quick: boolean }): Promise
   const handoffsOne = handoffTimes(hotOne.timings);
   out(`(d) ${loads.many_leases} leases, one operation each ...`);
   const many = await lanesRun(loads.many_leases, loads.many_leases);
+  // (e) The incident, default settings: a stop that ignores SIGTERM, a resume behind it.
+  out('(e) stuck stop: resume queued behind a stop that ignores SIGTERM, default settings (about 35 s) ...');
+  const stuck = await scenario(loadConfig({ ...process.env, LEASE_OPS_LOG_LEVEL: 'silent' }), REAL_TIMING, true, false);
 
   const figures: Figures = {
     lanes_ops_per_s: Math.round(lanes.opsPerS),
@@ -248,6 +253,7 @@ export async function runBench(opts: { json: boolean; quick: boolean }): Promise
     many_leases_ops_per_s: Math.round(many.opsPerS),
     redis_memory_before_bytes: many.memBefore,
     redis_memory_after_bytes: many.memAfter,
+    stuck_stop_recovery_s: Number(stuck.seconds.toFixed(1)),
     lane_keys_left: lanesRounds.reduce((n, r) => n + r.laneKeysLeft, 0) + hot.laneKeysLeft + hotOne.laneKeysLeft + many.laneKeysLeft,
     loads,
   };
@@ -264,6 +270,7 @@ export async function runBench(opts: { json: boolean; quick: boolean }): Promise
       [`(d) ${loads.many_leases} leases, one op each`, `${figures.many_leases_ops_per_s} ops/s (${(many.opsPerS / lanes.opsPerS).toFixed(2)} of (a))`],
       [`    Redis memory before / after`, `${figures.redis_memory_before_bytes} / ${figures.redis_memory_after_bytes} bytes`],
       [`    lane keys left in Redis`, `${figures.lane_keys_left}`],
+      [`(e) stuck stop: resume enqueued to completed (watchdog, 30 s budget)`, `${figures.stuck_stop_recovery_s} s`],
     ];
     const w = Math.max(...rows.map((r) => r[0].length));
     process.stdout.write(`${rows.map(([k, v]) => `${k.padEnd(w)}  ${v}`).join('\n')}\n`);

@@ -27,6 +27,15 @@ program
   });
 
 program
+  .command('demo')
+  .description('replay the stuck-stop incident against the local Daytona fake, with and without the watchdog')
+  .option('--quick', 'a tenth of the real timings (3 s budget instead of 30 s)')
+  .action(async (opts: { quick?: boolean }) => {
+    const { runDemo } = await import('./demo.ts');
+    await runDemo({ quick: Boolean(opts.quick) });
+  });
+
+program
   .command('simulated-cloud')
   .description('run the simulated cloud (a local Daytona API) for several worker processes to share')
   .option('--port <port>', 'port on 127.0.0.1', '4100')

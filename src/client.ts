@@ -56,6 +56,11 @@ export class LeaseOpsClient {
     }
   }
 
+  /** BullMQ's event stream for this queue (active, completed, failed, delayed, ...). */
+  queueEventStream(): Promise<QueueEvents> {
+    return this.queueEvents();
+  }
+
   private async queueEvents(): Promise<QueueEvents> {
     if (!this.events) {
       this.eventsConnection = createRedis(this.settings.REDIS_URL);

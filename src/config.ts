@@ -37,6 +37,7 @@ export const EnvSchema = z.object({
   LEASE_OPS_SWEEP_STALE_MS: int(10_000, 0),
   /** The stuck-stop watchdog: how often it scans, after how long `stopping` counts as stuck
    *  (the host's graceful stop budget, 30 s), and how many force-stops it tries per episode. */
+  LEASE_OPS_WATCHDOG: bool(true),
   LEASE_OPS_WATCHDOG_INTERVAL_MS: int(5_000, 100),
   LEASE_OPS_STUCK_STOPPING_MS: int(30_000, 0),
   LEASE_OPS_WATCHDOG_MAX_FORCE: int(5, 1),

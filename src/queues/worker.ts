@@ -43,6 +43,7 @@ export type WorkerSettings = Pick<
   | 'LEASE_OPS_KEEP_FAILED_S'
   | 'LEASE_OPS_BACKOFF_BASE_MS'
   | 'LEASE_OPS_BACKOFF_CAP_MS'
+  | 'LEASE_OPS_WATCHDOG'
   | 'LEASE_OPS_WATCHDOG_INTERVAL_MS'
   | 'LEASE_OPS_STUCK_STOPPING_MS'
   | 'LEASE_OPS_WATCHDOG_MAX_FORCE'
@@ -148,7 +149,7 @@ export class LeaseWorker {
       { name: SWEEP_SCHEDULER_ID, opts: { removeOnComplete: true, removeOnFail: 100 } },
     );
     this.fencing.start();
-    await this.maintenanceQueue.upsertJobScheduler(
+    if (this.settings.LEASE_OPS_WATCHDOG) await this.maintenanceQueue.upsertJobScheduler(
       WATCHDOG_SCHEDULER_ID,
       { every: this.settings.LEASE_OPS_WATCHDOG_INTERVAL_MS },
       { name: WATCHDOG_SCHEDULER_ID, opts: { removeOnComplete: true, removeOnFail: 100 } },

@@ -1,0 +1,111 @@
+import { randomBytes } from 'node:crypto';
+import { LeaseOpsClient } from './client.ts';
+import { loadConfig, type Config } from './config.ts';
+import { DaytonaFake } from './fakes/daytona-fake.ts';
+import type { LeaseIdentity } from './lease.ts';
+import { createLogger } from './logger.ts';
+import { createDaytonaProvider } from './providers/daytona/index.ts';
+import { ProviderRegistry } from './providers/registry.ts';
+import { LeaseWorker } from './queues/worker.ts';
+import { redisAnswers, startPrivateRedis, type PrivateRedis } from './redis-server.ts';
+
+const out = (line: string) => process.stdout.write(`${line}\n`);
+
+export interface Timing {
+  stuckMs: number;
+  scanMs: number;
+  deadlineMs: number;
+  /** How long the fake's start, stop and force-stop take. */
+  transitionMs: number;
+}
+
+/**
+ * Replays the incident from the brief against the local Daytona fake: a sandbox whose stop
+ * ignores SIGTERM, a resume queued behind the stop. With the watchdog the stop is forced
+ * after the graceful budget and the resume completes; without it, the resume waits until
+ * the deadline. Prints a timeline of each.
+ */
+export async function runDemo(opts: { quick: boolean }): Promise<{ withWatchdogS: number; withoutWatchdog: string }> {
+  // The real defaults (30 s budget, 5 s scans, 60 s resume deadline), or a tenth of them.
+  const t: Timing = opts.quick
+    ? { stuckMs: 3_000, scanMs: 500, deadlineMs: 6_000, transitionMs: 100 }
+    : REAL_TIMING;
+  let config = loadConfig({ LEASE_OPS_LOG_LEVEL: 'silent', ...process.env });
+  let privateRedis: PrivateRedis | null = null;
+  if (!(await redisAnswers(config.REDIS_URL))) {
+    privateRedis = await startPrivateRedis();
+    if (!privateRedis) throw new Error(`no Redis answers at ${config.REDIS_URL} and redis-server is not installed`);
+    config = { ...config, REDIS_URL: privateRedis.url };
+  }
+  try {
+    out(`The incident: a stop whose process ignores SIGTERM leaves the sandbox "stopping"; a resume waits behind it.`);
+    out(`Graceful-stop budget ${t.stuckMs / 1000} s, watchdog scan every ${t.scanMs / 1000} s, resume deadline ${t.deadlineMs / 1000} s.\n`);
+    out('With the stuck-stop watchdog:');
+    const on = await scenario(config, t, true);
+    out(`\nWithout it (the same, watchdog off):`);
+    const off = await scenario(config, t, false);
+    out(`\nResume with the watchdog: ${on.summary}. Without: ${off.summary}.`);
+    return { withWatchdogS: on.seconds, withoutWatchdog: off.summary };
+  } finally {
+    privateRedis?.stop();
+  }
+}
+
+export const REAL_TIMING: Timing = { stuckMs: 30_000, scanMs: 5_000, deadlineMs: 60_000, transitionMs: 1_000 };
+
+export async function scenario(base: Config, t: Timing, watchdog: boolean, print = true): Promise<{ seconds: number; summary: string }> {
+  const out = print ? (line: string) => process.stdout.write(`${line}\n`) : () => undefined;
+  const config: Config = {
+    ...base,
+    LEASE_OPS_PREFIX: `{lease-ops-demo-${randomBytes(3).toString('hex')}}`,
+    LEASE_OPS_WATCHDOG: watchdog,
+    LEASE_OPS_STUCK_STOPPING_MS: t.stuckMs,
+    LEASE_OPS_WATCHDOG_INTERVAL_MS: t.scanMs,
+    LEASE_OPS_KEEP_COMPLETED_S: 3_600,
+  };
+  const tr = t.transitionMs;
+  const fake = new DaytonaFake({ apiKey: 'demo', timings: { create: tr / 5, start: tr, stop: tr, forceStop: tr / 2, destroy: tr / 5 } });
+  const provider = createDaytonaProvider({ name: 'daytona', apiUrl: await fake.listen(), apiKey: 'demo' });
+  const worker = new LeaseWorker(config, new ProviderRegistry([provider]), createLogger({ level: 'silent' }));
+  await worker.start();
+  const client = new LeaseOpsClient(config);
+  const started = Date.now();
+  const at = () => `t+${((Date.now() - started) / 1000).toFixed(1).padStart(5)}s`;
+  const names = new Map<string, string>();
+  const events = await client.queueEventStream();
+  const say = (jobId: string, what: string) => {
+    const line = (name: string) => out(`  ${at()}  ${name.padEnd(22)} ${what}`);
+    const known = names.get(jobId);
+    if (known) return line(known);
+    // Not enqueued by the demo (the watchdog's force-stop), or its event came first.
+    void client.ops.queue.getJob(jobId).then((job) => line(job?.name === 'force-stop' ? 'force-stop (watchdog)' : (job?.name ?? '?')));
+  };
+  events.on('active', ({ jobId }) => say(jobId, 'picked up'));
+  events.on('delayed', ({ jobId }) => say(jobId, 'waits: settling retry, or not its turn'));
+  events.on('completed', ({ jobId }) => say(jobId, 'completed'));
+  events.on('failed', ({ jobId, failedReason }) => say(jobId, `failed: ${failedReason}`));
+  try {
+    const lease: LeaseIdentity = { provider: 'daytona', companyId: 'demo', environmentId: 'demo', leaseId: 'new' };
+    const acquired = await client.enqueue('acquire', lease, { runId: 'demo' });
+    names.set(acquired.jobId, 'acquire');
+    const sandbox = ((await client.waitForResult(acquired.jobId, 30_000)).result as { providerLeaseId: string }).providerLeaseId;
+    fake.control(sandbox, { stuckStoppingMs: 30 * 60_000 }); // SIGTERM ignored: "stopping" for half an hour
+    const lane = { ...lease, leaseId: sandbox };
+    const stop = await client.enqueue('stop', lane, { providerLeaseId: sandbox }, { deadlineMs: t.deadlineMs });
+    names.set(stop.jobId, 'stop');
+    const resumeAt = Date.now();
+    const resume = await client.enqueue('resume', lane, { providerLeaseId: sandbox, leaseMetadata: {} }, { deadlineMs: t.deadlineMs });
+    names.set(resume.jobId, 'resume');
+    const result = await client.waitForResult(resume.jobId, t.deadlineMs * 3);
+    const seconds = (Date.now() - resumeAt) / 1000;
+    out(`  ${at()}  sandbox is ${fake.stateOf(sandbox)}`);
+    return {
+      seconds,
+      summary: result.state === 'completed' ? `completed ${seconds.toFixed(1)} s after it was queued` : `failed after ${seconds.toFixed(1)} s (${result.error})`,
+    };
+  } finally {
+    await client.close();
+    await worker.close();
+    await fake.close();
+  }
+}

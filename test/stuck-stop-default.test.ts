@@ -1,0 +1,14 @@
+import { describe, expect, it } from 'vitest';
+import { REAL_TIMING, scenario } from '../src/demo.ts';
+import { testConfig } from './helpers/env.ts';
+
+describe('the stuck-stop watchdog at its default settings (30 s budget, 5 s scans)', () => {
+  it('forces a stop that ignores SIGTERM after the budget, and the queued resume completes within budget + scan + 2 s', { timeout: 90_000 }, async () => {
+    // The fake's own start and stop take 0.2 s: the watchdog's timing is what is under test.
+    const r = await scenario(testConfig(), { ...REAL_TIMING, transitionMs: 200 }, true, false);
+    expect(r.summary).toMatch(/^completed/);
+    // Never before the graceful budget: a stop that might still finish on its own is left alone.
+    expect(r.seconds).toBeGreaterThan(REAL_TIMING.stuckMs / 1000);
+    expect(r.seconds).toBeLessThan((REAL_TIMING.stuckMs + REAL_TIMING.scanMs) / 1000 + 2);
+  });
+});
