@@ -24,6 +24,8 @@ interface Figures {
   many_leases_ops_per_s: number;
   redis_memory_before_bytes: number;
   redis_memory_after_bytes: number;
+  redis_keys_before: number;
+  redis_keys_after: number;
   stuck_stop_recovery_s: number;
   lane_keys_left: number;
   loads: Record<string, number>;
@@ -150,6 +152,9 @@ interface LanesRun {
   memBefore: number;
   memAfter: number;
   laneKeysLeft: number;
+  /** Keys under the prefix before the load and after it drained. */
+  keysBefore: number;
+  keysAfter: number;
 }
 
 /** lease-ops lanes: `jobs` operations round-robin over `leases` leases, added first, then timed. */
@@ -167,6 +172,7 @@ async function lanesRun(jobs: number, leases: number, recordTimings = false, wor
   for (const c of children) c.send('reset');
   if (recordTimings) for (const c of children) c.send('record');
   const memBefore = await usedMemory(redis);
+  const keysBefore = await countKeys(redis, `${config.LEASE_OPS_PREFIX}*`);
 
   // Paused, so the load is all in place before the clock starts, as for plain BullMQ.
   await ops.queue.pause();
@@ -179,12 +185,13 @@ async function lanesRun(jobs: number, leases: number, recordTimings = false, wor
   const seconds = (performance.now() - t0) / 1000;
   const timings = await collectTimings(children);
   const memAfter = await usedMemory(redis);
+  const keysAfter = await countKeys(redis, `${config.LEASE_OPS_PREFIX}*`);
   const laneKeysLeft = await countKeys(redis, `${config.LEASE_OPS_PREFIX}:lane:*`);
   await stopWorkers(children);
   await ops.close();
   await clearPrefix(redis, config.LEASE_OPS_PREFIX);
   redis.disconnect();
-  return { opsPerS: jobs / seconds, timings, memBefore, memAfter, laneKeysLeft };
+  return { opsPerS: jobs / seconds, timings, memBefore, memAfter, laneKeysLeft, keysBefore, keysAfter };
 }
 
 const ROUNDS = 5;
@@ -253,6 +260,8 @@ export async function runBench(opts: { json: boolean; quick: boolean }): Promise
     many_leases_ops_per_s: Math.round(many.opsPerS),
     redis_memory_before_bytes: many.memBefore,
     redis_memory_after_bytes: many.memAfter,
+    redis_keys_before: many.keysBefore,
+    redis_keys_after: many.keysAfter,
     stuck_stop_recovery_s: Number(stuck.seconds.toFixed(1)),
     lane_keys_left: lanesRounds.reduce((n, r) => n + r.laneKeysLeft, 0) + hot.laneKeysLeft + hotOne.laneKeysLeft + many.laneKeysLeft,
     loads,
@@ -269,6 +278,7 @@ export async function runBench(opts: { json: boolean; quick: boolean }): Promise
       [`    same, one worker process`, `${figures.hot_lease_one_worker_ops_per_s} ops/s, hand-off p50 ${figures.handoff_one_worker_p50_ms} ms`],
       [`(d) ${loads.many_leases} leases, one op each`, `${figures.many_leases_ops_per_s} ops/s (${(many.opsPerS / lanes.opsPerS).toFixed(2)} of (a))`],
       [`    Redis memory before / after`, `${figures.redis_memory_before_bytes} / ${figures.redis_memory_after_bytes} bytes`],
+      [`    keys under the prefix before / after`, `${figures.redis_keys_before} / ${figures.redis_keys_after}`],
       [`    lane keys left in Redis`, `${figures.lane_keys_left}`],
       [`(e) stuck stop: resume enqueued to completed (watchdog, 30 s budget)`, `${figures.stuck_stop_recovery_s} s`],
     ];
