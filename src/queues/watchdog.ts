@@ -1,4 +1,5 @@
 import type { Logger } from '../logger.ts';
+import * as telemetry from '../telemetry.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
 import type { OperationContext } from '../providers/types.ts';
 import type { LeaseRecords } from './lease-records.ts';
@@ -79,6 +80,8 @@ export async function runWatchdog(
     if (!(await records.claimForceStop(laneId, settings.claimMs))) continue;
     const { jobId } = await ops.enqueue({ op: 'force-stop', lease: record.lease, params: { providerLeaseId: record.providerLeaseId } });
     report.queued++;
+    telemetry.forceStop('queued', { 'lease.provider': provider.name });
+    telemetry.stuckStopping((Date.now() - since) / 1000, { 'lease.provider': provider.name });
     log.warn({ laneId, jobId, stuckForMs: Date.now() - since }, 'sandbox stuck stopping; force-stop queued');
   }
   return report;

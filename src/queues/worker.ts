@@ -22,6 +22,8 @@ import {
   RetryLaterError,
 } from './retry-policy.ts';
 import { sweepLanes } from './sweep.ts';
+import * as telemetry from '../telemetry.ts';
+import { isProviderError } from '../providers/errors.ts';
 import { runWatchdog } from './watchdog.ts';
 import { DEFAULT_DEADLINE_MS, OperationJobDataSchema } from '../operations.ts';
 
@@ -240,7 +242,12 @@ export class LeaseWorker {
         },
         checkpoint: this.checkpointOf(jobId),
       };
-      result = await runOperation(provider, ctx, data);
+      const spanAttributes = { 'lease.op': data.op, 'lease.provider': data.lease.provider, 'lease.job_id': jobId, 'lease.attempt': attempt };
+      result =
+        data.op === 'force-stop'
+          ? await telemetry.forceStopSpan(spanAttributes, () => runOperation(provider, ctx, data))
+          : await runOperation(provider, ctx, data);
+      if (data.op === 'force-stop') telemetry.forceStop('succeeded', { 'lease.provider': data.lease.provider });
     } catch (err) {
       untrack();
       if (err instanceof StaleAttemptError || held.stale) {
@@ -250,6 +257,19 @@ export class LeaseWorker {
       }
       await this.record(laneId, data.lease, observed, logger);
       const decision = decideRetry(err, job.attemptsMade, data.deadlineAt, Date.now(), this.backoff);
+      if (data.op === 'force-stop' && isProviderError(err) && err.code === 'state_change_in_progress') {
+        telemetry.forceStop('refused', { 'lease.provider': data.lease.provider });
+      }
+      if (decision.retry && isProviderError(err) && err.kind === 'settling') {
+        const seen = observed as [string, SandboxState] | null;
+        telemetry.waitTransition({
+          'lease.op': data.op,
+          'lease.provider': data.lease.provider,
+          'lease.state': seen ? seen[1].kind : 'unknown',
+          'lease.provider_state': seen && 'providerState' in seen[1] ? seen[1].providerState : (seen?.[1].kind ?? 'unknown'),
+          'lease.retry_delay_ms': decision.delayMs,
+        });
+      }
       if (decision.retry) {
         logger().info({ err, delayMs: decision.delayMs }, 'operation will be retried');
         await this.ops.lanes.yield(laneId, jobId, fence);
@@ -320,6 +340,7 @@ export class LeaseWorker {
   /** Records a final failure in the lane (which hands off the next job) and fails this one for good. */
   private async fail(laneId: string, jobId: string, fence: string, code: string, message: string): Promise<never> {
     const err = code === 'deadline_exceeded' ? new DeadlineExceededError(message) : new OperationFailedError(code, message);
+    if (code === 'deadline_exceeded') telemetry.deadlineFailure({ 'lease.lane': laneId });
     await this.releaseLanes.release(laneId, jobId, fence, { status: 'failed', code, error: err.message }, true);
     throw err;
   }
