@@ -12,6 +12,24 @@ const bool = (def: boolean) =>
     .default(def ? 'true' : 'false')
     .transform((v) => v === 'true' || v === '1' || v === 'yes');
 
+/** An environment variable holding JSON, checked against `schema`. */
+const jsonEnv = <T extends z.ZodType>(schema: T) =>
+  z
+    .string()
+    .default('{}')
+    .transform((text, ctx) => {
+      try {
+        return JSON.parse(text) as unknown;
+      } catch {
+        ctx.addIssue({ code: 'custom', message: 'must be JSON' });
+        return z.NEVER;
+      }
+    })
+    .pipe(schema);
+
+const OPERATION_NAMES = ['acquire', 'resume', 'release', 'stop', 'force-stop', 'destroy'] as const;
+const perOperation = <T extends z.ZodType>(value: T) => z.partialRecord(z.enum(OPERATION_NAMES), value);
+
 /**
  * Every setting lease-ops reads from the environment. Names are the environment
  * variable names, so an error message can point at exactly what to fix.
@@ -44,6 +62,12 @@ export const EnvSchema = z.object({
   /** Retry backoff for settling and transient errors (brief: 250 ms doubling to 5 s). */
   LEASE_OPS_BACKOFF_BASE_MS: int(250, 1),
   LEASE_OPS_BACKOFF_CAP_MS: int(5_000, 1),
+  /** Per-operation overrides, e.g. {"resume":{"baseMs":100,"capMs":2000}}. */
+  LEASE_OPS_BACKOFF_BY_OP: jsonEnv(
+    perOperation(z.strictObject({ baseMs: z.number().int().positive().optional(), capMs: z.number().int().positive().optional() })),
+  ),
+  /** Default deadlines per operation in ms, e.g. {"stop":60000} (brief: acquire 300 s, resume 60 s). */
+  LEASE_OPS_DEADLINES_MS: jsonEnv(perOperation(z.number().int().positive().max(7 * 24 * 3_600_000))),
   LEASE_OPS_KEEP_COMPLETED_S: int(3_600, 0),
   LEASE_OPS_KEEP_FAILED_S: int(7 * 24 * 3_600, 0),
   /** Built-in provider names or module paths, comma separated (see README, providers). */

@@ -21,3 +21,13 @@ describe('configuration', () => {
     }
   });
 });
+
+describe('per-operation settings', () => {
+  it('take JSON, checked, naming the variable when it is wrong', () => {
+    const c = loadConfig({ LEASE_OPS_BACKOFF_BY_OP: '{"resume":{"baseMs":100}}', LEASE_OPS_DEADLINES_MS: '{"stop":60000}' });
+    expect(c.LEASE_OPS_BACKOFF_BY_OP).toEqual({ resume: { baseMs: 100 } });
+    expect(c.LEASE_OPS_DEADLINES_MS).toEqual({ stop: 60_000 });
+    expect(() => loadConfig({ LEASE_OPS_DEADLINES_MS: '{"stop":' })).toThrow(/LEASE_OPS_DEADLINES_MS=.*must be JSON/);
+    expect(() => loadConfig({ LEASE_OPS_DEADLINES_MS: '{"explode":1}' })).toThrow(/LEASE_OPS_DEADLINES_MS/);
+  });
+});

@@ -302,3 +302,36 @@ describe('coalescing and idempotency at enqueue', () => {
     expect(joinCalls(calls)).toHaveLength(2);
   });
 });
+
+describe('a force-stop and a queued stop', () => {
+  it('the force-stop absorbs a stop that has not started: one operation, at the front, answering both callers', async () => {
+    bed = await TestBed.create();
+    const held = gate();
+    const { provider, calls } = createRecordingProvider({ behaviour: async ({ op }) => (op === 'resume' ? (await held.promise, 'ok' as const) : ('ok' as const)) });
+    await bed.startWorker(provider);
+    const busy = await bed.ops.enqueue({ op: 'resume', lease: lease('a'), params: { providerLeaseId: 'a' } });
+    await new Promise<void>((resolve) => bed!.events.once('active', () => resolve()));
+    const queuedStop = await bed.ops.enqueue({ op: 'stop', lease: lease('a'), params: stop('a') });
+    const after = await bed.ops.enqueue({ op: 'destroy', lease: lease('a'), params: stop('a') });
+    const force = await bed.ops.enqueue({ op: 'force-stop', lease: lease('a'), params: stop('a') });
+    expect(force).toMatchObject({ jobId: queuedStop.jobId, deduplicated: 'absorbed-stop' });
+    held.open();
+    const ended = await bed.waitForAll([busy.jobId, queuedStop.jobId, after.jobId]);
+    expect([...ended.values()]).toEqual(['completed', 'completed', 'completed']);
+    expect(joinCalls(calls).map((c) => c.op)).toEqual(['resume', 'force-stop', 'destroy']);
+    expect((await bed.ops.queue.getJob(queuedStop.jobId))?.returnvalue).toEqual({ providerLeaseId: 'a', state: 'stopped' });
+    expect(await bed.laneKeys()).toEqual([]);
+  });
+});
+
+describe('per-operation settings', () => {
+  it('a configured default deadline applies to operations enqueued without one', async () => {
+    bed = await TestBed.create({ LEASE_OPS_DEADLINES_MS: '{"stop":400}' });
+    const { provider } = createRecordingProvider({ behaviour: () => 'settling' });
+    await bed.startWorker(provider);
+    const op = await bed.ops.enqueue({ op: 'stop', lease: lease('d'), params: stop('d') });
+    const job = await bed.ops.queue.getJob(op.jobId);
+    expect(job!.data.deadlineAt - job!.data.acceptedAt).toBe(400);
+    expect((await bed.waitForAll([op.jobId])).get(op.jobId)).toBe('failed');
+  });
+});

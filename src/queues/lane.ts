@@ -9,6 +9,7 @@ const SCRIPTS = {
   'lane-release': 4,
   'lane-yield': 4,
   'lane-repair': 4,
+  'lane-upgrade': 4,
 } as const;
 type ScriptName = keyof typeof SCRIPTS;
 
@@ -112,6 +113,23 @@ export class Lanes {
     )) as string[];
     if (r[0] === 'absorbed') return { handOff: null, absorbedBy: String(r[1]) };
     return { handOff: r[0] === 'next' ? toHandOff(r[1], r[2]) : null, absorbedBy: null };
+  }
+
+  /**
+   * Turns the stop queued under `stopCoalesceKey` (not yet started) into a force-stop with
+   * `data` and moves it to the front. Returns its job id, or null when there is none.
+   */
+  async upgradeQueuedStop(laneId: string, stopCoalesceKey: string, data: unknown): Promise<string | null> {
+    const r = (await this.run(
+      'lane-upgrade',
+      ...this.laneKeys(laneId),
+      stopCoalesceKey,
+      JSON.stringify(data),
+      laneId,
+      Date.now(),
+      this.queueKeyPrefix,
+    )) as string[];
+    return r[0] === 'none' ? null : String(r[1]);
   }
 
   async acquire(laneId: string, jobId: string): Promise<AcquireResult> {

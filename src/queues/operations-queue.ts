@@ -39,7 +39,7 @@ export interface Enqueued {
   jobId: string;
   laneId: string;
   /** Set when no new job was made: an identical queued request or the same key took it. */
-  deduplicated?: 'coalesced' | 'idempotency-key';
+  deduplicated?: 'coalesced' | 'idempotency-key' | 'absorbed-stop';
 }
 
 const IDEMPOTENCY_TTL_S = 24 * 3_600;
@@ -56,7 +56,7 @@ export function coalescingKey(data: OperationJobData): string {
 
 export type QueueSettings = Pick<
   Config,
-  'LEASE_OPS_PREFIX' | 'LEASE_OPS_QUEUE' | 'LEASE_OPS_KEEP_COMPLETED_S' | 'LEASE_OPS_KEEP_FAILED_S'
+  'LEASE_OPS_PREFIX' | 'LEASE_OPS_QUEUE' | 'LEASE_OPS_KEEP_COMPLETED_S' | 'LEASE_OPS_KEEP_FAILED_S' | 'LEASE_OPS_DEADLINES_MS'
 >;
 
 /**
@@ -90,7 +90,7 @@ export class OperationsQueue {
    * names a job that does not exist.
    */
   async enqueue(request: EnqueueRequest): Promise<Enqueued> {
-    const data = buildJobData(request);
+    const data = buildJobData(request, Date.now(), this.settings.LEASE_OPS_DEADLINES_MS);
     const laneId = laneIdOf(data.lease);
     const idemKey = request.idempotencyKey === undefined ? null : this.idempotencyKey(request.idempotencyKey);
     if (idemKey) {
@@ -98,6 +98,14 @@ export class OperationsQueue {
       if (earlier && (await this.queue.getJobState(earlier)) !== 'unknown') return { jobId: earlier, laneId, deduplicated: 'idempotency-key' };
     }
     const coalesceAs = coalescingKey(data);
+    if (data.op === 'force-stop') {
+      // A force-stop absorbs a stop of the same sandbox that has not started yet.
+      const upgraded = await this.lanes.upgradeQueuedStop(laneId, `stop:${data.params.providerLeaseId}`, data);
+      if (upgraded) {
+        if (idemKey) await this.connection.set(idemKey, upgraded, 'EX', IDEMPOTENCY_TTL_S);
+        return { jobId: upgraded, laneId, deduplicated: 'absorbed-stop' };
+      }
+    }
     const jobId = `${laneId}.${randomBytes(12).toString('base64url')}`;
     if (idemKey && (await this.connection.set(idemKey, jobId, 'EX', IDEMPOTENCY_TTL_S, 'NX')) !== 'OK') {
       const racing = await this.connection.get(idemKey);
@@ -131,9 +139,13 @@ export class OperationsQueue {
 }
 
 /** Turns a request into validated job data; throws a ZodError naming every bad field. */
-export function buildJobData(request: EnqueueRequest, now = Date.now()): OperationJobData {
+export function buildJobData(
+  request: EnqueueRequest,
+  now = Date.now(),
+  deadlines: Partial<Record<OperationName, number>> = {},
+): OperationJobData {
   const op = OperationNameSchema.parse(request.op);
   const params = OperationParamsSchemas[op].parse(request.params);
-  const deadlineMs = request.deadlineMs ?? DEFAULT_DEADLINE_MS[op];
+  const deadlineMs = request.deadlineMs ?? deadlines[op] ?? DEFAULT_DEADLINE_MS[op];
   return OperationJobDataSchema.parse({ op, lease: request.lease, params, acceptedAt: now, deadlineAt: now + deadlineMs });
 }

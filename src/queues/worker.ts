@@ -45,6 +45,8 @@ export type WorkerSettings = Pick<
   | 'LEASE_OPS_KEEP_FAILED_S'
   | 'LEASE_OPS_BACKOFF_BASE_MS'
   | 'LEASE_OPS_BACKOFF_CAP_MS'
+  | 'LEASE_OPS_BACKOFF_BY_OP'
+  | 'LEASE_OPS_DEADLINES_MS'
   | 'LEASE_OPS_WATCHDOG'
   | 'LEASE_OPS_WATCHDOG_INTERVAL_MS'
   | 'LEASE_OPS_STUCK_STOPPING_MS'
@@ -256,7 +258,10 @@ export class LeaseWorker {
         throw held.staleError();
       }
       await this.record(laneId, data.lease, observed, logger);
-      const decision = decideRetry(err, job.attemptsMade, data.deadlineAt, Date.now(), this.backoff);
+      const decision = decideRetry(err, job.attemptsMade, data.deadlineAt, Date.now(), {
+        ...this.backoff,
+        ...this.settings.LEASE_OPS_BACKOFF_BY_OP[data.op],
+      });
       if (data.op === 'force-stop' && isProviderError(err) && err.code === 'state_change_in_progress') {
         telemetry.forceStop('refused', { 'lease.provider': data.lease.provider });
       }
