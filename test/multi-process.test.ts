@@ -9,7 +9,7 @@ import { findOrderViolations, findOverlaps, readCallFile } from './helpers/invar
 import { WorkerProcess } from './helpers/worker-process.ts';
 
 // The CI run: 3 worker processes, 50 leases, 2,000 operations, one SIGKILL. `npm run
-// test:chaos` runs the long one.
+// chaos:lanes` runs the long one.
 const LONG = process.env.LEASE_OPS_CHAOS === 'long';
 const LEASES = LONG ? 200 : 50;
 const OPERATIONS = LONG ? 20_000 : 2_000;
