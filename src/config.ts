@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { OperationNameSchema } from './operations.ts';
 
 /** Thrown when an environment variable does not parse; the message names the variable. */
 export class ConfigError extends Error {
@@ -27,8 +28,7 @@ const jsonEnv = <T extends z.ZodType>(schema: T) =>
     })
     .pipe(schema);
 
-const OPERATION_NAMES = ['acquire', 'resume', 'release', 'stop', 'force-stop', 'destroy'] as const;
-const perOperation = <T extends z.ZodType>(value: T) => z.partialRecord(z.enum(OPERATION_NAMES), value);
+const perOperation = <T extends z.ZodType>(value: T) => z.partialRecord(OperationNameSchema, value);
 
 /**
  * Every setting lease-ops reads from the environment. Names are the environment

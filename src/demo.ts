@@ -7,7 +7,7 @@ import { createLogger } from './logger.ts';
 import { createDaytonaProvider } from './providers/daytona/index.ts';
 import { ProviderRegistry } from './providers/registry.ts';
 import { LeaseWorker } from './queues/worker.ts';
-import { redisAnswers, startPrivateRedis, type PrivateRedis } from './redis-server.ts';
+import { redisOrPrivate } from './redis-server.ts';
 
 const out = (line: string) => process.stdout.write(`${line}\n`);
 
@@ -30,13 +30,9 @@ export async function runDemo(opts: { quick: boolean }): Promise<{ withWatchdogS
   const t: Timing = opts.quick
     ? { stuckMs: 3_000, scanMs: 500, deadlineMs: 6_000, transitionMs: 100 }
     : REAL_TIMING;
-  let config = loadConfig({ LEASE_OPS_LOG_LEVEL: 'silent', ...process.env });
-  let privateRedis: PrivateRedis | null = null;
-  if (!(await redisAnswers(config.REDIS_URL))) {
-    privateRedis = await startPrivateRedis();
-    if (!privateRedis) throw new Error(`no Redis answers at ${config.REDIS_URL} and redis-server is not installed`);
-    config = { ...config, REDIS_URL: privateRedis.url };
-  }
+  const base = loadConfig({ LEASE_OPS_LOG_LEVEL: 'silent', ...process.env });
+  const { url, privateRedis } = await redisOrPrivate(base.REDIS_URL, (u) => out(`(no Redis at ${base.REDIS_URL}; using a private one at ${u})`));
+  const config = { ...base, REDIS_URL: url };
   try {
     out(`The incident: a stop whose process ignores SIGTERM leaves the sandbox "stopping"; a resume waits behind it.`);
     out(`Graceful-stop budget ${t.stuckMs / 1000} s, watchdog scan every ${t.scanMs / 1000} s, resume deadline ${t.deadlineMs / 1000} s.\n`);

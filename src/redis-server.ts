@@ -59,3 +59,26 @@ export async function startPrivateRedis(): Promise<PrivateRedis | null> {
   stop();
   throw new Error(`redis-server did not answer on ${url}`);
 }
+
+/** Thrown when no Redis answers and none can be started; the message says how to get one. */
+export class NoRedisError extends Error {
+  override name = 'NoRedisError';
+}
+
+/**
+ * The Redis to use: the one at `url` if it answers, else a private one (say so via
+ * `onPrivate`). Throws NoRedisError, saying how to get one, when neither is possible.
+ */
+export async function redisOrPrivate(url: string, onPrivate: (privateUrl: string) => void): Promise<{ url: string; privateRedis: PrivateRedis | null }> {
+  if (await redisAnswers(url)) return { url, privateRedis: null };
+  const privateRedis = await startPrivateRedis();
+  if (!privateRedis) {
+    throw new NoRedisError(
+      `no Redis answers at ${url} and redis-server is not installed.\n` +
+        '  Install it (Debian/Ubuntu: sudo apt-get install redis-server; macOS: brew install redis),\n' +
+        '  or run one with Docker: docker run -p 6379:6379 redis:7, or set REDIS_URL.',
+    );
+  }
+  onPrivate(privateRedis.url);
+  return { url: privateRedis.url, privateRedis };
+}

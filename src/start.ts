@@ -1,7 +1,7 @@
 import { LeaseOpsClient } from './client.ts';
 import { loadConfig } from './config.ts';
 import type { LeaseIdentity } from './lease.ts';
-import { redisAnswers, startPrivateRedis, type PrivateRedis } from './redis-server.ts';
+import { NoRedisError, redisOrPrivate } from './redis-server.ts';
 import { exitOnSignals, loggerFor, startWorker } from './runtime.ts';
 
 const out = (line: string) => process.stdout.write(`${line}\n`);
@@ -12,21 +12,19 @@ const out = (line: string) => process.stdout.write(`${line}\n`);
  */
 export async function runStart(opts: { once: boolean }): Promise<void> {
   let config = loadConfig({ LEASE_OPS_LOG_LEVEL: 'warn', ...process.env });
-  let privateRedis: PrivateRedis | null = null;
-  if (!(await redisAnswers(config.REDIS_URL))) {
-    privateRedis = await startPrivateRedis();
-    if (!privateRedis) {
-      process.stderr.write(
-        `lease-ops: no Redis answers at ${config.REDIS_URL} and redis-server is not installed.\n` +
-          '  Install it (Debian/Ubuntu: sudo apt-get install redis-server; macOS: brew install redis),\n' +
-          '  or run one with Docker: docker run -p 6379:6379 redis:7, or set REDIS_URL.\n',
-      );
-      process.exitCode = 1;
-      return;
-    }
-    out(`lease-ops: no Redis answered at ${config.REDIS_URL}; started a private one at ${privateRedis.url} (nothing persists)`);
-    config = { ...config, REDIS_URL: privateRedis.url };
+  let redis;
+  try {
+    redis = await redisOrPrivate(config.REDIS_URL, (url) =>
+      out(`lease-ops: no Redis answered at ${config.REDIS_URL}; started a private one at ${url} (nothing persists)`),
+    );
+  } catch (err) {
+    if (!(err instanceof NoRedisError)) throw err;
+    process.stderr.write(`lease-ops: ${err.message}\n`);
+    process.exitCode = 1;
+    return;
   }
+  const privateRedis = redis.privateRedis;
+  config = { ...config, REDIS_URL: redis.url };
   const log = loggerFor(config);
   const worker = await startWorker(config, log);
   const client = new LeaseOpsClient(config);

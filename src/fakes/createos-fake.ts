@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { HttpFake, type FakeReply } from './http-fake.ts';
+import { ApiFake, type FakeReply, type Transitioning } from './http-fake.ts';
 
 type CreateosStatus = 'creating' | 'running' | 'pausing' | 'paused' | 'resuming' | 'forking' | 'error' | 'destroying' | 'destroyed' | 'failed';
 
@@ -17,13 +17,11 @@ export interface CreateosControls {
   lost?: boolean;
 }
 
-interface FakeSandbox {
+interface FakeSandbox extends Transitioning<CreateosStatus> {
   id: string;
   shape: string;
   rootfs: string | null;
   region: string | null;
-  status: CreateosStatus;
-  transition: { to: CreateosStatus; at: number } | null;
   autoPauseAfterSeconds: number | null;
   controls: CreateosControls;
   createdAt: string;
@@ -37,28 +35,15 @@ const DEFAULT_TIMINGS: CreateosTimings = { create: 20, pause: 20, resume: 20, de
  * code), asynchronous pause and resume (the reply says pausing/resuming, not done), 409
  * while a transition runs, and a per-key rate limit (default 300 requests a minute).
  */
-export class CreateosFake {
-  readonly http: HttpFake;
+export class CreateosFake extends ApiFake {
   readonly sandboxes = new Map<string, FakeSandbox>();
   private readonly timings: CreateosTimings;
   /** Request times per API key in the last minute, for the rate limit. */
   private readonly recent = new Map<string, number[]>();
 
   constructor(private readonly opts: { apiKey?: string; timings?: Partial<CreateosTimings>; ratePerMinute?: number } = {}) {
+    super((req) => this.route(req.method, req.path, req.body, req.headers['x-api-key']));
     this.timings = { ...DEFAULT_TIMINGS, ...opts.timings };
-    this.http = new HttpFake((req) => this.route(req.method, req.path, req.body, req.headers['x-api-key']));
-  }
-
-  get calls() {
-    return this.http.calls;
-  }
-
-  listen(port = 0): Promise<string> {
-    return this.http.listen(port);
-  }
-
-  close(): Promise<void> {
-    return this.http.close();
   }
 
   control(id: string, controls: CreateosControls): void {
@@ -71,7 +56,7 @@ export class CreateosFake {
     const sb = this.sandboxes.get(id);
     if (!sb || sb.controls.lost) return 'gone';
     this.settle(sb);
-    return sb.status;
+    return sb.state;
   }
 
   /** Requests answered 429 so far: proof that a client paced itself (or did not). */
@@ -80,15 +65,11 @@ export class CreateosFake {
   }
 
   private settle(sb: FakeSandbox): void {
-    if (sb.transition && Date.now() >= sb.transition.at) {
-      sb.status = sb.transition.to;
-      sb.transition = null;
-    }
+    this.settleTransition(sb);
   }
 
   private begin(sb: FakeSandbox, via: CreateosStatus, to: CreateosStatus, ms: number): void {
-    sb.status = ms > 0 ? via : to;
-    sb.transition = ms > 0 ? { to, at: Date.now() + ms } : null;
+    this.beginTransition(sb, via, to, ms);
   }
 
   private ok(status: number, data: unknown): FakeReply {
@@ -104,7 +85,7 @@ export class CreateosFake {
   }
 
   private view(sb: FakeSandbox) {
-    return { id: sb.id, status: sb.status, shape: sb.shape, rootfs: sb.rootfs, region: sb.region, auto_pause_after_seconds: sb.autoPauseAfterSeconds, created_at: sb.createdAt };
+    return { id: sb.id, status: sb.state, shape: sb.shape, rootfs: sb.rootfs, region: sb.region, auto_pause_after_seconds: sb.autoPauseAfterSeconds, created_at: sb.createdAt };
   }
 
   private overLimit(key: string): boolean {
@@ -137,18 +118,18 @@ export class CreateosFake {
     const action = m[2];
     if (!action && method === 'GET') return reply(this.ok(200, this.view(sb)));
     if (!action && method === 'DELETE') {
-      if (sb.status === 'destroyed') return reply(this.fail(404, { id: `sandbox ${sb.id} not found` }));
+      if (sb.state === 'destroyed') return reply(this.fail(404, { id: `sandbox ${sb.id} not found` }));
       this.begin(sb, 'destroying', 'destroyed', this.timings.destroy);
       return reply(this.ok(200, this.view(sb)));
     }
     if (method !== 'POST' || !action) return reply(this.fail(404, { path: `no route ${method} ${path}` }));
-    if (sb.transition) return reply(this.fail(409, { status: `sandbox is ${sb.status}; a transition is in progress` }));
+    if (sb.transition) return reply(this.fail(409, { status: `sandbox is ${sb.state}; a transition is in progress` }));
     if (action === 'pause') {
-      if (sb.status !== 'running') return reply(this.fail(409, { status: `cannot pause a ${sb.status} sandbox` }));
+      if (sb.state !== 'running') return reply(this.fail(409, { status: `cannot pause a ${sb.state} sandbox` }));
       this.begin(sb, 'pausing', 'paused', sb.controls.pauseMs ?? this.timings.pause);
       return reply(this.ok(202, this.view(sb)));
     }
-    if (sb.status !== 'paused') return reply(this.fail(409, { status: `cannot resume a ${sb.status} sandbox` }));
+    if (sb.state !== 'paused') return reply(this.fail(409, { status: `cannot resume a ${sb.state} sandbox` }));
     this.begin(sb, 'resuming', 'running', this.timings.resume);
     return reply(this.ok(202, this.view(sb)));
   }
@@ -161,7 +142,7 @@ export class CreateosFake {
       shape: req.shape,
       rootfs: typeof req.rootfs === 'string' ? req.rootfs : null,
       region: typeof req.region === 'string' ? req.region : null,
-      status: 'creating',
+      state: 'creating',
       transition: null,
       autoPauseAfterSeconds: typeof req.auto_pause_after_seconds === 'number' ? req.auto_pause_after_seconds : null,
       controls: {},

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { HttpFake, type FakeReply } from './http-fake.ts';
+import { ApiFake, type FakeReply, type Transitioning } from './http-fake.ts';
 
 type DaytonaState =
   | 'creating'
@@ -38,15 +38,12 @@ export interface SandboxControls {
   error?: { recoverable: boolean; reason: string };
 }
 
-interface FakeSandbox {
+interface FakeSandbox extends Transitioning<DaytonaState> {
   id: string;
   name: string;
   organizationId: string;
   labels: Record<string, string>;
-  state: DaytonaState;
   desiredState: 'started' | 'stopped' | 'destroyed';
-  /** The state a running transition ends in, and when. */
-  transition: { to: DaytonaState; at: number } | null;
   autoStopInterval: number;
   autoDeleteInterval: number;
   recoverable: boolean;
@@ -64,26 +61,13 @@ const DEFAULT_TIMINGS: DaytonaTimings = { create: 20, start: 20, stop: 20, force
  * Transitions take time; 409 answers while state != desiredState; stopping a sandbox that
  * is not started answers 400 "Sandbox is not in a stoppable state".
  */
-export class DaytonaFake {
-  readonly http: HttpFake;
+export class DaytonaFake extends ApiFake {
   readonly sandboxes = new Map<string, FakeSandbox>();
   private readonly timings: DaytonaTimings;
 
   constructor(private readonly opts: { apiKey?: string; organizationId?: string; timings?: Partial<DaytonaTimings> } = {}) {
+    super((req) => this.route(req.method, req.path, req.query, req.body, req.headers.authorization));
     this.timings = { ...DEFAULT_TIMINGS, ...opts.timings };
-    this.http = new HttpFake((req) => this.route(req.method, req.path, req.query, req.body, req.headers.authorization));
-  }
-
-  get calls() {
-    return this.http.calls;
-  }
-
-  listen(port = 0): Promise<string> {
-    return this.http.listen(port);
-  }
-
-  close(): Promise<void> {
-    return this.http.close();
   }
 
   /** Changes how one sandbox behaves from now on. */
@@ -115,17 +99,12 @@ export class DaytonaFake {
   }
 
   private settle(sb: FakeSandbox): void {
-    if (sb.transition && Date.now() >= sb.transition.at) {
-      sb.state = sb.transition.to;
-      sb.transition = null;
-      if (sb.state === 'destroyed') this.sandboxes.delete(sb.id);
-    }
+    if (this.settleTransition(sb) && sb.state === 'destroyed') this.sandboxes.delete(sb.id);
   }
 
   private begin(sb: FakeSandbox, via: DaytonaState, to: DaytonaState, ms: number): void {
-    sb.state = ms > 0 ? via : to;
-    sb.transition = ms > 0 ? { to, at: Date.now() + ms } : null;
-    if (to === 'destroyed' && ms <= 0) this.sandboxes.delete(sb.id);
+    this.beginTransition(sb, via, to, ms);
+    if (sb.state === 'destroyed') this.sandboxes.delete(sb.id);
   }
 
   private error(path: string, status: number, message: string, headers?: Record<string, string>): FakeReply {

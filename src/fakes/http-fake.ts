@@ -94,3 +94,44 @@ export class HttpFake {
     this.calls.push({ sandboxId: result.sandboxId, method: req.method ?? 'GET', path: url.pathname, query: url.search, status: reply.status, start, end: process.hrtime.bigint() });
   }
 }
+
+/** A sandbox whose state changes over time: `transition` ends in `to` at `at` (epoch ms). */
+export interface Transitioning<S extends string> {
+  state: S;
+  transition: { to: S; at: number } | null;
+}
+
+/** What the provider fakes share: a real HTTP server, its call log, and timed transitions. */
+export abstract class ApiFake {
+  readonly http: HttpFake;
+
+  constructor(route: FakeRoute) {
+    this.http = new HttpFake(route);
+  }
+
+  get calls(): FakeCall[] {
+    return this.http.calls;
+  }
+
+  listen(port = 0): Promise<string> {
+    return this.http.listen(port);
+  }
+
+  close(): Promise<void> {
+    return this.http.close();
+  }
+
+  /** Ends a transition that is due. Returns true when one ended. */
+  protected settleTransition<S extends string>(sb: Transitioning<S>): boolean {
+    if (!sb.transition || Date.now() < sb.transition.at) return false;
+    sb.state = sb.transition.to;
+    sb.transition = null;
+    return true;
+  }
+
+  /** Enters `via` until `ms` have passed, then `to` (at once when ms <= 0). */
+  protected beginTransition<S extends string>(sb: Transitioning<S>, via: S, to: S, ms: number): void {
+    sb.state = ms > 0 ? via : to;
+    sb.transition = ms > 0 ? { to, at: Date.now() + ms } : null;
+  }
+}

@@ -47,7 +47,7 @@ export class Attempt {
  * attempt superseded (or whose BullMQ lock was lost), so in-flight calls are cancelled too.
  */
 export class Fencing {
-  private readonly running = new Map<Attempt, true>();
+  private readonly running = new Set<Attempt>();
   private timer: NodeJS.Timeout | null = null;
 
   constructor(
@@ -68,14 +68,14 @@ export class Fencing {
   }
 
   track(attempt: Attempt): () => void {
-    this.running.set(attempt, true);
+    this.running.add(attempt);
     return () => this.running.delete(attempt);
   }
 
   /** BullMQ could not renew these jobs' locks: their attempts must stop. */
   lockLost(jobIds: string[]): void {
     const lost = new Set(jobIds);
-    for (const attempt of this.running.keys()) {
+    for (const attempt of this.running) {
       if (lost.has(attempt.jobId)) {
         attempt.markStale('its BullMQ lock was lost');
         this.log.warn({ jobId: attempt.jobId }, 'lock lost; attempt aborted');
@@ -93,7 +93,7 @@ export class Fencing {
   }
 
   private async sweep(): Promise<void> {
-    const attempts = [...this.running.keys()].filter((a) => !a.stale);
+    const attempts = [...this.running].filter((a) => !a.stale);
     if (!attempts.length) return;
     try {
       const pipeline = this.redis.pipeline();

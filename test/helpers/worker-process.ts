@@ -54,12 +54,15 @@ export class WorkerProcess {
     return this.child.pid!;
   }
 
-  /** SIGKILL: no clean-up, no hand-back; returns the kill time on the shared clock. */
+  /**
+   * SIGKILL: no clean-up, no hand-back. Returns, on the shared clock, when the process was
+   * seen dead: the signal lands a moment after it is sent, and the process may still write
+   * a record in between, so the time it was sent is no bound for its last call.
+   */
   async kill(): Promise<bigint> {
-    const at = process.hrtime.bigint();
     this.child.kill('SIGKILL');
     await this.exited;
-    return at;
+    return process.hrtime.bigint();
   }
 
   /** SIGTERM: graceful stop; resolves with the exit code. */

@@ -3,6 +3,7 @@ import { z } from 'zod';
 import type { OperationParams } from '../../operations.ts';
 import { PermanentError, SettlingError } from '../errors.ts';
 import { errorForStatus, networkError } from '../http-errors.ts';
+import { releaseByDisposition } from '../release.ts';
 import type { ExpiredLease, Lease, LeaseProvider, OperationContext, ReleaseReceipt, SandboxState, TerminationReceipt } from '../types.ts';
 
 export const CreateosSettingsSchema = z.strictObject({
@@ -185,21 +186,19 @@ export function createCreateosProvider(input: CreateosSettings): LeaseProvider {
       throw settling(sb, 'resume');
     },
 
-    async release(ctx, params): Promise<ReleaseReceipt> {
+    release(ctx, params): Promise<ReleaseReceipt> {
       const id = params.providerLeaseId;
-      if (params.resourceDisposition === 'destroy') {
-        const r = await destroyConfirmed(ctx, id);
-        return { providerLeaseId: id, disposition: 'destroy', state: r.state };
-      }
-      if (params.resourceDisposition === 'keep_running') {
-        const sb = await read(ctx, id);
-        if (!sb) return { providerLeaseId: id, disposition: 'keep_running', state: 'destroyed' };
-        if (sb.status === 'running') return { providerLeaseId: id, disposition: 'keep_running', state: 'running' };
-        if (sb.status === 'paused') return { providerLeaseId: id, disposition: 'keep_running', state: 'stopped' };
-        throw settling(sb, 'release confirms');
-      }
-      const r = await pauseConfirmed(ctx, id);
-      return { providerLeaseId: id, disposition: 'stop_and_retain', state: r.state };
+      return releaseByDisposition(params, {
+        destroy: () => destroyConfirmed(ctx, id),
+        current: async () => {
+          const sb = await read(ctx, id);
+          if (!sb) return 'destroyed';
+          if (sb.status === 'running') return 'running';
+          if (sb.status === 'paused') return 'stopped';
+          throw settling(sb, 'release confirms');
+        },
+        stopAndRetain: () => pauseConfirmed(ctx, id),
+      });
     },
 
     stop: (ctx, params) => pauseConfirmed(ctx, params.providerLeaseId),

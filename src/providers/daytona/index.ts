@@ -4,6 +4,7 @@ import { z } from 'zod';
 import type { OperationParams } from '../../operations.ts';
 import { PermanentError, ProviderError, SettlingError } from '../errors.ts';
 import { errorForStatus, networkError } from '../http-errors.ts';
+import { releaseByDisposition } from '../release.ts';
 import type {
   ExpiredLease,
   Lease,
@@ -220,33 +221,32 @@ export function createDaytonaProvider(input: DaytonaSettings): LeaseProvider {
       throw settling(after, 'resume completes');
     },
 
-    async release(ctx, params): Promise<ReleaseReceipt> {
+    release(ctx, params): Promise<ReleaseReceipt> {
       const id = params.providerLeaseId;
-      if (params.resourceDisposition === 'destroy') {
-        const r = await destroyConfirmed(ctx, id);
-        return { providerLeaseId: id, disposition: 'destroy', state: r.state };
-      }
-      if (params.resourceDisposition === 'keep_running') {
-        // Left as it is; the receipt says truthfully what that is.
-        const sb = await read(ctx, id);
-        if (!sb) return { providerLeaseId: id, disposition: 'keep_running', state: 'destroyed' };
-        requireOwn(ctx, sb);
-        if (sb.state === 'started') return { providerLeaseId: id, disposition: 'keep_running', state: 'running' };
-        if (sb.state === 'stopped' || sb.state === 'archived') return { providerLeaseId: id, disposition: 'keep_running', state: 'stopped' };
-        throw settling(sb, 'release confirms');
-      }
-      // stop_and_retain: a retained sandbox must not be auto-deleted; confirm that before stopping.
-      const sb = await read(ctx, id);
-      if (!sb) return { providerLeaseId: id, disposition: 'stop_and_retain', state: 'destroyed' };
-      requireOwn(ctx, sb);
-      if (sb.autoDeleteInterval !== -1) {
-        await call(ctx, (o) => api.setAutoDeleteInterval(id, -1, org, o));
-        const confirmed = await read(ctx, id);
-        if (!confirmed) return { providerLeaseId: id, disposition: 'stop_and_retain', state: 'destroyed' };
-        if (confirmed.autoDeleteInterval !== -1) throw new SettlingError('auto_delete_pending', `${name}: auto-delete of ${id} not yet disabled`);
-      }
-      const r = await stopConfirmed(ctx, id, false);
-      return { providerLeaseId: id, disposition: 'stop_and_retain', state: r.state };
+      return releaseByDisposition(params, {
+        destroy: () => destroyConfirmed(ctx, id),
+        current: async () => {
+          const sb = await read(ctx, id);
+          if (!sb) return 'destroyed';
+          requireOwn(ctx, sb);
+          if (sb.state === 'started') return 'running';
+          if (sb.state === 'stopped' || sb.state === 'archived') return 'stopped';
+          throw settling(sb, 'release confirms');
+        },
+        // A retained sandbox must not be auto-deleted; confirm that before stopping.
+        stopAndRetain: async () => {
+          const sb = await read(ctx, id);
+          if (!sb) return { providerLeaseId: id, state: 'destroyed' };
+          requireOwn(ctx, sb);
+          if (sb.autoDeleteInterval !== -1) {
+            await call(ctx, (o) => api.setAutoDeleteInterval(id, -1, org, o));
+            const confirmed = await read(ctx, id);
+            if (!confirmed) return { providerLeaseId: id, state: 'destroyed' };
+            if (confirmed.autoDeleteInterval !== -1) throw new SettlingError('auto_delete_pending', `${name}: auto-delete of ${id} not yet disabled`);
+          }
+          return stopConfirmed(ctx, id, false);
+        },
+      });
     },
 
     stop: (ctx, params) => stopConfirmed(ctx, params.providerLeaseId, false),

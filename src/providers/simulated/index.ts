@@ -4,6 +4,10 @@ import type { LeaseProvider } from '../types.ts';
 
 const SIMULATED_KEY = 'simulated-cloud-key';
 
+/** The simulated cloud: a Daytona fake whose transitions take a fraction of a second. */
+const simulatedCloud = () =>
+  new DaytonaFake({ apiKey: SIMULATED_KEY, timings: { create: 50, start: 200, stop: 200, forceStop: 0, destroy: 50 } });
+
 /**
  * The embedded default: the Daytona provider (the real client code path) against a local
  * fake of Daytona's API, so lease lifecycles run without any account. One process runs its
@@ -15,7 +19,7 @@ export async function createSimulatedProvider(env: NodeJS.ProcessEnv): Promise<L
   let fake: DaytonaFake | null = null;
   let apiUrl = shared;
   if (!apiUrl) {
-    fake = new DaytonaFake({ apiKey: SIMULATED_KEY, timings: { create: 50, start: 200, stop: 200, forceStop: 0, destroy: 50 } });
+    fake = simulatedCloud();
     apiUrl = await fake.listen();
   }
   const provider = createDaytonaProvider({ name: 'simulated', apiUrl, apiKey: SIMULATED_KEY, timeoutMs: 10_000 });
@@ -24,7 +28,7 @@ export async function createSimulatedProvider(env: NodeJS.ProcessEnv): Promise<L
 
 /** Runs the simulated cloud on its own, for several worker processes to share. */
 export async function runSimulatedCloud(port: number): Promise<DaytonaFake> {
-  const fake = new DaytonaFake({ apiKey: SIMULATED_KEY, timings: { create: 50, start: 200, stop: 200, forceStop: 0, destroy: 50 } });
+  const fake = simulatedCloud();
   await fake.listen(port);
   return fake;
 }
