@@ -1,6 +1,9 @@
 import { Command } from 'commander';
 import { ConfigError, loadConfig } from './config.ts';
-import { exitOnSignals, loggerFor, startWorker } from './runtime.ts';
+import { exitOnSignals, loggerFor, serveWorkerMetrics, startWorker } from './runtime.ts';
+
+import type { EnqueueCliOptions, StatusCliOptions } from './cli-commands.ts';
+import { OPERATIONS } from './operations.ts';
 
 const program = new Command()
   .name('lease-ops')
@@ -14,12 +17,61 @@ program
     const config = loadConfig();
     const log = loggerFor(config, 'lease-ops-worker');
     const worker = await startWorker(config, log);
-    exitOnSignals(log, () => worker.close());
+    const metrics = await serveWorkerMetrics(config, worker, log);
+    exitOnSignals(log, async () => {
+      metrics?.close();
+      await worker.close();
+    });
+  });
+
+program
+  .command('api')
+  .description('serve the HTTP API, Bull Board (/board), /metrics, /healthz and /readyz; needs LEASE_OPS_API_TOKENS')
+  .action(async () => {
+    const config = loadConfig();
+    if (config.LEASE_OPS_API_TOKENS.length === 0) {
+      throw new ConfigError('invalid configuration:\n  LEASE_OPS_API_TOKENS="": the API needs at least one token (comma-separated, 16+ characters)');
+    }
+    const log = loggerFor(config, 'lease-ops-api');
+    const { startApiServer } = await import('./api/server.ts');
+    const api = await startApiServer(config, log);
+    process.stdout.write(`lease-ops API on ${api.url}/v1, Bull Board on ${api.url}/board, metrics on ${api.url}/metrics\n`);
+    exitOnSignals(log, () => api.close());
+  });
+
+program
+  .command('enqueue')
+  .description('enqueue one operation for a lease and print its job id (or wait for its result)')
+  .argument('<op>', `one of ${OPERATIONS.join(', ')}`)
+  .requiredOption('--provider <name>', 'provider key, e.g. daytona')
+  .requiredOption('--company <id>', 'company id')
+  .requiredOption('--environment <id>', 'environment id')
+  .requiredOption('--lease <id>', "the provider's sandbox id (for acquire: the id you choose for the lease)")
+  .option('--params <json>', 'the operation parameters as JSON', '{}')
+  .option('--deadline-ms <ms>', 'deadline in ms after acceptance')
+  .option('--idempotency-key <key>', 'the same key returns the same operation for 24 h')
+  .option('--wait [ms]', 'wait for the operation to end (default 60000 ms) and print it')
+  .action(async (op: string, opts: EnqueueCliOptions) => {
+    const { runEnqueue } = await import('./cli-commands.ts');
+    process.exitCode = await runEnqueue(op, opts);
+  });
+
+program
+  .command('status')
+  .description('show a lease (its lane, last observed state, last failure) or, with no lease, the whole queue at a glance')
+  .option('--provider <name>', 'provider key')
+  .option('--company <id>', 'company id')
+  .option('--environment <id>', 'environment id')
+  .option('--lease <id>', 'lease id')
+  .option('--json', 'print JSON instead of text')
+  .action(async (opts: StatusCliOptions) => {
+    const { runStatus } = await import('./cli-commands.ts');
+    process.exitCode = await runStatus(opts);
   });
 
 program
   .command('start')
-  .description('run a worker on the embedded simulated cloud and play a short lease lifecycle through it')
+  .description('all in one: worker, simulated cloud, HTTP API with Bull Board and metrics; plays a lease lifecycle over the API, then serves')
   .option('--once', 'exit after the demo lifecycle instead of serving')
   .action(async (opts: { once?: boolean }) => {
     const { runStart } = await import('./start.ts');

@@ -1,10 +1,16 @@
 import { Job, QueueEvents } from 'bullmq';
 import type { Redis } from 'ioredis';
+import { z } from 'zod';
 import { loadConfig, type Config } from './config.ts';
-import type { LeaseIdentity } from './lease.ts';
-import type { OperationName } from './operations.ts';
+import { InvalidRequestError, OperationNotFoundError, WaitTimeoutError } from './errors.ts';
+import { LeaseIdentitySchema, type LeaseIdentity } from './lease.ts';
+import type { OperationName, OperationParams } from './operations.ts';
+import { Inspector, type AttentionItem, type LeaseView, type OperationView, type QueueOverview } from './queues/inspect.ts';
+import { LeaseRecords } from './queues/lease-records.ts';
 import { OperationsQueue, type Enqueued } from './queues/operations-queue.ts';
 import { createRedis } from './queues/redis.ts';
+
+export { InvalidRequestError, LeaseOpsError, OperationNotFoundError, WaitTimeoutError } from './errors.ts';
 
 export interface OperationResult {
   jobId: string;
@@ -13,47 +19,91 @@ export interface OperationResult {
   error?: string;
 }
 
-/** Thrown by waitForResult when the operation did not finish within the timeout. */
-export class WaitTimeoutError extends Error {
-  override name = 'WaitTimeoutError';
+export interface EnqueueOptions {
+  /** The operation fails with deadline_exceeded if it has not succeeded this many ms after acceptance. */
+  deadlineMs?: number;
+  /** The same key returns the same job for 24 h, however often the request is repeated. */
+  idempotencyKey?: string;
 }
 
 /**
- * The control plane's handle on lease-ops: enqueue operations and wait for their results.
+ * The control plane's handle on lease-ops: enqueue operations, read them and the lanes of
+ * their leases, and wait for results. Bad input throws InvalidRequestError before anything
+ * is written.
  */
 export class LeaseOpsClient {
   readonly ops: OperationsQueue;
-  private events: QueueEvents | null = null;
+  readonly inspector: Inspector;
+  private events: Promise<QueueEvents> | null = null;
   private eventsConnection: Redis | null = null;
   private readonly connection: Redis;
 
   constructor(private readonly settings: Config = loadConfig()) {
     this.connection = createRedis(settings.REDIS_URL);
     this.ops = new OperationsQueue(this.connection, settings);
+    this.inspector = new Inspector(this.ops, new LeaseRecords(this.connection, settings.LEASE_OPS_PREFIX), {
+      stuckStoppingMs: settings.LEASE_OPS_STUCK_STOPPING_MS,
+      // The sweep repairs a quiet lane within stale + interval; past twice that, it is news.
+      blockedAfterMs: 2 * (settings.LEASE_OPS_SWEEP_STALE_MS + settings.LEASE_OPS_SWEEP_INTERVAL_MS),
+    });
   }
 
-  enqueue<Op extends OperationName>(
+  /** Accepts an operation for a lease and returns its job id at once. */
+  async enqueue<Op extends OperationName>(
     op: Op,
     lease: LeaseIdentity,
-    params: unknown,
-    opts: { deadlineMs?: number; idempotencyKey?: string } = {},
+    params: OperationParams[Op] | Record<string, unknown>,
+    opts: EnqueueOptions = {},
   ): Promise<Enqueued> {
-    return this.ops.enqueue({ op, lease, params, ...opts });
+    try {
+      return await this.ops.enqueue({ op, lease, params, ...opts });
+    } catch (err) {
+      if (err instanceof z.ZodError) throw new InvalidRequestError(z.prettifyError(err), err.issues);
+      throw err;
+    }
+  }
+
+  /**
+   * An operation's state, result or error; null if there is no such operation (or it was
+   * removed after its retention). With `waitMs`, waits up to that long for it to end first.
+   */
+  async getOperation(jobId: string, opts: { waitMs?: number } = {}): Promise<OperationView | null> {
+    const view = await this.inspector.operation(jobId);
+    if (!view || !opts.waitMs || view.state === 'completed' || view.state === 'failed') return view;
+    const job = await Job.fromId(this.ops.queue, jobId);
+    if (!job) return null;
+    try {
+      await job.waitUntilFinished(await this.queueEvents(), opts.waitMs);
+    } catch {
+      // Timed out, or the job failed: either way the view below tells which.
+    }
+    return this.inspector.operation(jobId);
   }
 
   /** Waits for an operation to end, driven by BullMQ's event stream (no polling). */
   async waitForResult(jobId: string, timeoutMs = 60_000): Promise<OperationResult> {
-    const events = await this.queueEvents();
-    const job = await Job.fromId(this.ops.queue, jobId);
-    if (!job) throw new Error(`no operation ${jobId}`);
-    try {
-      const result = await job.waitUntilFinished(events, timeoutMs);
-      return { jobId, state: 'completed', result };
-    } catch (err) {
-      const message = (err as Error).message;
-      if (/timed out/i.test(message) && !(await job.isFailed())) throw new WaitTimeoutError(`operation ${jobId} still running after ${timeoutMs} ms`);
-      return { jobId, state: 'failed', error: message };
-    }
+    const view = await this.getOperation(jobId, { waitMs: timeoutMs });
+    if (!view) throw new OperationNotFoundError(jobId);
+    if (view.state === 'completed') return { jobId, state: 'completed', result: view.result };
+    if (view.state === 'failed') return { jobId, state: 'failed', error: view.error?.message };
+    throw new WaitTimeoutError(`operation ${jobId} still ${view.state} after ${timeoutMs} ms`);
+  }
+
+  /** A lease's lane: what executes, what waits, what backs off, and what was last seen of the sandbox. */
+  async getLease(lease: LeaseIdentity): Promise<LeaseView> {
+    const parsed = LeaseIdentitySchema.safeParse(lease);
+    if (!parsed.success) throw new InvalidRequestError(z.prettifyError(parsed.error), parsed.error.issues);
+    return this.inspector.lease(parsed.data);
+  }
+
+  /** Leases stuck stopping, whose last operation failed, or whose lane is blocked. */
+  leasesNeedingAttention(limit = 200): Promise<AttentionItem[]> {
+    return this.inspector.attention(limit);
+  }
+
+  /** The whole queue at a glance: operations by state, open lanes, leases needing attention. */
+  overview(): Promise<QueueOverview> {
+    return this.inspector.overview();
   }
 
   /** BullMQ's event stream for this queue (active, completed, failed, delayed, ...). */
@@ -61,20 +111,23 @@ export class LeaseOpsClient {
     return this.queueEvents();
   }
 
-  private async queueEvents(): Promise<QueueEvents> {
-    if (!this.events) {
+  private queueEvents(): Promise<QueueEvents> {
+    this.events ??= (async () => {
       this.eventsConnection = createRedis(this.settings.REDIS_URL);
-      this.events = new QueueEvents(this.settings.LEASE_OPS_QUEUE, {
+      const events = new QueueEvents(this.settings.LEASE_OPS_QUEUE, {
         connection: this.eventsConnection,
         prefix: this.settings.LEASE_OPS_PREFIX,
       });
-      await this.events.waitUntilReady();
-    }
+      // Every waiting caller adds a listener; many concurrent waits are normal here.
+      events.setMaxListeners(0);
+      await events.waitUntilReady();
+      return events;
+    })();
     return this.events;
   }
 
   async close(): Promise<void> {
-    await this.events?.close();
+    if (this.events) await (await this.events).close();
     await this.ops.close();
     this.eventsConnection?.disconnect();
     this.connection.disconnect();

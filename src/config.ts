@@ -28,6 +28,35 @@ const jsonEnv = <T extends z.ZodType>(schema: T) =>
     })
     .pipe(schema);
 
+/**
+ * One API token. Without a company it is an admin token (every lease, and Bull Board);
+ * with one, it sees only that company's leases (and only the listed environments, if any).
+ */
+export const ApiTokenSchema = z.strictObject({
+  token: z.string().min(16, 'tokens must be at least 16 characters').max(256).regex(/^[\x21-\x7e]+$/, 'tokens are printable ASCII without spaces'),
+  name: z.string().max(64).optional(),
+  companyId: z.string().min(1).max(256).optional(),
+  environmentIds: z.array(z.string().min(1).max(256)).min(1).optional(),
+});
+export type ApiToken = z.infer<typeof ApiTokenSchema>;
+
+/** Comma-separated admin tokens, or a JSON array of ApiTokenSchema entries for scoped ones. */
+const apiTokens = z
+  .string()
+  .default('')
+  .transform((text, ctx) => {
+    const trimmed = text.trim();
+    if (trimmed === '') return [];
+    if (!trimmed.startsWith('[')) return trimmed.split(',').map((token) => ({ token: token.trim() }));
+    try {
+      return JSON.parse(trimmed) as unknown;
+    } catch {
+      ctx.addIssue({ code: 'custom', message: 'must be comma-separated tokens or a JSON array' });
+      return z.NEVER;
+    }
+  })
+  .pipe(z.array(ApiTokenSchema));
+
 const perOperation = <T extends z.ZodType>(value: T) => z.partialRecord(OperationNameSchema, value);
 
 /**
@@ -72,6 +101,17 @@ export const EnvSchema = z.object({
   LEASE_OPS_KEEP_FAILED_S: int(7 * 24 * 3_600, 0),
   /** Built-in provider names or module paths, comma separated (see README, providers). */
   LEASE_OPS_PROVIDERS: z.string().default('simulated'),
+  /** The HTTP API with Bull Board (`lease-ops api`, `lease-ops start`). */
+  LEASE_OPS_API_HOST: z.string().min(1).default('127.0.0.1'),
+  LEASE_OPS_API_PORT: z.coerce.number().int().min(0).max(65_535).default(3000),
+  /** Bearer tokens for the API (secrets: never logged). Required by `lease-ops api`. */
+  LEASE_OPS_API_TOKENS: apiTokens,
+  /** Upper bound of ?waitMs on GET /v1/operations/{jobId}. */
+  LEASE_OPS_API_MAX_WAIT_MS: int(30_000, 0),
+  /** Bull Board shows but cannot change jobs (retry, remove, promote) while this is on. */
+  LEASE_OPS_BOARD_READ_ONLY: bool(true),
+  /** A worker replica serves /healthz, /readyz and /metrics on this port; 0 = off. */
+  LEASE_OPS_METRICS_PORT: z.coerce.number().int().min(0).max(65_535).default(0),
   LEASE_OPS_LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   LEASE_OPS_LOG_PRETTY: bool(false),
 });

@@ -1,5 +1,8 @@
 // The package's public surface for control planes written in TypeScript.
-export { LeaseOpsClient, WaitTimeoutError, type OperationResult } from './client.ts';
+export { LeaseOpsClient, type EnqueueOptions, type OperationResult } from './client.ts';
+export { InvalidRequestError, LeaseOpsError, OperationNotFoundError, WaitTimeoutError } from './errors.ts';
+export type { AttentionItem, LeaseView, OperationState, OperationView, QueueOverview } from './queues/inspect.ts';
+export type { Enqueued } from './queues/operations-queue.ts';
 export { loadConfig, ConfigError, type Config } from './config.ts';
 export { laneIdOf, LeaseIdentitySchema, type LeaseIdentity } from './lease.ts';
 export { OPERATIONS, OperationJobDataSchema, type OperationName, type OperationParams } from './operations.ts';

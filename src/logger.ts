@@ -13,6 +13,9 @@ export const REDACT_PATHS = [
   '*.password',
   '*.authorization',
   'headers.authorization',
+  'req.headers.authorization',
+  'req.headers.cookie',
+  'res.headers["set-cookie"]',
   'config.apiKey',
 ];
 

@@ -1,4 +1,7 @@
+import { once } from 'node:events';
+import { createServer, type Server } from 'node:http';
 import type { Config } from './config.ts';
+import { registry } from './metrics.ts';
 import { createLogger, type Logger } from './logger.ts';
 import { loadProviders } from './providers/registry.ts';
 import { LeaseWorker } from './queues/worker.ts';
@@ -14,6 +17,32 @@ export async function startWorker(config: Config, log: Logger): Promise<LeaseWor
   await worker.start();
   log.info({ providers: providers.names(), concurrency: config.LEASE_OPS_CONCURRENCY }, 'worker started');
   return worker;
+}
+
+/**
+ * A worker replica's own /healthz, /readyz and /metrics (its attempts, by type and outcome),
+ * on LEASE_OPS_METRICS_PORT; nothing when that is 0. Ready while the worker runs and Redis answers.
+ */
+export async function serveWorkerMetrics(config: Config, worker: LeaseWorker, log: Logger): Promise<Server | null> {
+  if (!config.LEASE_OPS_METRICS_PORT) return null;
+  const server = createServer((req, res) => {
+    const send = (status: number, type: string, body: string) => res.writeHead(status, { 'content-type': type }).end(body);
+    const path = (req.url ?? '').split('?')[0];
+    if (path === '/healthz') return send(200, 'application/json', '{"status":"ok"}');
+    if (path === '/readyz') {
+      void worker.ready().then((ready) => send(ready ? 200 : 503, 'application/json', JSON.stringify({ status: ready ? 'ready' : 'not_ready' })));
+      return;
+    }
+    if (path === '/metrics') {
+      void registry.metrics().then((text) => send(200, registry.contentType, text));
+      return;
+    }
+    send(404, 'application/json', '{"error":{"code":"not_found","message":"try /metrics, /healthz or /readyz"}}');
+  });
+  server.listen(config.LEASE_OPS_METRICS_PORT, config.LEASE_OPS_API_HOST);
+  await once(server, 'listening');
+  log.info({ port: config.LEASE_OPS_METRICS_PORT }, 'worker metrics listening');
+  return server;
 }
 
 /**

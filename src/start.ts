@@ -1,14 +1,16 @@
-import { LeaseOpsClient } from './client.ts';
+import { randomBytes } from 'node:crypto';
+import { startApiServer } from './api/server.ts';
 import { loadConfig } from './config.ts';
-import type { LeaseIdentity } from './lease.ts';
+import type { OperationView } from './queues/inspect.ts';
 import { NoRedisError, redisOrPrivate } from './redis-server.ts';
 import { exitOnSignals, loggerFor, startWorker } from './runtime.ts';
 
 const out = (line: string) => process.stdout.write(`${line}\n`);
 
 /**
- * The main job on the embedded default: a worker against the simulated cloud, and one
- * lease taken through acquire, stop, resume and release while you watch.
+ * The main job on the embedded default, all in one process: a worker against the simulated
+ * cloud, the HTTP API with Bull Board and /metrics, and one lease taken through acquire,
+ * stop, resume and release over the HTTP API while you watch.
  */
 export async function runStart(opts: { once: boolean }): Promise<void> {
   let config = loadConfig({ LEASE_OPS_LOG_LEVEL: 'warn', ...process.env });
@@ -25,44 +27,58 @@ export async function runStart(opts: { once: boolean }): Promise<void> {
   }
   const privateRedis = redis.privateRedis;
   config = { ...config, REDIS_URL: redis.url };
+  let token = config.LEASE_OPS_API_TOKENS.find((t) => t.companyId === undefined)?.token;
+  if (!token) {
+    // Nothing configured: a fresh admin token for this run, shown once below.
+    token = randomBytes(18).toString('base64url');
+    config = { ...config, LEASE_OPS_API_TOKENS: [...config.LEASE_OPS_API_TOKENS, { token, name: 'start' }] };
+  }
   const log = loggerFor(config);
   const worker = await startWorker(config, log);
-  const client = new LeaseOpsClient(config);
+  const api = await startApiServer(config, log);
+  const stop = async () => {
+    await api.close();
+    await worker.close();
+    privateRedis?.stop();
+  };
+  out(`lease-ops: worker running against ${config.REDIS_URL} (providers: ${config.LEASE_OPS_PROVIDERS})`);
+  out(`lease-ops: API ${api.url}/v1  (OpenAPI: ${api.url}/v1/openapi.json)`);
+  out(`lease-ops: Bull Board ${api.url}/board  (any user name, the token as password)`);
+  out(`lease-ops: metrics ${api.url}/metrics  health ${api.url}/healthz  ready ${api.url}/readyz`);
+  out(`lease-ops: token ${config.LEASE_OPS_API_TOKENS.some((t) => t.name === 'start') ? token : '(from LEASE_OPS_API_TOKENS)'}`);
+
   const started = Date.now();
   const stamp = () => `${((Date.now() - started) / 1000).toFixed(2).padStart(6)}s`;
-  out(`lease-ops: worker running against ${config.REDIS_URL} (providers: ${config.LEASE_OPS_PROVIDERS})`);
-
-  const lease: LeaseIdentity = { provider: 'simulated', companyId: 'demo-co', environmentId: 'demo-env', leaseId: `demo-${Date.now()}` };
-  const run = async (op: Parameters<LeaseOpsClient['enqueue']>[0], params: unknown) => {
-    const { jobId } = await client.enqueue(op, lease, params);
-    const r = await client.waitForResult(jobId, 30_000);
-    out(`${stamp()}  ${op.padEnd(10)} ${r.state.padEnd(9)} ${JSON.stringify(r.result ?? r.error)}`);
-    if (r.state !== 'completed') throw new Error(`${op} failed: ${r.error}`);
-    return r.result as { providerLeaseId: string };
+  const headers = { authorization: `Bearer ${token}`, 'content-type': 'application/json' };
+  const leasePath = (leaseId: string) => `/v1/leases/simulated/demo-co/demo-env/${encodeURIComponent(leaseId)}`;
+  const run = async (leaseId: string, op: string, params: unknown): Promise<{ providerLeaseId: string }> => {
+    const accepted = await fetch(`${api.url}${leasePath(leaseId)}/operations`, { method: 'POST', headers, body: JSON.stringify({ op, params }) });
+    if (accepted.status !== 202) throw new Error(`${op} was refused: ${accepted.status} ${await accepted.text()}`);
+    const location = accepted.headers.get('location') ?? '';
+    const read = await fetch(`${api.url}${location}?waitMs=30000`, { headers });
+    const view = (await read.json()) as OperationView;
+    out(`${stamp()}  POST ${op.padEnd(10)} -> ${view.state.padEnd(9)} ${JSON.stringify(view.result ?? view.error)}`);
+    if (view.state !== 'completed') throw new Error(`${op} did not complete: ${JSON.stringify(view.error ?? view.state)}`);
+    return view.result as { providerLeaseId: string };
   };
   try {
-    const acquired = await run('acquire', { runId: 'demo-run' });
-    // Later operations of the lease name the sandbox the acquire created; acquire used a
-    // caller-chosen lane id, so switch the identity to the provider's lease id.
-    lease.leaseId = acquired.providerLeaseId;
-    const target = { providerLeaseId: acquired.providerLeaseId };
-    await run('stop', target);
-    await run('resume', { ...target, leaseMetadata: {} });
-    await run('release', { ...target, leaseMetadata: {}, resourceDisposition: 'destroy' });
+    const acquired = await run(`demo-${Date.now()}`, 'acquire', { runId: 'demo-run' });
+    // Later operations of the lease name the sandbox the acquire created.
+    const sandbox = acquired.providerLeaseId;
+    const target = { providerLeaseId: sandbox };
+    await run(sandbox, 'stop', target);
+    await run(sandbox, 'resume', { ...target, leaseMetadata: {} });
+    await run(sandbox, 'release', { ...target, leaseMetadata: {}, resourceDisposition: 'destroy' });
     out(`${stamp()}  lifecycle done: every operation ran in order through the lease's lane`);
-  } finally {
-    if (opts.once) {
-      await client.close();
-      await worker.close();
-      privateRedis?.stop();
-    }
+    out(`         try: curl -H 'authorization: Bearer ${token}' ${api.url}${leasePath(sandbox)}`);
+  } catch (err) {
+    if (opts.once) await stop();
+    throw err;
   }
-  if (!opts.once) {
-    out('lease-ops: serving; press Ctrl-C to stop');
-    exitOnSignals(log, async () => {
-      await client.close();
-      await worker.close();
-      privateRedis?.stop();
-    });
+  if (opts.once) {
+    await stop();
+    return;
   }
+  out('lease-ops: serving; press Ctrl-C to stop');
+  exitOnSignals(log, stop);
 }

@@ -64,15 +64,15 @@ describe('the worker process', () => {
     await expect(run).rejects.toMatchObject({ code: 2, stderr: expect.stringMatching(/LEASE_OPS_CONCURRENCY="lots"/) });
   });
 
-  it('`start --once` plays a full lease lifecycle on the embedded simulated cloud', async () => {
+  it('`start --once` plays a full lease lifecycle over the HTTP API on the embedded simulated cloud', async () => {
     const prefix = `{lo-test-start-${process.pid}}`;
     const { stdout } = await promisify(execFile)(process.execPath, [BIN, 'start', '--once'], {
-      env: { ...process.env, REDIS_URL, LEASE_OPS_PREFIX: prefix },
+      env: { ...process.env, REDIS_URL, LEASE_OPS_PREFIX: prefix, LEASE_OPS_API_PORT: '0' },
       timeout: 60_000,
     });
     const lines = stdout.split('\n');
     for (const op of ['acquire', 'stop', 'resume', 'release']) {
-      expect(lines.some((l) => new RegExp(`\\s${op}\\s+completed`).test(l))).toBe(true);
+      expect(lines.some((l) => new RegExp(`POST ${op}\\s+-> completed`).test(l))).toBe(true);
     }
     expect(stdout).toMatch(/lifecycle done/);
     bed = await TestBed.create({ LEASE_OPS_PREFIX: prefix });

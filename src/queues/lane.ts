@@ -6,7 +6,7 @@ type RedisClient = Redis | Cluster;
 const SCRIPTS = {
   'lane-push': 4,
   'lane-acquire': 5,
-  'lane-release': 4,
+  'lane-release': 5,
   'lane-yield': 4,
   'lane-repair': 4,
   'lane-upgrade': 4,
@@ -49,10 +49,12 @@ export type RepairResult =
  *   <prefix>:lane:<laneId>:x   hash {job, token} of the lane's holder; gone when none
  *   <prefix>:lanes             zset laneId -> last progress (ms), read by the sweep
  *   <prefix>:fence             counter behind every fencing token
+ *   <prefix>:failures          hash laneId -> "<ms> <jobId>" of leases whose last operation failed
  */
 export class Lanes {
   readonly lanesKey: string;
   readonly fenceKey: string;
+  readonly failuresKey: string;
 
   constructor(
     private readonly client: RedisClient,
@@ -67,6 +69,7 @@ export class Lanes {
   ) {
     this.lanesKey = `${prefix}:lanes`;
     this.fenceKey = `${prefix}:fence`;
+    this.failuresKey = `${prefix}:failures`;
     for (const [script, numberOfKeys] of Object.entries(SCRIPTS)) {
       const name = commandName(script);
       if (!(name in client)) client.defineCommand(name, { numberOfKeys, lua: loadLuaScript(script) });
@@ -170,13 +173,15 @@ export class Lanes {
     const r = (await this.run(
       'lane-release',
       ...this.laneKeys(laneId),
-            jobId,
+      this.failuresKey,
+      jobId,
       token,
       JSON.stringify(outcome),
       laneId,
       Date.now(),
       this.queueKeyPrefix,
       completionFollows ? '1' : '0',
+      outcome.status === 'failed' ? '1' : '0',
     )) as string[];
     if (r[0] === 'stale') return { kind: 'stale' };
     if (r[0] === 'next') return { kind: 'next', handOff: toHandOff(r[1], r[2]) };
@@ -193,7 +198,7 @@ export class Lanes {
     const r = (await this.run(
       'lane-repair',
       ...this.laneKeys(laneId),
-            laneId,
+      laneId,
       Date.now(),
       this.queueKeyPrefix,
       this.parkedThresholdMs,
@@ -223,9 +228,35 @@ export class Lanes {
     return { jobs, holder: exec.job && exec.token ? { job: exec.job, token: exec.token } : null };
   }
 
+  /** When the lane's last operation failed for good, and which job it was; null if it did not. */
+  async lastFailure(laneId: string): Promise<{ jobId: string; at: number } | null> {
+    return parseFailure(await this.client.hget(this.failuresKey, laneId));
+  }
+
+  /** Lanes whose last operation failed, up to `limit`. */
+  async failures(limit = 200): Promise<{ laneId: string; jobId: string; at: number }[]> {
+    const found: { laneId: string; jobId: string; at: number }[] = [];
+    let cursor = '0';
+    do {
+      const [next, flat] = await this.client.hscan(this.failuresKey, cursor, 'COUNT', 200);
+      cursor = next;
+      for (let i = 0; i + 1 < flat.length && found.length < limit; i += 2) {
+        const failure = parseFailure(flat[i + 1]!);
+        if (failure) found.push({ laneId: flat[i]!, ...failure });
+      }
+    } while (cursor !== '0' && found.length < limit);
+    return found;
+  }
+
   async openLaneCount(): Promise<number> {
     return this.client.zcard(this.lanesKey);
   }
+}
+
+function parseFailure(entry: string | null | undefined): { jobId: string; at: number } | null {
+  if (!entry) return null;
+  const space = entry.indexOf(' ');
+  return space > 0 ? { at: Number(entry.slice(0, space)), jobId: entry.slice(space + 1) } : null;
 }
 
 function toHandOff(jobId: unknown, result: unknown): HandOff {

@@ -81,6 +81,14 @@ export class LeaseRecords {
     return this.redis.zrangebyscore(this.stoppingKey, '-inf', before, 'LIMIT', 0, limit);
   }
 
+  /** The same, with since when each has been stopping (epoch ms). */
+  async stoppingSinceWithScores(before: number, limit = 500): Promise<[string, number][]> {
+    const flat = await this.redis.zrangebyscore(this.stoppingKey, '-inf', before, 'WITHSCORES', 'LIMIT', 0, limit);
+    const pairs: [string, number][] = [];
+    for (let i = 0; i + 1 < flat.length; i += 2) pairs.push([flat[i]!, Number(flat[i + 1])]);
+    return pairs;
+  }
+
   async forget(laneId: string): Promise<void> {
     await this.redis.zrem(this.stoppingKey, laneId);
   }

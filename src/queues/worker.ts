@@ -1,4 +1,4 @@
-import { DelayedError, Queue, UnrecoverableError, Worker, type Job } from 'bullmq';
+import { DelayedError, MetricsTime, Queue, UnrecoverableError, Worker, type Job } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import type { Config } from '../config.ts';
@@ -12,7 +12,7 @@ import { LeaseRecords } from './lease-records.ts';
 import { Attempt, Fencing, StaleAttemptError } from './fencing.ts';
 import type { Lanes } from './lane.ts';
 import { BACKOFF_TYPE, OperationsQueue, PARK_MS } from './operations-queue.ts';
-import { createRedis } from './redis.ts';
+import { createRedis, pingWithin } from './redis.ts';
 import {
   type BackoffSettings,
   decideRetry,
@@ -23,6 +23,7 @@ import {
 } from './retry-policy.ts';
 import { sweepLanes } from './sweep.ts';
 import * as telemetry from '../telemetry.ts';
+import { attemptEnded } from '../metrics.ts';
 import { isProviderError } from '../providers/errors.ts';
 import { runWatchdog } from './watchdog.ts';
 import { DEFAULT_DEADLINE_MS, OperationJobDataSchema } from '../operations.ts';
@@ -109,6 +110,8 @@ export class LeaseWorker {
       // before a worker looked again; this bounds that wait. Root cause not found yet.
       drainDelay: 1,
       autorun: false,
+      // BullMQ's per-minute completed/failed counts, exported with the API's /metrics.
+      metrics: { maxDataPoints: MetricsTime.ONE_WEEK },
       settings: {
         // The processor already chose the delay (retry-policy.ts); -1 means do not retry.
         backoffStrategy: (_attempts, type, err) =>
@@ -163,6 +166,15 @@ export class LeaseWorker {
     await Promise.all([this.worker.waitUntilReady(), this.maintenanceWorker.waitUntilReady()]);
   }
 
+  /** Running, not closing, and Redis answers within a second. */
+  async ready(): Promise<boolean> {
+    if (this.closing || !this.worker.isRunning()) return false;
+    return pingWithin(this.connection, 1_000).then(
+      () => true,
+      () => false,
+    );
+  }
+
   /** Graceful stop: take no new jobs, let running ones finish, then disconnect. */
   close(): Promise<void> {
     this.closing ??= (async () => {
@@ -177,6 +189,7 @@ export class LeaseWorker {
 
   private async process(job: Job, token: string | undefined): Promise<unknown> {
     const jobId = job.id ?? '';
+    const startedAt = performance.now();
     const laneId = laneIdOfJobId(jobId);
     if (!laneId) throw new UnrecoverableError(`job ${jobId} has no lane: only lease-ops' enqueue may add jobs`);
 
@@ -204,7 +217,7 @@ export class LeaseWorker {
 
     const parsed = OperationJobDataSchema.safeParse(job.data);
     if (!parsed.success) {
-      return this.fail(laneId, jobId, fence, 'invalid_job_data', `invalid job data: ${z.prettifyError(parsed.error)}`);
+      return this.fail(laneId, jobId, fence, 'unknown', startedAt, 'invalid_job_data', `invalid job data: ${z.prettifyError(parsed.error)}`);
     }
     const data = parsed.data;
     const attempt = job.attemptsMade + 1;
@@ -214,12 +227,12 @@ export class LeaseWorker {
     const logger = () => (child ??= this.log.child(bindings));
     const provider = this.providers.get(data.lease.provider);
     if (!provider) {
-      return this.fail(laneId, jobId, fence, 'unknown_provider', `no provider named "${data.lease.provider}" is configured`);
+      return this.fail(laneId, jobId, fence, data.op, startedAt, 'unknown_provider', `no provider named "${data.lease.provider}" is configured`);
     }
     if (Date.now() >= data.deadlineAt) {
       // A retry can come due just past the deadline; name the error that caused it.
       const last = job.attemptsMade > 0 && job.failedReason ? `last provider error: ${job.failedReason}` : 'deadline passed before the operation could start';
-      return this.fail(laneId, jobId, fence, 'deadline_exceeded', last);
+      return this.fail(laneId, jobId, fence, data.op, startedAt, 'deadline_exceeded', last);
     }
 
     let result: unknown;
@@ -255,6 +268,7 @@ export class LeaseWorker {
       if (err instanceof StaleAttemptError || held.stale) {
         // Not this attempt's lane any more: touch nothing, let the current attempt finish.
         logger().warn({ err }, 'stale attempt refused a provider call');
+        attemptEnded(data.op, 'stale', (performance.now() - startedAt) / 1000);
         throw held.staleError();
       }
       await this.record(laneId, data.lease, observed, logger);
@@ -278,18 +292,20 @@ export class LeaseWorker {
       if (decision.retry) {
         logger().info({ err, delayMs: decision.delayMs }, 'operation will be retried');
         await this.ops.lanes.yield(laneId, jobId, fence);
+        attemptEnded(data.op, 'retry', (performance.now() - startedAt) / 1000, isProviderError(err) ? err.kind : 'unexpected');
         throw new RetryLaterError(decision.delayMs, err);
       }
       const message = err instanceof Error ? err.message : String(err);
       logger().warn({ err, reason: decision.reason }, 'operation failed');
       if (decision.reason === 'deadline') {
-        return this.fail(laneId, jobId, fence, 'deadline_exceeded', `last provider error: ${message}`);
+        return this.fail(laneId, jobId, fence, data.op, startedAt, 'deadline_exceeded', `last provider error: ${message}`);
       }
-      return this.fail(laneId, jobId, fence, errorCode(err), message);
+      return this.fail(laneId, jobId, fence, data.op, startedAt, errorCode(err), message);
     }
 
     this.coalesceWrites();
     untrack();
+    attemptEnded(data.op, 'completed', (performance.now() - startedAt) / 1000);
     await this.record(laneId, data.lease, observed, logger);
     // Not awaited: the release is queued on the worker's connection ahead of BullMQ's own
     // completion, so the next job of the lane starts one round trip sooner. A stale
@@ -343,7 +359,16 @@ export class LeaseWorker {
   }
 
   /** Records a final failure in the lane (which hands off the next job) and fails this one for good. */
-  private async fail(laneId: string, jobId: string, fence: string, code: string, message: string): Promise<never> {
+  private async fail(
+    laneId: string,
+    jobId: string,
+    fence: string,
+    op: string,
+    startedAt: number,
+    code: string,
+    message: string,
+  ): Promise<never> {
+    attemptEnded(op, 'failed', (performance.now() - startedAt) / 1000);
     const err = code === 'deadline_exceeded' ? new DeadlineExceededError(message) : new OperationFailedError(code, message);
     if (code === 'deadline_exceeded') telemetry.deadlineFailure({ 'lease.lane': laneId });
     await this.releaseLanes.release(laneId, jobId, fence, { status: 'failed', code, error: err.message }, true);

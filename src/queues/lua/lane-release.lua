@@ -4,10 +4,14 @@
   The outcome is kept on the job hash so that a re-run of this job (a crash before BullMQ
   recorded completion) repeats it instead of calling the provider again.
 
+  A failed outcome is also noted in the failures hash (lane id -> "<ms> <job id>"), which
+  lists leases whose last operation failed; the lane's next success clears it.
+
   KEYS[1] lane list   KEYS[2] lane executing hash   KEYS[3] lanes index   KEYS[4] fencing counter
+  KEYS[5] failures hash
   ARGV[1] job id   ARGV[2] token   ARGV[3] outcome (JSON)   ARGV[4] lane id   ARGV[5] now
   ARGV[6] BullMQ job key prefix   ARGV[7] '1' when BullMQ's completion follows on this
-  connection (see lazyMarker in includes/hand-off.lua)
+  connection (see lazyMarker in includes/hand-off.lua)   ARGV[8] '1' when the outcome is a failure
 
   Returns {'stale'} | {'next', jobId, handOffResult} | {'idle'}
 ]]
@@ -32,5 +36,10 @@ rcall('DEL', execKey)
 local jobKey = q.jobPrefix .. jobId
 if q.lazyMarker or rcall('EXISTS', jobKey) == 1 then
   rcall('HSET', jobKey, 'lo:outcome', outcome)
+end
+if ARGV[8] == '1' then
+  rcall('HSET', KEYS[5], laneId, now .. ' ' .. jobId)
+else
+  rcall('HDEL', KEYS[5], laneId)
 end
 return advanceLane(q, listKey, execKey, fenceKey, lanesKey, laneId, now)

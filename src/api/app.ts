@@ -1,0 +1,224 @@
+import { createBullBoard } from '@bull-board/api';
+import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
+import { ExpressAdapter } from '@bull-board/express';
+import type { Queue } from 'bullmq';
+import express, { type ErrorRequestHandler, type NextFunction, type Request, type Response } from 'express';
+import { pinoHttp } from 'pino-http';
+import { z } from 'zod';
+import type { LeaseOpsClient } from '../client.ts';
+import type { Config } from '../config.ts';
+import { InvalidRequestError, LeaseOpsError } from '../errors.ts';
+import type { Logger } from '../logger.ts';
+import { canSee, type Principal, TokenAuthority } from './auth.ts';
+import { openApiDocument } from './openapi.ts';
+import { EnqueueBodySchema, LeasePathSchema, OperationPathSchema, WaitQuerySchema } from './schemas.ts';
+
+export interface ApiDeps {
+  config: Pick<Config, 'LEASE_OPS_API_TOKENS' | 'LEASE_OPS_API_MAX_WAIT_MS' | 'LEASE_OPS_BOARD_READ_ONLY'>;
+  client: LeaseOpsClient;
+  log: Logger;
+  /** Queues Bull Board shows besides the operations queue (the maintenance queue). */
+  boardQueues?: Queue[];
+  /** Whether this deployment counts as ready: Redis answers and workers run. */
+  readiness: () => Promise<{ ready: boolean; checks: Record<string, unknown> }>;
+  /** The Prometheus exposition. */
+  metrics: () => Promise<string>;
+  version: string;
+}
+
+/** An error the API answers with its own status and stable code. */
+export class HttpError extends LeaseOpsError {
+  constructor(
+    readonly status: number,
+    code: string,
+    message: string,
+    readonly details?: unknown[],
+  ) {
+    super(code, message);
+  }
+}
+
+const BODY_LIMIT = '64kb';
+
+/** The HTTP API, Bull Board and the operations endpoints, as one express 5 app. */
+export function createApiApp(deps: ApiDeps): express.Express {
+  const { client, log } = deps;
+  const auth = new TokenAuthority(deps.config.LEASE_OPS_API_TOKENS);
+  const app = express();
+  app.disable('x-powered-by');
+  app.set('query parser', 'simple');
+  app.use(
+    pinoHttp({
+      logger: log,
+      // Probes and scrapes are frequent and tell nothing; keep them out of the log.
+      autoLogging: { ignore: (req) => ['/healthz', '/readyz', '/metrics'].includes(req.url ?? '') },
+      customLogLevel: (_req, res, err) => (err || res.statusCode >= 500 ? 'error' : res.statusCode >= 400 ? 'warn' : 'info'),
+      serializers: {
+        // Only what helps; headers carry tokens and cookies.
+        req: (req: { method: string; url: string; id: unknown }) => ({ id: req.id, method: req.method, url: req.url }),
+        res: (res: { statusCode: number }) => ({ statusCode: res.statusCode }),
+      },
+    }),
+  );
+
+  // Operations endpoints: no authentication, so probes and Prometheus can reach them.
+  app.get('/healthz', (_req, res) => {
+    res.json({ status: 'ok' });
+  });
+  app.get('/readyz', async (_req, res) => {
+    const report = await deps.readiness();
+    res.status(report.ready ? 200 : 503).json({ status: report.ready ? 'ready' : 'not_ready', ...report.checks });
+  });
+  app.get('/metrics', async (_req, res) => {
+    res.type('text/plain; version=0.0.4').send(await deps.metrics());
+  });
+  const document = openApiDocument(deps.version);
+  app.get('/v1/openapi.json', (_req, res) => {
+    res.json(document);
+  });
+
+  const authenticate =
+    (challenge: 'Bearer' | 'Basic') =>
+    (req: Request, res: Response, next: NextFunction): void => {
+      const principal = auth.authenticate(req.headers.authorization);
+      if (!principal) {
+        res.setHeader('WWW-Authenticate', `${challenge} realm="lease-ops"`);
+        throw new HttpError(401, 'unauthorized', 'a valid bearer token is required');
+      }
+      res.locals.principal = principal;
+      next();
+    };
+  const adminOnly = (_req: Request, res: Response, next: NextFunction): void => {
+    if (!(res.locals.principal as Principal).admin) throw new HttpError(403, 'forbidden', 'this needs an admin token');
+    next();
+  };
+
+  // Bull Board: admins only; read-only unless LEASE_OPS_BOARD_READ_ONLY=false.
+  const board = new ExpressAdapter();
+  board.setBasePath('/board');
+  createBullBoard({
+    queues: [client.ops.queue, ...(deps.boardQueues ?? [])].map(
+      (q) => new BullMQAdapter(q, { readOnlyMode: deps.config.LEASE_OPS_BOARD_READ_ONLY }),
+    ),
+    serverAdapter: board,
+    options: { uiConfig: { boardTitle: 'lease-ops' } },
+  });
+  app.use('/board', authenticate('Basic'), adminOnly, board.getRouter() as express.Router);
+
+  const v1 = express.Router();
+  v1.use(authenticate('Bearer'));
+  v1.use(express.json({ limit: BODY_LIMIT, strict: true }));
+
+  v1.post('/leases/:provider/:companyId/:environmentId/:leaseId/operations', async (req, res) => {
+    if (!req.is('application/json')) throw new HttpError(415, 'unsupported_media_type', 'send the operation as application/json');
+    const lease = parse(LeasePathSchema, req.params, 'path');
+    if (!canSee(res.locals.principal as Principal, lease)) throw leaseNotFound();
+    const body = parse(EnqueueBodySchema, req.body, 'body');
+    const headerKey = req.get('idempotency-key');
+    if (headerKey !== undefined && (headerKey.length === 0 || headerKey.length > 256)) {
+      throw new HttpError(400, 'invalid_request', 'Idempotency-Key must be 1 to 256 characters');
+    }
+    const idempotencyKey = body.idempotencyKey ?? headerKey;
+    const enqueued = await client.enqueue(body.op, lease, body.params, {
+      ...(body.deadlineMs === undefined ? {} : { deadlineMs: body.deadlineMs }),
+      // Keys are per caller scope, so two companies can never collide on one.
+      ...(idempotencyKey === undefined ? {} : { idempotencyKey: `${scopeOf(res.locals.principal as Principal)}:${idempotencyKey}` }),
+    });
+    const location = `/v1/operations/${encodeURIComponent(enqueued.jobId)}`;
+    res.status(202).location(location).json({ ...enqueued, location });
+  });
+
+  v1.get('/leases/:provider/:companyId/:environmentId/:leaseId', async (req, res) => {
+    const lease = parse(LeasePathSchema, req.params, 'path');
+    if (!canSee(res.locals.principal as Principal, lease)) throw leaseNotFound();
+    res.json(await client.getLease(lease));
+  });
+
+  v1.get('/operations/:jobId', async (req, res) => {
+    const { jobId } = parse(OperationPathSchema, req.params, 'path');
+    const { waitMs } = parse(WaitQuerySchema, req.query, 'query');
+    const principal = res.locals.principal as Principal;
+    // Check the scope before waiting, so an out-of-scope id cannot be timed either.
+    const first = await client.getOperation(jobId);
+    if (!first || !canSee(principal, first.lease)) throw new HttpError(404, 'operation_not_found', `no operation ${jobId}`);
+    const wait = Math.min(waitMs ?? 0, deps.config.LEASE_OPS_API_MAX_WAIT_MS);
+    const view = wait > 0 ? await client.getOperation(jobId, { waitMs: wait }) : first;
+    if (!view) throw new HttpError(404, 'operation_not_found', `no operation ${jobId}`);
+    res.json(view);
+  });
+
+  v1.get('/attention', async (_req, res) => {
+    const principal = res.locals.principal as Principal;
+    const items = (await client.leasesNeedingAttention()).filter((item) => canSee(principal, item.lease));
+    res.json({ items });
+  });
+
+  v1.get('/overview', adminOnly, async (_req, res) => {
+    res.json(await client.overview());
+  });
+
+  app.use('/v1', v1);
+  app.use((req, _res) => {
+    throw new HttpError(404, 'not_found', `no route ${req.method} ${req.path}`);
+  });
+  app.use(errorHandler(log));
+  return app;
+}
+
+function parse<T extends z.ZodType>(schema: T, value: unknown, where: string): z.infer<T> {
+  const parsed = schema.safeParse(value);
+  if (!parsed.success) {
+    throw new HttpError(400, 'invalid_request', `invalid ${where}: ${z.prettifyError(parsed.error)}`, parsed.error.issues);
+  }
+  return parsed.data;
+}
+
+const leaseNotFound = () => new HttpError(404, 'lease_not_found', 'no such lease');
+
+/** Idempotency keys are namespaced by who may use them. */
+function scopeOf(principal: Principal): string {
+  return principal.admin ? 'admin' : `company:${principal.companyId}`;
+}
+
+/** True for errors that mean Redis cannot be reached right now. */
+function isRedisUnavailable(err: unknown): boolean {
+  if (!(err instanceof Error)) return false;
+  const code = (err as NodeJS.ErrnoException).code;
+  return (
+    ['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'ENOTFOUND', 'EHOSTUNREACH'].includes(code ?? '') ||
+    /Connection is closed|Stream isn't writeable|MaxRetriesPerRequestError|LOADING|enableOfflineQueue/i.test(err.message)
+  );
+}
+
+function errorHandler(log: Logger): ErrorRequestHandler {
+  return (err: unknown, req, res, _next) => {
+    let status = 500;
+    let body: { code: string; message: string; details?: unknown[] } = { code: 'internal_error', message: 'internal error' };
+    if (err instanceof HttpError) {
+      status = err.status;
+      body = { code: err.code, message: err.message, ...(err.details ? { details: err.details } : {}) };
+    } else if (err instanceof InvalidRequestError) {
+      status = 400;
+      body = { code: err.code, message: err.message, details: err.issues };
+    } else if (isBodyParserError(err)) {
+      status = err.status;
+      body =
+        err.type === 'entity.too.large'
+          ? { code: 'payload_too_large', message: `the body is larger than ${BODY_LIMIT}` }
+          : err.type === 'entity.parse.failed'
+            ? { code: 'invalid_json', message: 'the body is not valid JSON' }
+            : { code: 'invalid_body', message: err.message };
+    } else if (isRedisUnavailable(err)) {
+      status = 503;
+      body = { code: 'redis_unavailable', message: 'Redis cannot be reached; retry later' };
+      res.setHeader('Retry-After', '1');
+    }
+    if (status >= 500) (req.log ?? log).error({ err }, 'request failed');
+    if (res.headersSent) return;
+    res.status(status).json({ error: body });
+  };
+}
+
+function isBodyParserError(err: unknown): err is { status: number; type: string; message: string } {
+  return typeof err === 'object' && err !== null && 'type' in err && 'status' in err && typeof (err as { status: unknown }).status === 'number';
+}

@@ -1,0 +1,78 @@
+import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { LeaseOpsClient } from './client.ts';
+import type { AttentionReason, OperationState } from './queues/inspect.ts';
+
+/**
+ * Prometheus metrics (prom-client). Each process has one registry: a worker replica counts
+ * the attempts it ran; the API process adds gauges read from Redis at scrape time (queue
+ * depth by state, leases needing attention) and BullMQ's own queue metrics. Scrape every
+ * replica, as Prometheus does; `lease-ops start` has it all in one process.
+ */
+export const registry = new Registry();
+collectDefaultMetrics({ register: registry, prefix: 'lease_ops_process_' });
+
+export type AttemptOutcome = 'completed' | 'failed' | 'retry' | 'stale';
+
+const operations = new Counter({
+  name: 'lease_ops_operations_total',
+  help: 'Operations that ended, by type and outcome (completed or failed)',
+  labelNames: ['op', 'outcome'] as const,
+  registers: [registry],
+});
+const attemptSeconds = new Histogram({
+  name: 'lease_ops_attempt_duration_seconds',
+  help: 'Duration of one attempt of an operation, by type and how it ended (completed, failed, retry, stale)',
+  labelNames: ['op', 'outcome'] as const,
+  buckets: [0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300],
+  registers: [registry],
+});
+const retries = new Counter({
+  name: 'lease_ops_retries_total',
+  help: 'Attempts that ended in a delayed retry, by type and error kind (settling or transient)',
+  labelNames: ['op', 'kind'] as const,
+  registers: [registry],
+});
+
+/** Called by the worker when an attempt ends. */
+export function attemptEnded(op: string, outcome: AttemptOutcome, seconds: number, retryKind?: string): void {
+  attemptSeconds.observe({ op, outcome }, seconds);
+  if (outcome === 'completed' || outcome === 'failed') operations.inc({ op, outcome });
+  if (outcome === 'retry') retries.inc({ op, kind: retryKind ?? 'unknown' });
+}
+
+/**
+ * Gauges read from Redis when scraped, plus BullMQ's own metrics (bullmq_job_count by state,
+ * completed and failed totals). Returns the function that renders the whole exposition.
+ */
+export function queueMetrics(client: LeaseOpsClient): () => Promise<string> {
+  const queueRegistry = new Registry();
+  const depth = new Gauge({
+    name: 'lease_ops_operations',
+    help: 'Operations by state: queued (waiting in a lane), ready, running, backing-off, completed, failed (retained)',
+    labelNames: ['state'] as const,
+    registers: [queueRegistry],
+  });
+  const lanes = new Gauge({ name: 'lease_ops_lanes_open', help: 'Leases with operations in their lane', registers: [queueRegistry] });
+  const attention = new Gauge({
+    name: 'lease_ops_leases_needing_attention',
+    help: 'Leases stuck stopping, whose last operation failed, or whose lane is blocked',
+    labelNames: ['reason'] as const,
+    registers: [queueRegistry],
+  });
+  const blocked = new Gauge({ name: 'lease_ops_leases_blocked', help: 'Leases whose lane head has not moved for too long', registers: [queueRegistry] });
+  return async () => {
+    const overview = await client.overview();
+    for (const [state, n] of Object.entries(overview.counts) as [OperationState, number][]) depth.set({ state }, n);
+    lanes.set(overview.openLanes);
+    const byReason: Record<AttentionReason, number> = { stuck_stopping: 0, last_operation_failed: 0, blocked: 0 };
+    for (const item of overview.attention) byReason[item.reason]++;
+    for (const [reason, n] of Object.entries(byReason)) attention.set({ reason }, n);
+    blocked.set(byReason.blocked);
+    const [own, queue, bullmq] = await Promise.all([
+      registry.metrics(),
+      queueRegistry.metrics(),
+      client.ops.queue.exportPrometheusMetrics(),
+    ]);
+    return `${own}\n${queue}\n${bullmq}\n`;
+  };
+}

@@ -1,0 +1,266 @@
+import { Job } from 'bullmq';
+import { laneIdOf, laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
+import { OperationJobDataSchema, type OperationName } from '../operations.ts';
+import type { LeaseRecord, LeaseRecords } from './lease-records.ts';
+import { PARK_MS, type OperationsQueue } from './operations-queue.ts';
+
+/**
+ * Where an operation is:
+ *   queued       in its lease's lane, waiting for the operations ahead of it
+ *   ready        its turn came; waiting for a worker to pick it up
+ *   running      a worker is executing it
+ *   backing-off  it hit a settling or transient error and retries at `retryAt`
+ *   completed / failed   it ended (kept for LEASE_OPS_KEEP_COMPLETED_S / _FAILED_S)
+ */
+export type OperationState = 'queued' | 'ready' | 'running' | 'backing-off' | 'completed' | 'failed';
+
+export interface OperationView {
+  jobId: string;
+  laneId: string;
+  op: OperationName | string;
+  /** Null only when the job's data in Redis is not valid lease-ops job data. */
+  lease: LeaseIdentity | null;
+  state: OperationState;
+  /** Attempts that ended (failed and were retried, or the final one). */
+  attempts: number;
+  acceptedAt: number | null;
+  deadlineAt: number | null;
+  startedAt: number | null;
+  finishedAt: number | null;
+  retryAt: number | null;
+  result?: unknown;
+  error?: { code: string; message: string };
+}
+
+export interface LeaseView {
+  lease: LeaseIdentity;
+  laneId: string;
+  /** The lane's head while a worker holds it (ready or running). */
+  executing: OperationView | null;
+  /** The lane's head while it waits out a retry delay. */
+  backingOff: OperationView | null;
+  /** Operations behind the head, in the order they will run (the first `limit`). */
+  queued: OperationView[];
+  queuedTotal: number;
+  /** What lease-ops last saw of the sandbox, and since when it has been in that state. */
+  observed: Omit<LeaseRecord, 'lease'> | null;
+  /** The lease's last operation failed for good (cleared by its next success). */
+  lastFailure: { jobId: string; at: number; code: string; message: string } | null;
+}
+
+export type AttentionReason = 'stuck_stopping' | 'last_operation_failed' | 'blocked';
+
+export interface AttentionItem {
+  laneId: string;
+  lease: LeaseIdentity | null;
+  reason: AttentionReason;
+  /** Epoch ms since when the condition holds, as far as lease-ops knows. */
+  since: number;
+  detail: string;
+}
+
+export interface QueueOverview {
+  counts: Record<OperationState, number>;
+  openLanes: number;
+  attention: AttentionItem[];
+}
+
+/** A finished job keeps the lane's outcome (with the failure code) in its hash. */
+interface StoredOutcome {
+  status: 'completed' | 'failed';
+  code?: string;
+  error?: string;
+}
+
+/** Read-only views of operations, leases and the queue, for the client, the API and the CLI. */
+export class Inspector {
+  constructor(
+    private readonly ops: OperationsQueue,
+    private readonly records: LeaseRecords,
+    private readonly limits: { stuckStoppingMs: number; blockedAfterMs: number },
+  ) {}
+
+  async operation(jobId: string): Promise<OperationView | null> {
+    const laneId = laneIdOfJobId(jobId);
+    if (!laneId) return null;
+    const job = await Job.fromId(this.ops.queue, jobId);
+    if (!job) return null;
+    return this.viewOf(job, laneId);
+  }
+
+  private async viewOf(job: Job, laneId: string): Promise<OperationView> {
+    const jobId = job.id ?? '';
+    const [bullState, outcomeText, delayedScore] = await Promise.all([
+      job.getState(),
+      this.ops.connection.hget(this.ops.queue.toKey(jobId), 'lo:outcome'),
+      this.ops.connection.zscore(this.ops.queue.toKey('delayed'), jobId),
+    ]);
+    const parsed = OperationJobDataSchema.safeParse(job.data);
+    const data = parsed.success ? parsed.data : null;
+    let state: OperationState;
+    let retryAt: number | null = null;
+    switch (bullState) {
+      case 'completed':
+      case 'failed':
+        state = bullState;
+        break;
+      case 'active':
+        state = 'running';
+        break;
+      case 'delayed':
+        if (job.delay >= PARK_MS / 2) state = 'queued';
+        else {
+          state = 'backing-off';
+          // BullMQ scores delayed jobs as timestamp * 4096 + a tie-breaking counter.
+          retryAt = delayedScore === null ? null : Math.floor(Number(delayedScore) / 4096);
+        }
+        break;
+      default:
+        state = 'ready';
+    }
+    const view: OperationView = {
+      jobId,
+      laneId,
+      op: data?.op ?? job.name,
+      lease: data?.lease ?? null,
+      state,
+      attempts: job.attemptsMade,
+      acceptedAt: data?.acceptedAt ?? null,
+      deadlineAt: data?.deadlineAt ?? null,
+      startedAt: job.processedOn ?? null,
+      finishedAt: job.finishedOn ?? null,
+      retryAt,
+    };
+    if (state === 'completed') view.result = job.returnvalue;
+    if (state === 'failed') {
+      const outcome = parseOutcome(outcomeText);
+      view.error = { code: outcome?.code ?? 'failed', message: job.failedReason || outcome?.error || 'failed' };
+    }
+    return view;
+  }
+
+  async lease(lease: LeaseIdentity, limit = 50): Promise<LeaseView> {
+    const laneId = laneIdOf(lease);
+    const [lane, record, failure] = await Promise.all([
+      this.ops.lanes.view(laneId),
+      this.records.get(laneId),
+      this.ops.lanes.lastFailure(laneId),
+    ]);
+    const views = (
+      await Promise.all(
+        lane.jobs.slice(0, limit + 1).map(async (jobId) => {
+          const job = await Job.fromId(this.ops.queue, jobId);
+          return job ? this.viewOf(job, laneId) : null;
+        }),
+      )
+    ).filter((v): v is OperationView => v !== null);
+    const head = views[0]?.jobId === lane.jobs[0] ? views[0] : undefined;
+    const executing = head && lane.holder?.job === head.jobId ? head : null;
+    const backingOff = head && !executing && head.state === 'backing-off' ? head : null;
+    const queued = views.filter((v) => v !== executing && v !== backingOff).slice(0, limit);
+    let lastFailure: LeaseView['lastFailure'] = null;
+    if (failure) {
+      const failed = await this.operation(failure.jobId);
+      lastFailure = {
+        jobId: failure.jobId,
+        at: failure.at,
+        code: failed?.error?.code ?? 'failed',
+        message: failed?.error?.message ?? 'the failed operation was already removed',
+      };
+    }
+    const observed = record ? (({ lease: _lease, ...rest }) => rest)(record) : null;
+    return {
+      lease,
+      laneId,
+      executing,
+      backingOff,
+      queued,
+      queuedTotal: lane.jobs.length - (executing || backingOff ? 1 : 0),
+      observed,
+      lastFailure,
+    };
+  }
+
+  /**
+   * Leases that need a person or the watchdog: sandboxes stuck in `stopping`, leases whose
+   * last operation failed, and lanes whose head has made no progress for too long.
+   */
+  async attention(limit = 200): Promise<AttentionItem[]> {
+    const now = Date.now();
+    const items: AttentionItem[] = [];
+    for (const [laneId, since] of await this.records.stoppingSinceWithScores(now - this.limits.stuckStoppingMs, limit)) {
+      const record = await this.records.get(laneId);
+      items.push({
+        laneId,
+        lease: record?.lease ?? null,
+        reason: 'stuck_stopping',
+        since,
+        detail: `sandbox ${record?.providerLeaseId ?? '?'} has been stopping for ${Math.round((now - since) / 1000)} s`,
+      });
+    }
+    for (const { laneId, jobId, at } of await this.ops.lanes.failures(limit)) {
+      const failed = await this.operation(jobId);
+      items.push({
+        laneId,
+        lease: failed?.lease ?? (await this.records.get(laneId))?.lease ?? null,
+        reason: 'last_operation_failed',
+        since: at,
+        detail: failed?.error ? `${failed.op} failed: ${failed.error.code}: ${failed.error.message}` : `operation ${jobId} failed`,
+      });
+    }
+    for (const laneId of await this.ops.lanes.quietLanes(now - this.limits.blockedAfterMs, limit)) {
+      const blocked = await this.blockedHead(laneId, now);
+      if (blocked) items.push(blocked);
+    }
+    return items.slice(0, limit);
+  }
+
+  /** A lane's head that should have moved by now: not picked up, left parked, or past its deadline. */
+  private async blockedHead(laneId: string, now: number): Promise<AttentionItem | null> {
+    const lane = await this.ops.lanes.view(laneId);
+    const headId = lane.jobs[0];
+    if (!headId) return null;
+    const head = await this.operation(headId);
+    const lease = head?.lease ?? null;
+    const since = head?.startedAt ?? head?.acceptedAt ?? now;
+    if (!head) return { laneId, lease, reason: 'blocked', since: now, detail: `head ${headId} is gone; the lane sweep will drop it` };
+    if (head.state === 'ready' && now - (head.acceptedAt ?? now) > this.limits.blockedAfterMs) {
+      return { laneId, lease, reason: 'blocked', since, detail: `${head.op} ${headId} is ready but no worker has picked it up` };
+    }
+    if (head.state === 'queued') return { laneId, lease, reason: 'blocked', since, detail: `${head.op} ${headId} is at the head but still parked` };
+    if (head.state === 'running' && head.deadlineAt !== null && now > head.deadlineAt) {
+      return { laneId, lease, reason: 'blocked', since, detail: `${head.op} ${headId} is still running past its deadline` };
+    }
+    return null;
+  }
+
+  async overview(): Promise<QueueOverview> {
+    const c = await this.ops.queue.getJobCounts('waiting', 'prioritized', 'active', 'delayed', 'completed', 'failed');
+    // Delayed jobs are parked (queued in a lane) or backing off. Parked ones come due a day
+    // after they parked, retries within seconds or minutes: count those due after an hour.
+    const delayedKey = this.ops.queue.toKey('delayed');
+    const parked = await this.ops.connection.zcount(delayedKey, (Date.now() + 3_600_000) * 4096, '+inf');
+    const [openLanes, attention] = await Promise.all([this.ops.lanes.openLaneCount(), this.attention()]);
+    return {
+      counts: {
+        queued: parked,
+        ready: (c.waiting ?? 0) + (c.prioritized ?? 0),
+        running: c.active ?? 0,
+        'backing-off': Math.max(0, (c.delayed ?? 0) - parked),
+        completed: c.completed ?? 0,
+        failed: c.failed ?? 0,
+      },
+      openLanes,
+      attention,
+    };
+  }
+}
+
+function parseOutcome(text: string | null): StoredOutcome | null {
+  if (!text) return null;
+  try {
+    return JSON.parse(text) as StoredOutcome;
+  } catch {
+    return null;
+  }
+}
