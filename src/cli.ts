@@ -90,10 +90,11 @@ program
 program
   .command('simulated-cloud')
   .description('run the simulated cloud (a local Daytona API) for several worker processes to share')
-  .option('--port <port>', 'port on 127.0.0.1', '4100')
-  .action(async (opts: { port: string }) => {
+  .option('--port <port>', 'port to listen on', '4100')
+  .option('--host <host>', 'address to listen on (0.0.0.0 for other hosts or containers)', '127.0.0.1')
+  .action(async (opts: { port: string; host: string }) => {
     const { runSimulatedCloud } = await import('./providers/simulated/index.ts');
-    const fake = await runSimulatedCloud(Number(opts.port));
+    const fake = await runSimulatedCloud(Number(opts.port), opts.host);
     process.stdout.write(`simulated cloud listening on ${fake.http.url}; workers use LEASE_OPS_SIMULATED_URL=${fake.http.url}\n`);
     const stop = () => void fake.close().then(() => process.exit(0));
     process.on('SIGTERM', stop);

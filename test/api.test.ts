@@ -24,7 +24,7 @@ let client: LeaseOpsClient;
 let server: Server;
 let base: string;
 /** Leases whose provider calls wait until the test opens their gate. */
-const held = new Map<string, ReturnType<typeof gate>>();
+const held = new Map<string, ReturnType<typeof gate<void>>>();
 /** Leases whose calls fail for good. */
 const refusing = new Set<string>();
 

@@ -43,10 +43,10 @@ export class HttpFake {
     return this.baseUrl;
   }
 
-  async listen(port = 0): Promise<string> {
+  async listen(port = 0, host = '127.0.0.1'): Promise<string> {
     this.server = createServer((req, res) => void this.handle(req, res));
-    await new Promise<void>((resolve) => this.server!.listen(port, '127.0.0.1', resolve));
-    this.baseUrl = `http://127.0.0.1:${(this.server.address() as AddressInfo).port}`;
+    await new Promise<void>((resolve) => this.server!.listen(port, host, resolve));
+    this.baseUrl = `http://${host === '0.0.0.0' ? '127.0.0.1' : host}:${(this.server.address() as AddressInfo).port}`;
     return this.baseUrl;
   }
 
@@ -113,8 +113,8 @@ export abstract class ApiFake {
     return this.http.calls;
   }
 
-  listen(port = 0): Promise<string> {
-    return this.http.listen(port);
+  listen(port = 0, host?: string): Promise<string> {
+    return this.http.listen(port, host);
   }
 
   close(): Promise<void> {

@@ -83,18 +83,19 @@ export class Inspector {
   async operation(jobId: string): Promise<OperationView | null> {
     const laneId = laneIdOfJobId(jobId);
     if (!laneId) return null;
-    const job = await Job.fromId(this.ops.queue, jobId);
-    if (!job) return null;
-    return this.viewOf(job, laneId);
+    return this.viewOf(jobId, laneId);
   }
 
-  private async viewOf(job: Job, laneId: string): Promise<OperationView> {
-    const jobId = job.id ?? '';
-    const [bullState, outcomeText, delayedScore] = await Promise.all([
-      job.getState(),
+  private async viewOf(jobId: string, laneId: string): Promise<OperationView | null> {
+    // The state first, then the job: a job that finishes in between then shows its old
+    // state with its new data, never "completed" without its result.
+    const bullState = await this.ops.queue.getJobState(jobId);
+    const [job, outcomeText, delayedScore] = await Promise.all([
+      Job.fromId(this.ops.queue, jobId),
       this.ops.connection.hget(this.ops.queue.toKey(jobId), 'lo:outcome'),
       this.ops.connection.zscore(this.ops.queue.toKey('delayed'), jobId),
     ]);
+    if (!job) return null;
     const parsed = OperationJobDataSchema.safeParse(job.data);
     const data = parsed.success ? parsed.data : null;
     let state: OperationState;
@@ -146,14 +147,9 @@ export class Inspector {
       this.records.get(laneId),
       this.ops.lanes.lastFailure(laneId),
     ]);
-    const views = (
-      await Promise.all(
-        lane.jobs.slice(0, limit + 1).map(async (jobId) => {
-          const job = await Job.fromId(this.ops.queue, jobId);
-          return job ? this.viewOf(job, laneId) : null;
-        }),
-      )
-    ).filter((v): v is OperationView => v !== null);
+    const views = (await Promise.all(lane.jobs.slice(0, limit + 1).map((jobId) => this.viewOf(jobId, laneId)))).filter(
+      (v): v is OperationView => v !== null,
+    );
     const head = views[0]?.jobId === lane.jobs[0] ? views[0] : undefined;
     const executing = head && lane.holder?.job === head.jobId ? head : null;
     const backingOff = head && !executing && head.state === 'backing-off' ? head : null;

@@ -27,8 +27,8 @@ export async function createSimulatedProvider(env: NodeJS.ProcessEnv): Promise<L
 }
 
 /** Runs the simulated cloud on its own, for several worker processes to share. */
-export async function runSimulatedCloud(port: number): Promise<DaytonaFake> {
+export async function runSimulatedCloud(port: number, host?: string): Promise<DaytonaFake> {
   const fake = simulatedCloud();
-  await fake.listen(port);
+  await fake.listen(port, host);
   return fake;
 }

@@ -1,0 +1,85 @@
+import { execFile } from 'node:child_process';
+import { readFile } from 'node:fs/promises';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { InvalidRequestError, LeaseOpsClient, LeaseOpsError, OperationNotFoundError, WaitTimeoutError } from '../src/index.ts';
+import { createLogger } from '../src/logger.ts';
+import { loadProviders } from '../src/providers/registry.ts';
+import { LeaseWorker } from '../src/queues/worker.ts';
+import { gate, lease, TestBed } from './helpers/env.ts';
+import { createRecordingProvider } from './helpers/recording-provider.ts';
+
+const EXAMPLE = fileURLToPath(new URL('../examples/control-plane.ts', import.meta.url));
+
+describe('typed client', () => {
+  let bed: TestBed;
+  let client: LeaseOpsClient;
+  const hold = gate<void>();
+
+  beforeAll(async () => {
+    bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600' });
+    const { provider } = createRecordingProvider({
+      behaviour: async ({ ctx }) => {
+        if (ctx.lease.leaseId === 'held') await hold.promise;
+        return 'ok' as const;
+      },
+    });
+    await bed.startWorker(provider);
+    client = new LeaseOpsClient(bed.config);
+  });
+
+  afterAll(async () => {
+    hold.open();
+    await client?.close();
+    await bed?.close();
+  });
+
+  it('refuses bad input with InvalidRequestError naming each bad field, and writes nothing', async () => {
+    const err = await client.enqueue('stop', lease('x'), { providerLeaseId: 42 } as never).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(InvalidRequestError);
+    expect(err).toBeInstanceOf(LeaseOpsError);
+    expect((err as InvalidRequestError).code).toBe('invalid_request');
+    expect((err as InvalidRequestError).issues.map((i) => i.path.join('.'))).toContain('providerLeaseId');
+    const badLease = await client.enqueue('stop', { ...lease('x'), companyId: '' }, { providerLeaseId: 'x' }).catch((e: unknown) => e);
+    expect(badLease).toBeInstanceOf(InvalidRequestError);
+    expect(await bed.ops.queue.count()).toBe(0);
+    await expect(client.getLease({ ...lease('x'), leaseId: 'a\u0000b' })).rejects.toBeInstanceOf(InvalidRequestError);
+  });
+
+  it('tells a missing operation from a slow one', async () => {
+    expect(await client.getOperation('AAAAAAAAAAAAAAAAAAAAAA.none')).toBeNull();
+    await expect(client.waitForResult('AAAAAAAAAAAAAAAAAAAAAA.none', 100)).rejects.toBeInstanceOf(OperationNotFoundError);
+    const { jobId } = await client.enqueue('acquire', lease('held'), { runId: 'r' });
+    const slow = await client.waitForResult(jobId, 200).catch((e: unknown) => e);
+    expect(slow).toBeInstanceOf(WaitTimeoutError);
+    expect((slow as WaitTimeoutError).code).toBe('wait_timeout');
+    const view = await client.getOperation(jobId, { waitMs: 50 });
+    expect(['ready', 'running']).toContain(view?.state);
+    hold.open();
+    expect(await client.waitForResult(jobId, 10_000)).toMatchObject({ state: 'completed', result: { providerLeaseId: 'held' } });
+  });
+
+  it('runs the README example against a worker on the simulated cloud', async () => {
+    const readme = await readFile(new URL('../README.md', import.meta.url), 'utf8');
+    expect(readme).toContain(await readFile(EXAMPLE, 'utf8'));
+    // A queue of its own: this file's other worker only knows the recording provider.
+    const simulated = await TestBed.create();
+    const worker = new LeaseWorker(simulated.config, await loadProviders('simulated'), createLogger({ level: 'silent' }));
+    await worker.start();
+    try {
+      const { stdout } = await promisify(execFile)(process.execPath, ['--import', 'tsx', EXAMPLE], {
+        env: { ...process.env, REDIS_URL: simulated.config.REDIS_URL, LEASE_OPS_PREFIX: simulated.config.LEASE_OPS_PREFIX },
+        timeout: 60_000,
+      });
+      const lines = stdout.trim().split('\n');
+      expect(lines[0]).toMatch(/^lane of \S+: executing (stop|resume|-), [0-2] queued$/);
+      expect(lines.slice(1, 3)).toEqual(['completed', 'completed']);
+      expect(lines[3]).toBe('observed: running');
+      expect(lines[4]).toBe('refused: invalid_request: providerLeaseId');
+    } finally {
+      await worker.close();
+      await simulated.close();
+    }
+  });
+});
