@@ -110,6 +110,9 @@ export const EnvSchema = z.object({
   LEASE_OPS_API_MAX_WAIT_MS: int(30_000, 0),
   /** Bull Board shows but cannot change jobs (retry, remove, promote) while this is on. */
   LEASE_OPS_BOARD_READ_ONLY: bool(true),
+  /** BullMQ's own per-minute completed/failed counts (bullmq_job_*_total on /metrics). Off by
+   *  default: they cost a few Redis writes per job, and lease_ops_operations_total counts the same. */
+  LEASE_OPS_BULLMQ_METRICS: bool(false),
   /** A worker replica serves /healthz, /readyz and /metrics on this port; 0 = off. */
   LEASE_OPS_METRICS_PORT: z.coerce.number().int().min(0).max(65_535).default(0),
   LEASE_OPS_LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),

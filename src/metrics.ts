@@ -42,9 +42,10 @@ export function attemptEnded(op: string, outcome: AttemptOutcome, seconds: numbe
 
 /**
  * Gauges read from Redis when scraped, plus BullMQ's own metrics (bullmq_job_count by state,
- * completed and failed totals). Returns the function that renders the whole exposition.
+ * and with LEASE_OPS_BULLMQ_METRICS its completed and failed totals). Returns the function
+ * that renders the whole exposition.
  */
-export function queueMetrics(client: LeaseOpsClient): () => Promise<string> {
+export function queueMetrics(client: LeaseOpsClient, opts: { bullmqTotals: boolean }): () => Promise<string> {
   const queueRegistry = new Registry();
   const depth = new Gauge({
     name: 'lease_ops_operations',
@@ -73,6 +74,9 @@ export function queueMetrics(client: LeaseOpsClient): () => Promise<string> {
       queueRegistry.metrics(),
       client.ops.queue.exportPrometheusMetrics(),
     ]);
-    return `${own}\n${queue}\n${bullmq}\n`;
+    // Without LEASE_OPS_BULLMQ_METRICS the workers keep no totals, and a counter stuck at 0
+    // would mislead: leave those two out (lease_ops_operations_total has the same counts).
+    const bullmqLines = opts.bullmqTotals ? bullmq : bullmq.split('\n').filter((l) => !/^(# (HELP|TYPE) )?bullmq_job_(completed|failed)_total/.test(l)).join('\n');
+    return `${own}\n${queue}\n${bullmqLines}\n`;
   };
 }

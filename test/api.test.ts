@@ -59,7 +59,7 @@ async function footprint(): Promise<number> {
 }
 
 beforeAll(async () => {
-  bed = await TestBed.create({ LEASE_OPS_API_TOKENS: TOKENS, LEASE_OPS_KEEP_COMPLETED_S: '600' });
+  bed = await TestBed.create({ LEASE_OPS_API_TOKENS: TOKENS, LEASE_OPS_KEEP_COMPLETED_S: '600', LEASE_OPS_BULLMQ_METRICS: 'true' });
   const { provider } = createRecordingProvider({
     behaviour: async ({ ctx }) => {
       await held.get(ctx.lease.leaseId)?.promise;
@@ -73,7 +73,7 @@ beforeAll(async () => {
     client,
     log: createLogger({ level: 'silent' }),
     version: 'test',
-    metrics: queueMetrics(client),
+    metrics: queueMetrics(client, { bullmqTotals: bed.config.LEASE_OPS_BULLMQ_METRICS }),
     readiness: async () => ({ ready: true, checks: { redis: 'ok' } }),
   });
   server = app.listen(0, '127.0.0.1');

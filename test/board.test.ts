@@ -39,7 +39,7 @@ describe.skipIf(!haveChromium)('Bull Board in a real browser', () => {
       client,
       log: createLogger({ level: 'silent' }),
       version: 'test',
-      metrics: queueMetrics(client),
+      metrics: queueMetrics(client, { bullmqTotals: bed.config.LEASE_OPS_BULLMQ_METRICS }),
       readiness: async () => ({ ready: true, checks: {} }),
     });
     server = app.listen(0, '127.0.0.1');

@@ -28,7 +28,7 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
     log,
     version: VERSION,
     boardQueues: [maintenance],
-    metrics: queueMetrics(client),
+    metrics: queueMetrics(client, { bullmqTotals: config.LEASE_OPS_BULLMQ_METRICS }),
     readiness: async () => {
       try {
         await pingWithin(client.ops.connection, 1_000);

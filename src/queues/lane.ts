@@ -16,6 +16,8 @@ type ScriptName = keyof typeof SCRIPTS;
 /** Command names registered on the client; prefixed so they never clash with BullMQ's. */
 const commandName = (script: string) => `leaseOps_${script.replaceAll('-', '_')}`;
 
+const COMMAND_NAMES = Object.fromEntries(Object.keys(SCRIPTS).map((s) => [s, commandName(s)])) as Record<ScriptName, string>;
+
 type Evaluator = (...args: (string | number)[]) => Promise<unknown>;
 
 
@@ -85,7 +87,7 @@ export class Lanes {
   }
 
   private run(script: ScriptName, ...args: (string | number)[]): Promise<unknown> {
-    const fn = (this.client as unknown as Record<string, Evaluator>)[commandName(script)];
+    const fn = (this.client as unknown as Record<string, Evaluator>)[COMMAND_NAMES[script]];
     if (!fn) throw new Error(`lane script ${script} is not loaded`);
     return fn.apply(this.client, args);
   }

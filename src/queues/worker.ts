@@ -52,6 +52,7 @@ export type WorkerSettings = Pick<
   | 'LEASE_OPS_WATCHDOG_INTERVAL_MS'
   | 'LEASE_OPS_STUCK_STOPPING_MS'
   | 'LEASE_OPS_WATCHDOG_MAX_FORCE'
+  | 'LEASE_OPS_BULLMQ_METRICS'
 >;
 
 /**
@@ -111,7 +112,7 @@ export class LeaseWorker {
       drainDelay: 1,
       autorun: false,
       // BullMQ's per-minute completed/failed counts, exported with the API's /metrics.
-      metrics: { maxDataPoints: MetricsTime.ONE_WEEK },
+      ...(settings.LEASE_OPS_BULLMQ_METRICS ? { metrics: { maxDataPoints: MetricsTime.ONE_WEEK } } : {}),
       settings: {
         // The processor already chose the delay (retry-policy.ts); -1 means do not retry.
         backoffStrategy: (_attempts, type, err) =>
