@@ -38,6 +38,9 @@ function benchConfig(prefix: string): Config {
     LEASE_OPS_CONCURRENCY: String(CONCURRENCY),
     LEASE_OPS_KEEP_COMPLETED_S: '0',
     LEASE_OPS_LOG_LEVEL: 'warn',
+    // One hot lease holds 2,000 queued operations; (d) puts 100,000 in the queue.
+    LEASE_OPS_MAX_QUEUED_PER_LEASE: '0',
+    LEASE_OPS_MAX_QUEUED: '0',
   });
 }
 

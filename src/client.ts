@@ -10,7 +10,7 @@ import { LeaseRecords } from './queues/lease-records.ts';
 import { OperationsQueue, type Enqueued } from './queues/operations-queue.ts';
 import { createRedis } from './queues/redis.ts';
 
-export { InvalidRequestError, LeaseOpsError, OperationNotFoundError, WaitTimeoutError } from './errors.ts';
+export { InvalidRequestError, LeaseOpsError, OperationNotFoundError, QueueFullError, WaitTimeoutError } from './errors.ts';
 
 export interface OperationResult {
   jobId: string;

@@ -97,6 +97,10 @@ export const EnvSchema = z.object({
   ),
   /** Default deadlines per operation in ms, e.g. {"stop":60000} (brief: acquire 300 s, resume 60 s). */
   LEASE_OPS_DEADLINES_MS: jsonEnv(perOperation(z.number().int().positive().max(7 * 24 * 3_600_000))),
+  /** Enqueue refuses (HTTP 429) past these: operations queued in one lease's lane (force-stops
+   *  are never refused), and operations waiting, parked or backing off in all. 0 = no limit. */
+  LEASE_OPS_MAX_QUEUED_PER_LEASE: int(1_000, 0),
+  LEASE_OPS_MAX_QUEUED: int(1_000_000, 0),
   LEASE_OPS_KEEP_COMPLETED_S: int(3_600, 0),
   LEASE_OPS_KEEP_FAILED_S: int(7 * 24 * 3_600, 0),
   /** Built-in provider names or module paths, comma separated (see README, providers). */

@@ -37,3 +37,20 @@ export class WaitTimeoutError extends LeaseOpsError {
     super('wait_timeout', message);
   }
 }
+
+/** The lease's lane, or the whole queue, holds as many operations as it may; try again later. */
+export class QueueFullError extends LeaseOpsError {
+  override name = 'QueueFullError';
+  constructor(
+    readonly limit: 'lease' | 'queue',
+    readonly count: number,
+    readonly retryAfterMs: number,
+  ) {
+    super(
+      limit === 'lease' ? 'lease_queue_full' : 'queue_full',
+      limit === 'lease'
+        ? `the lease already has ${count} operations queued (LEASE_OPS_MAX_QUEUED_PER_LEASE)`
+        : `the queue already holds ${count} operations (LEASE_OPS_MAX_QUEUED)`,
+    );
+  }
+}

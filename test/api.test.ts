@@ -1,12 +1,7 @@
-import { once } from 'node:events';
-import type { Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createApiApp } from '../src/api/app.ts';
-import { LeaseOpsClient } from '../src/client.ts';
-import { createLogger } from '../src/logger.ts';
-import { queueMetrics } from '../src/metrics.ts';
+import type { LeaseOpsClient } from '../src/client.ts';
 import type { LeaseView, OperationView } from '../src/queues/inspect.ts';
+import { startTestApi, type TestApi } from './helpers/api-server.ts';
 import { gate, scanKeys, TestBed } from './helpers/env.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
 
@@ -21,7 +16,7 @@ const TOKENS = JSON.stringify([
 
 let bed: TestBed;
 let client: LeaseOpsClient;
-let server: Server;
+let api: TestApi;
 let base: string;
 /** Leases whose provider calls wait until the test opens their gate. */
 const held = new Map<string, ReturnType<typeof gate<void>>>();
@@ -67,25 +62,14 @@ beforeAll(async () => {
     },
   });
   await bed.startWorker(provider);
-  client = new LeaseOpsClient(bed.config);
-  const app = createApiApp({
-    config: bed.config,
-    client,
-    log: createLogger({ level: 'silent' }),
-    version: 'test',
-    metrics: queueMetrics(client, { bullmqTotals: bed.config.LEASE_OPS_BULLMQ_METRICS }),
-    readiness: async () => ({ ready: true, checks: { redis: 'ok' } }),
-  });
-  server = app.listen(0, '127.0.0.1');
-  await once(server, 'listening');
-  base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  api = await startTestApi(bed);
+  client = api.client;
+  base = api.base;
 });
 
 afterAll(async () => {
   for (const g of held.values()) g.open();
-  server?.closeAllConnections();
-  server?.close();
-  await client?.close();
+  await api?.close();
   await bed?.close();
 });
 

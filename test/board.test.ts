@@ -1,13 +1,8 @@
 import { existsSync } from 'node:fs';
-import { once } from 'node:events';
-import type { Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { chromium, type Browser } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createApiApp } from '../src/api/app.ts';
-import { LeaseOpsClient } from '../src/client.ts';
-import { createLogger } from '../src/logger.ts';
-import { queueMetrics } from '../src/metrics.ts';
+import type { LeaseOpsClient } from '../src/client.ts';
+import { startTestApi, type TestApi } from './helpers/api-server.ts';
 import { TestBed } from './helpers/env.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
 
@@ -22,7 +17,7 @@ const SCOPED = 'board-acme-token-0123456789';
 describe.skipIf(!haveChromium)('Bull Board in a real browser', () => {
   let bed: TestBed;
   let client: LeaseOpsClient;
-  let server: Server;
+  let api: TestApi;
   let base: string;
   let browser: Browser;
   let jobId: string;
@@ -33,18 +28,9 @@ describe.skipIf(!haveChromium)('Bull Board in a real browser', () => {
       LEASE_OPS_KEEP_COMPLETED_S: '600',
     });
     await bed.startWorker(createRecordingProvider().provider);
-    client = new LeaseOpsClient(bed.config);
-    const app = createApiApp({
-      config: bed.config,
-      client,
-      log: createLogger({ level: 'silent' }),
-      version: 'test',
-      metrics: queueMetrics(client, { bullmqTotals: bed.config.LEASE_OPS_BULLMQ_METRICS }),
-      readiness: async () => ({ ready: true, checks: {} }),
-    });
-    server = app.listen(0, '127.0.0.1');
-    await once(server, 'listening');
-    base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    api = await startTestApi(bed);
+    client = api.client;
+    base = api.base;
     const enqueued = await client.enqueue('acquire', { provider: 'recording', companyId: 'acme', environmentId: 'prod', leaseId: 'board-lease' }, { runId: 'board-run-7f3a' });
     jobId = enqueued.jobId;
     expect((await client.waitForResult(jobId, 10_000)).state).toBe('completed');
@@ -53,9 +39,7 @@ describe.skipIf(!haveChromium)('Bull Board in a real browser', () => {
 
   afterAll(async () => {
     await browser?.close();
-    server?.closeAllConnections();
-    server?.close();
-    await client?.close();
+    await api?.close();
     await bed?.close();
   });
 

@@ -7,7 +7,7 @@ import { pinoHttp } from 'pino-http';
 import { z } from 'zod';
 import type { LeaseOpsClient } from '../client.ts';
 import type { Config } from '../config.ts';
-import { InvalidRequestError, LeaseOpsError } from '../errors.ts';
+import { InvalidRequestError, LeaseOpsError, QueueFullError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import { canSee, type Principal, TokenAuthority } from './auth.ts';
 import { openApiDocument } from './openapi.ts';
@@ -200,6 +200,10 @@ function errorHandler(log: Logger): ErrorRequestHandler {
     } else if (err instanceof InvalidRequestError) {
       status = 400;
       body = { code: err.code, message: err.message, details: err.issues };
+    } else if (err instanceof QueueFullError) {
+      status = 429;
+      body = { code: err.code, message: err.message };
+      res.setHeader('Retry-After', String(Math.ceil(err.retryAfterMs / 1000)));
     } else if (isBodyParserError(err)) {
       status = err.status;
       body =

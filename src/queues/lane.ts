@@ -33,6 +33,12 @@ export type AcquireResult =
 /** How a hand-off went: promoted to the wait list, or the job was already elsewhere. */
 export type HandOff = { jobId: string; result: 'promoted' | 'elsewhere' };
 
+export type PushResult =
+  | { kind: 'queued' }
+  | { kind: 'next'; handOff: HandOff }
+  | { kind: 'absorbed'; by: string }
+  | { kind: 'full'; limit: 'lease' | 'queue'; count: number };
+
 export type ReleaseResult = { kind: 'stale' } | { kind: 'next'; handOff: HandOff } | { kind: 'idle' };
 
 export type RepairResult =
@@ -105,7 +111,8 @@ export class Lanes {
     jobId: string,
     position: 'tail' | 'front' = 'tail',
     coalesceAs = '',
-  ): Promise<{ handOff: HandOff | null; absorbedBy: string | null }> {
+    limits: { perLane: number; queued: number } = { perLane: 0, queued: 0 },
+  ): Promise<PushResult> {
     const r = (await this.run(
       'lane-push',
       ...this.laneKeys(laneId),
@@ -115,9 +122,12 @@ export class Lanes {
       position,
       this.queueKeyPrefix,
       coalesceAs,
+      limits.perLane,
+      limits.queued,
     )) as string[];
-    if (r[0] === 'absorbed') return { handOff: null, absorbedBy: String(r[1]) };
-    return { handOff: r[0] === 'next' ? toHandOff(r[1], r[2]) : null, absorbedBy: null };
+    if (r[0] === 'absorbed') return { kind: 'absorbed', by: String(r[1]) };
+    if (r[0] === 'full') return { kind: 'full', limit: r[1] === 'lease' ? 'lease' : 'queue', count: Number(r[2]) };
+    return r[0] === 'next' ? { kind: 'next', handOff: toHandOff(r[1], r[2]) } : { kind: 'queued' };
   }
 
   /**

@@ -11,7 +11,9 @@ import {
   type OperationName,
   OperationNameSchema,
 } from '../operations.ts';
+import { QueueFullError } from '../errors.ts';
 import { Lanes } from './lane.ts';
+import { loadLuaScript } from './lua-scripts.ts';
 
 /**
  * How long a job waits in BullMQ's delayed set while it is not its lane's turn. The lane,
@@ -44,6 +46,9 @@ export interface Enqueued {
 
 const IDEMPOTENCY_TTL_S = 24 * 3_600;
 
+/** What a refused enqueue suggests as Retry-After: operations take seconds, so do queues. */
+const FULL_RETRY_AFTER_MS = 5_000;
+
 /**
  * Requests that mean the same as the one queued last and not yet started: a second stop of
  * the same sandbox, or a release with the same parameters. '' for none.
@@ -56,7 +61,13 @@ export function coalescingKey(data: OperationJobData): string {
 
 export type QueueSettings = Pick<
   Config,
-  'LEASE_OPS_PREFIX' | 'LEASE_OPS_QUEUE' | 'LEASE_OPS_KEEP_COMPLETED_S' | 'LEASE_OPS_KEEP_FAILED_S' | 'LEASE_OPS_DEADLINES_MS'
+  | 'LEASE_OPS_PREFIX'
+  | 'LEASE_OPS_QUEUE'
+  | 'LEASE_OPS_KEEP_COMPLETED_S'
+  | 'LEASE_OPS_KEEP_FAILED_S'
+  | 'LEASE_OPS_DEADLINES_MS'
+  | 'LEASE_OPS_MAX_QUEUED_PER_LEASE'
+  | 'LEASE_OPS_MAX_QUEUED'
 >;
 
 /**
@@ -74,6 +85,9 @@ export class OperationsQueue {
   ) {
     this.queue = new Queue(settings.LEASE_OPS_QUEUE, { connection, prefix: settings.LEASE_OPS_PREFIX });
     this.lanes = this.lanesOn(connection);
+    if (!('leaseOps_delete_if_equal' in connection)) {
+      connection.defineCommand('leaseOps_delete_if_equal', { numberOfKeys: 1, lua: loadLuaScript('delete-if-equal') });
+    }
     this.jobOptions = {
       delay: PARK_MS,
       attempts: UNBOUNDED_ATTEMPTS,
@@ -114,12 +128,21 @@ export class OperationsQueue {
     await this.queue.add(data.op, data, { ...this.jobOptions, jobId });
     // The sanctioned exception: a force-stop goes ahead of queued and backing-off
     // operations of its lease, never alongside an executing one.
-    const pushed = await this.lanes.push(laneId, jobId, data.op === 'force-stop' ? 'front' : 'tail', coalesceAs);
-    if (pushed.absorbedBy) {
+    const pushed = await this.lanes.push(laneId, jobId, data.op === 'force-stop' ? 'front' : 'tail', coalesceAs, {
+      perLane: this.settings.LEASE_OPS_MAX_QUEUED_PER_LEASE,
+      queued: this.settings.LEASE_OPS_MAX_QUEUED,
+    });
+    if (pushed.kind === 'absorbed') {
       // An identical request got in first: ours never joined the lane, so drop its job.
       await this.queue.remove(jobId);
-      if (idemKey) await this.connection.set(idemKey, pushed.absorbedBy, 'EX', IDEMPOTENCY_TTL_S);
-      return { jobId: pushed.absorbedBy, laneId, deduplicated: 'coalesced' };
+      if (idemKey) await this.connection.set(idemKey, pushed.by, 'EX', IDEMPOTENCY_TTL_S);
+      return { jobId: pushed.by, laneId, deduplicated: 'coalesced' };
+    }
+    if (pushed.kind === 'full') {
+      // Refused: nothing of this request may stay behind, neither its job nor its key.
+      await this.queue.remove(jobId);
+      if (idemKey) await (this.connection as unknown as Record<string, (k: string, v: string) => Promise<number>>).leaseOps_delete_if_equal!.call(this.connection, idemKey, jobId);
+      throw new QueueFullError(pushed.limit, pushed.count, FULL_RETRY_AFTER_MS);
     }
     return { jobId, laneId };
   }

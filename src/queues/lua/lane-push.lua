@@ -10,9 +10,13 @@
   ARGV[5] BullMQ job key prefix
   ARGV[6] coalescing key ('' for none): an identical request queued last and not yet
           started absorbs this one
+  ARGV[7] most operations a lane may hold (0: no limit; force-stops are never refused)
+  ARGV[8] most operations the queue may hold waiting, parked or backing off, this one
+          included (it is already parked when this runs); 0: no limit
 
   Returns {'queued'} when it waits behind others, {'next', jobId, handOffResult} when it was
-  handed to the workers, or {'absorbed', existingJobId} (the caller drops its own job).
+  handed to the workers, {'absorbed', existingJobId} or {'full', 'lease' | 'queue', count}
+  (in both cases the caller drops its own job).
 ]]
 local rcall = redis.call
 local listKey, execKey, lanesKey, fenceKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -29,6 +33,24 @@ if coalesceAs ~= '' then
   if existing and rcall('LINDEX', listKey, -1) == existing then
     return {'absorbed', existing}
   end
+end
+
+-- Limits, checked in the same atomic step that would grow the lane and the queue.
+local maxPerLane, maxQueued = tonumber(ARGV[7]), tonumber(ARGV[8])
+if maxPerLane > 0 and mode ~= 'front' then
+  local inLane = rcall('LLEN', listKey)
+  if inLane >= maxPerLane then
+    return {'full', 'lease', inLane}
+  end
+end
+if maxQueued > 0 then
+  local queued = rcall('ZCARD', q.delayed) + rcall('LLEN', q.wait)
+  if queued > maxQueued then
+    return {'full', 'queue', queued - 1}
+  end
+end
+
+if coalesceAs ~= '' then
   rcall('HSET', coalesceKey, coalesceAs, jobId, 'job:' .. jobId, coalesceAs)
 end
 

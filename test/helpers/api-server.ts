@@ -1,0 +1,39 @@
+import { once } from 'node:events';
+import type { AddressInfo } from 'node:net';
+import { createApiApp } from '../../src/api/app.ts';
+import { LeaseOpsClient } from '../../src/client.ts';
+import type { Logger } from '../../src/logger.ts';
+import { createLogger } from '../../src/logger.ts';
+import { queueMetrics } from '../../src/metrics.ts';
+import type { TestBed } from './env.ts';
+
+export interface TestApi {
+  /** http://127.0.0.1:<port> */
+  base: string;
+  client: LeaseOpsClient;
+  close(): Promise<void>;
+}
+
+/** The HTTP API for a test bed, on a real listening socket (readiness always true). */
+export async function startTestApi(bed: TestBed, log: Logger = createLogger({ level: 'silent' })): Promise<TestApi> {
+  const client = new LeaseOpsClient(bed.config);
+  const app = createApiApp({
+    config: bed.config,
+    client,
+    log,
+    version: 'test',
+    metrics: queueMetrics(client, { bullmqTotals: bed.config.LEASE_OPS_BULLMQ_METRICS }),
+    readiness: async () => ({ ready: true, checks: { redis: 'ok' } }),
+  });
+  const server = app.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  return {
+    base: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    client,
+    close: async () => {
+      server.closeAllConnections();
+      server.close();
+      await client.close();
+    },
+  };
+}
