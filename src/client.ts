@@ -19,6 +19,9 @@ export interface OperationResult {
   error?: string;
 }
 
+/** How long a fail-fast client waits for Redis to answer one command. */
+const FAIL_FAST_TIMEOUT_MS = 2_000;
+
 export interface EnqueueOptions {
   /** The operation fails with deadline_exceeded if it has not succeeded this many ms after acceptance. */
   deadlineMs?: number;
@@ -38,13 +41,30 @@ export class LeaseOpsClient {
   private eventsConnection: Redis | null = null;
   private readonly connection: Redis;
 
-  constructor(private readonly settings: Config = loadConfig()) {
-    this.connection = createRedis(settings.REDIS_URL);
+  constructor(
+    private readonly settings: Config = loadConfig(),
+    opts: { failFast?: boolean } = {},
+  ) {
+    this.connection = createRedis(
+      settings.REDIS_URL,
+      // Fail fast: while Redis is unreachable a call errors within the timeout instead of
+      // waiting in ioredis' offline queue, where it would run late, after its caller gave up.
+      opts.failFast ? { enableOfflineQueue: false, commandTimeout: FAIL_FAST_TIMEOUT_MS, maxRetriesPerRequest: 0 } : {},
+    );
     this.ops = new OperationsQueue(this.connection, settings);
     this.inspector = new Inspector(this.ops, new LeaseRecords(this.connection, settings.LEASE_OPS_PREFIX), {
       stuckStoppingMs: settings.LEASE_OPS_STUCK_STOPPING_MS,
       // The sweep repairs a quiet lane within stale + interval; past twice that, it is news.
       blockedAfterMs: 2 * (settings.LEASE_OPS_SWEEP_STALE_MS + settings.LEASE_OPS_SWEEP_INTERVAL_MS),
+    });
+  }
+
+  /** Resolves once the Redis connection is up (with failFast, calls before that fail). */
+  async connected(): Promise<void> {
+    if (this.connection.status === 'ready') return;
+    await new Promise<void>((resolve, reject) => {
+      this.connection.once('ready', resolve);
+      this.connection.once('end', () => reject(new Error('Redis connection ended')));
     });
   }
 

@@ -60,6 +60,28 @@ describe('typed client', () => {
     expect(await client.waitForResult(jobId, 10_000)).toMatchObject({ state: 'completed', result: { providerLeaseId: 'held' } });
   });
 
+  it('a retry with the same idempotency key finishes an enqueue that was cut short before its lane push', async () => {
+    const push = client.ops.lanes.push.bind(client.ops.lanes);
+    client.ops.lanes.push = async () => {
+      throw new Error('Connection is closed.'); // Redis went away between storing the job and the push
+    };
+    const first = await client.enqueue('destroy', lease('cut-short'), { providerLeaseId: 'cut-short' }, { idempotencyKey: 'cut-1' }).catch((e: unknown) => e);
+    client.ops.lanes.push = push;
+    expect((first as Error).message).toMatch(/Connection is closed/);
+    const stored = await bed.ops.queue.getJobs(['delayed']);
+    const orphan = stored.find((j) => (j.data as { lease: { leaseId: string } }).lease.leaseId === 'cut-short');
+    expect(orphan).toBeDefined();
+    expect((await bed.ops.lanes.view(orphan!.id!.slice(0, 22))).jobs).toEqual([]);
+
+    const retried = await client.enqueue('destroy', lease('cut-short'), { providerLeaseId: 'cut-short' }, { idempotencyKey: 'cut-1' });
+    expect(retried).toMatchObject({ jobId: orphan!.id, deduplicated: 'idempotency-key' });
+    expect(await client.waitForResult(retried.jobId, 10_000)).toMatchObject({ state: 'completed' });
+    // A second retry once it is done changes nothing.
+    const again = await client.enqueue('destroy', lease('cut-short'), { providerLeaseId: 'cut-short' }, { idempotencyKey: 'cut-1' });
+    expect(again.jobId).toBe(orphan!.id);
+    expect((await bed.ops.lanes.view(orphan!.id!.slice(0, 22))).jobs).toEqual([]);
+  });
+
   it('runs the README example against a worker on the simulated cloud', async () => {
     const readme = await readFile(new URL('../README.md', import.meta.url), 'utf8');
     expect(readme).toContain(await readFile(EXAMPLE, 'utf8'));

@@ -186,7 +186,8 @@ function isRedisUnavailable(err: unknown): boolean {
   const code = (err as NodeJS.ErrnoException).code;
   return (
     ['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'ENOTFOUND', 'EHOSTUNREACH'].includes(code ?? '') ||
-    /Connection is closed|Stream isn't writeable|MaxRetriesPerRequestError|LOADING|enableOfflineQueue/i.test(err.message)
+    err.name === 'MaxRetriesPerRequestError' ||
+    /Connection is closed|Stream isn't writeable|max retries per request|Command timed out|LOADING|enableOfflineQueue/i.test(err.message)
   );
 }
 

@@ -19,7 +19,8 @@ export interface ApiServer {
 
 /** Starts the HTTP API with Bull Board and the operations endpoints. */
 export async function startApiServer(config: Config, log: Logger): Promise<ApiServer> {
-  const client = new LeaseOpsClient(config);
+  const client = new LeaseOpsClient(config, { failFast: true });
+  await client.connected();
   // Bull Board also shows the maintenance queue (lane sweep, stuck-stop watchdog).
   const maintenance = new Queue(`${config.LEASE_OPS_QUEUE}-maintenance`, { connection: client.ops.connection, prefix: config.LEASE_OPS_PREFIX });
   const app = createApiApp({

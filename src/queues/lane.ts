@@ -35,6 +35,7 @@ export type HandOff = { jobId: string; result: 'promoted' | 'elsewhere' };
 
 export type PushResult =
   | { kind: 'queued' }
+  | { kind: 'present' }
   | { kind: 'next'; handOff: HandOff }
   | { kind: 'absorbed'; by: string }
   | { kind: 'full'; limit: 'lease' | 'queue'; count: number };
@@ -112,6 +113,7 @@ export class Lanes {
     position: 'tail' | 'front' = 'tail',
     coalesceAs = '',
     limits: { perLane: number; queued: number } = { perLane: 0, queued: 0 },
+    adopt = false,
   ): Promise<PushResult> {
     const r = (await this.run(
       'lane-push',
@@ -124,7 +126,9 @@ export class Lanes {
       coalesceAs,
       limits.perLane,
       limits.queued,
+      adopt ? '1' : '0',
     )) as string[];
+    if (r[0] === 'present') return { kind: 'present' };
     if (r[0] === 'absorbed') return { kind: 'absorbed', by: String(r[1]) };
     if (r[0] === 'full') return { kind: 'full', limit: r[1] === 'lease' ? 'lease' : 'queue', count: Number(r[2]) };
     return r[0] === 'next' ? { kind: 'next', handOff: toHandOff(r[1], r[2]) } : { kind: 'queued' };

@@ -1,8 +1,8 @@
 import { createHash, randomBytes } from 'node:crypto';
-import { Queue, type JobsOptions } from 'bullmq';
+import { Job, Queue, type JobsOptions } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Config } from '../config.ts';
-import { laneIdOf, type LeaseIdentity } from '../lease.ts';
+import { laneIdOf, laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
 import {
   DEFAULT_DEADLINE_MS,
   OperationJobDataSchema,
@@ -109,7 +109,13 @@ export class OperationsQueue {
     const idemKey = request.idempotencyKey === undefined ? null : this.idempotencyKey(request.idempotencyKey);
     if (idemKey) {
       const earlier = await this.connection.get(idemKey);
-      if (earlier && (await this.queue.getJobState(earlier)) !== 'unknown') return { jobId: earlier, laneId, deduplicated: 'idempotency-key' };
+      const state = earlier ? await this.queue.getJobState(earlier) : 'unknown';
+      if (earlier && state !== 'unknown') {
+        // The earlier request may have been cut short between storing its job and joining
+        // the lane (Redis went away, the caller timed out): then this retry finishes it.
+        if (state === 'delayed') await this.adopt(earlier);
+        return { jobId: earlier, laneId, deduplicated: 'idempotency-key' };
+      }
     }
     const coalesceAs = coalescingKey(data);
     if (data.op === 'force-stop') {
@@ -145,6 +151,14 @@ export class OperationsQueue {
       throw new QueueFullError(pushed.limit, pushed.count, FULL_RETRY_AFTER_MS);
     }
     return { jobId, laneId };
+  }
+
+  /** Puts a stored job into its lane if an interrupted enqueue never did (see lane-push.lua). */
+  private async adopt(jobId: string): Promise<void> {
+    const laneId = laneIdOfJobId(jobId);
+    const job = laneId ? await Job.fromId(this.queue, jobId) : undefined;
+    if (!laneId || !job || job.delay < PARK_MS / 2) return;
+    await this.lanes.push(laneId, jobId, job.name === 'force-stop' ? 'front' : 'tail', '', { perLane: 0, queued: 0 }, true);
   }
 
   private idempotencyKey(key: string): string {

@@ -16,7 +16,8 @@ export interface TestApi {
 
 /** The HTTP API for a test bed, on a real listening socket (readiness always true). */
 export async function startTestApi(bed: TestBed, log: Logger = createLogger({ level: 'silent' })): Promise<TestApi> {
-  const client = new LeaseOpsClient(bed.config);
+  const client = new LeaseOpsClient(bed.config, { failFast: true });
+  await client.connected();
   const app = createApiApp({
     config: bed.config,
     client,

@@ -13,10 +13,13 @@
   ARGV[7] most operations a lane may hold (0: no limit; force-stops are never refused)
   ARGV[8] most operations the queue may hold waiting, parked or backing off, this one
           included (it is already parked when this runs); 0: no limit
+  ARGV[9] '1' to adopt a job stored by an earlier enqueue that was cut short before its
+          push (a retry with the same idempotency key): a job already in its lane, or one
+          with an outcome, is left alone
 
   Returns {'queued'} when it waits behind others, {'next', jobId, handOffResult} when it was
   handed to the workers, {'absorbed', existingJobId} or {'full', 'lease' | 'queue', count}
-  (in both cases the caller drops its own job).
+  (in both cases the caller drops its own job), or {'present'} (adopting: nothing to do).
 ]]
 local rcall = redis.call
 local listKey, execKey, lanesKey, fenceKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -24,6 +27,10 @@ local jobId, laneId, now, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 --- @include "hand-off"
 local q = bullKeys(ARGV[5], false)
+
+if ARGV[9] == '1' and (rcall('LPOS', listKey, jobId) or rcall('HEXISTS', q.jobPrefix .. jobId, 'lo:outcome') == 1) then
+  return {'present'}
+end
 
 local coalesceKey, coalesceAs = listKey .. ':c', ARGV[6]
 if coalesceAs ~= '' then
