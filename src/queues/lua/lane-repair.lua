@@ -5,6 +5,10 @@
       hearing of it (BullMQ failed it after too many stalls), then hands off the next;
     - hands it off when it is still parked (its hand-off raced a parking attempt, or the
       process that should have handed it off died);
+    - makes its data readable when it is not JSON at all (written into Redis by hand or
+      corrupted): BullMQ cannot load such a job, so it would stall for ever; as
+      {"lo:unreadable":true} it loads, fails validation and fails for good, and the
+      original text stays in the job's lo:unreadable-data field;
     - otherwise (waiting, active, backing off) marks the lane as seen.
   Every branch is conditional on what it reads in the same atomic step, so a repair that
   races a worker can only find the work already done.
@@ -39,6 +43,13 @@ if rcall('EXISTS', jobKey) == 0 or rcall('HEXISTS', jobKey, 'finishedOn') == 1 t
   end
   local advanced = advanceLane(q, listKey, execKey, fenceKey, lanesKey, laneId, now)
   return {'dropped', head, advanced[1], advanced[2], advanced[3]}
+end
+
+local data = rcall('HGET', jobKey, 'data')
+if data and not pcall(cjson.decode, data) then
+  rcall('HSET', jobKey, 'data', '{"lo:unreadable":true}', 'lo:unreadable-data', data)
+  -- Its stalls were the unreadable data's doing, not a crashing worker's.
+  rcall('HDEL', jobKey, 'defa', 'stc')
 end
 
 if rcall('ZSCORE', q.delayed, head) and (tonumber(rcall('HGET', jobKey, 'delay')) or 0) >= parkedDelay then
