@@ -31,6 +31,7 @@ const ctx = (leaseId: string, environmentId = 'env-a'): OperationContext => {
     lease: { provider: 'x', companyId: 'co', environmentId, leaseId },
     jobId: `contract.${++jobSeq}`,
     attempt: 1,
+    attemptId: `contract.${jobSeq}:1`,
     signal: new AbortController().signal,
     fence: async () => undefined,
     observe: () => undefined,

@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto';
+import { seededRandom } from './seeded-random.ts';
 import { ApiFake, type FakeReply, type Transitioning } from './http-fake.ts';
 
 type DaytonaState =
@@ -53,6 +54,17 @@ interface FakeSandbox extends Transitioning<DaytonaState> {
   forceStops: number;
 }
 
+/**
+ * Faults injected at random (seeded) into requests on existing sandboxes, as a busy cloud
+ * answers: `settling` a 409 "state change in progress" to a start, stop or delete;
+ * `transient` a 503 or 429 with Retry-After to any request.
+ */
+export interface DaytonaFaults {
+  seed: number;
+  settling: number;
+  transient: number;
+}
+
 const DEFAULT_TIMINGS: DaytonaTimings = { create: 20, start: 20, stop: 20, forceStop: 0, destroy: 10 };
 
 /**
@@ -65,9 +77,17 @@ export class DaytonaFake extends ApiFake {
   readonly sandboxes = new Map<string, FakeSandbox>();
   private readonly timings: DaytonaTimings;
 
-  constructor(private readonly opts: { apiKey?: string; organizationId?: string; timings?: Partial<DaytonaTimings> } = {}) {
+  private readonly random: (() => number) | null;
+
+  constructor(private readonly opts: { apiKey?: string; organizationId?: string; timings?: Partial<DaytonaTimings>; faults?: DaytonaFaults } = {}) {
     super((req) => this.route(req.method, req.path, req.query, req.body, req.headers.authorization));
     this.timings = { ...DEFAULT_TIMINGS, ...opts.timings };
+    this.random = opts.faults ? seededRandom(opts.faults.seed) : null;
+  }
+
+  /** Every sandbox created so far and not destroyed. */
+  ids(): string[] {
+    return [...this.sandboxes.keys()];
   }
 
   /** Changes how one sandbox behaves from now on. */
@@ -157,6 +177,17 @@ export class DaytonaFake extends ApiFake {
       const headers = failure.retryAfterS !== undefined ? { 'retry-after': String(failure.retryAfterS) } : undefined;
       return reply(this.error(path, failure.status, `injected ${failure.status}`, headers));
     }
+    const faults = this.opts.faults;
+    if (faults && this.random) {
+      const roll = this.random();
+      if (roll < faults.transient) {
+        const status = roll < faults.transient / 2 ? 503 : 429;
+        return { ...reply(this.error(path, status, `injected ${status}`, { 'retry-after': '0' })), injected: true };
+      }
+      if (roll < faults.transient + faults.settling && (method === 'DELETE' || action === 'start' || action === 'stop')) {
+        return { ...reply(this.error(path, 409, 'Sandbox state change in progress')), injected: true };
+      }
+    }
     this.settle(sb);
     if (!this.sandboxes.has(sb.id)) return none(this.error(path, 404, `Sandbox with ID or name ${idOrName} not found`));
 
@@ -242,3 +273,4 @@ export class DaytonaFake extends ApiFake {
     return { status: 200, body: this.view(sb) };
   }
 }
+

@@ -10,6 +10,10 @@ export interface FakeCall {
   status: number;
   start: bigint;
   end: bigint;
+  /** The caller's X-Lease-Ops-Attempt header (`<jobId>:<fencing token>`), if it sent one. */
+  attempt?: string;
+  /** Set when the fake answered with an injected fault instead of doing the work. */
+  injected?: boolean;
 }
 
 export interface FakeReply {
@@ -24,7 +28,13 @@ export type FakeRoute = (req: {
   query: URLSearchParams;
   body: unknown;
   headers: IncomingMessage['headers'];
-}) => Promise<{ reply: FakeReply; sandboxId: string | null }> | { reply: FakeReply; sandboxId: string | null };
+}) => Promise<RouteResult> | RouteResult;
+
+export interface RouteResult {
+  reply: FakeReply;
+  sandboxId: string | null;
+  injected?: boolean;
+}
 
 /**
  * The HTTP plumbing shared by the provider fakes: a real server on loopback, JSON in and
@@ -91,7 +101,18 @@ export class HttpFake {
     const { reply } = result;
     res.writeHead(reply.status, { 'content-type': 'application/json', ...reply.headers });
     res.end(reply.body === undefined ? '' : JSON.stringify(reply.body));
-    this.calls.push({ sandboxId: result.sandboxId, method: req.method ?? 'GET', path: url.pathname, query: url.search, status: reply.status, start, end: process.hrtime.bigint() });
+    const attempt = req.headers['x-lease-ops-attempt'];
+    this.calls.push({
+      sandboxId: result.sandboxId,
+      method: req.method ?? 'GET',
+      path: url.pathname,
+      query: url.search,
+      status: reply.status,
+      start,
+      end: process.hrtime.bigint(),
+      ...(typeof attempt === 'string' ? { attempt } : {}),
+      ...(result.injected ? { injected: true } : {}),
+    });
   }
 }
 

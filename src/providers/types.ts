@@ -48,6 +48,12 @@ export interface OperationContext {
   lease: LeaseIdentity;
   jobId: string;
   attempt: number;
+  /**
+   * This attempt's id, `<jobId>:<fencing token>`: unique per attempt, also across re-runs
+   * after a crash. Built-in providers send it as the X-Lease-Ops-Attempt header, so calls
+   * can be traced (and fencing checked) from the cloud's side.
+   */
+  attemptId: string;
   /** Aborted when this attempt must stop: its lock was lost or a newer attempt superseded it. */
   signal: AbortSignal;
   /**

@@ -48,6 +48,7 @@ export async function runWatchdog(
       lease: record.lease,
       jobId: `watchdog.${laneId}`,
       attempt: 1,
+      attemptId: `watchdog.${laneId}:read`,
       signal: AbortSignal.timeout(10_000),
       fence: async () => undefined, // a read, not a change
       observe: () => undefined,

@@ -248,6 +248,7 @@ export class LeaseWorker {
         lease: data.lease,
         jobId,
         attempt,
+        attemptId: `${jobId}:${fence}`,
         get signal() {
           return held.signal;
         },

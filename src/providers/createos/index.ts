@@ -60,7 +60,11 @@ export function createCreateosProvider(input: CreateosSettings): LeaseProvider {
     try {
       res = await paced(`${base}/v1${path}`, {
         method,
-        headers: { 'x-api-key': settings.apiKey, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
+        headers: {
+          'x-api-key': settings.apiKey,
+          'x-lease-ops-attempt': ctx.attemptId,
+          ...(body === undefined ? {} : { 'content-type': 'application/json' }),
+        },
         body: body === undefined ? undefined : JSON.stringify(body),
         signal: AbortSignal.any([ctx.signal, AbortSignal.timeout(settings.timeoutMs)]),
       });

@@ -58,10 +58,12 @@ export function createDaytonaProvider(input: DaytonaSettings): LeaseProvider {
   const org = settings.organizationId;
   const name = settings.name;
 
-  const call = async <T>(ctx: OperationContext, request: (options: { signal: AbortSignal; timeout: number }) => Promise<AxiosResponse<T>>): Promise<T> => {
+  /** Per-request options: the attempt's signal and timeout, and its id for tracing. */
+  const optionsFor = (ctx: OperationContext) => ({ signal: ctx.signal, timeout: settings.timeoutMs, headers: { 'X-Lease-Ops-Attempt': ctx.attemptId } });
+  const call = async <T>(ctx: OperationContext, request: (options: ReturnType<typeof optionsFor>) => Promise<AxiosResponse<T>>): Promise<T> => {
     await ctx.fence();
     try {
-      return (await request({ signal: ctx.signal, timeout: settings.timeoutMs })).data;
+      return (await request(optionsFor(ctx))).data;
     } catch (err) {
       throw toProviderError(err);
     }
@@ -81,7 +83,7 @@ export function createDaytonaProvider(input: DaytonaSettings): LeaseProvider {
   const read = async (ctx: OperationContext, idOrName: string): Promise<SandboxReply | null> => {
     await ctx.fence();
     try {
-      const data = (await api.getSandbox(idOrName, org, undefined, { signal: ctx.signal, timeout: settings.timeoutMs })).data;
+      const data = (await api.getSandbox(idOrName, org, undefined, optionsFor(ctx))).data;
       const sb = parseReply(data);
       ctx.observe(sb.id, normalise(sb));
       return sb;
