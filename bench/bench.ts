@@ -1,7 +1,7 @@
 import { fork, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { Queue } from 'bullmq';
-import type { Redis } from 'ioredis';
+import { Redis } from 'ioredis';
 import { loadConfig, type Config } from '../src/config.ts';
 import type { LeaseIdentity } from '../src/lease.ts';
 import { OperationsQueue } from '../src/queues/operations-queue.ts';
@@ -117,6 +117,13 @@ async function countKeys(redis: Redis, pattern: string): Promise<number> {
   return n;
 }
 
+/** The benchmark measures one Redis server (memory, keys); a cluster would spread both. */
+function singleRedis(url: string): Redis {
+  const redis = createRedis(url);
+  if (!(redis instanceof Redis)) throw new Error('npm run bench measures a single Redis server; REDIS_URL names a cluster');
+  return redis;
+}
+
 const usedMemory = async (redis: Redis) => Number(/used_memory:(\d+)/.exec(await redis.info('memory'))?.[1] ?? 0);
 
 const leaseOf = (i: number): LeaseIdentity => ({ provider: 'noop', companyId: 'bench', environmentId: 'env', leaseId: `lease-${i}` });
@@ -124,7 +131,7 @@ const leaseOf = (i: number): LeaseIdentity => ({ provider: 'noop', companyId: 'b
 /** Plain BullMQ: the same no-op jobs, no lanes. Jobs are added first, then timed to drain. */
 async function plainRun(jobs: number): Promise<number> {
   const config = benchConfig('{lease-ops-bench-plain}');
-  const redis = createRedis(config.REDIS_URL);
+  const redis = singleRedis(config.REDIS_URL);
   await clearPrefix(redis, config.LEASE_OPS_PREFIX);
   const queue = new Queue(config.LEASE_OPS_QUEUE, { connection: redis, prefix: config.LEASE_OPS_PREFIX });
   const batch = 1_000;
@@ -163,7 +170,7 @@ interface LanesRun {
 /** lease-ops lanes: `jobs` operations round-robin over `leases` leases, added first, then timed. */
 async function lanesRun(jobs: number, leases: number, recordTimings = false, workers = WORKERS): Promise<LanesRun> {
   const config = benchConfig('{lease-ops-bench-lanes}');
-  const redis = createRedis(config.REDIS_URL);
+  const redis = singleRedis(config.REDIS_URL);
   await clearPrefix(redis, config.LEASE_OPS_PREFIX);
   const ops = new OperationsQueue(redis, config);
   const children = await startWorkers('lanes', config, workers);

@@ -1,5 +1,5 @@
 import { Job, QueueEvents } from 'bullmq';
-import type { Redis } from 'ioredis';
+
 import { z } from 'zod';
 import { loadConfig, type Config } from './config.ts';
 import { InvalidRequestError, OperationNotFoundError, WaitTimeoutError } from './errors.ts';
@@ -8,7 +8,7 @@ import type { OperationName, OperationParams } from './operations.ts';
 import { Inspector, type AttentionItem, type LeaseView, type OperationView, type QueueOverview } from './queues/inspect.ts';
 import { LeaseRecords } from './queues/lease-records.ts';
 import { OperationsQueue, type Enqueued } from './queues/operations-queue.ts';
-import { createRedis } from './queues/redis.ts';
+import { createRedis, type RedisClient } from './queues/redis.ts';
 
 export { InvalidRequestError, LeaseOpsError, OperationNotFoundError, QueueFullError, WaitTimeoutError } from './errors.ts';
 
@@ -38,8 +38,8 @@ export class LeaseOpsClient {
   readonly ops: OperationsQueue;
   readonly inspector: Inspector;
   private events: Promise<QueueEvents> | null = null;
-  private eventsConnection: Redis | null = null;
-  private readonly connection: Redis;
+  private eventsConnection: RedisClient | null = null;
+  private readonly connection: RedisClient;
 
   constructor(
     private readonly settings: Config = loadConfig(),

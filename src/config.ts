@@ -64,7 +64,14 @@ const perOperation = <T extends z.ZodType>(value: T) => z.partialRecord(Operatio
  * variable names, so an error message can point at exactly what to fix.
  */
 export const EnvSchema = z.object({
-  REDIS_URL: z.string().url().default('redis://127.0.0.1:6379'),
+  /** One server (redis://, rediss://), or Redis Cluster seed nodes: redis+cluster://host:port,host:port */
+  REDIS_URL: z
+    .string()
+    .refine(
+      (url) => /^rediss?\+cluster:\/\/[^,\s]+(,[^,\s]+)*$/.test(url) || (URL.canParse(url) && /^rediss?:$/.test(new URL(url).protocol)),
+      'must be redis://host:port, rediss://host:port or redis+cluster://host:port,host:port',
+    )
+    .default('redis://127.0.0.1:6379'),
   /** Key prefix for every key lease-ops and BullMQ write. Must hold a {hash tag} so one
    *  Redis Cluster slot owns the whole queue and its lanes (Lua scripts touch both). */
   LEASE_OPS_PREFIX: z

@@ -4,6 +4,7 @@ import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
+import { isClusterUrl } from './queues/redis.ts';
 
 /** True when a Redis answers PING at the URL within a short time. */
 export async function redisAnswers(url: string, timeoutMs = 1_500): Promise<boolean> {
@@ -70,7 +71,8 @@ export class NoRedisError extends Error {
  * `onPrivate`). Throws NoRedisError, saying how to get one, when neither is possible.
  */
 export async function redisOrPrivate(url: string, onPrivate: (privateUrl: string) => void): Promise<{ url: string; privateRedis: PrivateRedis | null }> {
-  if (await redisAnswers(url)) return { url, privateRedis: null };
+  // A cluster is there on purpose: use it as it is.
+  if (isClusterUrl(url) || (await redisAnswers(url))) return { url, privateRedis: null };
   const privateRedis = await startPrivateRedis();
   if (!privateRedis) {
     throw new NoRedisError(

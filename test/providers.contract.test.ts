@@ -34,6 +34,7 @@ const ctx = (leaseId: string, environmentId = 'env-a'): OperationContext => {
     attemptId: `contract.${jobSeq}:1`,
     signal: new AbortController().signal,
     fence: async () => undefined,
+    fenceIsFresh: () => true,
     observe: () => undefined,
     log,
     checkpoint: { read: async () => saved, write: async (v) => void (saved = { ...saved, ...v }) },

@@ -63,6 +63,14 @@ export interface OperationContext {
    */
   fence(): Promise<void>;
   /**
+   * Synchronous companion of fence(): true while the last successful fence() is recent
+   * enough that no successor can have started since (a quarter of the lock time). Check it
+   * at the moment a request leaves the process (see providers/fenced-transport.ts): it
+   * closes the gap between an awaited fence() and the send, in which a paused process
+   * would otherwise wake up and send a stale request.
+   */
+  fenceIsFresh(): boolean;
+  /**
    * Reports what a fresh read saw. lease-ops keeps the last state per lease and since
    * when, which is how the watchdog finds sandboxes stuck in `stopping`.
    */

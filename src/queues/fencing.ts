@@ -1,4 +1,4 @@
-import type { Redis } from 'ioredis';
+import type { RedisClient } from './redis.ts';
 import type { Logger } from '../logger.ts';
 
 /** A provider call refused because its attempt is no longer the lease's current one. */
@@ -11,6 +11,8 @@ export class StaleAttemptError extends Error {
 export class Attempt {
   private controller: AbortController | undefined;
   private staleReason: string | null = null;
+  /** performance.now() when the lane last confirmed this attempt's token; -Infinity before. */
+  private confirmedAt = Number.NEGATIVE_INFINITY;
 
   constructor(
     readonly jobId: string,
@@ -27,6 +29,20 @@ export class Attempt {
 
   get stale(): boolean {
     return this.staleReason !== null;
+  }
+
+  confirmed(): void {
+    this.confirmedAt = performance.now();
+  }
+
+  /**
+   * Synchronous: true while the last confirmation is younger than `maxAgeMs`. A successor
+   * can only start once this attempt's lock expired, which takes longer than that, so a
+   * request sent while this holds cannot be a stale one, even if the process was paused
+   * (SIGSTOP, a long GC) between the check and the send.
+   */
+  confirmedWithin(maxAgeMs: number): boolean {
+    return !this.stale && performance.now() - this.confirmedAt <= maxAgeMs;
   }
 
   markStale(reason: string): void {
@@ -51,7 +67,7 @@ export class Fencing {
   private timer: NodeJS.Timeout | null = null;
 
   constructor(
-    private readonly redis: Redis,
+    private readonly redis: RedisClient,
     private readonly execKey: (laneId: string) => string,
     private readonly log: Logger,
     private readonly intervalMs: number,
@@ -88,6 +104,7 @@ export class Fencing {
     if (!attempt.stale) {
       const current = await this.redis.hget(this.execKey(attempt.laneId), 'token');
       if (current !== attempt.token) attempt.markStale('a newer attempt holds the lease');
+      else attempt.confirmed();
     }
     if (attempt.stale) throw attempt.staleError();
   }

@@ -1,4 +1,4 @@
-import type { Redis } from 'ioredis';
+import type { RedisClient } from './redis.ts';
 import type { LeaseIdentity } from '../lease.ts';
 import type { SandboxState } from '../providers/types.ts';
 import { loadLuaScript } from './lua-scripts.ts';
@@ -28,7 +28,7 @@ export class LeaseRecords {
   readonly stoppingKey: string;
 
   constructor(
-    private readonly redis: Redis,
+    private readonly redis: RedisClient,
     private readonly prefix: string,
   ) {
     this.stoppingKey = `${prefix}:stopping`;

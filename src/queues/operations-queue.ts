@@ -1,6 +1,6 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { Job, Queue, type JobsOptions } from 'bullmq';
-import type { Redis } from 'ioredis';
+import type { RedisClient } from './redis.ts';
 import type { Config } from '../config.ts';
 import { laneIdOf, laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
 import {
@@ -80,7 +80,7 @@ export class OperationsQueue {
   private readonly jobOptions: JobsOptions;
 
   constructor(
-    readonly connection: Redis,
+    readonly connection: RedisClient,
     readonly settings: QueueSettings,
   ) {
     this.queue = new Queue(settings.LEASE_OPS_QUEUE, { connection, prefix: settings.LEASE_OPS_PREFIX });
@@ -166,7 +166,7 @@ export class OperationsQueue {
   }
 
   /** The lanes of this queue, spoken to over another connection. */
-  lanesOn(connection: Redis): Lanes {
+  lanesOn(connection: RedisClient): Lanes {
     return new Lanes(connection, this.settings.LEASE_OPS_PREFIX, this.queue.toKey(''), PARK_MS / 2);
   }
 

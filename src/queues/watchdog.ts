@@ -51,6 +51,7 @@ export async function runWatchdog(
       attemptId: `watchdog.${laneId}:read`,
       signal: AbortSignal.timeout(10_000),
       fence: async () => undefined, // a read, not a change
+      fenceIsFresh: () => true,
       observe: () => undefined,
       log: log.child({ leaseId: record.lease.leaseId, laneId }),
       checkpoint: { read: async () => ({}), write: async () => undefined },

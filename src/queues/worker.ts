@@ -1,5 +1,5 @@
 import { DelayedError, MetricsTime, Queue, UnrecoverableError, Worker, type Job } from 'bullmq';
-import type { Redis } from 'ioredis';
+import { Redis } from 'ioredis';
 import { z } from 'zod';
 import type { Config } from '../config.ts';
 import { laneIdOfJobId } from '../lease.ts';
@@ -12,7 +12,7 @@ import { LeaseRecords } from './lease-records.ts';
 import { Attempt, Fencing, StaleAttemptError } from './fencing.ts';
 import type { Lanes } from './lane.ts';
 import { BACKOFF_TYPE, OperationsQueue, PARK_MS } from './operations-queue.ts';
-import { createRedis, pingWithin } from './redis.ts';
+import { createRedis, pingWithin, type RedisClient } from './redis.ts';
 import {
   type BackoffSettings,
   decideRetry,
@@ -66,16 +66,18 @@ export class LeaseWorker {
   private readonly worker: Worker;
   private readonly maintenanceQueue: Queue;
   private readonly maintenanceWorker: Worker;
-  private readonly connection: Redis;
+  private readonly connection: RedisClient;
   private readonly releaseLanes: Lanes;
   private readonly fencing: Fencing;
   readonly records: LeaseRecords;
-  private readonly workerConnection: Redis;
+  private readonly workerConnection: RedisClient;
   private writesHeld = false;
   /** Connections handed to BullMQ, which leaves closing them to their owner. */
-  private readonly ownedConnections: Redis[] = [];
+  private readonly ownedConnections: RedisClient[] = [];
   private closing: Promise<void> | null = null;
   private readonly backoff: BackoffSettings;
+  /** How long a confirmed fence counts as fresh: well inside the lock time. */
+  private readonly fenceFreshMs: number;
 
   constructor(
     private readonly settings: WorkerSettings,
@@ -83,6 +85,7 @@ export class LeaseWorker {
     private readonly log: Logger,
   ) {
     this.backoff = { ...DEFAULT_BACKOFF, baseMs: settings.LEASE_OPS_BACKOFF_BASE_MS, capMs: settings.LEASE_OPS_BACKOFF_CAP_MS };
+    this.fenceFreshMs = Math.floor(settings.LEASE_OPS_LOCK_MS / 4);
     this.connection = createRedis(settings.REDIS_URL);
     const connect = () => {
       const c = createRedis(settings.REDIS_URL);
@@ -253,6 +256,7 @@ export class LeaseWorker {
           return held.signal;
         },
         fence: () => fencing.check(held),
+        fenceIsFresh: () => held.confirmedWithin(this.fenceFreshMs),
         observe: (providerLeaseId: string, state: SandboxState) => {
           observed = [providerLeaseId, state];
         },
@@ -352,7 +356,8 @@ export class LeaseWorker {
    * cost one socket write instead of two.
    */
   private coalesceWrites(): void {
-    const stream = this.workerConnection.stream;
+    // A cluster connection has one socket per node; corking is for the single-server case.
+    const stream = this.workerConnection instanceof Redis ? this.workerConnection.stream : null;
     if (this.writesHeld || !stream || stream.destroyed) return;
     this.writesHeld = true;
     stream.cork();

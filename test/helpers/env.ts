@@ -1,12 +1,12 @@
 import { randomBytes } from 'node:crypto';
 import { QueueEvents } from 'bullmq';
-import type { Redis } from 'ioredis';
+import { Cluster } from 'ioredis';
 import { loadConfig, type Config } from '../../src/config.ts';
 import { createLogger } from '../../src/logger.ts';
 import { ProviderRegistry } from '../../src/providers/registry.ts';
 import type { LeaseProvider } from '../../src/providers/types.ts';
 import { OperationsQueue } from '../../src/queues/operations-queue.ts';
-import { createRedis } from '../../src/queues/redis.ts';
+import { createRedis, type RedisClient } from '../../src/queues/redis.ts';
 import { LeaseWorker } from '../../src/queues/worker.ts';
 import type { LeaseIdentity } from '../../src/lease.ts';
 
@@ -42,10 +42,10 @@ export function workerEnv(bed: TestBed, overrides: Record<string, string>): Reco
 
 /** A producer, an event listener and a tidy-up for one test's prefix. */
 export class TestBed {
-  readonly redis: Redis;
+  readonly redis: RedisClient;
   readonly ops: OperationsQueue;
   readonly events: QueueEvents;
-  private readonly eventsConnection: Redis;
+  private readonly eventsConnection: RedisClient;
   private readonly workers: LeaseWorker[] = [];
 
   constructor(readonly config: Config) {
@@ -120,14 +120,17 @@ export class TestBed {
   }
 }
 
-export async function scanKeys(redis: Redis, pattern: string): Promise<string[]> {
+/** Keys matching `pattern`: on one server, or on every master of a cluster. */
+export async function scanKeys(redis: RedisClient, pattern: string): Promise<string[]> {
   const keys: string[] = [];
-  let cursor = '0';
-  do {
-    const [next, batch] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1000);
-    cursor = next;
-    keys.push(...batch);
-  } while (cursor !== '0');
+  for (const node of redis instanceof Cluster ? redis.nodes('master') : [redis]) {
+    let cursor = '0';
+    do {
+      const [next, batch] = await node.scan(cursor, 'MATCH', pattern, 'COUNT', 1000);
+      cursor = next;
+      keys.push(...batch);
+    } while (cursor !== '0');
+  }
   return keys;
 }
 

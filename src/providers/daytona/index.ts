@@ -4,6 +4,7 @@ import { z } from 'zod';
 import type { OperationParams } from '../../operations.ts';
 import { PermanentError, ProviderError, SettlingError } from '../errors.ts';
 import { errorForStatus, networkError } from '../http-errors.ts';
+import { fencedTransport, FenceWindowError } from '../fenced-transport.ts';
 import { releaseByDisposition } from '../release.ts';
 import type {
   ExpiredLease,
@@ -58,12 +59,33 @@ export function createDaytonaProvider(input: DaytonaSettings): LeaseProvider {
   const org = settings.organizationId;
   const name = settings.name;
 
-  /** Per-request options: the attempt's signal and timeout, and its id for tracing. */
-  const optionsFor = (ctx: OperationContext) => ({ signal: ctx.signal, timeout: settings.timeoutMs, headers: { 'X-Lease-Ops-Attempt': ctx.attemptId } });
+  /**
+   * Per-request options: the attempt's signal and timeout, its id for tracing, and a
+   * transport that drops the request at the last moment if the attempt's fence went stale.
+   */
+  const optionsFor = (ctx: OperationContext) => ({
+    signal: ctx.signal,
+    timeout: settings.timeoutMs,
+    headers: { 'X-Lease-Ops-Attempt': ctx.attemptId },
+    transport: fencedTransport(() => ctx.fenceIsFresh()),
+  });
+  /**
+   * Sends a request once the fence holds. A request dropped by the transport (the process
+   * stalled between check and send) is sent again only after a fresh check says so.
+   */
+  const fenced = async <T>(ctx: OperationContext, request: (options: ReturnType<typeof optionsFor>) => Promise<AxiosResponse<T>>): Promise<AxiosResponse<T>> => {
+    for (let tries = 1; ; tries++) {
+      await ctx.fence();
+      try {
+        return await request(optionsFor(ctx));
+      } catch (err) {
+        if (!(isAxiosError(err) && err.cause instanceof FenceWindowError) || tries >= 3) throw err;
+      }
+    }
+  };
   const call = async <T>(ctx: OperationContext, request: (options: ReturnType<typeof optionsFor>) => Promise<AxiosResponse<T>>): Promise<T> => {
-    await ctx.fence();
     try {
-      return (await request(optionsFor(ctx))).data;
+      return (await fenced(ctx, request)).data;
     } catch (err) {
       throw toProviderError(err);
     }
@@ -81,9 +103,8 @@ export function createDaytonaProvider(input: DaytonaSettings): LeaseProvider {
 
   /** A fresh read; null when the sandbox does not exist (404). */
   const read = async (ctx: OperationContext, idOrName: string): Promise<SandboxReply | null> => {
-    await ctx.fence();
     try {
-      const data = (await api.getSandbox(idOrName, org, undefined, optionsFor(ctx))).data;
+      const data = (await fenced(ctx, (o) => api.getSandbox(idOrName, org, undefined, o))).data;
       const sb = parseReply(data);
       ctx.observe(sb.id, normalise(sb));
       return sb;

@@ -1,0 +1,61 @@
+import { once } from 'node:events';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import axios, { isAxiosError } from 'axios';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { fencedTransport, FenceWindowError } from '../src/providers/fenced-transport.ts';
+
+describe('fenced transport', () => {
+  let server: http.Server;
+  let url: string;
+  const received: string[] = [];
+  const keepAlive = new http.Agent({ keepAlive: true, maxSockets: 1 });
+
+  beforeAll(async () => {
+    server = http.createServer((req, res) => {
+      received.push(req.url ?? '');
+      res.end('{}');
+    });
+    server.listen(0, '127.0.0.1');
+    await once(server, 'listening');
+    url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  });
+  afterAll(() => {
+    keepAlive.destroy();
+    server.closeAllConnections();
+    server.close();
+  });
+
+  const send = (path: string, fresh: () => boolean) =>
+    axios.get(`${url}${path}`, { transport: fencedTransport(fresh), httpAgent: keepAlive }).then(
+      () => 'sent',
+      (err: unknown) => (isAxiosError(err) && err.cause instanceof FenceWindowError ? 'dropped' : `error: ${String(err)}`),
+    );
+
+  it('sends while the fence is fresh, on a new connection and on a reused one', async () => {
+    expect(await send('/a', () => true)).toBe('sent');
+    expect(await send('/b', () => true)).toBe('sent');
+    expect(received).toEqual(['/a', '/b']);
+  });
+
+  it('drops a request whose fence went stale before it left the process: the server never sees it', async () => {
+    // Reused keep-alive socket: checked when the socket is handed over.
+    expect(await send('/stale-reused', () => false)).toBe('dropped');
+    // New connection: checked on connect, before the buffered request is written.
+    const fresh = new http.Agent({ keepAlive: false });
+    const r = await axios
+      .get(`${url}/stale-new`, { transport: fencedTransport(() => false), httpAgent: fresh })
+      .then(() => 'sent', (err: unknown) => (isAxiosError(err) && err.cause instanceof FenceWindowError ? 'dropped' : String(err)));
+    expect(r).toBe('dropped');
+    // Freshness is asked at send time, not when the request was built.
+    let freshNow = true;
+    const pending = send('/turned-stale', () => freshNow);
+    freshNow = false;
+    expect(await pending).toBe('dropped');
+    expect(received).not.toContain('/stale-reused');
+    expect(received).not.toContain('/stale-new');
+    expect(received).not.toContain('/turned-stale');
+    expect(await send('/after', () => true)).toBe('sent');
+    expect(received.at(-1)).toBe('/after');
+  });
+});
