@@ -43,7 +43,7 @@ export const SHORT: ChaosOptions = {
   timeoutMs: 180_000,
 };
 
-export const FULL: ChaosOptions = { ...SHORT, workers: 5, leases: 300, opsPerLease: 20, actionEveryMs: 1_500, timeoutMs: 900_000 };
+export const FULL: ChaosOptions = { ...SHORT, workers: 5, leases: 400, opsPerLease: 25, actionEveryMs: 1_000, timeoutMs: 900_000 };
 
 export interface ChaosReport {
   accepted: number;

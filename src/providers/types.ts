@@ -63,10 +63,10 @@ export interface OperationContext {
    */
   fence(): Promise<void>;
   /**
-   * Synchronous companion of fence(): true while the last successful fence() is recent
-   * enough that no successor can have started since (a quarter of the lock time). Check it
-   * at the moment a request leaves the process (see providers/fenced-transport.ts): it
-   * closes the gap between an awaited fence() and the send, in which a paused process
+   * Synchronous companion of fence(): true while no successor can have started since the
+   * last successful fence() (it learnt how long this attempt's lock had left). Check it at
+   * the moment a request leaves the process (see providers/fenced-transport.ts): it closes
+   * the gap between an awaited fence() and the send, in which a paused or starved process
    * would otherwise wake up and send a stale request.
    */
   fenceIsFresh(): boolean;

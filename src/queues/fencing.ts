@@ -1,5 +1,6 @@
 import type { RedisClient } from './redis.ts';
 import type { Logger } from '../logger.ts';
+import { loadLuaScript } from './lua-scripts.ts';
 
 /** A provider call refused because its attempt is no longer the lease's current one. */
 export class StaleAttemptError extends Error {
@@ -11,8 +12,8 @@ export class StaleAttemptError extends Error {
 export class Attempt {
   private controller: AbortController | undefined;
   private staleReason: string | null = null;
-  /** performance.now() when the lane last confirmed this attempt's token; -Infinity before. */
-  private confirmedAt = Number.NEGATIVE_INFINITY;
+  /** performance.now() until which no successor can have started (see fence-check.lua). */
+  private freshUntil = Number.NEGATIVE_INFINITY;
 
   constructor(
     readonly jobId: string,
@@ -31,18 +32,22 @@ export class Attempt {
     return this.staleReason !== null;
   }
 
-  confirmed(): void {
-    this.confirmedAt = performance.now();
+  /**
+   * The lane confirmed this attempt with `lockMsLeft` on its lock, for a check sent at
+   * `sentAt`: no successor can start before sentAt + lockMsLeft. A margin covers the
+   * clocks of Redis and this process running at slightly different rates.
+   */
+  confirmed(sentAt: number, lockMsLeft: number): void {
+    this.freshUntil = lockMsLeft > 0 ? sentAt + lockMsLeft * 0.8 : Number.NEGATIVE_INFINITY;
   }
 
   /**
-   * Synchronous: true while the last confirmation is younger than `maxAgeMs`. A successor
-   * can only start once this attempt's lock expired, which takes longer than that, so a
-   * request sent while this holds cannot be a stale one, even if the process was paused
-   * (SIGSTOP, a long GC) between the check and the send.
+   * Synchronous: true while no successor can have started. A request sent while this holds
+   * is not a stale one, even if the process was paused (SIGSTOP, a long GC, a starved event
+   * loop) between its fence check and the send.
    */
-  confirmedWithin(maxAgeMs: number): boolean {
-    return !this.stale && performance.now() - this.confirmedAt <= maxAgeMs;
+  fresh(): boolean {
+    return !this.stale && performance.now() < this.freshUntil;
   }
 
   markStale(reason: string): void {
@@ -69,9 +74,13 @@ export class Fencing {
   constructor(
     private readonly redis: RedisClient,
     private readonly execKey: (laneId: string) => string,
+    /** The BullMQ lock key of a job. */
+    private readonly lockKey: (jobId: string) => string,
     private readonly log: Logger,
     private readonly intervalMs: number,
-  ) {}
+  ) {
+    if (!('leaseOps_fence_check' in redis)) redis.defineCommand('leaseOps_fence_check', { numberOfKeys: 2, lua: loadLuaScript('fence-check') });
+  }
 
   start(): void {
     this.timer ??= setInterval(() => void this.sweep(), this.intervalMs);
@@ -102,9 +111,12 @@ export class Fencing {
   /** Throws StaleAttemptError unless the attempt still holds its lane. */
   async check(attempt: Attempt): Promise<void> {
     if (!attempt.stale) {
-      const current = await this.redis.hget(this.execKey(attempt.laneId), 'token');
-      if (current !== attempt.token) attempt.markStale('a newer attempt holds the lease');
-      else attempt.confirmed();
+      // Taken before sending: the answer holds from some moment after this one.
+      const sentAt = performance.now();
+      const run = (this.redis as unknown as Record<string, (...a: string[]) => Promise<[number, number]>>).leaseOps_fence_check!;
+      const [current, lockMsLeft] = await run.call(this.redis, this.execKey(attempt.laneId), this.lockKey(attempt.jobId), attempt.token);
+      if (current !== 1) attempt.markStale('a newer attempt holds the lease');
+      else attempt.confirmed(sentAt, lockMsLeft);
     }
     if (attempt.stale) throw attempt.staleError();
   }

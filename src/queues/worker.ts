@@ -76,8 +76,6 @@ export class LeaseWorker {
   private readonly ownedConnections: RedisClient[] = [];
   private closing: Promise<void> | null = null;
   private readonly backoff: BackoffSettings;
-  /** How long a confirmed fence counts as fresh: well inside the lock time. */
-  private readonly fenceFreshMs: number;
 
   constructor(
     private readonly settings: WorkerSettings,
@@ -85,7 +83,6 @@ export class LeaseWorker {
     private readonly log: Logger,
   ) {
     this.backoff = { ...DEFAULT_BACKOFF, baseMs: settings.LEASE_OPS_BACKOFF_BASE_MS, capMs: settings.LEASE_OPS_BACKOFF_CAP_MS };
-    this.fenceFreshMs = Math.floor(settings.LEASE_OPS_LOCK_MS / 4);
     this.connection = createRedis(settings.REDIS_URL);
     const connect = () => {
       const c = createRedis(settings.REDIS_URL);
@@ -126,7 +123,13 @@ export class LeaseWorker {
     });
     this.worker.on('error', (err) => this.log.error({ err }, 'worker error'));
     // Fences are checked on the ops connection; the watcher runs a few times per lock period.
-    this.fencing = new Fencing(this.connection, (laneId) => this.ops.lanes.execKey(laneId), log, Math.max(250, Math.floor(settings.LEASE_OPS_LOCK_MS / 4)));
+    this.fencing = new Fencing(
+      this.connection,
+      (laneId) => this.ops.lanes.execKey(laneId),
+      (jobId) => `${this.ops.queue.toKey(jobId)}:lock`,
+      log,
+      Math.max(250, Math.floor(settings.LEASE_OPS_LOCK_MS / 4)),
+    );
     this.worker.on('lockRenewalFailed', (jobIds) => this.fencing.lockLost(jobIds));
 
     // Maintenance runs on its own small queue so a deep backlog of operations never
@@ -256,7 +259,7 @@ export class LeaseWorker {
           return held.signal;
         },
         fence: () => fencing.check(held),
-        fenceIsFresh: () => held.confirmedWithin(this.fenceFreshMs),
+        fenceIsFresh: () => held.fresh(),
         observe: (providerLeaseId: string, state: SandboxState) => {
           observed = [providerLeaseId, state];
         },
