@@ -9,7 +9,18 @@ import type { AttentionReason, OperationState } from './queues/inspect.ts';
  * replica, as Prometheus does; `lease-ops start` has it all in one process.
  */
 export const registry = new Registry();
-collectDefaultMetrics({ register: registry, prefix: 'lease_ops_process_' });
+
+let processMetrics = false;
+/**
+ * Adds the process metrics (CPU, memory, event-loop delay, GC) to the registry. Called by
+ * whatever serves /metrics: their observers cost a little on every GC and every few ms,
+ * which a worker that nobody scrapes should not pay.
+ */
+export function enableProcessMetrics(): void {
+  if (processMetrics) return;
+  processMetrics = true;
+  collectDefaultMetrics({ register: registry, prefix: 'lease_ops_process_' });
+}
 
 export type AttemptOutcome = 'completed' | 'failed' | 'retry' | 'stale';
 
@@ -46,6 +57,7 @@ export function attemptEnded(op: string, outcome: AttemptOutcome, seconds: numbe
  * that renders the whole exposition.
  */
 export function queueMetrics(client: LeaseOpsClient, opts: { bullmqTotals: boolean }): () => Promise<string> {
+  enableProcessMetrics();
   const queueRegistry = new Registry();
   const depth = new Gauge({
     name: 'lease_ops_operations',

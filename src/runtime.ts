@@ -1,7 +1,7 @@
 import { once } from 'node:events';
 import { createServer, type Server } from 'node:http';
 import type { Config } from './config.ts';
-import { registry } from './metrics.ts';
+import { enableProcessMetrics, registry } from './metrics.ts';
 import { createLogger, type Logger } from './logger.ts';
 import { loadProviders } from './providers/registry.ts';
 import { LeaseWorker } from './queues/worker.ts';
@@ -25,6 +25,7 @@ export async function startWorker(config: Config, log: Logger): Promise<LeaseWor
  */
 export async function serveWorkerMetrics(config: Config, worker: LeaseWorker, log: Logger): Promise<Server | null> {
   if (!config.LEASE_OPS_METRICS_PORT) return null;
+  enableProcessMetrics();
   const server = createServer((req, res) => {
     const send = (status: number, type: string, body: string) => res.writeHead(status, { 'content-type': type }).end(body);
     const path = (req.url ?? '').split('?')[0];

@@ -317,7 +317,7 @@ export class LeaseWorker {
     this.coalesceWrites();
     untrack();
     attemptEnded(data.op, 'completed', (performance.now() - startedAt) / 1000);
-    await this.record(laneId, data.lease, observed, logger);
+    if (observed) await this.record(laneId, data.lease, observed, logger);
     // Not awaited: the release is queued on the worker's connection ahead of BullMQ's own
     // completion, so the next job of the lane starts one round trip sooner. A stale
     // release (this attempt was superseded) changes nothing, and BullMQ refuses to
