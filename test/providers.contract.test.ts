@@ -236,6 +236,30 @@ describe('CreateOS specifics', () => {
     // Two requests a second: six take at least two seconds.
     expect(Date.now() - started).toBeGreaterThanOrEqual(1_900);
   });
+
+  it('checks the fence when a paced request gets its slot, so one superseded while it waited is never sent', async () => {
+    const provider = createCreateosProvider({ apiUrl, apiKey: 'k', requestsPerMinute: 60 });
+    const c = ctx('p4');
+    const { providerLeaseId } = await settled(() => provider.acquire(c, { runId: 'r' }));
+    let superseded = false;
+    const fenced = {
+      ...ctx('p4'),
+      attemptId: 'paced-attempt:1',
+      fence: async () => {
+        if (superseded) throw Object.assign(new Error('a newer attempt holds the lease'), { code: 'stale_attempt' });
+      },
+    };
+    // One request a second: the first takes this second's slot, the second waits for the next.
+    const first = provider.status(fenced, { providerLeaseId });
+    const second = provider.status(fenced, { providerLeaseId }).then(
+      () => 'sent',
+      (err: unknown) => (err as { code?: string }).code,
+    );
+    await first;
+    superseded = true;
+    expect(await second).toBe('stale_attempt');
+    expect(fake.calls.filter((call) => call.attempt === 'paced-attempt:1')).toHaveLength(1);
+  });
 });
 
 describe('the README', () => {

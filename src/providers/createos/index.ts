@@ -51,14 +51,18 @@ export function createCreateosProvider(input: CreateosSettings): LeaseProvider {
   // One pacing window per provider instance (per worker process).
   const rpm = settings.requestsPerMinute;
   const throttle = pThrottle(rpm >= 60 ? { limit: Math.floor(rpm / 60), interval: 1_000 } : { limit: 1, interval: Math.ceil(60_000 / rpm) });
-  const paced = throttle((url: string, init: RequestInit) => fetch(url, init));
+  // The fence is checked once the request has its slot, not before it waited for one: a
+  // throttled request can wait seconds, and its attempt may be superseded meanwhile.
+  const paced = throttle(async (ctx: OperationContext, url: string, init: RequestInit) => {
+    await ctx.fence();
+    return fetch(url, init);
+  });
 
   /** One request; returns the success data, or null for a 404 when `missingOk`. */
   const request = async (ctx: OperationContext, method: string, path: string, body?: unknown, missingOk = false): Promise<unknown> => {
-    await ctx.fence();
     let res: Response;
     try {
-      res = await paced(`${base}/v1${path}`, {
+      res = await paced(ctx, `${base}/v1${path}`, {
         method,
         headers: {
           'x-api-key': settings.apiKey,
@@ -69,6 +73,8 @@ export function createCreateosProvider(input: CreateosSettings): LeaseProvider {
         signal: AbortSignal.any([ctx.signal, AbortSignal.timeout(settings.timeoutMs)]),
       });
     } catch (err) {
+      // A refused fence is the attempt's business, not the network's.
+      if ((err as { code?: unknown }).code === 'stale_attempt') throw err;
       throw networkError(name, err) ?? new PermanentError('provider_error', `${name}: ${(err as Error).message}`);
     }
     const text = await res.text();
