@@ -13,7 +13,7 @@ import type { LeaseIdentity } from '../src/lease.ts';
 import type { OperationName } from '../src/operations.ts';
 import { OperationsQueue } from '../src/queues/operations-queue.ts';
 import { createRedis } from '../src/queues/redis.ts';
-import { scanKeys } from '../test/helpers/env.ts';
+import { QUICK_RECOVERY, scanKeys, waitForJobs } from '../test/helpers/env.ts';
 import { WorkerProcess } from '../test/helpers/worker-process.ts';
 
 export interface ChaosOptions {
@@ -78,17 +78,13 @@ function chaosEnv(prefix: string, redisUrl: string, apiUrl: string): Record<stri
     LEASE_OPS_PROVIDERS: 'daytona',
     DAYTONA_API_URL: apiUrl,
     DAYTONA_API_KEY: 'chaos-key',
+    ...QUICK_RECOVERY,
     LEASE_OPS_CONCURRENCY: '20',
     LEASE_OPS_LOCK_MS: String(LOCK_MS),
-    LEASE_OPS_STALLED_INTERVAL_MS: '1000',
     LEASE_OPS_MAX_STALLED: '5',
-    LEASE_OPS_SWEEP_INTERVAL_MS: '500',
-    LEASE_OPS_SWEEP_STALE_MS: '1000',
-    LEASE_OPS_BACKOFF_BASE_MS: '20',
     LEASE_OPS_BACKOFF_CAP_MS: '300',
     LEASE_OPS_STUCK_STOPPING_MS: '1500',
     LEASE_OPS_WATCHDOG_INTERVAL_MS: '500',
-    LEASE_OPS_KEEP_COMPLETED_S: '3600',
   };
 }
 
@@ -136,24 +132,13 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
   const counts = { sigkill: 0, sigterm: 0, sigstop: 0 };
   const started = Date.now();
 
-  // Ends are counted from BullMQ's event stream as they happen.
-  const ended = new Map<string, 'completed' | 'failed'>();
-  const onEnd = (state: 'completed' | 'failed') => ({ jobId }: { jobId: string }) => void ended.set(jobId, state);
-  events.on('completed', onEnd('completed'));
-  events.on('failed', onEnd('failed'));
-  const waitEnded = async (ids: string[], timeoutMs: number) => {
-    const deadline = Date.now() + timeoutMs;
-    for (;;) {
-      const open = ids.filter((id) => !ended.has(id));
-      // Ends the event stream missed (none expected) are read from the jobs themselves.
-      for (const id of open) {
-        const state = await ops.queue.getJobState(id);
-        if (state === 'completed' || state === 'failed') ended.set(id, state);
-      }
-      if (ids.every((id) => ended.has(id)) || Date.now() > deadline) return;
-      await new Promise((r) => setTimeout(r, 250));
-    }
-  };
+  // Until every operation ended (BullMQ's events), or the timeout; the checker then counts
+  // what did not end as lost.
+  const waitEnded = (ids: string[], timeoutMs: number) =>
+    waitForJobs(events, ops.queue, ids, timeoutMs).then(
+      () => undefined,
+      () => undefined,
+    );
 
   let stopChaos = false;
   let chaos: Promise<void> = Promise.resolve();
@@ -238,7 +223,7 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
     const drainDeadline = Date.now() + 3 * (1_000 + 500) + 2_000;
     while ((await ops.lanes.openLaneCount()) > 0 && Date.now() < drainDeadline) await new Promise((r) => setTimeout(r, 100));
 
-    return await check({ ops, fake, redis, prefix, acceptedAll, acceptedOrder, ended, counts, seconds: (Date.now() - started) / 1000 });
+    return await check({ ops, fake, redis, prefix, acceptedAll, acceptedOrder, counts, seconds: (Date.now() - started) / 1000 });
   } finally {
     stopChaos = true;
     await chaos.catch(() => undefined);
@@ -261,7 +246,6 @@ async function check(input: {
   prefix: string;
   acceptedAll: string[];
   acceptedOrder: Map<string, string[]>;
-  ended: Map<string, 'completed' | 'failed'>;
   counts: { sigkill: number; sigterm: number; sigstop: number };
   seconds: number;
 }): Promise<ChaosReport> {

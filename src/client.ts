@@ -1,5 +1,4 @@
 import { Job, QueueEvents } from 'bullmq';
-
 import { z } from 'zod';
 import { loadConfig, type Config } from './config.ts';
 import { InvalidRequestError, OperationNotFoundError, WaitTimeoutError } from './errors.ts';
@@ -78,7 +77,7 @@ export class LeaseOpsClient {
     try {
       return await this.ops.enqueue({ op, lease, params, ...opts });
     } catch (err) {
-      if (err instanceof z.ZodError) throw new InvalidRequestError(z.prettifyError(err), err.issues);
+      if (err instanceof z.ZodError) throw InvalidRequestError.fromZod(err);
       throw err;
     }
   }
@@ -89,15 +88,23 @@ export class LeaseOpsClient {
    */
   async getOperation(jobId: string, opts: { waitMs?: number } = {}): Promise<OperationView | null> {
     const view = await this.inspector.operation(jobId);
-    if (!view || !opts.waitMs || view.state === 'completed' || view.state === 'failed') return view;
-    const job = await Job.fromId(this.ops.queue, jobId);
+    return view && opts.waitMs ? this.waitForEnd(view, opts.waitMs) : view;
+  }
+
+  /**
+   * Given a view just read, waits up to `waitMs` for the operation to end (BullMQ's events)
+   * and returns it as it is then; null if it was removed meanwhile.
+   */
+  async waitForEnd(view: OperationView, waitMs: number): Promise<OperationView | null> {
+    if (view.state === 'completed' || view.state === 'failed') return view;
+    const job = await Job.fromId(this.ops.queue, view.jobId);
     if (!job) return null;
     try {
-      await job.waitUntilFinished(await this.queueEvents(), opts.waitMs);
+      await job.waitUntilFinished(await this.queueEvents(), waitMs);
     } catch {
       // Timed out, or the job failed: either way the view below tells which.
     }
-    return this.inspector.operation(jobId);
+    return this.inspector.operation(view.jobId);
   }
 
   /** Waits for an operation to end, driven by BullMQ's event stream (no polling). */
@@ -112,7 +119,7 @@ export class LeaseOpsClient {
   /** A lease's lane: what executes, what waits, what backs off, and what was last seen of the sandbox. */
   async getLease(lease: LeaseIdentity): Promise<LeaseView> {
     const parsed = LeaseIdentitySchema.safeParse(lease);
-    if (!parsed.success) throw new InvalidRequestError(z.prettifyError(parsed.error), parsed.error.issues);
+    if (!parsed.success) throw InvalidRequestError.fromZod(parsed.error);
     return this.inspector.lease(parsed.data);
   }
 

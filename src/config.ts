@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { OperationNameSchema } from './operations.ts';
+import { isClusterUrl } from './queues/redis.ts';
 
 /** Thrown when an environment variable does not parse; the message names the variable. */
 export class ConfigError extends Error {
@@ -68,7 +69,7 @@ export const EnvSchema = z.object({
   REDIS_URL: z
     .string()
     .refine(
-      (url) => /^rediss?\+cluster:\/\/[^,\s]+(,[^,\s]+)*$/.test(url) || (URL.canParse(url) && /^rediss?:$/.test(new URL(url).protocol)),
+      (url) => isClusterUrl(url) || (URL.canParse(url) && /^rediss?:$/.test(new URL(url).protocol)),
       'must be redis://host:port, rediss://host:port or redis+cluster://host:port,host:port',
     )
     .default('redis://127.0.0.1:6379'),

@@ -1,4 +1,4 @@
-import type { z } from 'zod';
+import { z } from 'zod';
 
 /** Base of the errors lease-ops' client and API report; `code` is stable, branch on it or on the class. */
 export class LeaseOpsError extends Error {
@@ -20,6 +20,12 @@ export class InvalidRequestError extends LeaseOpsError {
     readonly issues: z.core.$ZodIssue[],
   ) {
     super('invalid_request', message);
+  }
+
+  /** From a failed zod parse; `what` says what was parsed (e.g. "body"), if anything. */
+  static fromZod(error: z.ZodError, what?: string): InvalidRequestError {
+    const detail = z.prettifyError(error);
+    return new InvalidRequestError(what ? `invalid ${what}: ${detail}` : detail, error.issues);
   }
 }
 

@@ -20,7 +20,8 @@ export async function redisAnswers(url: string, timeoutMs = 1_500): Promise<bool
   }
 }
 
-async function freePort(): Promise<number> {
+/** A TCP port on the loopback interface that nothing listens on right now. */
+export async function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const server = createServer();
     server.once('error', reject);

@@ -1,23 +1,14 @@
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
-import { createServer } from 'node:net';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { freePort } from '../src/redis-server.ts';
 import { TestBed, workerEnv } from './helpers/env.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
 
 const BIN = fileURLToPath(new URL('../bin/lease-ops.js', import.meta.url));
 const TOKEN = 'cli-test-token-0123456789';
-
-async function freePort(): Promise<number> {
-  const server = createServer().listen(0, '127.0.0.1');
-  await once(server, 'listening');
-  const { port } = server.address() as { port: number };
-  server.close();
-  return port;
-}
 
 /** Runs `lease-ops ...args`; resolves with the exit code and output, never rejects. */
 async function cli(args: string[], env: Record<string, string>): Promise<{ code: number; stdout: string; stderr: string }> {

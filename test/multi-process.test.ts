@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { OperationName } from '../src/operations.ts';
-import { lease, TestBed, workerEnv } from './helpers/env.ts';
+import { lease, QUICK_RECOVERY, TestBed, workerEnv } from './helpers/env.ts';
 import { findOrderViolations, findOverlaps, readCallFile } from './helpers/invariants.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
 
@@ -41,14 +41,8 @@ describe(`${OPERATIONS} operations on ${LEASES} leases across 3 worker processes
     const callFile = join(dir, 'calls.jsonl');
     const env = workerEnv(bed, {
       LEASE_OPS_PROVIDERS: PROVIDER,
+      ...QUICK_RECOVERY,
       LEASE_OPS_CONCURRENCY: '20',
-      LEASE_OPS_LOCK_MS: '2000',
-      LEASE_OPS_STALLED_INTERVAL_MS: '1000',
-      LEASE_OPS_SWEEP_INTERVAL_MS: '500',
-      LEASE_OPS_SWEEP_STALE_MS: '1000',
-      LEASE_OPS_BACKOFF_BASE_MS: '20',
-      LEASE_OPS_BACKOFF_CAP_MS: '200',
-      LEASE_OPS_KEEP_COMPLETED_S: '3600',
       RECORDING_FILE: callFile,
       RECORDING_SEED: '42',
       RECORDING_MAX_MS: '8',

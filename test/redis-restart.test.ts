@@ -6,7 +6,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { startApiServer, type ApiServer } from '../src/api/server.ts';
 import { createLogger } from '../src/logger.ts';
 import { createRedis } from '../src/queues/redis.ts';
-import { testConfig } from './helpers/env.ts';
+import { QUICK_RECOVERY, testConfig } from './helpers/env.ts';
 import { findOverlaps, readCallFile } from './helpers/invariants.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
@@ -37,13 +37,8 @@ describe('Redis restarts and outages (a redis-server of its own, AOF appendfsync
       REDIS_URL: redis.url,
       LEASE_OPS_PREFIX: config.LEASE_OPS_PREFIX,
       LEASE_OPS_PROVIDERS: PROVIDER,
+      ...QUICK_RECOVERY,
       LEASE_OPS_LOCK_MS: '3000',
-      LEASE_OPS_STALLED_INTERVAL_MS: '1000',
-      LEASE_OPS_SWEEP_INTERVAL_MS: '500',
-      LEASE_OPS_SWEEP_STALE_MS: '1000',
-      LEASE_OPS_BACKOFF_BASE_MS: '20',
-      LEASE_OPS_BACKOFF_CAP_MS: '200',
-      LEASE_OPS_KEEP_COMPLETED_S: '3600',
       RECORDING_FILE: callFile,
       RECORDING_SEED: '7',
       RECORDING_MAX_MS: '30',

@@ -11,7 +11,7 @@ import { InvalidRequestError, LeaseOpsError, QueueFullError } from '../errors.ts
 import type { Logger } from '../logger.ts';
 import { canSee, type Principal, TokenAuthority } from './auth.ts';
 import { openApiDocument } from './openapi.ts';
-import { EnqueueBodySchema, LeasePathSchema, OperationPathSchema, WaitQuerySchema } from './schemas.ts';
+import { EnqueueBodySchema, IdempotencyHeaderSchema, LeasePathSchema, OperationPathSchema, WaitQuerySchema } from './schemas.ts';
 
 export interface ApiDeps {
   config: Pick<Config, 'LEASE_OPS_API_TOKENS' | 'LEASE_OPS_API_MAX_WAIT_MS' | 'LEASE_OPS_BOARD_READ_ONLY'>;
@@ -32,7 +32,6 @@ export class HttpError extends LeaseOpsError {
     readonly status: number,
     code: string,
     message: string,
-    readonly details?: unknown[],
   ) {
     super(code, message);
   }
@@ -114,11 +113,8 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const lease = parse(LeasePathSchema, req.params, 'path');
     if (!canSee(res.locals.principal as Principal, lease)) throw leaseNotFound();
     const body = parse(EnqueueBodySchema, req.body, 'body');
-    const headerKey = req.get('idempotency-key');
-    if (headerKey !== undefined && (headerKey.length === 0 || headerKey.length > 256)) {
-      throw new HttpError(400, 'invalid_request', 'Idempotency-Key must be 1 to 256 characters');
-    }
-    const idempotencyKey = body.idempotencyKey ?? headerKey;
+    const header = parse(IdempotencyHeaderSchema, { 'idempotency-key': req.get('idempotency-key') }, 'Idempotency-Key header');
+    const idempotencyKey = body.idempotencyKey ?? header['idempotency-key'];
     const enqueued = await client.enqueue(body.op, lease, body.params, {
       ...(body.deadlineMs === undefined ? {} : { deadlineMs: body.deadlineMs }),
       // Keys are per caller scope, so two companies can never collide on one.
@@ -140,10 +136,10 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const principal = res.locals.principal as Principal;
     // Check the scope before waiting, so an out-of-scope id cannot be timed either.
     const first = await client.getOperation(jobId);
-    if (!first || !canSee(principal, first.lease)) throw new HttpError(404, 'operation_not_found', `no operation ${jobId}`);
+    if (!first || !canSee(principal, first.lease)) throw operationNotFound(jobId);
     const wait = Math.min(waitMs ?? 0, deps.config.LEASE_OPS_API_MAX_WAIT_MS);
-    const view = wait > 0 ? await client.getOperation(jobId, { waitMs: wait }) : first;
-    if (!view) throw new HttpError(404, 'operation_not_found', `no operation ${jobId}`);
+    const view = wait > 0 ? await client.waitForEnd(first, wait) : first;
+    if (!view) throw operationNotFound(jobId);
     res.json(view);
   });
 
@@ -167,13 +163,12 @@ export function createApiApp(deps: ApiDeps): express.Express {
 
 function parse<T extends z.ZodType>(schema: T, value: unknown, where: string): z.infer<T> {
   const parsed = schema.safeParse(value);
-  if (!parsed.success) {
-    throw new HttpError(400, 'invalid_request', `invalid ${where}: ${z.prettifyError(parsed.error)}`, parsed.error.issues);
-  }
+  if (!parsed.success) throw InvalidRequestError.fromZod(parsed.error, where);
   return parsed.data;
 }
 
 const leaseNotFound = () => new HttpError(404, 'lease_not_found', 'no such lease');
+const operationNotFound = (jobId: string) => new HttpError(404, 'operation_not_found', `no operation ${jobId}`);
 
 /** Idempotency keys are namespaced by who may use them. */
 function scopeOf(principal: Principal): string {
@@ -197,7 +192,7 @@ function errorHandler(log: Logger): ErrorRequestHandler {
     let body: { code: string; message: string; details?: unknown[] } = { code: 'internal_error', message: 'internal error' };
     if (err instanceof HttpError) {
       status = err.status;
-      body = { code: err.code, message: err.message, ...(err.details ? { details: err.details } : {}) };
+      body = { code: err.code, message: err.message };
     } else if (err instanceof InvalidRequestError) {
       status = 400;
       body = { code: err.code, message: err.message, details: err.issues };

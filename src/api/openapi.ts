@@ -5,6 +5,7 @@ import {
   EnqueueBodySchema,
   EnqueuedSchema,
   ErrorBodySchema,
+  IdempotencyKeySchema,
   LeasePathSchema,
   LeaseViewSchema,
   OperationPathSchema,
@@ -45,7 +46,7 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
           summary: 'Enqueue an operation for a lease; answers at once with its job id',
           requestParams: {
             path: LeasePathSchema,
-            header: z.object({ 'Idempotency-Key': z.string().max(256).optional() }),
+            header: z.object({ 'Idempotency-Key': IdempotencyKeySchema.optional() }),
           },
           requestBody: { content: { 'application/json': { schema: EnqueueBodySchema } } },
           responses: {

@@ -23,12 +23,12 @@ const deadlineMs = z
   .max(7 * 24 * 3_600_000)
   .optional()
   .meta({ description: 'ms after acceptance by which the operation must have succeeded; default per operation' });
-const idempotencyKey = z
-  .string()
-  .min(1)
-  .max(256)
-  .optional()
-  .meta({ description: 'the same key returns the same operation for 24 h (the Idempotency-Key header works too)' });
+/** One rule for the key, whether it comes in the body or in the Idempotency-Key header. */
+export const IdempotencyKeySchema = z.string().min(1).max(256);
+const idempotencyKey = IdempotencyKeySchema.optional().meta({
+  description: 'the same key returns the same operation for 24 h (the Idempotency-Key header works too)',
+});
+export const IdempotencyHeaderSchema = z.object({ 'idempotency-key': IdempotencyKeySchema.optional() });
 
 const enqueueVariant = <Op extends (typeof OPERATIONS)[number]>(op: Op) =>
   z.strictObject({ op: z.literal(op), params: OperationParamsSchemas[op], deadlineMs, idempotencyKey });

@@ -1,6 +1,6 @@
 import type { RedisClient } from './redis.ts';
 import type { Logger } from '../logger.ts';
-import { loadLuaScript } from './lua-scripts.ts';
+import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 
 /** A provider call refused because its attempt is no longer the lease's current one. */
 export class StaleAttemptError extends Error {
@@ -70,6 +70,7 @@ export class Attempt {
 export class Fencing {
   private readonly running = new Set<Attempt>();
   private timer: NodeJS.Timeout | null = null;
+  private readonly fenceCheck: LuaCommand;
 
   constructor(
     private readonly redis: RedisClient,
@@ -79,7 +80,7 @@ export class Fencing {
     private readonly log: Logger,
     private readonly intervalMs: number,
   ) {
-    if (!('leaseOps_fence_check' in redis)) redis.defineCommand('leaseOps_fence_check', { numberOfKeys: 2, lua: loadLuaScript('fence-check') });
+    this.fenceCheck = luaCommand(redis, 'fence-check', 2);
   }
 
   start(): void {
@@ -113,8 +114,7 @@ export class Fencing {
     if (!attempt.stale) {
       // Taken before sending: the answer holds from some moment after this one.
       const sentAt = performance.now();
-      const run = (this.redis as unknown as Record<string, (...a: string[]) => Promise<[number, number]>>).leaseOps_fence_check!;
-      const [current, lockMsLeft] = await run.call(this.redis, this.execKey(attempt.laneId), this.lockKey(attempt.jobId), attempt.token);
+      const [current, lockMsLeft] = (await this.fenceCheck(this.execKey(attempt.laneId), this.lockKey(attempt.jobId), attempt.token)) as [number, number];
       if (current !== 1) attempt.markStale('a newer attempt holds the lease');
       else attempt.confirmed(sentAt, lockMsLeft);
     }

@@ -183,32 +183,36 @@ export class Inspector {
    */
   async attention(limit = 200): Promise<AttentionItem[]> {
     const now = Date.now();
-    const items: AttentionItem[] = [];
-    for (const [laneId, since] of await this.records.stoppingSinceWithScores(now - this.limits.stuckStoppingMs, limit)) {
-      const record = await this.records.get(laneId);
-      items.push({
-        laneId,
-        lease: record?.lease ?? null,
-        reason: 'stuck_stopping',
-        since,
-        detail: `sandbox ${record?.providerLeaseId ?? '?'} has been stopping for ${Math.round((now - since) / 1000)} s`,
-      });
-    }
-    for (const { laneId, jobId, at } of await this.ops.lanes.failures(limit)) {
-      const failed = await this.operation(jobId);
-      items.push({
-        laneId,
-        lease: failed?.lease ?? (await this.records.get(laneId))?.lease ?? null,
-        reason: 'last_operation_failed',
-        since: at,
-        detail: failed?.error ? `${failed.op} failed: ${failed.error.code}: ${failed.error.message}` : `operation ${jobId} failed`,
-      });
-    }
-    for (const laneId of await this.ops.lanes.quietLanes(now - this.limits.blockedAfterMs, limit)) {
-      const blocked = await this.blockedHead(laneId, now);
-      if (blocked) items.push(blocked);
-    }
-    return items.slice(0, limit);
+    // Each kind is read for all its lanes at once: a scrape of /metrics asks for this too.
+    const [stuck, failures, quiet] = await Promise.all([
+      this.records.stoppingSinceWithScores(now - this.limits.stuckStoppingMs, limit),
+      this.ops.lanes.failures(limit),
+      this.ops.lanes.quietLanes(now - this.limits.blockedAfterMs, limit),
+    ]);
+    const items = await Promise.all([
+      ...stuck.map(async ([laneId, since]): Promise<AttentionItem> => {
+        const record = await this.records.get(laneId);
+        return {
+          laneId,
+          lease: record?.lease ?? null,
+          reason: 'stuck_stopping',
+          since,
+          detail: `sandbox ${record?.providerLeaseId ?? '?'} has been stopping for ${Math.round((now - since) / 1000)} s`,
+        };
+      }),
+      ...failures.map(async ({ laneId, jobId, at }): Promise<AttentionItem> => {
+        const failed = await this.operation(jobId);
+        return {
+          laneId,
+          lease: failed?.lease ?? (await this.records.get(laneId))?.lease ?? null,
+          reason: 'last_operation_failed',
+          since: at,
+          detail: failed?.error ? `${failed.op} failed: ${failed.error.code}: ${failed.error.message}` : `operation ${jobId} failed`,
+        };
+      }),
+      ...quiet.map((laneId) => this.blockedHead(laneId, now)),
+    ]);
+    return items.filter((item): item is AttentionItem => item !== null).slice(0, limit);
   }
 
   /** A lane's head that should have moved by now: not picked up, left parked, or past its deadline. */

@@ -1,7 +1,5 @@
-import type { Cluster, Redis } from 'ioredis';
-import { loadLuaScript } from './lua-scripts.ts';
-
-type RedisClient = Redis | Cluster;
+import { luaCommand, type LuaCommand } from './lua-scripts.ts';
+import type { RedisClient } from './redis.ts';
 
 const SCRIPTS = {
   'lane-push': 4,
@@ -12,13 +10,6 @@ const SCRIPTS = {
   'lane-upgrade': 4,
 } as const;
 type ScriptName = keyof typeof SCRIPTS;
-
-/** Command names registered on the client; prefixed so they never clash with BullMQ's. */
-const commandName = (script: string) => `leaseOps_${script.replaceAll('-', '_')}`;
-
-const COMMAND_NAMES = Object.fromEntries(Object.keys(SCRIPTS).map((s) => [s, commandName(s)])) as Record<ScriptName, string>;
-
-type Evaluator = (...args: (string | number)[]) => Promise<unknown>;
 
 
 /** The outcome a lane records for its finished head, replayed if the job ever re-runs. */
@@ -64,6 +55,7 @@ export class Lanes {
   readonly lanesKey: string;
   readonly fenceKey: string;
   readonly failuresKey: string;
+  private readonly scripts: Record<ScriptName, LuaCommand>;
 
   constructor(
     private readonly client: RedisClient,
@@ -79,10 +71,9 @@ export class Lanes {
     this.lanesKey = `${prefix}:lanes`;
     this.fenceKey = `${prefix}:fence`;
     this.failuresKey = `${prefix}:failures`;
-    for (const [script, numberOfKeys] of Object.entries(SCRIPTS)) {
-      const name = commandName(script);
-      if (!(name in client)) client.defineCommand(name, { numberOfKeys, lua: loadLuaScript(script) });
-    }
+    this.scripts = Object.fromEntries(
+      Object.entries(SCRIPTS).map(([script, numberOfKeys]) => [script, luaCommand(client, script, numberOfKeys)]),
+    ) as Record<ScriptName, LuaCommand>;
   }
 
   listKey(laneId: string): string {
@@ -94,9 +85,7 @@ export class Lanes {
   }
 
   private run(script: ScriptName, ...args: (string | number)[]): Promise<unknown> {
-    const fn = (this.client as unknown as Record<string, Evaluator>)[COMMAND_NAMES[script]];
-    if (!fn) throw new Error(`lane script ${script} is not loaded`);
-    return fn.apply(this.client, args);
+    return this.scripts[script](...args);
   }
 
   private laneKeys(laneId: string): string[] {

@@ -1,7 +1,7 @@
 import type { RedisClient } from './redis.ts';
 import type { LeaseIdentity } from '../lease.ts';
 import type { SandboxState } from '../providers/types.ts';
-import { loadLuaScript } from './lua-scripts.ts';
+import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 
 /** What lease-ops last saw of a lease's sandbox. */
 export interface LeaseRecord {
@@ -26,13 +26,14 @@ const RECORD_TTL_S = 7 * 24 * 3_600;
  */
 export class LeaseRecords {
   readonly stoppingKey: string;
+  private readonly observeScript: LuaCommand;
 
   constructor(
     private readonly redis: RedisClient,
     private readonly prefix: string,
   ) {
     this.stoppingKey = `${prefix}:stopping`;
-    if (!('leaseOps_lease_observe' in redis)) redis.defineCommand('leaseOps_lease_observe', { numberOfKeys: 2, lua: loadLuaScript('lease-observe') });
+    this.observeScript = luaCommand(redis, 'lease-observe', 2);
   }
 
   recordKey(laneId: string): string {
@@ -46,9 +47,7 @@ export class LeaseRecords {
   /** Records an observation; returns since when the sandbox has been in that state. */
   async observe(laneId: string, lease: LeaseIdentity, providerLeaseId: string, state: SandboxState): Promise<number> {
     const providerState = 'providerState' in state ? state.providerState : state.kind;
-    const run = (this.redis as unknown as Record<string, (...a: (string | number)[]) => Promise<unknown>>).leaseOps_lease_observe!;
-    const since = await run.call(
-      this.redis,
+    const since = await this.observeScript(
       this.recordKey(laneId),
       this.stoppingKey,
       laneId,

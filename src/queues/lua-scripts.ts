@@ -1,4 +1,5 @@
 import { readFileSync } from 'node:fs';
+import type { RedisClient } from './redis.ts';
 
 const INCLUDE = /^--- @include "([a-z-]+)"$/gm;
 
@@ -9,4 +10,19 @@ const INCLUDE = /^--- @include "([a-z-]+)"$/gm;
 export function loadLuaScript(name: string): string {
   const read = (path: string) => readFileSync(new URL(`./lua/${path}.lua`, import.meta.url), 'utf8');
   return read(name).replace(INCLUDE, (_line, include: string) => read(`includes/${include}`));
+}
+
+/** Runs a script: its keys first, then its arguments. */
+export type LuaCommand = (...keysThenArgs: (string | number)[]) => Promise<unknown>;
+
+/**
+ * Registers ./lua/<name>.lua on the client as a command (once per client; ioredis then runs
+ * it by EVALSHA) and returns a function that runs it. Command names are prefixed so they
+ * never clash with BullMQ's.
+ */
+export function luaCommand(client: RedisClient, name: string, numberOfKeys: number): LuaCommand {
+  const command = `leaseOps_${name.replaceAll('-', '_')}`;
+  if (!(command in client)) client.defineCommand(command, { numberOfKeys, lua: loadLuaScript(name) });
+  const run = (client as unknown as Record<string, LuaCommand>)[command]!;
+  return (...keysThenArgs) => run.apply(client, keysThenArgs);
 }

@@ -13,7 +13,7 @@ import {
 } from '../operations.ts';
 import { QueueFullError } from '../errors.ts';
 import { Lanes } from './lane.ts';
-import { loadLuaScript } from './lua-scripts.ts';
+import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 
 /**
  * How long a job waits in BullMQ's delayed set while it is not its lane's turn. The lane,
@@ -78,6 +78,7 @@ export class OperationsQueue {
   readonly queue: Queue;
   readonly lanes: Lanes;
   private readonly jobOptions: JobsOptions;
+  private readonly deleteIfEqual: LuaCommand;
 
   constructor(
     readonly connection: RedisClient,
@@ -85,9 +86,7 @@ export class OperationsQueue {
   ) {
     this.queue = new Queue(settings.LEASE_OPS_QUEUE, { connection, prefix: settings.LEASE_OPS_PREFIX });
     this.lanes = this.lanesOn(connection);
-    if (!('leaseOps_delete_if_equal' in connection)) {
-      connection.defineCommand('leaseOps_delete_if_equal', { numberOfKeys: 1, lua: loadLuaScript('delete-if-equal') });
-    }
+    this.deleteIfEqual = luaCommand(connection, 'delete-if-equal', 1);
     this.jobOptions = {
       delay: PARK_MS,
       attempts: UNBOUNDED_ATTEMPTS,
@@ -147,7 +146,7 @@ export class OperationsQueue {
     if (pushed.kind === 'full') {
       // Refused: nothing of this request may stay behind, neither its job nor its key.
       await this.queue.remove(jobId);
-      if (idemKey) await (this.connection as unknown as Record<string, (k: string, v: string) => Promise<number>>).leaseOps_delete_if_equal!.call(this.connection, idemKey, jobId);
+      if (idemKey) await this.deleteIfEqual(idemKey, jobId);
       throw new QueueFullError(pushed.limit, pushed.count, FULL_RETRY_AFTER_MS);
     }
     return { jobId, laneId };

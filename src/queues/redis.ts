@@ -3,7 +3,8 @@ import { Cluster, Redis, type RedisOptions } from 'ioredis';
 /** A Redis connection: one server, or a Redis Cluster (REDIS_URL=redis+cluster://host:port,...). */
 export type RedisClient = Redis | Cluster;
 
-const CLUSTER_SCHEME = /^(rediss?)\+cluster:\/\/(.+)$/;
+/** redis+cluster://host:port,host:port (rediss+cluster:// for TLS). */
+const CLUSTER_SCHEME = /^(rediss?)\+cluster:\/\/([^,\s]+(?:,[^,\s]+)*)$/;
 
 /** True for a REDIS_URL that names Redis Cluster seed nodes. */
 export function isClusterUrl(url: string): boolean {

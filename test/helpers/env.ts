@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { QueueEvents } from 'bullmq';
+import { QueueEvents, type Queue } from 'bullmq';
 import { Cluster } from 'ioredis';
 import { loadConfig, type Config } from '../../src/config.ts';
 import { createLogger } from '../../src/logger.ts';
@@ -34,6 +34,20 @@ export const lease = (leaseId: string, companyId = 'co'): LeaseIdentity => ({
   environmentId: 'env',
   leaseId,
 });
+
+/**
+ * Worker settings for tests about crashes and recovery: a short lock, stall check, sweep and
+ * backoff, so that recovery happens within a test; finished jobs are kept for inspection.
+ */
+export const QUICK_RECOVERY: Readonly<Record<string, string>> = {
+  LEASE_OPS_LOCK_MS: '2000',
+  LEASE_OPS_STALLED_INTERVAL_MS: '1000',
+  LEASE_OPS_SWEEP_INTERVAL_MS: '500',
+  LEASE_OPS_SWEEP_STALE_MS: '1000',
+  LEASE_OPS_BACKOFF_BASE_MS: '20',
+  LEASE_OPS_BACKOFF_CAP_MS: '200',
+  LEASE_OPS_KEEP_COMPLETED_S: '3600',
+};
 
 /** The environment of a `lease-ops worker` child process for this bed, plus overrides. */
 export function workerEnv(bed: TestBed, overrides: Record<string, string>): Record<string, string> {
@@ -70,39 +84,7 @@ export class TestBed {
 
   /** Resolves with each job's end state once every one of them completed or failed (from BullMQ's events). */
   waitForAll(jobIds: string[], timeoutMs = 30_000): Promise<Map<string, 'completed' | 'failed'>> {
-    const pending = new Set(jobIds);
-    const ended = new Map<string, 'completed' | 'failed'>();
-    return new Promise((resolve, reject) => {
-      const finish = (state: 'completed' | 'failed') => ({ jobId }: { jobId: string }) => {
-        if (!pending.delete(jobId)) return;
-        ended.set(jobId, state);
-        if (pending.size === 0) done();
-      };
-      const onCompleted = finish('completed');
-      const onFailed = finish('failed');
-      const timer = setTimeout(() => {
-        cleanup();
-        reject(new Error(`${pending.size} of ${jobIds.length} operations did not end within ${timeoutMs} ms`));
-      }, timeoutMs);
-      const cleanup = () => {
-        clearTimeout(timer);
-        this.events.off('completed', onCompleted);
-        this.events.off('failed', onFailed);
-      };
-      const done = () => {
-        cleanup();
-        resolve(ended);
-      };
-      this.events.on('completed', onCompleted);
-      this.events.on('failed', onFailed);
-      // Jobs that ended before we listened.
-      void Promise.all(
-        [...pending].map(async (id) => {
-          const state = await this.ops.queue.getJobState(id);
-          if (state === 'completed' || state === 'failed') finish(state)({ jobId: id });
-        }),
-      );
-    });
+    return waitForJobs(this.events, this.ops.queue, jobIds, timeoutMs);
   }
 
   /** Keys left under this test's prefix that belong to lanes. */
@@ -118,6 +100,46 @@ export class TestBed {
     this.eventsConnection.disconnect();
     this.redis.disconnect();
   }
+}
+
+/**
+ * Resolves with each job's end state once every one of them completed or failed, driven by
+ * BullMQ's events (jobs that ended before the call are read once); rejects after `timeoutMs`.
+ */
+export function waitForJobs(events: QueueEvents, queue: Queue, jobIds: string[], timeoutMs: number): Promise<Map<string, 'completed' | 'failed'>> {
+  const pending = new Set(jobIds);
+  const ended = new Map<string, 'completed' | 'failed'>();
+  return new Promise((resolve, reject) => {
+    const finish = (state: 'completed' | 'failed') => ({ jobId }: { jobId: string }) => {
+      if (!pending.delete(jobId)) return;
+      ended.set(jobId, state);
+      if (pending.size === 0) done();
+    };
+    const onCompleted = finish('completed');
+    const onFailed = finish('failed');
+    const timer = setTimeout(() => {
+      cleanup();
+      reject(new Error(`${pending.size} of ${jobIds.length} operations did not end within ${timeoutMs} ms`));
+    }, timeoutMs);
+    const cleanup = () => {
+      clearTimeout(timer);
+      events.off('completed', onCompleted);
+      events.off('failed', onFailed);
+    };
+    const done = () => {
+      cleanup();
+      resolve(ended);
+    };
+    events.on('completed', onCompleted);
+    events.on('failed', onFailed);
+    // Jobs that ended before we listened.
+    void Promise.all(
+      [...pending].map(async (id) => {
+        const state = await queue.getJobState(id);
+        if (state === 'completed' || state === 'failed') finish(state)({ jobId: id });
+      }),
+    );
+  });
 }
 
 /** Keys matching `pattern`: on one server, or on every master of a cluster. */
