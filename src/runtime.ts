@@ -3,16 +3,28 @@ import { createServer, type Server } from 'node:http';
 import type { Config } from './config.ts';
 import { enableProcessMetrics, registry } from './metrics.ts';
 import { createLogger, type Logger } from './logger.ts';
+import { redisRateLimiters } from './providers/pacing.ts';
 import { loadProviders } from './providers/registry.ts';
+import { createRedis } from './queues/redis.ts';
 import { LeaseWorker } from './queues/worker.ts';
 
 export function loggerFor(config: Config, name = 'lease-ops'): Logger {
   return createLogger({ level: config.LEASE_OPS_LOG_LEVEL, name });
 }
 
-/** Starts one worker replica with the configured providers. */
+/**
+ * Starts one worker replica with the configured providers. Their request pacing is shared
+ * through Redis, so the replicas together stay under a provider's rate limit.
+ */
 export async function startWorker(config: Config, log: Logger): Promise<LeaseWorker> {
-  const providers = await loadProviders(config.LEASE_OPS_PROVIDERS);
+  const pacing = createRedis(config.REDIS_URL);
+  const providers = await loadProviders(config.LEASE_OPS_PROVIDERS, process.env, {
+    rateLimiters: redisRateLimiters(pacing, config.LEASE_OPS_PREFIX),
+  }).catch((err: unknown) => {
+    pacing.disconnect();
+    throw err;
+  });
+  providers.onClose(() => pacing.disconnect());
   const worker = new LeaseWorker(config, providers, log);
   await worker.start();
   log.info({ providers: providers.names(), concurrency: config.LEASE_OPS_CONCURRENCY }, 'worker started');

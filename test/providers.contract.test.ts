@@ -1,6 +1,5 @@
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createLogger } from '../src/logger.ts';
 import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
 import { PermanentError, SettlingError, TransientError } from '../src/providers/errors.ts';
 import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
@@ -9,6 +8,7 @@ import { CreateosFake } from '../src/fakes/createos-fake.ts';
 import { loadProviderModule } from '../src/providers/registry.ts';
 import { createSimulatedProvider } from '../src/providers/simulated/index.ts';
 import type { LeaseProvider, OperationContext } from '../src/providers/types.ts';
+import { providerContext, settled } from './helpers/provider-context.ts';
 
 /** What a contract run needs from one provider, and what its fake can be told to do. */
 interface Subject {
@@ -23,36 +23,7 @@ interface Subject {
   close: () => Promise<void>;
 }
 
-const log = createLogger({ level: 'silent' });
-let jobSeq = 0;
-const ctx = (leaseId: string, environmentId = 'env-a'): OperationContext => {
-  let saved: Record<string, unknown> = {};
-  return {
-    lease: { provider: 'x', companyId: 'co', environmentId, leaseId },
-    jobId: `contract.${++jobSeq}`,
-    attempt: 1,
-    attemptId: `contract.${jobSeq}:1`,
-    signal: new AbortController().signal,
-    fence: async () => undefined,
-    fenceIsFresh: () => true,
-    observe: () => undefined,
-    log,
-    checkpoint: { read: async () => saved, write: async (v) => void (saved = { ...saved, ...v }) },
-  };
-};
-
-/** What the lane does for a settling error, in small: try again until it settles. */
-async function settled<T>(fn: () => Promise<T>, timeoutMs = 5_000): Promise<T> {
-  const until = Date.now() + timeoutMs;
-  for (;;) {
-    try {
-      return await fn();
-    } catch (err) {
-      if (!(err instanceof SettlingError) || Date.now() > until) throw err;
-      await new Promise((r) => setTimeout(r, 10));
-    }
-  }
-}
+const ctx = (leaseId: string, environmentId = 'env-a'): OperationContext => providerContext(leaseId, environmentId);
 
 const SUBJECTS: Record<string, () => Promise<Subject>> = {
   daytona: async () => {
@@ -201,7 +172,7 @@ describe('CreateOS specifics', () => {
   let fake: CreateosFake;
   let apiUrl: string;
   beforeAll(async () => {
-    fake = new CreateosFake({ apiKey: 'k', timings: { create: 10, pause: 200, resume: 200, destroy: 10 }, ratePerMinute: 120 });
+    fake = new CreateosFake({ apiKey: 'k', timings: { create: 10, pause: 200, resume: 200, destroy: 10 }, rateLimit: { limit: 120, windowMs: 60_000 } });
     apiUrl = await fake.listen();
   });
   afterAll(() => fake.close());
@@ -226,7 +197,7 @@ describe('CreateOS specifics', () => {
   it('paces its requests under the rate limit instead of running into 429s', async () => {
     // The fake allows 120 requests a minute; the client paces itself to the same, two a
     // second, so a burst of six is spread over three seconds and none is refused.
-    const provider = createCreateosProvider({ apiUrl, apiKey: 'k', requestsPerMinute: 120 });
+    const provider = createCreateosProvider({ apiUrl, apiKey: 'k', requestsPerMinute: 120, burst: 1 });
     const c = ctx('p3');
     const { providerLeaseId } = await settled(() => provider.acquire(c, { runId: 'r' }));
     const before = fake.rateLimited;
@@ -238,7 +209,7 @@ describe('CreateOS specifics', () => {
   });
 
   it('checks the fence when a paced request gets its slot, so one superseded while it waited is never sent', async () => {
-    const provider = createCreateosProvider({ apiUrl, apiKey: 'k', requestsPerMinute: 60 });
+    const provider = createCreateosProvider({ apiUrl, apiKey: 'k', requestsPerMinute: 60, burst: 1 });
     const c = ctx('p4');
     const { providerLeaseId } = await settled(() => provider.acquire(c, { runId: 'r' }));
     let superseded = false;

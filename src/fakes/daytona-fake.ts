@@ -1,17 +1,19 @@
 import { randomUUID } from 'node:crypto';
 import { seededRandom } from './seeded-random.ts';
-import { ApiFake, type FakeReply, type Transitioning } from './http-fake.ts';
+import { ApiFake, applyCreateFault, WindowLimit, type FakeReply, type FakeRequest, type Transitioning } from './http-fake.ts';
 
-type DaytonaState =
-  | 'creating'
-  | 'starting'
-  | 'started'
-  | 'stopping'
-  | 'stopped'
-  | 'destroying'
-  | 'destroyed'
-  | 'error'
-  | 'archived';
+/**
+ * Daytona's sandbox states (its OpenAPI `SandboxState`, @daytona/api-client 0.218.0). The
+ * fake stores the server's *actual* state; what it reports is derived from it and the
+ * desired state exactly as the server's SandboxDto.getSandboxState does.
+ */
+export const DAYTONA_STATES = [
+  'creating', 'restoring', 'destroyed', 'destroying', 'started', 'stopped', 'starting', 'stopping', 'error', 'build_failed',
+  'pending_build', 'building_snapshot', 'unknown', 'pulling_snapshot', 'archived', 'archiving', 'resizing', 'snapshotting',
+  'forking', 'pausing', 'paused', 'resuming',
+] as const;
+export type DaytonaState = (typeof DAYTONA_STATES)[number];
+type DesiredState = 'destroyed' | 'started' | 'stopped' | 'resized' | 'archived' | 'paused';
 
 /** How long transitions take, in ms. */
 export interface DaytonaTimings {
@@ -37,20 +39,32 @@ export interface SandboxControls {
   conflictUntil?: { at: number; message: string };
   /** Put the sandbox into `error`, recoverable or not. */
   error?: { recoverable: boolean; reason: string };
+  /** Put the sandbox into this state as the server stores it (any of DAYTONA_STATES, or a
+   *  state this client has never heard of), with no transition running. */
+  state?: string;
+  /** With `state`: the desired state to report beside it (by default a stable state is its own goal). */
+  desiredState?: string;
 }
 
-interface FakeSandbox extends Transitioning<DaytonaState> {
+interface FakeSandbox extends Transitioning<string> {
   id: string;
   name: string;
   organizationId: string;
   labels: Record<string, string>;
-  desiredState: 'started' | 'stopped' | 'destroyed';
+  desiredState: DesiredState;
+  cpu: number;
+  memory: number;
+  disk: number;
   autoStopInterval: number;
+  autoArchiveInterval: number;
   autoDeleteInterval: number;
   recoverable: boolean;
-  errorReason: string | undefined;
+  errorReason: string | null;
+  /** Null until a runner first reported the sandbox started. */
+  daemonVersion: string | null;
   controls: SandboxControls;
   createdAt: string;
+  updatedAt: string;
   forceStops: number;
 }
 
@@ -65,29 +79,72 @@ export interface DaytonaFaults {
   transient: number;
 }
 
+/** Daytona's throttlers, counted per organization (per API key here) across all routes. */
+export type DaytonaThrottler = 'authenticated' | 'sandbox-create' | 'sandbox-lifecycle';
+
+export interface DaytonaFakeOptions {
+  apiKey?: string;
+  organizationId?: string;
+  timings?: Partial<DaytonaTimings>;
+  faults?: DaytonaFaults;
+  /** Per-throttler limits; none by default. */
+  rateLimits?: Partial<Record<DaytonaThrottler, { limit: number; windowMs: number }>>;
+  /** Fields newer servers send that this client does not know; merged into every sandbox reply. */
+  extraFields?: Record<string, unknown>;
+}
+
 const DEFAULT_TIMINGS: DaytonaTimings = { create: 20, start: 20, stop: 20, forceStop: 0, destroy: 10 };
+/** Documented in the 0.218.0 spec, unknown to lease-ops' reply schema: a reply carries more than a client expects. */
+const DEFAULT_EXTRA_FIELDS = { autoPauseInterval: 0, kvm: false };
+const ERRORED = new Set(['error', 'build_failed']);
+const HTTP_NAMES: Record<number, string> = {
+  400: 'Bad Request', 401: 'Unauthorized', 403: 'Forbidden', 404: 'Not Found', 409: 'Conflict', 429: 'Too Many Requests',
+  500: 'Internal Server Error', 502: 'Bad Gateway', 503: 'Service Unavailable', 504: 'Gateway Timeout',
+};
+const API_CODES: Record<number, string> = {
+  400: 'BAD_REQUEST', 401: 'UNAUTHORIZED', 403: 'FORBIDDEN', 404: 'NOT_FOUND', 409: 'CONFLICT', 429: 'RATE_LIMIT_EXCEEDED', 500: 'INTERNAL_SERVER_ERROR',
+};
 
 /**
- * A faithful local Daytona API over real HTTP: the paths, status codes, error bodies and
- * state machine the official client meets (see ../shared/BRIEF.md, "Provider facts").
- * Transitions take time; 409 answers while state != desiredState; stopping a sandbox that
- * is not started answers 400 "Sandbox is not in a stoppable state".
+ * A local Daytona API over real HTTP, built from Daytona's server code and OpenAPI document
+ * (apps/api: SandboxDto.fromSandbox, sandbox.entity.ts, sandbox.service.ts, the global
+ * exception filter and the named throttlers; see docs/providers.md for the sources):
+ *
+ * - Replies are the full sandbox DTO in the server's field order. Nullable columns come back
+ *   as `null` (errorReason, networkAllowList, domainAllowList, daemonVersion, runnerId while
+ *   archived), columns the DTO maps with `?? undefined` are left out, and fields newer than
+ *   this client (`extraFields`) are present.
+ * - The reported state is derived from the stored one and the desired state (started and
+ *   desired stopped reads `stopping`; unknown and desired started reads `creating`).
+ * - Create answers 200 at once with `creating`; names are unique per organization (409);
+ *   GET and every action take an id or a name; delete answers the sandbox as `destroying`
+ *   and renames it `DESTROYED_<name>_<ms>`; a destroyed sandbox answers 404.
+ * - 409 "Sandbox state change in progress" while the state differs from the desired one; 400
+ *   "Sandbox is not in a stoppable state" / "not in valid state" / "in an errored state".
+ * - Error bodies `{statusCode, source, code, message, error, path, timestamp, method}`.
+ * - 429 per throttler with `Retry-After-<throttler>` and `X-RateLimit-*-<throttler>` headers.
+ *
+ * One behaviour is assumed rather than read from server code (the public server predates
+ * it): `stop?force=true` on a sandbox still `stopping` kills it (SIGKILL) instead of 409.
  */
 export class DaytonaFake extends ApiFake {
   readonly sandboxes = new Map<string, FakeSandbox>();
   private readonly timings: DaytonaTimings;
-
   private readonly random: (() => number) | null;
+  private readonly limits = new Map<DaytonaThrottler, WindowLimit>();
+  private readonly extraFields: Record<string, unknown>;
 
-  constructor(private readonly opts: { apiKey?: string; organizationId?: string; timings?: Partial<DaytonaTimings>; faults?: DaytonaFaults } = {}) {
-    super((req) => this.route(req.method, req.path, req.query, req.body, req.headers.authorization));
+  constructor(private readonly opts: DaytonaFakeOptions = {}) {
+    super((req) => this.route(req));
     this.timings = { ...DEFAULT_TIMINGS, ...opts.timings };
     this.random = opts.faults ? seededRandom(opts.faults.seed) : null;
+    for (const [name, l] of Object.entries(opts.rateLimits ?? {})) this.limits.set(name as DaytonaThrottler, new WindowLimit(l.limit, l.windowMs));
+    this.extraFields = opts.extraFields ?? DEFAULT_EXTRA_FIELDS;
   }
 
   /** Every sandbox created so far and not destroyed. */
   ids(): string[] {
-    return [...this.sandboxes.keys()];
+    return [...this.sandboxes.values()].filter((sb) => (this.settle(sb), sb.state !== 'destroyed')).map((sb) => sb.id);
   }
 
   /** Changes how one sandbox behaves from now on. */
@@ -101,14 +158,22 @@ export class DaytonaFake extends ApiFake {
       sb.recoverable = controls.error.recoverable;
       sb.errorReason = controls.error.reason;
     }
+    if (controls.state !== undefined) {
+      sb.state = controls.state;
+      sb.transition = null;
+      // A stable state is where the sandbox was headed; a transitional one keeps its goal.
+      if (['started', 'stopped', 'archived', 'paused'].includes(controls.state)) sb.desiredState = controls.state as DesiredState;
+      if (controls.desiredState !== undefined) sb.desiredState = controls.desiredState as DesiredState;
+    }
   }
 
-  /** The sandbox's state now (after any transition that is due). */
-  stateOf(idOrName: string): DaytonaState | 'gone' {
+  /** The sandbox's state now, as the API reports it (after any transition that is due). */
+  stateOf(idOrName: string): string {
     const sb = this.find(idOrName);
     if (!sb || sb.controls.lost) return 'gone';
     this.settle(sb);
-    return sb.state;
+    if (sb.state === 'destroyed') return 'gone';
+    return reportedState(sb);
   }
 
   private find(idOrName: string): FakeSandbox | undefined {
@@ -118,159 +183,297 @@ export class DaytonaFake extends ApiFake {
     return undefined;
   }
 
+  /** The sandbox as GET finds it: destroyed ones, and errored ones marked for deletion, are not found. */
+  private visible(idOrName: string): FakeSandbox | undefined {
+    const sb = this.find(idOrName);
+    if (!sb || sb.controls.lost) return undefined;
+    this.settle(sb);
+    if (sb.state === 'destroyed' || (ERRORED.has(sb.state) && sb.desiredState === 'destroyed')) return undefined;
+    return sb;
+  }
+
   private settle(sb: FakeSandbox): void {
-    if (this.settleTransition(sb) && sb.state === 'destroyed') this.sandboxes.delete(sb.id);
+    if (!this.settleTransition(sb)) return;
+    sb.updatedAt = new Date().toISOString();
+    if (sb.state === 'started') sb.daemonVersion ??= 'v0.5.0';
   }
 
-  private begin(sb: FakeSandbox, via: DaytonaState, to: DaytonaState, ms: number): void {
-    this.beginTransition(sb, via, to, ms);
-    if (sb.state === 'destroyed') this.sandboxes.delete(sb.id);
+  private begin(sb: FakeSandbox, to: string, ms: number): void {
+    // The stored state stays until the runner reports the new one; the reply derives the
+    // transitional state from it and the desired state.
+    sb.transition = { to, at: Date.now() + Math.max(0, ms) };
+    sb.updatedAt = new Date().toISOString();
+    this.settle(sb);
   }
 
-  private error(path: string, status: number, message: string, headers?: Record<string, string>): FakeReply {
-    const names: Record<number, string> = { 400: 'Bad Request', 401: 'Unauthorized', 404: 'Not Found', 409: 'Conflict', 429: 'Too Many Requests', 500: 'Internal Server Error', 503: 'Service Unavailable' };
-    return { status, headers, body: { path, timestamp: new Date().toISOString(), statusCode: status, error: names[status] ?? 'Error', message } };
+  private error(req: FakeRequest, status: number, message: string, headers?: Record<string, string>): FakeReply {
+    return {
+      status,
+      headers,
+      body: {
+        statusCode: status,
+        source: 'DAYTONA_API',
+        code: API_CODES[status] ?? (status >= 500 ? 'INTERNAL_SERVER_ERROR' : 'BAD_REQUEST'),
+        message,
+        error: HTTP_NAMES[status] ?? 'Error',
+        path: `/api${req.path}`,
+        timestamp: new Date().toISOString(),
+        method: req.method,
+      },
+    };
   }
 
-  private view(sb: FakeSandbox) {
+  /** SandboxDto.fromSandbox, field for field and in its order. */
+  private view(sb: FakeSandbox, opts: { withRelations: boolean }) {
+    const state = reportedState(sb);
     return {
       id: sb.id,
       organizationId: sb.organizationId,
       name: sb.name,
+      target: 'us',
+      snapshot: 'daytonaio/sandbox:0.5.0',
       user: 'daytona',
       env: {},
-      labels: sb.labels,
+      cpu: sb.cpu,
+      gpu: 0,
+      memory: sb.memory,
+      disk: sb.disk,
       public: false,
       networkBlockAll: false,
-      target: 'us',
-      cpu: 1,
-      gpu: 0,
-      memory: 1,
-      disk: 3,
-      state: sb.state,
+      networkAllowList: null,
+      domainAllowList: null,
+      labels: sb.labels,
+      volumes: [],
+      state,
       desiredState: sb.desiredState,
       errorReason: sb.errorReason,
       recoverable: sb.recoverable,
+      backupState: 'None',
       autoStopInterval: sb.autoStopInterval,
-      autoArchiveInterval: 60,
+      autoArchiveInterval: sb.autoArchiveInterval,
       autoDeleteInterval: sb.autoDeleteInterval,
+      sandboxClass: 'container',
       createdAt: sb.createdAt,
-      updatedAt: new Date().toISOString(),
-      toolboxProxyUrl: 'http://127.0.0.1/toolbox',
+      updatedAt: sb.updatedAt,
+      // Only GET loads the lastActivityAt relation; create and the actions reply without it.
+      ...(opts.withRelations ? { lastActivityAt: sb.updatedAt } : {}),
+      daemonVersion: sb.daemonVersion,
+      runnerId: sb.state === 'archived' || sb.state === 'destroyed' ? null : '0a9b8c7d-6e5f-4a3b-2c1d-0e9f8a7b6c5d',
+      toolboxProxyUrl: 'https://proxy.app.daytona.io/toolbox',
+      ...this.extraFields,
     };
   }
 
-  private route(method: string, path: string, query: URLSearchParams, body: unknown, auth: string | undefined) {
-    const none = (reply: FakeReply) => ({ reply, sandboxId: null });
-    if (this.opts.apiKey && auth !== `Bearer ${this.opts.apiKey}`) return none(this.error(path, 401, 'Unauthorized'));
+  /** Which throttler a request counts against, as the API's controller scopes them. */
+  private throttlerOf(method: string, path: string): DaytonaThrottler {
+    if (method === 'POST' && path === '/sandbox') return 'sandbox-create';
+    if (method === 'DELETE' || /\/(start|stop|archive)$/.test(path)) return 'sandbox-lifecycle';
+    return 'authenticated';
+  }
 
-    if (method === 'POST' && path === '/sandbox') return none(this.create(path, body));
+  private throttled(req: FakeRequest, key: string): FakeReply | null {
+    const name = this.throttlerOf(req.method, req.path);
+    const limit = this.limits.get(name);
+    if (!limit) return null;
+    const retryAfterS = limit.take(key);
+    if (retryAfterS === null) return null;
+    return this.error(req, 429, 'ThrottlerException: Too Many Requests', {
+      [`retry-after-${name}`]: String(retryAfterS),
+      [`x-ratelimit-limit-${name}`]: String(limit.limit),
+      [`x-ratelimit-remaining-${name}`]: '0',
+      [`x-ratelimit-reset-${name}`]: String(retryAfterS),
+    });
+  }
+
+  private route(req: FakeRequest) {
+    const { method, path, query, body } = req;
+    const none = (reply: FakeReply) => ({ reply, sandboxId: null });
+    const auth = req.headers.authorization;
+    if (this.opts.apiKey && auth !== `Bearer ${this.opts.apiKey}`) return none(this.error(req, 401, 'Unauthorized'));
+    const limited = this.throttled(req, auth ?? '');
+    if (limited) return none(limited);
+
+    if (method === 'POST' && path === '/sandbox') {
+      const fault = this.takeCreateFault();
+      const created = this.create(req, body, fault?.kind === 'slow-boot' ? fault.bootMs : this.timings.create);
+      return { reply: applyCreateFault(fault, created.reply), sandboxId: created.sandboxId };
+    }
+    if (method === 'GET' && path === '/sandbox') return none(this.list(query));
     const m = /^\/sandbox\/([^/]+)(?:\/(start|stop|recover|autodelete)(?:\/(-?\d+))?)?$/.exec(path);
-    if (!m) return none(this.error(path, 404, `Cannot ${method} ${path}`));
+    if (!m) return none(this.error(req, 404, `Cannot ${method} /api${path}`));
     const [, idOrName, action, arg] = m;
-    const sb = this.find(decodeURIComponent(idOrName!));
-    if (!sb || sb.controls.lost) return none(this.error(path, 404, `Sandbox with ID or name ${idOrName} not found`));
+    const sb = this.visible(decodeURIComponent(idOrName!));
+    if (!sb) return none(this.error(req, 404, `Sandbox with ID or name ${decodeURIComponent(idOrName!)} not found`));
     const reply = (r: FakeReply) => ({ reply: r, sandboxId: sb.id });
 
     const failure = sb.controls.failNext?.shift();
     if (failure) {
       const headers = failure.retryAfterS !== undefined ? { 'retry-after': String(failure.retryAfterS) } : undefined;
-      return reply(this.error(path, failure.status, `injected ${failure.status}`, headers));
+      return reply(this.error(req, failure.status, `injected ${failure.status}`, headers));
     }
     const faults = this.opts.faults;
     if (faults && this.random) {
       const roll = this.random();
       if (roll < faults.transient) {
         const status = roll < faults.transient / 2 ? 503 : 429;
-        return { ...reply(this.error(path, status, `injected ${status}`, { 'retry-after': '0' })), injected: true };
+        return { ...reply(this.error(req, status, `injected ${status}`, { 'retry-after': '0' })), injected: true };
       }
       if (roll < faults.transient + faults.settling && (method === 'DELETE' || action === 'start' || action === 'stop')) {
-        return { ...reply(this.error(path, 409, 'Sandbox state change in progress')), injected: true };
+        return { ...reply(this.error(req, 409, 'Sandbox state change in progress')), injected: true };
       }
     }
-    this.settle(sb);
-    if (!this.sandboxes.has(sb.id)) return none(this.error(path, 404, `Sandbox with ID or name ${idOrName} not found`));
 
-    if (method === 'GET' && !action) return reply({ status: 200, body: this.view(sb) });
-    if (method === 'DELETE' && !action) {
-      sb.desiredState = 'destroyed';
-      this.begin(sb, 'destroying', 'destroyed', this.timings.destroy);
-      return reply({ status: 200, body: this.view(sb) });
-    }
-    if (method !== 'POST') return reply(this.error(path, 404, `Cannot ${method} ${path}`));
+    if (method === 'GET' && !action) return reply({ status: 200, body: this.view(sb, { withRelations: true }) });
+    if (method === 'DELETE' && !action) return reply(this.destroy(req, sb));
+    if (method !== 'POST') return reply(this.error(req, 404, `Cannot ${method} /api${path}`));
 
-    const changing = sb.transition !== null;
     const conflict = sb.controls.conflictUntil;
     if (conflict && Date.now() < conflict.at && (action === 'start' || action === 'stop')) {
-      return reply(this.error(path, 409, conflict.message));
+      return reply(this.error(req, 409, conflict.message));
     }
     switch (action) {
       case 'autodelete':
         sb.autoDeleteInterval = Number(arg);
-        return reply({ status: 200, body: this.view(sb) });
+        return reply({ status: 200, body: this.view(sb, { withRelations: false }) });
       case 'start':
-        if (changing) return reply(this.error(path, 409, 'Sandbox state change in progress'));
-        if (sb.state === 'started') return reply({ status: 200, body: this.view(sb) });
-        if (sb.state !== 'stopped' && sb.state !== 'archived') return reply(this.error(path, 400, 'Sandbox is not in a startable state'));
-        sb.desiredState = 'started';
-        this.begin(sb, 'starting', 'started', this.timings.start);
-        return reply({ status: 200, body: this.view(sb) });
+        return reply(this.start(req, sb));
       case 'recover':
-        if (sb.state !== 'error' || !sb.recoverable) return reply(this.error(path, 400, 'Sandbox is not recoverable'));
+        if (!sb.recoverable) return reply(this.error(req, 400, 'Sandbox is not in a recoverable state'));
+        if (!ERRORED.has(sb.state)) return reply(this.error(req, 400, 'Sandbox must be in error state to recover'));
+        sb.errorReason = null;
+        sb.recoverable = false;
+        sb.state = 'stopped';
         sb.desiredState = 'started';
-        sb.errorReason = undefined;
-        this.begin(sb, 'starting', 'started', this.timings.start);
-        return reply({ status: 200, body: this.view(sb) });
-      case 'stop': {
-        const force = query.get('force') === 'true';
-        if (force && sb.state === 'stopping') {
-          // SIGKILL for a stop that SIGTERM did not finish, unless told to refuse.
-          if ((sb.controls.refuseForceStops ?? 0) > sb.forceStops++) {
-            return reply(this.error(path, 409, 'Sandbox state change in progress'));
-          }
-          this.begin(sb, 'stopping', 'stopped', this.timings.forceStop);
-          return reply({ status: 200, body: this.view(sb) });
-        }
-        if (changing) return reply(this.error(path, 409, 'Sandbox state change in progress'));
-        if (sb.state !== 'started') return reply(this.error(path, 400, 'Sandbox is not in a stoppable state'));
-        if (force && (sb.controls.refuseForceStops ?? 0) > sb.forceStops++) {
-          return reply(this.error(path, 409, 'Sandbox state change in progress'));
-        }
-        sb.desiredState = 'stopped';
-        const ms = force ? this.timings.forceStop : (sb.controls.stuckStoppingMs ?? this.timings.stop);
-        this.begin(sb, 'stopping', 'stopped', ms);
-        return reply({ status: 200, body: this.view(sb) });
-      }
+        this.begin(sb, 'started', this.timings.start);
+        return reply({ status: 200, body: this.view(sb, { withRelations: false }) });
+      case 'stop':
+        return reply(this.stop(req, sb, query.get('force') === 'true'));
       default:
-        return reply(this.error(path, 404, `Cannot ${method} ${path}`));
+        return reply(this.error(req, 404, `Cannot ${method} /api${path}`));
     }
   }
 
-  private create(path: string, body: unknown): FakeReply {
-    const req = (body ?? {}) as { name?: unknown; labels?: unknown; autoStopInterval?: unknown; autoDeleteInterval?: unknown };
-    const name = typeof req.name === 'string' && req.name ? req.name : undefined;
-    if (name && this.find(name)) return this.error(path, 409, `Sandbox with name ${name} already exists`);
-    const labels = req.labels && typeof req.labels === 'object' ? (req.labels as Record<string, string>) : {};
+  /** SandboxService.start: idempotent on a started sandbox, 400 errored, 409 pending. */
+  private start(req: FakeRequest, sb: FakeSandbox): FakeReply {
+    if (sb.state === 'started' && sb.desiredState === 'started') return { status: 200, body: this.view(sb, { withRelations: false }) };
+    if (ERRORED.has(sb.state)) return this.error(req, 400, 'Sandbox is in an errored state');
+    if (sb.state !== sb.desiredState || sb.transition) return this.error(req, 409, 'Sandbox state change in progress');
+    if (!['stopped', 'archived', 'archiving', 'paused'].includes(sb.state)) return this.error(req, 400, 'Sandbox is not in valid state');
+    sb.desiredState = 'started';
+    this.begin(sb, 'started', this.timings.start);
+    return { status: 200, body: this.view(sb, { withRelations: false }) };
+  }
+
+  /** SandboxService.stop, plus SIGKILL for a stop that SIGTERM did not finish (assumed; see the class comment). */
+  private stop(req: FakeRequest, sb: FakeSandbox, force: boolean): FakeReply {
+    if (ERRORED.has(sb.state)) return this.error(req, 400, 'Sandbox is in an errored state');
+    if (force && sb.state === 'started' && sb.desiredState === 'stopped') {
+      if ((sb.controls.refuseForceStops ?? 0) > sb.forceStops++) return this.error(req, 409, 'Sandbox state change in progress');
+      this.begin(sb, 'stopped', this.timings.forceStop);
+      return { status: 200, body: this.view(sb, { withRelations: false }) };
+    }
+    if (sb.state !== sb.desiredState || sb.transition) return this.error(req, 409, 'Sandbox state change in progress');
+    if (sb.state !== 'started' && sb.state !== 'paused') return this.error(req, 400, 'Sandbox is not in a stoppable state');
+    if (force && (sb.controls.refuseForceStops ?? 0) > sb.forceStops++) return this.error(req, 409, 'Sandbox state change in progress');
+    if (sb.autoDeleteInterval === 0) return this.destroy(req, sb); // an ephemeral sandbox is deleted on stop
+    sb.desiredState = 'stopped';
+    this.begin(sb, 'stopped', force ? this.timings.forceStop : (sb.controls.stuckStoppingMs ?? this.timings.stop));
+    return { status: 200, body: this.view(sb, { withRelations: false }) };
+  }
+
+  /** SandboxService.destroy: a soft delete that frees the name at once. */
+  private destroy(req: FakeRequest, sb: FakeSandbox): FakeReply {
+    const pending = !ERRORED.has(sb.state) && (sb.state !== sb.desiredState || sb.transition !== null);
+    if (pending) return this.error(req, 409, 'Sandbox state change in progress');
+    sb.desiredState = 'destroyed';
+    sb.name = `DESTROYED_${sb.name}_${Date.now()}`;
+    this.begin(sb, 'destroyed', this.timings.destroy);
+    if (sb.state === 'destroyed') return { status: 200, body: { ...this.view(sb, { withRelations: false }), state: 'destroyed' } };
+    return { status: 200, body: this.view(sb, { withRelations: false }) };
+  }
+
+  /** GET /sandbox (0.218.0): `{items, nextCursor}`, labels as JSON containment, destroyed left out. */
+  private list(query: URLSearchParams): FakeReply {
+    let labels: Record<string, string> = {};
+    const raw = query.get('labels');
+    if (raw) {
+      try {
+        labels = JSON.parse(raw) as Record<string, string>;
+      } catch {
+        return { status: 400, body: { statusCode: 400, message: 'Invalid labels JSON format', error: 'Bad Request' } };
+      }
+    }
+    const name = query.get('name')?.toLowerCase();
+    const limit = Math.min(200, Math.max(1, Number(query.get('limit') ?? 100)));
+    const offset = Number(query.get('cursor') ?? 0);
+    const matching = [...this.sandboxes.values()].filter((sb) => {
+      this.settle(sb);
+      if (sb.state === 'destroyed' || sb.controls.lost) return false;
+      if (ERRORED.has(sb.state) && sb.desiredState === 'destroyed') return false;
+      if (name && !sb.name.toLowerCase().startsWith(name)) return false;
+      return Object.entries(labels).every(([k, v]) => sb.labels[k] === v);
+    });
+    const page = matching.slice(offset, offset + limit);
+    const items = page.map((sb) => {
+      const { env: _env, volumes: _volumes, ...item } = this.view(sb, { withRelations: false });
+      return { ...item, state: sb.state === 'archived' && sb.desiredState === 'started' ? 'restoring' : item.state };
+    });
+    return { status: 200, body: { items, nextCursor: offset + limit < matching.length ? String(offset + limit) : null } };
+  }
+
+  private create(req: FakeRequest, body: unknown, bootMs: number): { reply: FakeReply; sandboxId: string | null } {
+    const input = (body ?? {}) as { name?: unknown; labels?: unknown; autoStopInterval?: unknown; autoDeleteInterval?: unknown; cpu?: unknown; memory?: unknown; disk?: unknown };
+    const name = typeof input.name === 'string' && input.name ? input.name : undefined;
+    if (name && this.find(name)) return { reply: this.error(req, 409, `Sandbox with name ${name} already exists`), sandboxId: null };
+    if (typeof input.autoStopInterval === 'number' && input.autoStopInterval < 0) {
+      return { reply: this.error(req, 400, 'Auto-stop interval must be non-negative'), sandboxId: null };
+    }
+    const labels = input.labels && typeof input.labels === 'object' ? (input.labels as Record<string, string>) : {};
     const id = randomUUID();
+    const now = new Date().toISOString();
     const sb: FakeSandbox = {
       id,
       name: name ?? id,
-      organizationId: this.opts.organizationId ?? 'org-fake',
+      organizationId: this.opts.organizationId ?? '1f2e3d4c-5b6a-4798-8877-665544332211',
       labels,
-      state: 'creating',
+      state: 'unknown',
       desiredState: 'started',
       transition: null,
-      autoStopInterval: typeof req.autoStopInterval === 'number' ? req.autoStopInterval : 15,
-      autoDeleteInterval: typeof req.autoDeleteInterval === 'number' ? req.autoDeleteInterval : 10_080,
+      cpu: typeof input.cpu === 'number' ? input.cpu : 1,
+      memory: typeof input.memory === 'number' ? input.memory : 1,
+      disk: typeof input.disk === 'number' ? input.disk : 3,
+      autoStopInterval: typeof input.autoStopInterval === 'number' ? input.autoStopInterval : 15,
+      autoArchiveInterval: 10_080,
+      autoDeleteInterval: typeof input.autoDeleteInterval === 'number' ? input.autoDeleteInterval : -1,
       recoverable: false,
-      errorReason: undefined,
+      errorReason: null,
+      daemonVersion: null,
       controls: {},
-      createdAt: new Date().toISOString(),
+      createdAt: now,
+      updatedAt: now,
       forceStops: 0,
     };
     this.sandboxes.set(id, sb);
-    this.begin(sb, 'creating', 'started', this.timings.create);
-    return { status: 200, body: this.view(sb) };
+    this.begin(sb, 'started', bootMs);
+    return { reply: { status: 200, body: this.view(sb, { withRelations: false }) }, sandboxId: id };
   }
 }
 
+/** SandboxDto.getSandboxState: the transitional state a client sees. */
+function reportedState(sb: FakeSandbox): string {
+  switch (sb.state) {
+    case 'started':
+      if (sb.desiredState === 'stopped') return 'stopping';
+      if (sb.desiredState === 'destroyed') return 'destroying';
+      break;
+    case 'stopped':
+      if (sb.desiredState === 'started') return 'starting';
+      if (sb.desiredState === 'destroyed') return 'destroying';
+      if (sb.desiredState === 'archived') return 'archiving';
+      break;
+    case 'unknown':
+      if (sb.desiredState === 'started') return 'creating';
+      break;
+  }
+  return sb.state;
+}

@@ -1,3 +1,4 @@
+import { EventEmitter } from 'node:events';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
@@ -18,17 +19,30 @@ export interface FakeCall {
 
 export interface FakeReply {
   status: number;
+  /** Sent as JSON. */
   body?: unknown;
+  /** Sent as it is instead of `body` (a reply that is not JSON, or not the JSON it should be). */
+  raw?: string;
   headers?: Record<string, string>;
+  /** Wait this long before answering (a call slower than the client's timeout). */
+  delayMs?: number;
+  /** Answer only once this settles (a test holds the reply while it kills the caller). */
+  hold?: Promise<unknown>;
+  /** Send the status line and this many bytes of the body, then cut the connection. */
+  cutAfterBytes?: number;
 }
 
-export type FakeRoute = (req: {
+export interface FakeRequest {
   method: string;
   path: string;
   query: URLSearchParams;
   body: unknown;
   headers: IncomingMessage['headers'];
-}) => Promise<RouteResult> | RouteResult;
+  /** The caller's address: rate limits that count per caller IP key on it. */
+  remoteAddress: string;
+}
+
+export type FakeRoute = (req: FakeRequest) => Promise<RouteResult> | RouteResult;
 
 export interface RouteResult {
   reply: FakeReply;
@@ -39,14 +53,17 @@ export interface RouteResult {
 /**
  * The HTTP plumbing shared by the provider fakes: a real server on loopback, JSON in and
  * out, and a log of every call with its start and end, so tests can check from the
- * provider's side that calls for one sandbox never overlapped.
+ * provider's side that calls for one sandbox never overlapped. Emits `request` (method,
+ * path) as each request arrives, before it is answered, so a test can act at that moment.
  */
-export class HttpFake {
+export class HttpFake extends EventEmitter {
   readonly calls: FakeCall[] = [];
   private server: Server | null = null;
   private baseUrl = '';
 
-  constructor(private readonly route: FakeRoute) {}
+  constructor(private readonly route: FakeRoute) {
+    super();
+  }
 
   get url(): string {
     if (!this.server) throw new Error('fake is not listening');
@@ -90,17 +107,36 @@ export class HttpFake {
     const url = new URL(req.url ?? '/', 'http://fake');
     let raw = '';
     for await (const chunk of req) raw += chunk;
+    this.emit('request', { method: req.method ?? 'GET', path: url.pathname });
     let body: unknown = undefined;
     let result: Awaited<ReturnType<FakeRoute>>;
     try {
       body = raw ? JSON.parse(raw) : undefined;
-      result = await this.route({ method: req.method ?? 'GET', path: url.pathname, query: url.searchParams, body, headers: req.headers });
+      result = await this.route({
+        method: req.method ?? 'GET',
+        path: url.pathname,
+        query: url.searchParams,
+        body,
+        headers: req.headers,
+        remoteAddress: req.socket.remoteAddress ?? '',
+      });
     } catch (err) {
       result = { sandboxId: null, reply: { status: 400, body: { message: `bad request: ${(err as Error).message}` } } };
     }
     const { reply } = result;
-    res.writeHead(reply.status, { 'content-type': 'application/json', ...reply.headers });
-    res.end(reply.body === undefined ? '' : JSON.stringify(reply.body));
+    if (reply.delayMs) await new Promise((r) => setTimeout(r, reply.delayMs));
+    if (reply.hold) await reply.hold.catch(() => undefined);
+    const text = reply.raw ?? (reply.body === undefined ? '' : JSON.stringify(reply.body));
+    if (!res.destroyed) {
+      if (reply.cutAfterBytes !== undefined) {
+        // Promise a whole body, send part of it, then drop the connection.
+        res.writeHead(reply.status, { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(text)), ...reply.headers });
+        res.write(text.slice(0, reply.cutAfterBytes), () => res.destroy());
+      } else {
+        res.writeHead(reply.status, { 'content-type': 'application/json', ...reply.headers });
+        res.end(text);
+      }
+    }
     const attempt = req.headers['x-lease-ops-attempt'];
     this.calls.push({
       sandboxId: result.sandboxId,
@@ -122,9 +158,56 @@ export interface Transitioning<S extends string> {
   transition: { to: S; at: number } | null;
 }
 
+/** A fault a test arms for the next create request: the sandbox is made, its reply goes wrong. */
+export type CreateFault =
+  | { kind: 'cut' }
+  | { kind: 'invalid' }
+  | { kind: 'status'; status: number }
+  | { kind: 'slow'; delayMs: number }
+  | { kind: 'hold'; until: Promise<unknown> }
+  /** The reply is as usual, but the sandbox takes this long to come up. */
+  | { kind: 'slow-boot'; bootMs: number };
+
+/** How a create fault changes the reply of a create that did make its sandbox. */
+export function applyCreateFault(fault: CreateFault | undefined, reply: FakeReply): FakeReply {
+  switch (fault?.kind) {
+    case undefined:
+    case 'slow-boot':
+      return reply;
+    case 'cut':
+      return { ...reply, cutAfterBytes: 12 };
+    case 'invalid':
+      return { status: reply.status, raw: '{"id": 42, "state": ["not", "a", "state"]' };
+    case 'status':
+      return { status: fault.status, body: { message: `injected ${fault.status} after the sandbox was made` } };
+    case 'slow':
+      return { ...reply, delayMs: fault.delayMs };
+    case 'hold':
+      return { ...reply, hold: fault.until };
+  }
+}
+
+/** A fixed-window request counter: `limit` requests per `windowMs` per key. */
+export class WindowLimit {
+  private readonly windows = new Map<string, { start: number; count: number }>();
+  constructor(readonly limit: number, readonly windowMs: number) {}
+
+  /** Counts a request; returns the seconds until the window resets if it is over the limit, else null. */
+  take(key: string, now = Date.now()): number | null {
+    let w = this.windows.get(key);
+    if (!w || now - w.start >= this.windowMs) {
+      w = { start: now, count: 0 };
+      this.windows.set(key, w);
+    }
+    w.count++;
+    return w.count > this.limit ? Math.max(1, Math.ceil((w.start + this.windowMs - now) / 1000)) : null;
+  }
+}
+
 /** What the provider fakes share: a real HTTP server, its call log, and timed transitions. */
 export abstract class ApiFake {
   readonly http: HttpFake;
+  private readonly createFaults: CreateFault[] = [];
 
   constructor(route: FakeRoute) {
     this.http = new HttpFake(route);
@@ -140,6 +223,27 @@ export abstract class ApiFake {
 
   close(): Promise<void> {
     return this.http.close();
+  }
+
+  /** The next create makes its sandbox as usual, then answers with this fault. */
+  failNextCreate(fault: CreateFault): void {
+    this.createFaults.push(fault);
+  }
+
+  /** Resolves when a request with this method whose path matches arrives (before it is answered). */
+  nextRequest(method: string, path: RegExp): Promise<void> {
+    return new Promise((resolve) => {
+      const onRequest = (r: { method: string; path: string }) => {
+        if (r.method !== method || !path.test(r.path)) return;
+        this.http.off('request', onRequest);
+        resolve();
+      };
+      this.http.on('request', onRequest);
+    });
+  }
+
+  protected takeCreateFault(): CreateFault | undefined {
+    return this.createFaults.shift();
   }
 
   /** Ends a transition that is due. Returns true when one ended. */

@@ -2,13 +2,15 @@ import { isAbsolute, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { z } from 'zod';
 import { createCreateosProvider } from './createos/index.ts';
-import { createDaytonaProvider } from './daytona/index.ts';
+import { createDaytonaProvider, DAYTONA_THROTTLERS } from './daytona/index.ts';
+import { localRateLimiters } from './pacing.ts';
 import { createSimulatedProvider } from './simulated/index.ts';
-import type { LeaseProvider, ProviderFactory } from './types.ts';
+import type { LeaseProvider, ProviderFactory, ProviderServices } from './types.ts';
 
 /** The providers a worker serves, by the key jobs name in `lease.provider`. */
 export class ProviderRegistry {
   private readonly byName = new Map<string, LeaseProvider>();
+  private readonly closers: (() => void | Promise<void>)[] = [];
 
   constructor(providers: LeaseProvider[] = []) {
     for (const p of providers) this.add(p);
@@ -27,8 +29,14 @@ export class ProviderRegistry {
     return [...this.byName.keys()];
   }
 
+  /** Something the providers use that goes when they do (the pacing's Redis connection). */
+  onClose(fn: () => void | Promise<void>): void {
+    this.closers.push(fn);
+  }
+
   async close(): Promise<void> {
     await Promise.all([...this.byName.values()].map((p) => p.close?.()));
+    await Promise.all(this.closers.map((fn) => fn()));
   }
 }
 
@@ -39,23 +47,80 @@ function required(env: NodeJS.ProcessEnv, variable: string, forWhat: string): st
   return value;
 }
 
+/** An optional environment variable parsed by `schema`; the error names the variable, not its value. */
+function optional<T extends z.ZodType>(env: NodeJS.ProcessEnv, variable: string, schema: T): z.infer<T> | undefined {
+  const value = env[variable];
+  if (value === undefined || value === '') return undefined;
+  const parsed = schema.safeParse(value);
+  if (!parsed.success) throw new Error(`${variable}: ${parsed.error.issues.map((i) => i.message).join('; ')}`);
+  return parsed.data;
+}
+const positiveInt = z.coerce.number().int().positive();
+const jsonObject = z.string().transform((text, ctx) => {
+  try {
+    return JSON.parse(text) as unknown;
+  } catch {
+    ctx.addIssue({ code: 'custom', message: 'must be JSON' });
+    return z.NEVER;
+  }
+});
+/** `{"sandbox-create":{"perMinute":480,"burst":120}}`, or null for a throttler not to pace. */
+const DaytonaRateLimitsSchema = z.partialRecord(
+  z.enum(DAYTONA_THROTTLERS),
+  z.strictObject({ perMinute: z.number().positive(), burst: z.number().int().positive().optional() }).nullable(),
+);
+
+/** Every setting a built-in provider reads from the environment besides its credentials. */
+function daytonaFromEnv(env: NodeJS.ProcessEnv) {
+  const timeoutMs = optional(env, 'DAYTONA_TIMEOUT_MS', positiveInt);
+  const rateLimits = optional(env, 'DAYTONA_RATE_LIMITS', jsonObject.pipe(DaytonaRateLimitsSchema));
+  return {
+    ...(env.DAYTONA_ORGANIZATION_ID ? { organizationId: env.DAYTONA_ORGANIZATION_ID } : {}),
+    ...(timeoutMs ? { timeoutMs } : {}),
+    ...(rateLimits ? { rateLimits } : {}),
+  };
+}
+function createosFromEnv(env: NodeJS.ProcessEnv) {
+  const numbers = {
+    timeoutMs: optional(env, 'CREATEOS_TIMEOUT_MS', positiveInt),
+    requestsPerMinute: optional(env, 'CREATEOS_REQUESTS_PER_MINUTE', z.coerce.number().positive()),
+    burst: optional(env, 'CREATEOS_BURST', positiveInt),
+    autoPauseAfterSeconds: optional(env, 'CREATEOS_AUTO_PAUSE_AFTER_S', z.coerce.number().int().min(60).max(86_400)),
+  };
+  return {
+    ...Object.fromEntries(Object.entries(numbers).filter(([, v]) => v !== undefined)),
+    ...(env.CREATEOS_SHAPE ? { shape: env.CREATEOS_SHAPE } : {}),
+    ...(env.CREATEOS_ROOTFS ? { rootfs: env.CREATEOS_ROOTFS } : {}),
+    ...(env.CREATEOS_REGION ? { region: env.CREATEOS_REGION } : {}),
+  };
+}
+
+/** Pacing shared through the worker's Redis when a worker builds the providers; per process otherwise. */
+const limitersOf = (services?: ProviderServices) => services?.rateLimiters ?? localRateLimiters;
+
 /** Built-in providers, configured from the environment (credentials by variable name). */
 const BUILT_IN: Record<string, ProviderFactory> = {
   simulated: (env) => createSimulatedProvider(env),
-  daytona: (env) =>
-    createDaytonaProvider({
-      name: 'daytona',
-      apiUrl: env.DAYTONA_API_URL ?? 'https://app.daytona.io/api',
-      apiKey: required(env, 'DAYTONA_API_KEY', 'the daytona provider'),
-      ...(env.DAYTONA_ORGANIZATION_ID ? { organizationId: env.DAYTONA_ORGANIZATION_ID } : {}),
-    }),
-  createos: (env) =>
-    createCreateosProvider({
-      name: 'createos',
-      apiUrl: required(env, 'CREATEOS_API_URL', 'the createos provider'),
-      apiKey: required(env, 'CREATEOS_API_KEY', 'the createos provider'),
-      ...(env.CREATEOS_SHAPE ? { shape: env.CREATEOS_SHAPE } : {}),
-    }),
+  daytona: (env, services) =>
+    createDaytonaProvider(
+      {
+        name: 'daytona',
+        apiUrl: env.DAYTONA_API_URL ?? 'https://app.daytona.io/api',
+        apiKey: required(env, 'DAYTONA_API_KEY', 'the daytona provider'),
+        ...daytonaFromEnv(env),
+      },
+      limitersOf(services),
+    ),
+  createos: (env, services) =>
+    createCreateosProvider(
+      {
+        name: 'createos',
+        apiUrl: env.CREATEOS_API_URL ?? 'https://api.sb.createos.sh',
+        apiKey: required(env, 'CREATEOS_API_KEY', 'the createos provider'),
+        ...createosFromEnv(env),
+      },
+      limitersOf(services),
+    ),
 };
 
 /**
@@ -66,16 +131,20 @@ const remote = {
   name: z.string().regex(/^[a-z0-9][a-z0-9._-]*$/),
   apiUrl: z.url(),
   apiKeyEnv: z.string().regex(/^[A-Z_][A-Z0-9_]*$/, 'apiKeyEnv names an environment variable'),
+  timeoutMs: z.number().int().positive().optional(),
 };
 const ProvidersFileSchema = z.array(
   z.discriminatedUnion('type', [
-    z.strictObject({ type: z.literal('daytona'), ...remote, organizationId: z.string().optional() }),
+    z.strictObject({ type: z.literal('daytona'), ...remote, organizationId: z.string().optional(), rateLimits: DaytonaRateLimitsSchema.optional() }),
     z.strictObject({
       type: z.literal('createos'),
       ...remote,
       shape: z.string().optional(),
       region: z.string().optional(),
       rootfs: z.string().optional(),
+      requestsPerMinute: z.number().positive().optional(),
+      burst: z.number().int().positive().optional(),
+      autoPauseAfterSeconds: z.number().int().min(60).max(86_400).optional(),
     }),
     z.strictObject({ type: z.literal('module'), path: z.string().min(1) }),
   ]),
@@ -85,44 +154,33 @@ const ProvidersFileSchema = z.array(
  * Builds the registry from a comma-separated list: built-in names (`simulated`) and paths
  * to modules whose default export (or `createProvider` export) is a ProviderFactory.
  */
-export async function loadProviders(spec: string, env: NodeJS.ProcessEnv = process.env): Promise<ProviderRegistry> {
+export async function loadProviders(spec: string, env: NodeJS.ProcessEnv = process.env, services?: ProviderServices): Promise<ProviderRegistry> {
   const registry = new ProviderRegistry();
   if (env.LEASE_OPS_PROVIDERS_FILE) {
     const { readFile } = await import('node:fs/promises');
     const entries = ProvidersFileSchema.parse(JSON.parse(await readFile(env.LEASE_OPS_PROVIDERS_FILE, 'utf8')));
     for (const entry of entries) {
       if (entry.type === 'module') {
-        registry.add(await loadProviderModule(entry.path, env));
+        registry.add(await loadProviderModule(entry.path, env, services));
         continue;
       }
       const apiKey = required(env, entry.apiKeyEnv, `provider ${entry.name}`);
-      if (entry.type === 'createos') {
-        const { type: _type, apiKeyEnv: _env, ...rest } = entry;
-        registry.add(createCreateosProvider({ ...rest, apiKey }));
-        continue;
-      }
-      registry.add(
-        createDaytonaProvider({
-          name: entry.name,
-          apiUrl: entry.apiUrl,
-          apiKey,
-          ...(entry.organizationId ? { organizationId: entry.organizationId } : {}),
-        }),
-      );
+      const { type, apiKeyEnv: _env, ...rest } = entry;
+      registry.add(type === 'createos' ? createCreateosProvider({ ...rest, apiKey }, limitersOf(services)) : createDaytonaProvider({ ...rest, apiKey }, limitersOf(services)));
     }
   }
   for (const entry of spec.split(',').map((s) => s.trim()).filter(Boolean)) {
     const builtIn = BUILT_IN[entry];
     if (builtIn) {
-      registry.add(await builtIn(env));
+      registry.add(await builtIn(env, services));
       continue;
     }
-    registry.add(await loadProviderModule(entry, env));
+    registry.add(await loadProviderModule(entry, env, services));
   }
   return registry;
 }
 
-export async function loadProviderModule(path: string, env: NodeJS.ProcessEnv): Promise<LeaseProvider> {
+export async function loadProviderModule(path: string, env: NodeJS.ProcessEnv, services?: ProviderServices): Promise<LeaseProvider> {
   const url = pathToFileURL(isAbsolute(path) ? path : resolve(process.cwd(), path)).href;
   let mod: Record<string, unknown>;
   try {
@@ -134,7 +192,7 @@ export async function loadProviderModule(path: string, env: NodeJS.ProcessEnv): 
   if (typeof factory !== 'function') {
     throw new Error(`provider module ${path} must export a factory as default or as createProvider`);
   }
-  const provider = await factory(env);
+  const provider = await factory(env, services ?? { rateLimiters: localRateLimiters });
   for (const method of ['acquire', 'resume', 'release', 'stop', 'forceStop', 'destroy', 'status'] as const) {
     if (typeof provider?.[method] !== 'function') throw new Error(`provider from ${path} lacks ${method}()`);
   }

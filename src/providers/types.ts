@@ -1,6 +1,7 @@
 import type { Logger } from '../logger.ts';
 import type { LeaseIdentity } from '../lease.ts';
 import type { OperationParams, ResourceDisposition } from '../operations.ts';
+import type { RateLimiterFactory } from './pacing.ts';
 
 /** A lease as a provider hands it out. */
 export interface Lease {
@@ -29,11 +30,16 @@ export interface ReleaseReceipt {
   state: 'running' | 'stopped' | 'destroyed';
 }
 
-/** A provider's sandbox state, normalised across providers. */
+/**
+ * A provider's sandbox state, normalised across providers. A transition says where it is
+ * headed when the provider tells: `toward: 'stopped'` (Daytona's `stopping`, CreateOS'
+ * `pausing`) is what the stuck-stop watchdog and the attention list look for. A state the
+ * provider does not know is a transition with no `toward`: lease-ops waits, never acts on it.
+ */
 export type SandboxState =
   | { kind: 'running' }
   | { kind: 'stopped'; providerState: string }
-  | { kind: 'transitioning'; providerState: string }
+  | { kind: 'transitioning'; providerState: string; toward?: 'running' | 'stopped' | 'gone' }
   | { kind: 'error'; providerState: string; recoverable: boolean }
   | { kind: 'gone' };
 
@@ -41,6 +47,8 @@ export interface ProviderCapabilities {
   stop: boolean;
   pause: boolean;
   forceStop: boolean;
+  /** Honours acquire's `requestedExpiresAt`. Without it such an acquire is refused (`expiry_unsupported`), never silently ignored. */
+  expiry?: boolean;
 }
 
 /** Everything a provider call gets besides its params. */
@@ -101,8 +109,20 @@ export interface LeaseProvider {
   destroy(ctx: OperationContext, params: OperationParams['destroy']): Promise<TerminationReceipt>;
   /** A fresh read of the sandbox's state (never a cached one). */
   status(ctx: OperationContext, params: { providerLeaseId: string }): Promise<SandboxState>;
+  /**
+   * An acquire failed for good (a permanent error, or its deadline): the id of the sandbox
+   * its attempts created, found the way a retry would find it (a name derived from the job),
+   * or null if they made none. lease-ops then queues a destroy of it through its own lane.
+   * Called in the acquire's own attempt, so still one call at a time per lease.
+   */
+  findAcquired?(ctx: OperationContext, params: OperationParams['acquire']): Promise<string | null>;
   close?(): Promise<void>;
 }
 
-/** What a provider module exports: `export default function createProvider(env) {...}`. */
-export type ProviderFactory = (env: NodeJS.ProcessEnv) => LeaseProvider | Promise<LeaseProvider>;
+/** What lease-ops gives a provider it builds: a rate limiter shared by every worker replica. */
+export interface ProviderServices {
+  rateLimiters: RateLimiterFactory;
+}
+
+/** What a provider module exports: `export default function createProvider(env, services) {...}`. */
+export type ProviderFactory = (env: NodeJS.ProcessEnv, services?: ProviderServices) => LeaseProvider | Promise<LeaseProvider>;

@@ -197,7 +197,7 @@ export class Inspector {
           lease: record?.lease ?? null,
           reason: 'stuck_stopping',
           since,
-          detail: `sandbox ${record?.providerLeaseId ?? '?'} has been stopping for ${Math.round((now - since) / 1000)} s`,
+          detail: `sandbox ${record?.providerLeaseId ?? '?'} has been ${record?.providerState ?? 'stopping'} for ${Math.round((now - since) / 1000)} s`,
         };
       }),
       ...failures.map(async ({ laneId, jobId, at }): Promise<AttentionItem> => {

@@ -3,6 +3,15 @@ import type { LeaseIdentity } from '../lease.ts';
 import type { SandboxState } from '../providers/types.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 
+/**
+ * A sandbox on its way to stopped: what the watchdog forces once it has lasted too long, and
+ * attention shows as stuck where the provider cannot force it. A provider module that does
+ * not say where a transition goes still counts `stopping` as one.
+ */
+export function isStopping(state: SandboxState): state is Extract<SandboxState, { kind: 'transitioning' }> {
+  return state.kind === 'transitioning' && (state.toward === 'stopped' || (state.toward === undefined && state.providerState === 'stopping'));
+}
+
 /** What lease-ops last saw of a lease's sandbox. */
 export interface LeaseRecord {
   lease: LeaseIdentity;
@@ -57,6 +66,7 @@ export class LeaseRecords {
       JSON.stringify(lease),
       providerLeaseId,
       RECORD_TTL_S,
+      isStopping(state) ? '1' : '0',
     );
     return Number(since);
   }

@@ -2,7 +2,7 @@ import type { Logger } from '../logger.ts';
 import * as telemetry from '../telemetry.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
 import type { OperationContext } from '../providers/types.ts';
-import type { LeaseRecords } from './lease-records.ts';
+import { isStopping, type LeaseRecords } from './lease-records.ts';
 import type { OperationsQueue } from './operations-queue.ts';
 
 export interface WatchdogSettings {
@@ -64,14 +64,14 @@ export async function runWatchdog(
       continue;
     }
     const since = await records.observe(laneId, record.lease, record.providerLeaseId, state);
-    if (state.kind !== 'transitioning' || state.providerState !== 'stopping') {
+    if (!isStopping(state)) {
       report.settled++;
       continue;
     }
     if (Date.now() - since < settings.stuckAfterMs) continue;
     if (!provider.capabilities.forceStop) {
       report.unsupported++;
-      log.warn({ laneId, provider: provider.name }, 'sandbox stuck stopping, and its provider cannot force a stop');
+      log.warn({ laneId, provider: provider.name, providerState: state.providerState }, 'sandbox stuck on its way to stopped, and its provider cannot force a stop');
       continue;
     }
     if (record.forceStops >= settings.maxForceStops) {

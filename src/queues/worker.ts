@@ -5,8 +5,9 @@ import type { Config } from '../config.ts';
 import { laneIdOfJobId } from '../lease.ts';
 import type { Logger } from '../logger.ts';
 import { runOperation } from '../processors/index.ts';
+import { findAcquired } from '../processors/acquire.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
-import type { OperationContext, SandboxState } from '../providers/types.ts';
+import type { LeaseProvider, OperationContext, SandboxState } from '../providers/types.ts';
 import type { LeaseIdentity } from '../lease.ts';
 import { LeaseRecords } from './lease-records.ts';
 import { Attempt, Fencing, StaleAttemptError } from './fencing.ts';
@@ -26,7 +27,7 @@ import * as telemetry from '../telemetry.ts';
 import { attemptEnded } from '../metrics.ts';
 import { isProviderError } from '../providers/errors.ts';
 import { runWatchdog } from './watchdog.ts';
-import { DEFAULT_DEADLINE_MS, OperationJobDataSchema } from '../operations.ts';
+import { DEFAULT_DEADLINE_MS, OperationJobDataSchema, type OperationParams } from '../operations.ts';
 
 const SWEEP_SCHEDULER_ID = 'lane-sweep';
 const WATCHDOG_SCHEDULER_ID = 'stuck-stop-watchdog';
@@ -238,36 +239,38 @@ export class LeaseWorker {
     if (!provider) {
       return this.fail(laneId, jobId, fence, data.op, startedAt, 'unknown_provider', `no provider named "${data.lease.provider}" is configured`);
     }
-    if (Date.now() >= data.deadlineAt) {
-      // A retry can come due just past the deadline; name the error that caused it.
-      const last = job.attemptsMade > 0 && job.failedReason ? `last provider error: ${job.failedReason}` : 'deadline passed before the operation could start';
-      return this.fail(laneId, jobId, fence, data.op, startedAt, 'deadline_exceeded', last);
-    }
-
     let result: unknown;
     let observed: [string, SandboxState] | null = null;
     const held = new Attempt(jobId, laneId, fence);
     const untrack = this.fencing.track(held);
+    const fencing = this.fencing;
+    const ctx: OperationContext = {
+      lease: data.lease,
+      jobId,
+      attempt,
+      attemptId: `${jobId}:${fence}`,
+      get signal() {
+        return held.signal;
+      },
+      fence: () => fencing.check(held),
+      fenceIsFresh: () => held.fresh(),
+      observe: (providerLeaseId: string, state: SandboxState) => {
+        observed = [providerLeaseId, state];
+      },
+      get log() {
+        return logger();
+      },
+      checkpoint: this.checkpointOf(jobId),
+    };
+    if (Date.now() >= data.deadlineAt) {
+      // A retry can come due just past the deadline; name the error that caused it.
+      const last = job.attemptsMade > 0 && job.failedReason ? `last provider error: ${job.failedReason}` : 'deadline passed before the operation could start';
+      if (data.op === 'acquire') await this.abandon(provider, ctx, data.params);
+      untrack();
+      return this.fail(laneId, jobId, fence, data.op, startedAt, 'deadline_exceeded', last);
+    }
+
     try {
-      const fencing = this.fencing;
-      const ctx = {
-        lease: data.lease,
-        jobId,
-        attempt,
-        attemptId: `${jobId}:${fence}`,
-        get signal() {
-          return held.signal;
-        },
-        fence: () => fencing.check(held),
-        fenceIsFresh: () => held.fresh(),
-        observe: (providerLeaseId: string, state: SandboxState) => {
-          observed = [providerLeaseId, state];
-        },
-        get log() {
-          return logger();
-        },
-        checkpoint: this.checkpointOf(jobId),
-      };
       const spanAttributes = { 'lease.op': data.op, 'lease.provider': data.lease.provider, 'lease.job_id': jobId, 'lease.attempt': attempt };
       result =
         data.op === 'force-stop'
@@ -275,18 +278,21 @@ export class LeaseWorker {
           : await runOperation(provider, ctx, data);
       if (data.op === 'force-stop') telemetry.forceStop('succeeded', { 'lease.provider': data.lease.provider });
     } catch (err) {
-      untrack();
       if (err instanceof StaleAttemptError || held.stale) {
+        untrack();
         // Not this attempt's lane any more: touch nothing, let the current attempt finish.
         logger().warn({ err }, 'stale attempt refused a provider call');
         attemptEnded(data.op, 'stale', (performance.now() - startedAt) / 1000);
         throw held.staleError();
       }
-      await this.record(laneId, data.lease, observed, logger);
       const decision = decideRetry(err, job.attemptsMade, data.deadlineAt, Date.now(), {
         ...this.backoff,
         ...this.settings.LEASE_OPS_BACKOFF_BY_OP[data.op],
       });
+      // An acquire that fails for good leaves no sandbox behind (still inside its attempt).
+      if (!decision.retry && data.op === 'acquire') await this.abandon(provider, ctx, data.params);
+      untrack();
+      await this.record(laneId, data.lease, observed, logger);
       if (data.op === 'force-stop' && isProviderError(err) && err.code === 'state_change_in_progress') {
         telemetry.forceStop('refused', { 'lease.provider': data.lease.provider });
       }
@@ -329,6 +335,27 @@ export class LeaseWorker {
       (err: unknown) => logger().error({ err }, 'lane release failed; the lane sweep will repair the lane'),
     );
     return result;
+  }
+
+  /**
+   * An acquire failed for good: the sandbox its attempts made (if any) is queued for
+   * destroy through its own lane, where settling errors (it may still be creating) are
+   * retried within the destroy's deadline. The key makes a re-run of this step queue it once.
+   */
+  private async abandon(provider: LeaseProvider, ctx: OperationContext, params: OperationParams['acquire']): Promise<void> {
+    try {
+      const sandbox = await findAcquired(provider, ctx, params);
+      if (!sandbox) return;
+      const { jobId } = await this.ops.enqueue({
+        op: 'destroy',
+        lease: { ...ctx.lease, leaseId: sandbox },
+        params: { providerLeaseId: sandbox },
+        idempotencyKey: `lease-ops:abandoned-acquire:${ctx.jobId}`,
+      });
+      ctx.log.warn({ sandbox, destroyJobId: jobId }, 'acquire failed for good; the sandbox it made is queued for destroy');
+    } catch (err) {
+      ctx.log.error({ err }, 'acquire failed, and the sandbox it may have made could not be found or queued for destroy; it may need removing by hand');
+    }
   }
 
   /** Keeps what the attempt last saw of its sandbox (before the lane moves on, so in order). */

@@ -1,124 +1,236 @@
-import pThrottle from 'p-throttle';
+import { createHash } from 'node:crypto';
+import {
+  createClient,
+  CreateosSandboxApiError,
+  CreateosSandboxAuthError,
+  CreateosSandboxConnectionError,
+  CreateosSandboxError,
+  CreateosSandboxNotFoundError,
+  CreateosSandboxPaymentRequiredError,
+  CreateosSandboxPermissionError,
+  CreateosSandboxRateLimitError,
+  CreateosSandboxServerError,
+  CreateosSandboxTimeoutError,
+  CreateosSandboxValidationError,
+  type CreateosSandboxClient,
+  type Sandbox,
+} from '@nodeops-createos/sandbox';
 import { z } from 'zod';
 import type { OperationParams } from '../../operations.ts';
-import { PermanentError, SettlingError } from '../errors.ts';
-import { errorForStatus, networkError } from '../http-errors.ts';
+import { PermanentError, ProviderError, SettlingError, TransientError } from '../errors.ts';
+import { fencedFetch } from '../fenced-fetch.ts';
+import { FenceWindowError } from '../fenced-transport.ts';
+import { errorForStatus, retryAfterMs } from '../http-errors.ts';
+import { localRateLimiters, type RateLimiterFactory } from '../pacing.ts';
 import { releaseByDisposition } from '../release.ts';
 import type { ExpiredLease, Lease, LeaseProvider, OperationContext, ReleaseReceipt, SandboxState, TerminationReceipt } from '../types.ts';
 
+/** CreateOS' shape catalog (GET /v1/shapes, as the CreateOS plugin lists it). */
+export const CREATEOS_SHAPES = [
+  's-1vcpu-256mb', 's-0.25vcpu-512mb', 's-0.5vcpu-1gb', 's-1vcpu-1gb', 's-1vcpu-2gb', 's-2vcpu-2gb',
+  's-2vcpu-4gb', 's-4vcpu-4gb', 's-4vcpu-8gb', 's-8vcpu-8gb', 's-8vcpu-16gb',
+] as const;
+
 export const CreateosSettingsSchema = z.strictObject({
   name: z.string().min(1).default('createos'),
-  apiUrl: z.url(),
+  /** The API's origin; a trailing `/v1` is accepted and dropped (the SDK adds it). */
+  apiUrl: z.url().transform((url) => url.replace(/\/+$/, '').replace(/\/v1$/, '')),
   apiKey: z.string().min(1, 'a CreateOS API key is required'),
-  shape: z.string().min(1).default('small'),
-  rootfs: z.string().optional(),
-  region: z.string().optional(),
-  timeoutMs: z.number().int().positive().default(30_000),
-  /** Client-side pacing: CreateOS allows about 300 requests a minute per client. */
-  requestsPerMinute: z.number().int().positive().default(300),
-  /** Idle seconds before CreateOS pauses a sandbox by itself (reference auto-stop: 15 min). */
-  autoPauseAfterSeconds: z.number().int().positive().default(900),
+  /** A catalog shape; new catalog entries follow the same pattern and are accepted. */
+  shape: z
+    .string()
+    .regex(/^s-[0-9.]+vcpu-[0-9]+(mb|gb)$/, `must be a CreateOS shape such as ${CREATEOS_SHAPES.join(', ')}`)
+    .default('s-1vcpu-1gb'),
+  rootfs: z.string().min(1).optional(),
+  region: z.string().min(1).optional(),
+  /** Per-request timeout. Create answers only once the VM runs, so give it room. */
+  timeoutMs: z.number().int().positive().default(60_000),
+  /**
+   * Requests per minute, shared by every worker replica (CreateOS allows about 300 a minute
+   * per caller IP). Paced at 240 with a burst of 20, so no minute sees more than 260.
+   */
+  requestsPerMinute: z.number().positive().default(240),
+  burst: z.number().int().positive().default(20),
+  /** Idle seconds before CreateOS pauses a sandbox by itself (60..86400; reference auto-stop: 15 min). */
+  autoPauseAfterSeconds: z.number().int().min(60).max(86_400).default(900),
 });
 export type CreateosSettings = z.input<typeof CreateosSettingsSchema>;
 
-const SandboxSchema = z.object({
+// The sandbox view as CreateOS sends it: optional fields left out, statuses that may grow.
+// Only what a decision reads is checked.
+const ViewSchema = z.object({
   id: z.string().min(1),
-  status: z.enum(['creating', 'running', 'pausing', 'paused', 'resuming', 'forking', 'error', 'destroying', 'destroyed', 'failed']),
-  shape: z.string().optional(),
-  rootfs: z.string().nullable().optional(),
-  region: z.string().nullable().optional(),
+  status: z.string().nullish(),
+  name: z.string().nullish(),
+  shape: z.string().nullish(),
+  rootfs: z.string().nullish(),
+  region: z.string().nullish(),
 });
-type CreateosSandbox = z.infer<typeof SandboxSchema>;
+type View = z.infer<typeof ViewSchema>;
 
-// JSend: success carries data; fail (4xx) carries data about what was wrong; error carries a message.
-const EnvelopeSchema = z.discriminatedUnion('status', [
-  z.object({ status: z.literal('success'), data: z.unknown() }),
-  z.object({ status: z.literal('fail'), data: z.unknown() }),
-  z.object({ status: z.literal('error'), message: z.string(), code: z.union([z.number(), z.string()]).optional() }),
-]);
-
-const TRANSITIONAL = new Set(['creating', 'pausing', 'resuming', 'forking', 'destroying']);
+/** CreateOS' statuses (SDK 0.7.1): `error` may recover (resume it), `failed` and `destroyed` are terminal. */
+export function createosState(status: string | null | undefined): SandboxState {
+  switch (status) {
+    case 'running':
+      return { kind: 'running' };
+    case 'paused':
+      return { kind: 'stopped', providerState: 'paused' };
+    case 'creating':
+    case 'resuming':
+      return { kind: 'transitioning', providerState: status, toward: 'running' };
+    case 'pausing':
+      return { kind: 'transitioning', providerState: status, toward: 'stopped' };
+    case 'destroying':
+      return { kind: 'transitioning', providerState: status, toward: 'gone' };
+    case 'destroyed':
+      return { kind: 'gone' };
+    case 'error':
+      return { kind: 'error', providerState: status, recoverable: true };
+    case 'failed':
+      return { kind: 'error', providerState: status, recoverable: false };
+    default:
+      // `forking` (a child being made from this one) and statuses newer than this client.
+      return { kind: 'transitioning', providerState: status ?? 'unknown' };
+  }
+}
+const TERMINAL = new Set(['destroyed', 'failed']);
 
 /**
- * CreateOS over HTTP (fetch), paced under its rate limit. CreateOS has pause instead of
- * stop and no force-stop; pause and resume are asynchronous, so a reply that says
- * pausing/resuming raises SettlingError and the lane's retry reads the outcome fresh.
+ * The name an acquire gives its sandbox: derived from the job, so every attempt of the job
+ * looks for the same one, and a DNS label (CreateOS uses names as hostnames).
  */
-export function createCreateosProvider(input: CreateosSettings): LeaseProvider {
+export function createosSandboxName(jobId: string): string {
+  return `lease-ops-${createHash('sha256').update(jobId).digest('hex').slice(0, 40)}`;
+}
+
+/**
+ * CreateOS through its official SDK (@nodeops-createos/sandbox), with the SDK's own retries
+ * off (the lane retries, within the operation's deadline) and a fetch of lease-ops' own:
+ * each request waits for its turn in the pacing shared by every replica, checks the
+ * attempt's fence, and is sent over the fenced transport, which drops it at the moment it
+ * would leave the process if the fence went stale. CreateOS has pause instead of stop and no
+ * force-stop; pause and resume are asynchronous, so a reply that says pausing or resuming
+ * raises SettlingError and the lane's retry reads the outcome fresh.
+ */
+export function createCreateosProvider(input: CreateosSettings, rateLimiters: RateLimiterFactory = localRateLimiters): LeaseProvider {
   const settings = CreateosSettingsSchema.parse(input);
   const name = settings.name;
-  const base = settings.apiUrl.replace(/\/+$/, '');
-  // One pacing window per provider instance (per worker process).
-  const rpm = settings.requestsPerMinute;
-  const throttle = pThrottle(rpm >= 60 ? { limit: Math.floor(rpm / 60), interval: 1_000 } : { limit: 1, interval: Math.ceil(60_000 / rpm) });
-  // The fence is checked once the request has its slot, not before it waited for one: a
-  // throttled request can wait seconds, and its attempt may be superseded meanwhile.
-  const paced = throttle(async (ctx: OperationContext, url: string, init: RequestInit) => {
-    await ctx.fence();
-    return fetch(url, init);
-  });
+  const limiter = rateLimiters(name, { requests: { perMinute: settings.requestsPerMinute, burst: settings.burst } });
+  const clients = new WeakMap<OperationContext, CreateosSandboxClient>();
 
-  /** One request; returns the success data, or null for a 404 when `missingOk`. */
-  const request = async (ctx: OperationContext, method: string, path: string, body?: unknown, missingOk = false): Promise<unknown> => {
-    let res: Response;
-    try {
-      res = await paced(ctx, `${base}/v1${path}`, {
-        method,
-        headers: {
-          'x-api-key': settings.apiKey,
-          'x-lease-ops-attempt': ctx.attemptId,
-          ...(body === undefined ? {} : { 'content-type': 'application/json' }),
-        },
-        body: body === undefined ? undefined : JSON.stringify(body),
-        signal: AbortSignal.any([ctx.signal, AbortSignal.timeout(settings.timeoutMs)]),
-      });
-    } catch (err) {
-      // A refused fence is the attempt's business, not the network's.
-      if ((err as { code?: unknown }).code === 'stale_attempt') throw err;
-      throw networkError(name, err) ?? new PermanentError('provider_error', `${name}: ${(err as Error).message}`);
-    }
-    const text = await res.text();
-    let envelope: z.infer<typeof EnvelopeSchema>;
-    try {
-      envelope = EnvelopeSchema.parse(JSON.parse(text));
-    } catch {
-      if (res.status >= 500 || res.status === 429) throw errorForStatus(name, res.status, text.slice(0, 200), res.headers.get('retry-after'));
-      throw new PermanentError('invalid_provider_reply', `${name}: ${method} ${path} answered ${res.status} without a JSend body`);
-    }
-    if (res.ok && envelope.status === 'success') return envelope.data;
-    if (res.status === 404 && missingOk) return null;
-    const message = envelope.status === 'error' ? envelope.message : JSON.stringify(envelope.data);
-    throw errorForStatus(name, res.status, message, res.headers.get('retry-after'));
+  /** Every request of this attempt: paced, fenced, and fenced again at send. */
+  const attemptFetch = (ctx: OperationContext): typeof fetch => {
+    const send = fencedFetch(() => ctx.fenceIsFresh());
+    return async (input, init) => {
+      for (let tries = 1; ; tries++) {
+        await limiter.take('requests', ctx.signal);
+        await ctx.fence();
+        try {
+          const res = await send(input, init);
+          if (res.status === 429) await limiter.holdOff('requests', retryAfterMs(res.headers.get('retry-after')) ?? 1_000);
+          return res;
+        } catch (err) {
+          if (!(err instanceof FenceWindowError) || tries >= 3) throw err;
+        }
+      }
+    };
   };
-  const sandbox = (data: unknown): CreateosSandbox => {
-    const parsed = SandboxSchema.safeParse(data);
-    if (!parsed.success) throw new PermanentError('invalid_provider_reply', `${name}: unexpected sandbox reply: ${z.prettifyError(parsed.error)}`);
+  const clientFor = (ctx: OperationContext): CreateosSandboxClient => {
+    let client = clients.get(ctx);
+    if (!client) {
+      client = createClient({
+        apiKey: settings.apiKey,
+        baseUrl: settings.apiUrl,
+        fetch: attemptFetch(ctx),
+        retry: false,
+        timeoutMs: settings.timeoutMs,
+        headers: { 'X-Lease-Ops-Attempt': ctx.attemptId },
+      });
+      clients.set(ctx, client);
+    }
+    return client;
+  };
+  const options = (ctx: OperationContext) => ({ signal: ctx.signal });
+
+  /** The SDK's typed errors in lease-ops' taxonomy. The SDK's error (it holds the reply) is not kept as a cause. */
+  const toProviderError = (err: unknown): Error => {
+    if (err instanceof ProviderError) return err;
+    const cause = (err as { cause?: unknown } | null)?.cause;
+    if (err instanceof CreateosSandboxConnectionError && (cause as { code?: unknown } | null)?.code === 'stale_attempt') return cause as Error;
+    if ((err as { code?: unknown } | null)?.code === 'stale_attempt') return err as Error;
+    const message = `${name}: ${(err as Error).message}`;
+    if (err instanceof CreateosSandboxRateLimitError || err instanceof CreateosSandboxServerError) {
+      const retryAfter = err.response.headers.get('retry-after');
+      return err instanceof CreateosSandboxRateLimitError
+        ? new TransientError('rate_limited', message, { retryAfterMs: retryAfterMs(retryAfter) })
+        : new TransientError('provider_unavailable', message, { retryAfterMs: retryAfterMs(retryAfter) });
+    }
+    if (err instanceof CreateosSandboxTimeoutError) return new TransientError('timeout', message);
+    if (err instanceof CreateosSandboxConnectionError) {
+      const code = (cause as { code?: unknown } | null)?.code;
+      return new TransientError('network', `${name}: ${typeof code === 'string' ? `${code}: ` : ''}${(err as Error).message}`);
+    }
+    if (err instanceof CreateosSandboxAuthError) return new PermanentError('unauthorized', message);
+    if (err instanceof CreateosSandboxPermissionError) return new PermanentError('forbidden', message);
+    if (err instanceof CreateosSandboxPaymentRequiredError) return new PermanentError('payment_required', message);
+    if (err instanceof CreateosSandboxNotFoundError) return new PermanentError('not_found', message);
+    if (err instanceof CreateosSandboxValidationError && err.statusCode === 409) return new SettlingError('state_change_in_progress', message);
+    if (err instanceof CreateosSandboxValidationError) return new PermanentError('bad_request', message);
+    if (err instanceof CreateosSandboxApiError) return errorForStatus(name, err.statusCode, (err as Error).message);
+    // A 2xx whose body is not a JSend success, or not JSON: nothing certain was learnt.
+    if (err instanceof CreateosSandboxError) return new TransientError('invalid_provider_reply', message);
+    return new TransientError('provider_error', message);
+  };
+  const sdk = async <T>(run: () => Promise<T>): Promise<T> => {
+    try {
+      return await run();
+    } catch (err) {
+      throw toProviderError(err);
+    }
+  };
+  const view = (data: unknown): View => {
+    const parsed = ViewSchema.safeParse(data);
+    if (!parsed.success) throw new TransientError('invalid_provider_reply', `${name}: unexpected sandbox reply: ${z.prettifyError(parsed.error)}`);
     return parsed.data;
   };
-  /** A fresh read; null when the sandbox is gone. */
-  const read = async (ctx: OperationContext, id: string): Promise<CreateosSandbox | null> => {
-    const data = await request(ctx, 'GET', `/sandboxes/${encodeURIComponent(id)}`, undefined, true);
-    const sb = data === null ? null : sandbox(data);
-    const live = sb && sb.status !== 'destroyed' ? sb : null;
-    ctx.observe(id, live ? normalise(live) : { kind: 'gone' });
-    return live;
+
+  /** A fresh read; null when the sandbox is unknown to CreateOS (404). */
+  const readHandle = async (ctx: OperationContext, id: string): Promise<{ handle: Sandbox; sb: View } | null> => {
+    try {
+      const handle = await clientFor(ctx).getSandbox(id, options(ctx));
+      const sb = view(handle.data);
+      ctx.observe(sb.id, createosState(sb.status));
+      return { handle, sb };
+    } catch (err) {
+      if (err instanceof CreateosSandboxNotFoundError) {
+        ctx.observe(id, { kind: 'gone' });
+        return null;
+      }
+      throw toProviderError(err);
+    }
   };
-  const normalise = (sb: CreateosSandbox): SandboxState => {
-    if (sb.status === 'running') return { kind: 'running' };
-    if (sb.status === 'paused') return { kind: 'stopped', providerState: 'paused' };
-    if (sb.status === 'error' || sb.status === 'failed') return { kind: 'error', providerState: sb.status, recoverable: false };
-    return { kind: 'transitioning', providerState: sb.status };
-  };
-  const settling = (sb: CreateosSandbox, doing: string) =>
-    new SettlingError(`sandbox_${sb.status}`, `${name}: sandbox ${sb.id} is ${sb.status}; ${doing} once it settles`);
-  // CreateOS keeps no labels, so the lease metadata carries whose sandbox it is.
-  const lease = (ctx: OperationContext, sb: CreateosSandbox, extra: Record<string, unknown> = {}): Lease => ({
+  const read = async (ctx: OperationContext, id: string) => (await readHandle(ctx, id))?.sb ?? null;
+  /** The live sandbox an earlier attempt of this job created, by its name (CreateOS can only list). */
+  const findByName = async (ctx: OperationContext, sandboxName: string): Promise<View | null> =>
+    sdk(async () => {
+      for await (const handle of clientFor(ctx).iterateSandboxes(options(ctx))) {
+        const sb = view(handle.data);
+        if (sb.name === sandboxName && !TERMINAL.has(sb.status ?? '')) return sb;
+      }
+      return null;
+    });
+  const settling = (sb: View, doing: string) =>
+    new SettlingError(`sandbox_${sb.status ?? 'unknown'}`, `${name}: sandbox ${sb.id} is ${sb.status ?? 'unknown'}; ${doing} once it settles`);
+  // CreateOS keeps no labels, so the lease metadata carries whose sandbox it is. Built from
+  // a fresh read: the create reply has no status and no region.
+  const lease = (ctx: OperationContext, sb: View, extra: Record<string, unknown> = {}): Lease => ({
     providerLeaseId: sb.id,
     metadata: {
       provider: 'createos',
       companyId: ctx.lease.companyId,
       environmentId: ctx.lease.environmentId,
-      shape: sb.shape,
+      name: sb.name ?? null,
+      shape: sb.shape ?? null,
       rootfs: sb.rootfs ?? null,
       region: sb.region ?? null,
       ...extra,
@@ -127,73 +239,125 @@ export function createCreateosProvider(input: CreateosSettings): LeaseProvider {
   });
 
   const pauseConfirmed = async (ctx: OperationContext, id: string): Promise<TerminationReceipt> => {
-    const sb = await read(ctx, id);
-    if (!sb) return { providerLeaseId: id, state: 'destroyed' };
+    const found = await readHandle(ctx, id);
+    if (!found || TERMINAL.has(found.sb.status ?? '')) return { providerLeaseId: id, state: 'destroyed' };
+    const { handle, sb } = found;
     if (sb.status === 'paused') return { providerLeaseId: id, state: 'stopped' };
-    if (sb.status === 'running') await request(ctx, 'POST', `/sandboxes/${encodeURIComponent(id)}/pause`);
-    else if (!TRANSITIONAL.has(sb.status)) throw new PermanentError('not_stoppable', `${name}: sandbox ${id} is ${sb.status} and cannot be paused`);
+    if (sb.status === 'running') await sdk(() => handle.pause(options(ctx)));
+    else if (sb.status === 'error') throw new PermanentError('not_stoppable', `${name}: sandbox ${id} is in error (resume retries it; destroy removes it)`);
+    else throw settling(sb, 'pausing');
     const after = await read(ctx, id);
-    if (!after) return { providerLeaseId: id, state: 'destroyed' };
+    if (!after || TERMINAL.has(after.status ?? '')) return { providerLeaseId: id, state: 'destroyed' };
     if (after.status === 'paused') return { providerLeaseId: id, state: 'stopped' };
     throw settling(after, 'pause confirms');
   };
 
   const destroyConfirmed = async (ctx: OperationContext, id: string): Promise<TerminationReceipt> => {
-    const sb = await read(ctx, id);
-    if (!sb) return { providerLeaseId: id, state: 'destroyed' };
-    if (sb.status !== 'destroying') await request(ctx, 'DELETE', `/sandboxes/${encodeURIComponent(id)}`, undefined, true);
+    const found = await readHandle(ctx, id);
+    if (!found || found.sb.status === 'destroyed') return { providerLeaseId: id, state: 'destroyed' };
+    if (found.sb.status !== 'destroying') {
+      try {
+        await sdk(() => found.handle.destroy(options(ctx)));
+      } catch (err) {
+        if (!(err instanceof PermanentError && err.code === 'not_found')) throw err; // 404: already gone
+      }
+    }
     const after = await read(ctx, id);
-    if (!after) return { providerLeaseId: id, state: 'destroyed' };
+    if (!after || TERMINAL.has(after.status ?? '')) return { providerLeaseId: id, state: 'destroyed' };
     throw settling(after, 'destroy confirms');
+  };
+
+  /**
+   * Sends the create under the job's name. Whatever goes wrong once it may have left the
+   * process (timeout, cut or unreadable reply, 5xx, a name already taken), a listing by that
+   * name says whether it was made; if the listing fails too, the attempt is retried and its
+   * successor looks again. Returns the new sandbox's id.
+   */
+  const create = async (ctx: OperationContext, sandboxName: string): Promise<string> => {
+    await ctx.checkpoint.write({ createosName: sandboxName });
+    try {
+      const created = await sdk(() =>
+        clientFor(ctx).createSandbox(
+          {
+            shape: settings.shape,
+            name: sandboxName,
+            ...(settings.rootfs ? { rootfs: settings.rootfs } : {}),
+            ...(settings.region ? { region: settings.region } : {}),
+            auto_pause_after_seconds: settings.autoPauseAfterSeconds,
+          },
+          options(ctx),
+        ),
+      );
+      return view(created.data).id;
+    } catch (err) {
+      if (!(err instanceof ProviderError)) throw err; // a stale attempt: its successor decides
+      const refused = err instanceof PermanentError && ['unauthorized', 'forbidden', 'payment_required'].includes(err.code);
+      if (refused || err.code === 'rate_limited') throw err;
+      const made = await findByName(ctx, sandboxName).catch(() => undefined);
+      if (made) return made.id;
+      if (made === undefined || !(err instanceof PermanentError)) {
+        throw new TransientError('create_outcome_unknown', `${name}: create of ${sandboxName} may or may not have made a sandbox (${err.message}); its next attempt looks for it by name`);
+      }
+      throw err;
+    }
   };
 
   return {
     name,
-    capabilities: { stop: true, pause: true, forceStop: false },
+    capabilities: { stop: true, pause: true, forceStop: false, expiry: false },
 
     async acquire(ctx, _params: OperationParams['acquire']): Promise<Lease> {
-      // CreateOS names no sandbox by a key of ours, so a retry finds the one its first
-      // attempt created through the job's checkpoint.
+      const sandboxName = createosSandboxName(ctx.jobId);
       const saved = await ctx.checkpoint.read();
-      let sb: CreateosSandbox | null = typeof saved.createosSandboxId === 'string' ? await read(ctx, saved.createosSandboxId) : null;
-      if (!sb) {
-        sb = sandbox(
-          await request(ctx, 'POST', '/sandboxes', {
-            shape: settings.shape,
-            ...(settings.rootfs ? { rootfs: settings.rootfs } : {}),
-            ...(settings.region ? { region: settings.region } : {}),
-            auto_pause_after_seconds: settings.autoPauseAfterSeconds,
-          }),
-        );
-        await ctx.checkpoint.write({ createosSandboxId: sb.id });
+      let sb: View | null = null;
+      if (typeof saved.createosSandboxId === 'string') sb = await read(ctx, saved.createosSandboxId);
+      else if (saved.createosName === sandboxName) sb = await findByName(ctx, sandboxName);
+      if (!sb || TERMINAL.has(sb.status ?? '')) {
+        const id = await create(ctx, sandboxName);
+        await ctx.checkpoint.write({ createosSandboxId: id });
+        sb = await read(ctx, id);
+        if (!sb) throw new SettlingError('sandbox_not_visible', `${name}: sandbox ${id} was created but is not readable yet`);
       }
       if (sb.status === 'running') return lease(ctx, sb);
-      if (sb.status === 'failed' || sb.status === 'error') throw new PermanentError('sandbox_failed', `${name}: sandbox ${sb.id} is ${sb.status}`);
+      if (sb.status === 'failed') throw new PermanentError('sandbox_failed', `${name}: sandbox ${sb.id} failed`);
+      if (sb.status === 'paused' || sb.status === 'error') {
+        // Paused by itself before its acquire handed it out, or a resume gave up: resume it.
+        const found = await readHandle(ctx, sb.id);
+        if (found) await sdk(() => found.handle.resume(options(ctx)));
+      }
       throw settling(sb, 'acquire completes');
+    },
+
+    async findAcquired(ctx, _params) {
+      const saved = await ctx.checkpoint.read();
+      const sandboxName = createosSandboxName(ctx.jobId);
+      const sb =
+        typeof saved.createosSandboxId === 'string' ? await read(ctx, saved.createosSandboxId) : saved.createosName === sandboxName ? await findByName(ctx, sandboxName) : null;
+      return sb && !TERMINAL.has(sb.status ?? '') ? sb.id : null;
     },
 
     async resume(ctx, params): Promise<Lease | ExpiredLease> {
       const expired: ExpiredLease = { providerLeaseId: null, metadata: { expired: true } };
       const meta = params.leaseMetadata;
-      if ((meta.companyId !== undefined && meta.companyId !== ctx.lease.companyId) || (meta.environmentId !== undefined && meta.environmentId !== ctx.lease.environmentId)) {
+      if ((meta.companyId != null && meta.companyId !== ctx.lease.companyId) || (meta.environmentId != null && meta.environmentId !== ctx.lease.environmentId)) {
         throw new PermanentError('lease_environment_mismatch', `${name}: lease ${params.providerLeaseId} does not belong to this environment`);
       }
-      const sb = await read(ctx, params.providerLeaseId);
-      if (!sb || sb.status === 'failed' || sb.status === 'destroying') return expired;
-      // A sandbox of another shape, image or region is not the one this lease was given.
-      if ((meta.shape !== undefined && meta.shape !== sb.shape) || (meta.rootfs !== undefined && (meta.rootfs ?? null) !== (sb.rootfs ?? null)) || (meta.region !== undefined && (meta.region ?? null) !== (sb.region ?? null))) {
-        return expired;
-      }
+      const found = await readHandle(ctx, params.providerLeaseId);
+      if (!found) return expired;
+      const { handle, sb } = found;
+      if (TERMINAL.has(sb.status ?? '') || sb.status === 'destroying') return expired;
+      // A sandbox of another shape, image or region is not the one this lease was given;
+      // a value the lease never recorded (null) says nothing either way.
+      const differs = (key: 'shape' | 'rootfs' | 'region') => typeof meta[key] === 'string' && typeof sb[key] === 'string' && meta[key] !== sb[key];
+      if (differs('shape') || differs('rootfs') || differs('region')) return expired;
       if (sb.status === 'running') return lease(ctx, sb, { resumed: true });
-      if (sb.status === 'error') throw new PermanentError('sandbox_unrecoverable', `${name}: sandbox ${sb.id} is in error`);
-      if (sb.status === 'paused') {
-        await request(ctx, 'POST', `/sandboxes/${encodeURIComponent(sb.id)}/resume`);
-        const after = await read(ctx, sb.id);
-        if (!after) return expired;
-        if (after.status === 'running') return lease(ctx, after, { resumed: true });
-        throw settling(after, 'resume completes');
-      }
-      throw settling(sb, 'resume');
+      if (sb.status !== 'paused' && sb.status !== 'error') throw settling(sb, 'resume');
+      // `error` is not fatal on CreateOS: a resume tries again with a fresh budget.
+      await sdk(() => handle.resume(options(ctx)));
+      const after = await read(ctx, sb.id);
+      if (!after || TERMINAL.has(after.status ?? '')) return expired;
+      if (after.status === 'running') return lease(ctx, after, { resumed: true });
+      throw settling(after, 'resume completes');
     },
 
     release(ctx, params): Promise<ReleaseReceipt> {
@@ -202,7 +366,7 @@ export function createCreateosProvider(input: CreateosSettings): LeaseProvider {
         destroy: () => destroyConfirmed(ctx, id),
         current: async () => {
           const sb = await read(ctx, id);
-          if (!sb) return 'destroyed';
+          if (!sb || TERMINAL.has(sb.status ?? '')) return 'destroyed';
           if (sb.status === 'running') return 'running';
           if (sb.status === 'paused') return 'stopped';
           throw settling(sb, 'release confirms');
@@ -219,8 +383,7 @@ export function createCreateosProvider(input: CreateosSettings): LeaseProvider {
 
     async status(ctx, params): Promise<SandboxState> {
       const sb = await read(ctx, params.providerLeaseId);
-      return sb ? normalise(sb) : { kind: 'gone' };
+      return sb ? createosState(sb.status) : { kind: 'gone' };
     },
   };
 }
-

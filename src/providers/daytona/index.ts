@@ -2,9 +2,10 @@ import { Configuration, SandboxApi } from '@daytona/api-client';
 import { isAxiosError, type AxiosResponse } from 'axios';
 import { z } from 'zod';
 import type { OperationParams } from '../../operations.ts';
-import { PermanentError, ProviderError, SettlingError } from '../errors.ts';
-import { errorForStatus, networkError } from '../http-errors.ts';
+import { PermanentError, ProviderError, SettlingError, TransientError } from '../errors.ts';
+import { errorForStatus, networkError, retryAfterMs } from '../http-errors.ts';
 import { fencedTransport, FenceWindowError } from '../fenced-transport.ts';
+import { localRateLimiters, type RateLimit, type RateLimiterFactory } from '../pacing.ts';
 import { releaseByDisposition } from '../release.ts';
 import type {
   ExpiredLease,
@@ -16,6 +17,23 @@ import type {
   TerminationReceipt,
 } from '../types.ts';
 
+/** Daytona's named throttlers, counted per organization: lease-ops paces each as its own bucket. */
+export const DAYTONA_THROTTLERS = ['sandbox-create', 'sandbox-lifecycle', 'authenticated'] as const;
+type Throttler = (typeof DAYTONA_THROTTLERS)[number];
+
+const RateLimitSchema = z.strictObject({ perMinute: z.number().positive(), burst: z.number().int().positive().optional() });
+
+/**
+ * Daytona's documented tier-1 limits per minute are create 300, lifecycle 10,000, other
+ * requests 10,000 (per organization). Paced at 80 % with a burst of the other 20 %, so a
+ * fixed one-minute window never sees more than the limit.
+ */
+export const DAYTONA_DEFAULT_RATE_LIMITS: Record<Throttler, RateLimit> = {
+  'sandbox-create': { perMinute: 240, burst: 60 },
+  'sandbox-lifecycle': { perMinute: 8_000, burst: 2_000 },
+  authenticated: { perMinute: 8_000, burst: 2_000 },
+};
+
 export const DaytonaSettingsSchema = z.strictObject({
   name: z.string().min(1).default('daytona'),
   apiUrl: z.url(),
@@ -25,19 +43,23 @@ export const DaytonaSettingsSchema = z.strictObject({
   timeoutMs: z.number().int().positive().default(30_000),
   /** Minutes of inactivity before Daytona stops a sandbox it created (reference: 15). */
   autoStopMinutes: z.number().int().min(0).default(15),
+  /** Per-throttler pacing, shared by every worker replica; null turns a bucket's pacing off. */
+  rateLimits: z.partialRecord(z.enum(DAYTONA_THROTTLERS), RateLimitSchema.nullable()).default({}),
 });
 export type DaytonaSettings = z.input<typeof DaytonaSettingsSchema>;
 
-// What lease-ops relies on in Daytona's Sandbox reply; checked like any other input.
+// The sandbox reply as Daytona sends it: its DTO copies nullable columns as null, adds
+// fields over time and may report states newer than this client. Only what a decision
+// reads is checked; the rest passes.
 const SandboxReplySchema = z.object({
   id: z.string().min(1),
-  name: z.string(),
-  state: z.string().optional(),
-  desiredState: z.string().optional(),
-  recoverable: z.boolean().optional(),
-  errorReason: z.string().optional(),
-  labels: z.record(z.string(), z.string()).default({}),
-  autoDeleteInterval: z.number().optional(),
+  name: z.string().nullish(),
+  state: z.string().nullish(),
+  desiredState: z.string().nullish(),
+  recoverable: z.boolean().nullish(),
+  errorReason: z.string().nullish(),
+  labels: z.record(z.string(), z.string().nullish()).nullish(),
+  autoDeleteInterval: z.number().nullish(),
 });
 type SandboxReply = z.infer<typeof SandboxReplySchema>;
 
@@ -45,49 +67,124 @@ const LABEL_COMPANY = 'lease-ops/company';
 const LABEL_ENVIRONMENT = 'lease-ops/environment';
 const LABEL_RUN = 'lease-ops/run';
 
-/** Daytona's states between two stable ones: the lane retries until they settle. */
-const TRANSITIONAL = new Set(['creating', 'starting', 'stopping', 'destroying', 'archiving', 'restoring', 'resizing', 'pausing', 'resuming', 'pulling_snapshot', 'building_snapshot', 'snapshotting', 'forking', 'pending_build']);
+/** Where each of Daytona's transitional states is headed (its SandboxState enum, 0.218.0). */
+const TRANSITIONS: Record<string, 'running' | 'stopped' | 'gone' | undefined> = {
+  creating: 'running',
+  starting: 'running',
+  restoring: 'running',
+  resuming: 'running',
+  pending_build: 'running',
+  building_snapshot: 'running',
+  pulling_snapshot: 'running',
+  unknown: 'running',
+  stopping: 'stopped',
+  pausing: 'stopped',
+  archiving: 'stopped',
+  destroying: 'gone',
+  resizing: undefined,
+  snapshotting: undefined,
+  forking: undefined,
+};
+const STABLE = new Set(['started', 'stopped', 'archived', 'paused']);
 
 /**
- * Daytona through its official OpenAPI client. Every operation reads the sandbox fresh and
- * returns, or raises SettlingError while a transition runs; it never sits polling. A
- * receipt is given only after a fresh read shows `stopped` (or the sandbox gone).
+ * What a Daytona reply means. A stable state whose desired state differs is on its way
+ * there (a start of an archived sandbox reads `archived` until the runner moves it), and a
+ * state this client does not know is a transition to wait out, never one to act on.
  */
-export function createDaytonaProvider(input: DaytonaSettings): LeaseProvider {
+export function daytonaState(sb: Pick<SandboxReply, 'state' | 'desiredState' | 'recoverable'>): SandboxState {
+  const state = sb.state ?? 'unknown';
+  const desired = sb.desiredState ?? undefined;
+  if (state === 'destroyed') return { kind: 'gone' };
+  if (state === 'error' || state === 'build_failed') return { kind: 'error', providerState: state, recoverable: state === 'error' && sb.recoverable === true };
+  if (STABLE.has(state) && desired && desired !== state && desired !== 'resized') {
+    const toward = desired === 'started' ? 'running' : desired === 'destroyed' ? 'gone' : 'stopped';
+    return { kind: 'transitioning', providerState: state, toward };
+  }
+  if (state === 'started') return { kind: 'running' };
+  if (state === 'stopped' || state === 'archived' || state === 'paused') return { kind: 'stopped', providerState: state };
+  const toward = TRANSITIONS[state];
+  return toward ? { kind: 'transitioning', providerState: state, toward } : { kind: 'transitioning', providerState: state };
+}
+
+/** The sandbox an acquire makes is named after its job: every attempt of the job finds the same one. */
+export function daytonaSandboxName(jobId: string): string {
+  return `lease-ops-${jobId.replace(/[^A-Za-z0-9-]/g, '-')}`;
+}
+
+/** Retry-After in ms, from the plain header or Daytona's per-throttler `Retry-After-<name>` ones (the longest). */
+function retryAfterOf(headers: Record<string, unknown>): { ms: number | undefined; throttlers: Throttler[] } {
+  let ms: number | undefined;
+  const throttlers: Throttler[] = [];
+  for (const [name, value] of Object.entries(headers)) {
+    const m = /^retry-after(?:-(.+))?$/i.exec(name);
+    if (!m || typeof value !== 'string') continue;
+    const v = retryAfterMs(value);
+    if (v !== undefined) ms = Math.max(ms ?? 0, v);
+    const throttler = m[1]?.toLowerCase();
+    if (throttler && (DAYTONA_THROTTLERS as readonly string[]).includes(throttler)) throttlers.push(throttler as Throttler);
+  }
+  return { ms, throttlers };
+}
+
+/** The attempt's own fence refused the call: not the provider's error, and not to be retried here. */
+const isStale = (err: unknown) => (err as { code?: unknown } | null)?.code === 'stale_attempt';
+
+type Request<T> = (options: ReturnType<typeof requestOptions>) => Promise<AxiosResponse<T>>;
+
+/**
+ * Per-request options: the attempt's signal and timeout, its id for tracing, and a
+ * transport that drops the request at the last moment if the attempt's fence went stale.
+ */
+function requestOptions(ctx: OperationContext, timeoutMs: number) {
+  return {
+    signal: ctx.signal,
+    timeout: timeoutMs,
+    headers: { 'X-Lease-Ops-Attempt': ctx.attemptId },
+    transport: fencedTransport(() => ctx.fenceIsFresh()),
+  };
+}
+
+/**
+ * Daytona through its official OpenAPI client (@daytona/api-client, axios underneath, whose
+ * `transport` option carries lease-ops' fence check to the moment a request leaves the
+ * process). Every operation reads the sandbox fresh and returns, or raises SettlingError
+ * while a transition runs; it never sits polling. A receipt is given only after a fresh
+ * read shows `stopped` (or the sandbox gone).
+ */
+export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: RateLimiterFactory = localRateLimiters): LeaseProvider {
   const settings = DaytonaSettingsSchema.parse(input);
   const api = new SandboxApi(new Configuration({ basePath: settings.apiUrl.replace(/\/+$/, ''), accessToken: settings.apiKey }));
   const org = settings.organizationId;
   const name = settings.name;
+  const limits: Record<string, RateLimit | null> = { ...DAYTONA_DEFAULT_RATE_LIMITS, ...settings.rateLimits };
+  const limiter = rateLimiters(name, limits);
 
   /**
-   * Per-request options: the attempt's signal and timeout, its id for tracing, and a
-   * transport that drops the request at the last moment if the attempt's fence went stale.
-   */
-  const optionsFor = (ctx: OperationContext) => ({
-    signal: ctx.signal,
-    timeout: settings.timeoutMs,
-    headers: { 'X-Lease-Ops-Attempt': ctx.attemptId },
-    transport: fencedTransport(() => ctx.fenceIsFresh()),
-  });
-  /**
-   * Sends a request once the fence holds. A request dropped by the transport (the process
+   * Sends a request in its throttler's turn, once the fence holds. A 429 holds the
+   * throttler back for every replica. A request dropped by the transport (the process
    * stalled between check and send) is sent again only after a fresh check says so.
    */
-  const fenced = async <T>(ctx: OperationContext, request: (options: ReturnType<typeof optionsFor>) => Promise<AxiosResponse<T>>): Promise<AxiosResponse<T>> => {
+  const send = async <T>(ctx: OperationContext, throttler: Throttler, request: Request<T>): Promise<AxiosResponse<T>> => {
     for (let tries = 1; ; tries++) {
+      await limiter.take(throttler, ctx.signal);
       await ctx.fence();
       try {
-        return await request(optionsFor(ctx));
+        return await request(requestOptions(ctx, settings.timeoutMs));
       } catch (err) {
+        if (isAxiosError(err) && err.response?.status === 429) {
+          const { ms, throttlers } = retryAfterOf(err.response.headers as Record<string, unknown>);
+          for (const t of throttlers.length ? throttlers : [throttler]) await limiter.holdOff(t, ms ?? 1_000);
+        }
         if (!(isAxiosError(err) && err.cause instanceof FenceWindowError) || tries >= 3) throw err;
       }
     }
   };
-  const call = async <T>(ctx: OperationContext, request: (options: ReturnType<typeof optionsFor>) => Promise<AxiosResponse<T>>): Promise<T> => {
+  const call = async <T>(ctx: OperationContext, throttler: Throttler, request: Request<T>): Promise<T> => {
     try {
-      return (await fenced(ctx, request)).data;
+      return (await send(ctx, throttler, request)).data;
     } catch (err) {
-      throw toProviderError(err);
+      throw isStale(err) ? err : toProviderError(err);
     }
   };
   const toProviderError = (err: unknown): ProviderError => {
@@ -95,74 +192,75 @@ export function createDaytonaProvider(input: DaytonaSettings): LeaseProvider {
     if (isAxiosError(err) && err.response) {
       const data = err.response.data as { message?: unknown } | undefined;
       const message = typeof data?.message === 'string' ? data.message : err.message;
-      return errorForStatus(name, err.response.status, message, err.response.headers['retry-after'] as string | undefined);
+      const { ms } = retryAfterOf(err.response.headers as Record<string, unknown>);
+      return errorForStatus(name, err.response.status, message, ms === undefined ? undefined : String(ms / 1000));
     }
-    return networkError(name, err) ?? new PermanentError('provider_error', `${name}: ${(err as Error).message}`);
+    return networkError(name, err) ?? new TransientError('provider_error', `${name}: ${(err as Error).message}`);
   };
   const isStatus = (err: unknown, status: number) => isAxiosError(err) && err.response?.status === status;
 
-  /** A fresh read; null when the sandbox does not exist (404). */
-  const read = async (ctx: OperationContext, idOrName: string): Promise<SandboxReply | null> => {
+  const parseReply = (data: unknown): SandboxReply => {
+    const parsed = SandboxReplySchema.safeParse(data);
+    // Transient: a reply this client cannot read says nothing certain; read again later.
+    if (!parsed.success) throw new TransientError('invalid_provider_reply', `${name}: unexpected sandbox reply: ${z.prettifyError(parsed.error)}`);
+    return parsed.data;
+  };
+  /**
+   * A fresh read by id or name; null when the sandbox does not exist (404). What it saw is
+   * recorded only for the lease's own sandbox; a lookup by name before a create records nothing.
+   */
+  const read = async (ctx: OperationContext, idOrName: string, lookup = false): Promise<SandboxReply | null> => {
     try {
-      const data = (await fenced(ctx, (o) => api.getSandbox(idOrName, org, undefined, o))).data;
-      const sb = parseReply(data);
-      ctx.observe(sb.id, normalise(sb));
+      const sb = parseReply((await send(ctx, 'authenticated', (o) => api.getSandbox(idOrName, org, undefined, o))).data);
+      if (belongs(ctx, sb)) ctx.observe(sb.id, daytonaState(sb));
       return sb;
     } catch (err) {
       if (isStatus(err, 404)) {
-        ctx.observe(idOrName, { kind: 'gone' });
+        if (!lookup) ctx.observe(idOrName, { kind: 'gone' });
         return null;
       }
-      throw toProviderError(err);
+      throw isStale(err) ? err : toProviderError(err);
     }
   };
-  const normalise = (sb: SandboxReply): SandboxState => {
-    const state = sb.state ?? 'unknown';
-    if (state === 'destroyed') return { kind: 'gone' };
-    if (state === 'started') return { kind: 'running' };
-    if (state === 'stopped' || state === 'archived' || state === 'paused') return { kind: 'stopped', providerState: state };
-    if (state === 'error' || state === 'build_failed') return { kind: 'error', providerState: state, recoverable: Boolean(sb.recoverable) };
-    return { kind: 'transitioning', providerState: state };
-  };
-  const parseReply = (data: unknown): SandboxReply => {
-    const parsed = SandboxReplySchema.safeParse(data);
-    if (!parsed.success) throw new PermanentError('invalid_provider_reply', `${name}: unexpected sandbox reply: ${z.prettifyError(parsed.error)}`);
-    return parsed.data;
-  };
   const belongs = (ctx: OperationContext, sb: SandboxReply) =>
-    sb.labels[LABEL_COMPANY] === ctx.lease.companyId && sb.labels[LABEL_ENVIRONMENT] === ctx.lease.environmentId;
+    sb.labels?.[LABEL_COMPANY] === ctx.lease.companyId && sb.labels?.[LABEL_ENVIRONMENT] === ctx.lease.environmentId;
   const requireOwn = (ctx: OperationContext, sb: SandboxReply) => {
     if (!belongs(ctx, sb)) throw new PermanentError('lease_environment_mismatch', `${name}: sandbox ${sb.id} belongs to another environment`);
   };
   const settling = (sb: SandboxReply, doing: string) =>
-    new SettlingError(`sandbox_${sb.state ?? 'unknown'}`, `${name}: sandbox ${sb.id} is ${sb.state}; ${doing} once it settles`);
+    new SettlingError(`sandbox_${sb.state ?? 'unknown'}`, `${name}: sandbox ${sb.id} is ${sb.state ?? 'unknown'}; ${doing} once it settles`);
   const lease = (sb: SandboxReply, extra: Record<string, unknown> = {}): Lease => ({
     providerLeaseId: sb.id,
-    metadata: { provider: 'daytona', name: sb.name, ...extra },
+    metadata: { provider: 'daytona', name: sb.name ?? sb.id, ...extra },
     expiresAt: null,
   });
+  const isStopped = (sb: SandboxReply) => daytonaState(sb).kind === 'stopped' && sb.state !== 'paused';
 
   /** Stops (or kills) a sandbox and gives a receipt only once a fresh read shows it stopped. */
   const stopConfirmed = async (ctx: OperationContext, id: string, force: boolean): Promise<TerminationReceipt> => {
     const before = await read(ctx, id);
     if (!before) return { providerLeaseId: id, state: 'destroyed' };
     requireOwn(ctx, before);
-    if (before.state === 'stopped' || before.state === 'archived') return { providerLeaseId: id, state: 'stopped' };
-    if (before.state === 'started' || before.state === 'paused' || (force && before.state === 'stopping')) {
+    if (isStopped(before)) return { providerLeaseId: id, state: 'stopped' };
+    const state = daytonaState(before);
+    const stoppable = state.kind === 'running' || before.state === 'paused';
+    const stuckStopping = state.kind === 'transitioning' && state.toward === 'stopped' && before.state !== 'archiving';
+    if (stoppable || (force && stuckStopping)) {
       try {
-        await call(ctx, (o) => api.stopSandbox(id, org, force, o));
+        await call(ctx, 'sandbox-lifecycle', (o) => api.stopSandbox(id, org, force, o));
       } catch (err) {
         // 400 "not in a stoppable state": it stopped meanwhile, or is in no state to stop;
         // the fresh read below tells which.
         if (!(err instanceof PermanentError && err.code === 'bad_request')) throw err;
       }
-    } else if (before.state !== 'stopping') {
-      if (TRANSITIONAL.has(before.state ?? '')) throw settling(before, 'stopping');
+    } else if (!stuckStopping) {
+      if (state.kind === 'transitioning') throw settling(before, 'stopping');
+      if (state.kind === 'gone') return { providerLeaseId: id, state: 'destroyed' };
       throw new PermanentError('not_stoppable', `${name}: sandbox ${id} is ${before.state} and cannot be stopped`);
     }
     const after = await read(ctx, id);
-    if (!after) return { providerLeaseId: id, state: 'destroyed' };
-    if (after.state === 'stopped' || after.state === 'archived') return { providerLeaseId: id, state: 'stopped' };
+    if (!after || daytonaState(after).kind === 'gone') return { providerLeaseId: id, state: 'destroyed' };
+    if (isStopped(after)) return { providerLeaseId: id, state: 'stopped' };
     throw settling(after, force ? 'force-stop confirms' : 'stop confirms');
   };
 
@@ -170,77 +268,110 @@ export function createDaytonaProvider(input: DaytonaSettings): LeaseProvider {
     const before = await read(ctx, id);
     if (!before) return { providerLeaseId: id, state: 'destroyed' };
     requireOwn(ctx, before);
-    if (before.state !== 'destroying') {
+    if (before.desiredState !== 'destroyed') {
       try {
-        await call(ctx, (o) => api.deleteSandbox(id, org, o));
+        await call(ctx, 'sandbox-lifecycle', (o) => api.deleteSandbox(id, org, o));
       } catch (err) {
         if (!(err instanceof PermanentError && err.code === 'not_found')) throw err; // 404: already gone
       }
     }
     const after = await read(ctx, id);
-    if (!after || after.state === 'destroyed') return { providerLeaseId: id, state: 'destroyed' };
+    if (!after || daytonaState(after).kind === 'gone') return { providerLeaseId: id, state: 'destroyed' };
     throw settling(after, 'destroy confirms');
+  };
+
+  /**
+   * Sends the create. Whatever goes wrong once it may have left the process (a timeout, a
+   * cut or unreadable reply, a 5xx), a read by the sandbox's name says whether it was made;
+   * if that read fails too, the attempt is retried and its successor reads again. Nothing
+   * in the create's reply is trusted: the fresh read is what counts.
+   */
+  const create = async (ctx: OperationContext, sandboxName: string, params: OperationParams['acquire']): Promise<SandboxReply | null> => {
+    try {
+      await call(ctx, 'sandbox-create', (o) =>
+        api.createSandbox(
+          {
+            name: sandboxName,
+            labels: { [LABEL_COMPANY]: ctx.lease.companyId, [LABEL_ENVIRONMENT]: ctx.lease.environmentId, [LABEL_RUN]: params.runId },
+            autoStopInterval: settings.autoStopMinutes,
+            ...(params.resources?.cpu ? { cpu: params.resources.cpu } : {}),
+            ...(params.resources?.memoryGiB ? { memory: params.resources.memoryGiB } : {}),
+            ...(params.resources?.diskGiB ? { disk: params.resources.diskGiB } : {}),
+          },
+          org,
+          o,
+        ),
+      );
+    } catch (err) {
+      // Refused before anything was made: credentials, or the rate limit.
+      if (err instanceof ProviderError && (err.code === 'unauthorized' || err.code === 'rate_limited')) throw err;
+      if (isStale(err)) throw err;
+      const made = await read(ctx, sandboxName, true).catch(() => undefined);
+      if (made) return made;
+      if (made === undefined || !(err instanceof PermanentError)) {
+        throw new TransientError('create_outcome_unknown', `${name}: create of ${sandboxName} may or may not have made a sandbox (${(err as Error).message}); its next attempt looks for it by name`);
+      }
+      throw err;
+    }
+    return read(ctx, sandboxName);
   };
 
   return {
     name,
-    capabilities: { stop: true, pause: false, forceStop: true },
+    capabilities: { stop: true, pause: false, forceStop: true, expiry: false },
 
     async acquire(ctx, params: OperationParams['acquire']): Promise<Lease> {
-      // The sandbox is named after the job, so a retry finds the one its first attempt made.
-      const sandboxName = `lease-ops-${ctx.jobId.replace(/[^A-Za-z0-9-]/g, '-')}`;
-      let sb = await read(ctx, sandboxName);
-      if (!sb) {
-        const created = await call(ctx, (o) =>
-          api.createSandbox(
-            {
-              name: sandboxName,
-              labels: { [LABEL_COMPANY]: ctx.lease.companyId, [LABEL_ENVIRONMENT]: ctx.lease.environmentId, [LABEL_RUN]: params.runId },
-              autoStopInterval: settings.autoStopMinutes,
-              ...(params.resources?.cpu ? { cpu: params.resources.cpu } : {}),
-              ...(params.resources?.memoryGiB ? { memory: params.resources.memoryGiB } : {}),
-              ...(params.resources?.diskGiB ? { disk: params.resources.diskGiB } : {}),
-            },
-            org,
-            o,
-          ),
-        );
-        sb = parseReply(created);
-      }
+      const sandboxName = daytonaSandboxName(ctx.jobId);
+      const sb = (await read(ctx, sandboxName, true)) ?? (await create(ctx, sandboxName, params));
+      if (!sb) throw new SettlingError('sandbox_not_visible', `${name}: sandbox ${sandboxName} was created but is not readable yet`);
       requireOwn(ctx, sb);
-      if (sb.state === 'started') {
-        // Daytona has no lease expiry to promise; say so instead of pretending.
-        return lease(sb, params.requestedExpiresAt ? { requestedExpiresAt: params.requestedExpiresAt, expiryHonoured: false } : {});
+      const state = daytonaState(sb);
+      if (state.kind === 'running') return lease(sb);
+      if (state.kind === 'error' && state.recoverable) {
+        await call(ctx, 'sandbox-lifecycle', (o) => api.recoverSandbox(sb.id, org, undefined, o));
+        throw settling(sb, 'acquire completes after recovery');
       }
-      if (sb.state === 'error' || sb.state === 'build_failed') {
+      if (state.kind === 'error') {
+        // It will never run; failing for good queues its destroy (findAcquired).
         throw new PermanentError('sandbox_failed', `${name}: sandbox ${sb.id} failed to start: ${sb.errorReason ?? sb.state}`);
       }
+      if (state.kind === 'stopped' && sb.state !== 'paused') {
+        // It stopped by itself (auto-stop) before its acquire could hand it out.
+        await call(ctx, 'sandbox-lifecycle', (o) => api.startSandbox(sb.id, org, o));
+      }
       throw settling(sb, 'acquire completes');
+    },
+
+    async findAcquired(ctx, _params) {
+      const sb = await read(ctx, daytonaSandboxName(ctx.jobId), true);
+      return sb && belongs(ctx, sb) && daytonaState(sb).kind !== 'gone' && sb.desiredState !== 'destroyed' ? sb.id : null;
     },
 
     async resume(ctx, params): Promise<Lease | ExpiredLease> {
       const expired: ExpiredLease = { providerLeaseId: null, metadata: { expired: true } };
       const sb = await read(ctx, params.providerLeaseId);
-      if (!sb || sb.state === 'destroyed' || sb.state === 'destroying' || !belongs(ctx, sb)) return expired;
-      switch (sb.state) {
-        case 'started':
+      if (!sb || !belongs(ctx, sb)) return expired;
+      const state = daytonaState(sb);
+      switch (state.kind) {
+        case 'running':
           return lease(sb, { resumed: true });
+        case 'gone':
+          return expired;
         case 'stopped':
-        case 'archived':
-          await call(ctx, (o) => api.startSandbox(sb.id, org, o));
+          await call(ctx, 'sandbox-lifecycle', (o) => api.startSandbox(sb.id, org, o));
           break;
         case 'error':
-          if (!sb.recoverable) throw new PermanentError('sandbox_unrecoverable', `${name}: sandbox ${sb.id} is in error: ${sb.errorReason ?? 'unknown'}`);
-          await call(ctx, (o) => api.recoverSandbox(sb.id, org, undefined, o));
+          if (sb.state === 'build_failed') return expired;
+          if (!state.recoverable) throw new PermanentError('sandbox_unrecoverable', `${name}: sandbox ${sb.id} is in error: ${sb.errorReason ?? 'unknown'}`);
+          await call(ctx, 'sandbox-lifecycle', (o) => api.recoverSandbox(sb.id, org, undefined, o));
           break;
-        case 'build_failed':
-          return expired;
-        default:
-          if (!TRANSITIONAL.has(sb.state ?? '')) throw new PermanentError('unexpected_state', `${name}: sandbox ${sb.id} is ${sb.state}`);
+        case 'transitioning':
+          if (state.toward === 'gone') return expired;
+          throw settling(sb, 'resume');
       }
       const after = await read(ctx, sb.id);
       if (!after) return expired;
-      if (after.state === 'started') return lease(after, { resumed: true });
+      if (daytonaState(after).kind === 'running') return lease(after, { resumed: true });
       throw settling(after, 'resume completes');
     },
 
@@ -252,8 +383,10 @@ export function createDaytonaProvider(input: DaytonaSettings): LeaseProvider {
           const sb = await read(ctx, id);
           if (!sb) return 'destroyed';
           requireOwn(ctx, sb);
-          if (sb.state === 'started') return 'running';
-          if (sb.state === 'stopped' || sb.state === 'archived') return 'stopped';
+          const kind = daytonaState(sb).kind;
+          if (kind === 'running') return 'running';
+          if (kind === 'gone') return 'destroyed';
+          if (isStopped(sb)) return 'stopped';
           throw settling(sb, 'release confirms');
         },
         // A retained sandbox must not be auto-deleted; confirm that before stopping.
@@ -262,7 +395,7 @@ export function createDaytonaProvider(input: DaytonaSettings): LeaseProvider {
           if (!sb) return { providerLeaseId: id, state: 'destroyed' };
           requireOwn(ctx, sb);
           if (sb.autoDeleteInterval !== -1) {
-            await call(ctx, (o) => api.setAutoDeleteInterval(id, -1, org, o));
+            await call(ctx, 'authenticated', (o) => api.setAutoDeleteInterval(id, -1, org, o));
             const confirmed = await read(ctx, id);
             if (!confirmed) return { providerLeaseId: id, state: 'destroyed' };
             if (confirmed.autoDeleteInterval !== -1) throw new SettlingError('auto_delete_pending', `${name}: auto-delete of ${id} not yet disabled`);
@@ -278,7 +411,7 @@ export function createDaytonaProvider(input: DaytonaSettings): LeaseProvider {
 
     async status(ctx, params): Promise<SandboxState> {
       const sb = await read(ctx, params.providerLeaseId);
-      return sb ? normalise(sb) : { kind: 'gone' };
+      return sb ? daytonaState(sb) : { kind: 'gone' };
     },
   };
 }

@@ -22,7 +22,9 @@ export async function createSimulatedProvider(env: NodeJS.ProcessEnv): Promise<L
     fake = simulatedCloud();
     apiUrl = await fake.listen();
   }
-  const provider = createDaytonaProvider({ name: 'simulated', apiUrl, apiKey: SIMULATED_KEY, timeoutMs: 10_000 });
+  // The simulated cloud has no rate limits to pace under.
+  const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
+  const provider = createDaytonaProvider({ name: 'simulated', apiUrl, apiKey: SIMULATED_KEY, timeoutMs: 10_000, rateLimits: unpaced });
   return { ...provider, close: async () => fake?.close() };
 }
 

@@ -1,12 +1,14 @@
 --[[
   Records what an operation saw of its sandbox: the state, and since when it has been in
-  it (kept while the state stays the same). Leases seen `stopping` are indexed by since,
-  so the stuck-stop watchdog finds them without listing the cloud. The record expires
+  it (kept while the state stays the same). Leases seen on their way to stopped (Daytona's
+  `stopping`, CreateOS' `pausing`) are indexed by since, so the stuck-stop watchdog and the
+  attention list find them without listing the cloud. The record expires
   after `ttl` seconds without news, so idle leases leave nothing behind for good.
 
   KEYS[1] lease record hash   KEYS[2] stopping index (zset laneId -> since ms)
   ARGV[1] lane id   ARGV[2] now (ms)   ARGV[3] state kind   ARGV[4] provider state
   ARGV[5] lease identity (JSON)   ARGV[6] provider lease id   ARGV[7] ttl (s)
+  ARGV[8] '1' when the state is a transition toward stopped
 
   Returns the `since` of the recorded state.
 ]]
@@ -26,7 +28,7 @@ rcall('HSET', recordKey, 'kind', kind, 'providerState', providerState, 'since', 
   'lease', ARGV[5], 'providerLeaseId', ARGV[6])
 rcall('EXPIRE', recordKey, ARGV[7])
 
-if kind == 'transitioning' and providerState == 'stopping' then
+if ARGV[8] == '1' then
   rcall('ZADD', stoppingKey, since, laneId)
 else
   rcall('ZREM', stoppingKey, laneId)

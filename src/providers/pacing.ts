@@ -1,0 +1,102 @@
+import type { RedisClient } from '../queues/redis.ts';
+import { luaCommand, type LuaCommand } from '../queues/lua-scripts.ts';
+
+/** A service's request limit for one bucket of its routes. */
+export interface RateLimit {
+  perMinute: number;
+  /** Requests that may go at once after a quiet spell (default 1: evenly spaced). */
+  burst?: number;
+}
+
+/**
+ * Paces a provider's requests under the service's limits. `take` waits for a request's
+ * turn in a bucket (one per limit the service counts separately, e.g. Daytona's create and
+ * lifecycle throttlers); `holdOff` is what a 429 with Retry-After asks: every request of the
+ * bucket waits that long. A bucket without a configured limit is not paced.
+ */
+export interface RateLimiter {
+  take(bucket: string, signal?: AbortSignal): Promise<void>;
+  holdOff(bucket: string, ms: number): Promise<void>;
+}
+
+/** How a provider gets a limiter: shared by every replica on the worker's Redis, or per process. */
+export type RateLimiterFactory = (scope: string, limits: Record<string, RateLimit | null>) => RateLimiter;
+
+const sleep = (ms: number, signal?: AbortSignal) =>
+  new Promise<void>((resolve, reject) => {
+    if (ms <= 0) return resolve();
+    if (signal?.aborted) return reject(signal.reason as Error);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal!.reason as Error);
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener('abort', onAbort);
+      resolve();
+    }, ms);
+    signal?.addEventListener('abort', onAbort, { once: true });
+  });
+
+const intervalOf = (limit: RateLimit) => 60_000 / limit.perMinute;
+
+/**
+ * The limit shared through Redis (GCRA in pace-take.lua): replicas behind one address, or
+ * using one account, share one budget, which is how CreateOS (per caller IP) and Daytona
+ * (per organization) count. Keys: `<prefix>:pace:<scope>:<bucket>`, gone a minute after the
+ * bucket was last used.
+ */
+export function redisRateLimiters(redis: RedisClient, prefix: string): RateLimiterFactory {
+  const take: LuaCommand = luaCommand(redis, 'pace-take', 1);
+  const holdOff: LuaCommand = luaCommand(redis, 'pace-hold-off', 1);
+  return (scope, limits) => {
+    const key = (bucket: string) => `${prefix}:pace:${scope}:${bucket}`;
+    return {
+      async take(bucket, signal) {
+        const limit = limits[bucket];
+        if (!limit) return;
+        for (;;) {
+          const wait = Number(await take(key(bucket), intervalOf(limit), limit.burst ?? 1, '1'));
+          if (wait <= 0) return;
+          await sleep(wait, signal);
+          // A 429 may have held the bucket off while this request waited for its turn: then
+          // the turn is void, and it waits out the hold and takes a new one.
+          const held = Number(await take(key(bucket), intervalOf(limit), limit.burst ?? 1, '0'));
+          if (held <= 0) return;
+          await sleep(held, signal);
+        }
+      },
+      async holdOff(bucket, ms) {
+        if (limits[bucket]) await holdOff(key(bucket), Math.ceil(ms));
+      },
+    };
+  };
+}
+
+/** The same schedule kept in this process only: for a provider used without a worker (tests, scripts). */
+export const localRateLimiters: RateLimiterFactory = (_scope, limits) => {
+  const buckets = new Map<string, { tat: number; until: number }>();
+  return {
+    async take(bucket, signal) {
+      const limit = limits[bucket];
+      if (!limit) return;
+      for (;;) {
+        const now = Date.now();
+        const b = buckets.get(bucket) ?? { tat: now, until: 0 };
+        const interval = intervalOf(limit);
+        const tat = Math.max(b.tat, now);
+        const sendAt = Math.max(now, tat - ((limit.burst ?? 1) - 1) * interval, b.until);
+        buckets.set(bucket, { tat: Math.max(tat, sendAt) + interval, until: b.until });
+        if (sendAt <= now) return;
+        await sleep(sendAt - now, signal);
+        const held = (buckets.get(bucket)?.until ?? 0) - Date.now();
+        if (held <= 0) return;
+        await sleep(held, signal);
+      }
+    },
+    async holdOff(bucket, ms) {
+      if (!limits[bucket]) return;
+      const b = buckets.get(bucket) ?? { tat: Date.now(), until: 0 };
+      buckets.set(bucket, { ...b, until: Math.max(b.until, Date.now() + ms) });
+    },
+  };
+};

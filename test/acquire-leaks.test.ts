@@ -1,0 +1,136 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { CreateosFake } from '../src/fakes/createos-fake.ts';
+import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
+import type { CreateFault } from '../src/fakes/http-fake.ts';
+import { createCreateosProvider } from '../src/providers/createos/index.ts';
+import { createDaytonaProvider, daytonaSandboxName } from '../src/providers/daytona/index.ts';
+import type { LeaseProvider } from '../src/providers/types.ts';
+import { gate, QUICK_RECOVERY, TestBed, workerEnv } from './helpers/env.ts';
+import { WorkerProcess } from './helpers/worker-process.ts';
+
+/** One provider and its fake, seen as a worker sees them, with what the fake has made. */
+interface Subject {
+  kind: 'daytona' | 'createos';
+  fake: DaytonaFake | CreateosFake;
+  /** A provider whose requests time out after 400 ms (for the slow-create case). */
+  provider: LeaseProvider;
+  /** Sandboxes the cloud is running (or making) now. */
+  live(): string[];
+  /** The environment of a `lease-ops worker` process using this fake. */
+  env: Record<string, string>;
+  createPath: RegExp;
+}
+
+const SUBJECTS: Record<string, () => Promise<Subject>> = {
+  daytona: async () => {
+    const fake = new DaytonaFake({ apiKey: 'k', timings: { create: 150, start: 20, stop: 20, forceStop: 0, destroy: 10 } });
+    const apiUrl = await fake.listen();
+    return {
+      kind: 'daytona',
+      fake,
+      provider: createDaytonaProvider({ apiUrl, apiKey: 'k', timeoutMs: 400 }),
+      live: () => fake.ids(),
+      env: { LEASE_OPS_PROVIDERS: 'daytona', DAYTONA_API_URL: apiUrl, DAYTONA_API_KEY: 'k' },
+      createPath: /^\/sandbox$/,
+    };
+  },
+  createos: async () => {
+    const fake = new CreateosFake({ apiKey: 'k', timings: { create: 150, pause: 20, resume: 20, destroy: 10 } });
+    const apiUrl = await fake.listen();
+    return {
+      kind: 'createos',
+      fake,
+      provider: createCreateosProvider({ apiUrl, apiKey: 'k', timeoutMs: 400, requestsPerMinute: 60_000 }),
+      live: () => fake.live(),
+      env: { LEASE_OPS_PROVIDERS: 'createos', CREATEOS_API_URL: apiUrl, CREATEOS_API_KEY: 'k' },
+      createPath: /^\/v1\/sandboxes$/,
+    };
+  },
+};
+
+for (const [name, make] of Object.entries(SUBJECTS)) {
+  describe(`acquire never leaks a sandbox: ${name}`, () => {
+    let s: Subject;
+    let bed: TestBed;
+    let seq = 0;
+    beforeAll(async () => {
+      s = await make();
+      bed = await TestBed.create();
+      await bed.startWorker(s.provider);
+    });
+    afterAll(async () => {
+      await bed.close();
+      await s.fake.close();
+    });
+    const acquire = (deadlineMs?: number) =>
+      bed.ops.enqueue({ op: 'acquire', lease: { provider: s.provider.name, companyId: 'co', environmentId: 'env', leaseId: `leak-${++seq}` }, params: { runId: `run-${seq}` }, ...(deadlineMs ? { deadlineMs } : {}) });
+    const resultOf = async (jobId: string) => (await bed.ops.queue.getJob(jobId))!;
+
+    const FAULTS: [string, CreateFault][] = [
+      ['the create reply is cut mid-body', { kind: 'cut' }],
+      ['the create reply is not a sandbox at all', { kind: 'invalid' }],
+      ['create answers 504 after the sandbox was made', { kind: 'status', status: 504 }],
+      ['create answers later than the client waits', { kind: 'slow', delayMs: 1_200 }],
+    ];
+    it.each(FAULTS)('%s: a later attempt adopts the sandbox, and it is the only one', async (_what, fault) => {
+      const before = new Set(s.live());
+      s.fake.failNextCreate(fault);
+      const { jobId } = await acquire();
+      expect((await bed.waitForAll([jobId])).get(jobId)).toBe('completed');
+      const job = await resultOf(jobId);
+      const made = s.live().filter((id) => !before.has(id));
+      expect(made).toEqual([(job.returnvalue as { providerLeaseId: string }).providerLeaseId]);
+      // The fault did bite: the first attempt failed and a retry finished the job.
+      expect(job.attemptsMade).toBeGreaterThan(0);
+    });
+
+    it('an acquire that fails for good has the sandbox it made destroyed through its lane', async () => {
+      const before = new Set(s.live());
+      // The sandbox takes longer to come up than the acquire may take.
+      s.fake.failNextCreate({ kind: 'slow-boot', bootMs: 1_500 });
+      const { jobId } = await acquire(700);
+      expect((await bed.waitForAll([jobId])).get(jobId)).toBe('failed');
+      expect((await resultOf(jobId)).failedReason).toMatch(/^deadline_exceeded/);
+      const destroys = (await bed.ops.queue.getJobs(['waiting', 'delayed', 'active', 'completed', 'failed'])).filter((j) => j.name === 'destroy');
+      expect(destroys).toHaveLength(1);
+      expect((await bed.waitForAll([destroys[0]!.id!])).get(destroys[0]!.id!)).toBe('completed');
+      expect(s.live().filter((id) => !before.has(id))).toEqual([]);
+    });
+  });
+}
+
+describe('acquire never leaks a sandbox when its worker is killed right after the create left', () => {
+  for (const [name, make] of Object.entries(SUBJECTS)) {
+    it(`${name}: the next worker's attempt adopts the sandbox the killed one asked for`, { timeout: 60_000 }, async () => {
+      const s = await make();
+      const bed = await TestBed.create();
+      const workers: WorkerProcess[] = [];
+      try {
+        const env = workerEnv(bed, { ...QUICK_RECOVERY, ...s.env });
+        const first = new WorkerProcess(env);
+        workers.push(first);
+        await first.ready;
+        const held = gate();
+        s.fake.failNextCreate({ kind: 'hold', until: held.promise });
+        const arrived = s.fake.nextRequest('POST', s.createPath);
+        const before = new Set(s.live());
+        const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: { provider: name, companyId: 'co', environmentId: 'env', leaseId: 'killed' }, params: { runId: 'killed' } });
+        await arrived; // the create is at the cloud, which makes the sandbox
+        await first.kill();
+        held.open();
+        const second = new WorkerProcess(env);
+        workers.push(second);
+        await second.ready;
+        expect((await bed.waitForAll([jobId], 30_000)).get(jobId)).toBe('completed');
+        const job = (await bed.ops.queue.getJob(jobId))!;
+        const made = s.live().filter((id) => !before.has(id));
+        expect(made).toEqual([(job.returnvalue as { providerLeaseId: string }).providerLeaseId]);
+        if (name === 'daytona') expect(s.fake instanceof DaytonaFake && s.fake.stateOf(daytonaSandboxName(jobId))).toBe('started');
+      } finally {
+        await Promise.all(workers.map((w) => (w.child.exitCode === null && w.child.signalCode === null ? w.terminate() : null)));
+        await bed.close();
+        await s.fake.close();
+      }
+    });
+  }
+});
