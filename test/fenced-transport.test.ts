@@ -59,3 +59,28 @@ describe('fenced transport', () => {
     expect(received.at(-1)).toBe('/after');
   });
 });
+
+describe('fencing at send for CreateOS (its SDK, with lease-ops\' fetch)', () => {
+  it('a request whose attempt went stale after its fence check never reaches CreateOS; a fresh check lets it go once', async () => {
+    const { CreateosFake } = await import('../src/fakes/createos-fake.ts');
+    const { createCreateosProvider } = await import('../src/providers/createos/index.ts');
+    const { providerContext, settled } = await import('./helpers/provider-context.ts');
+    const fake = new CreateosFake({ apiKey: 'k' });
+    const provider = createCreateosProvider({ apiUrl: await fake.listen(), apiKey: 'k', requestsPerMinute: 60_000 });
+    try {
+      const c = providerContext('fenced');
+      const { providerLeaseId } = await settled(() => provider.acquire(c, { runId: 'r' }));
+      // The fence check passes, but by the time the bytes would leave, the attempt is stale.
+      const stale = providerContext('fenced', 'env-a', { attemptId: 'stale-attempt:1', fenceIsFresh: () => false });
+      await expect(provider.stop(stale, { providerLeaseId })).rejects.toMatchObject({ kind: 'transient', code: 'fence_window_passed' });
+      expect(fake.calls.filter((call) => call.attempt === 'stale-attempt:1')).toEqual([]);
+      // Stale once (a pause between check and send), then confirmed again: sent exactly once.
+      let checks = 0;
+      const once = providerContext('fenced', 'env-a', { attemptId: 'late-attempt:1', fenceIsFresh: () => checks++ > 0 });
+      expect(await provider.status(once, { providerLeaseId })).toEqual({ kind: 'running' });
+      expect(fake.calls.filter((call) => call.attempt === 'late-attempt:1')).toHaveLength(1);
+    } finally {
+      await fake.close();
+    }
+  });
+});

@@ -2,7 +2,9 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CreateosFake } from '../src/fakes/createos-fake.ts';
 import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
 import type { LeaseIdentity } from '../src/lease.ts';
-import { TestBed, workerEnv } from './helpers/env.ts';
+import { LeaseOpsClient } from '../src/client.ts';
+import { queueMetrics } from '../src/metrics.ts';
+import { readUntil, TestBed, workerEnv } from './helpers/env.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
 
 // Short thresholds so the scenarios stay quick: stuck after 1 s, scans every 300 ms.
@@ -146,5 +148,29 @@ describe('settling, deadlines and the stuck-stop watchdog, through the lane, wit
     expect(pauses[0]!.end < resumes[0]!.start).toBe(true);
     expect(createos.http.overlaps()).toEqual([]);
     expect(createos.statusOf(id)).toBe('running');
+  });
+
+  it('(f) a sandbox stuck on its way to paused shows as stuck in attention and metrics, though CreateOS cannot force it', async () => {
+    const identityOf = (leaseId: string): LeaseIdentity => ({ provider: 'createos', companyId: 'co', environmentId: 'env', leaseId });
+    const acquire = await bed.ops.enqueue({ op: 'acquire', lease: identityOf('f-new'), params: { runId: 'f' } });
+    await bed.waitForAll([acquire.jobId]);
+    const id = ((await bed.ops.queue.getJob(acquire.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    createos.control(id, { pauseMs: 120_000 }); // its snapshot never finishes
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: identityOf(id), params: { providerLeaseId: id }, deadlineMs: 30_000 });
+    const client = new LeaseOpsClient({ ...bed.config, LEASE_OPS_STUCK_STOPPING_MS: STUCK_MS });
+    try {
+      const item = await readUntil(async () => (await client.leasesNeedingAttention()).find((a) => a.lease?.leaseId === id), 10_000, 'the stuck pause in attention');
+      expect(item).toMatchObject({ reason: 'stuck_stopping' });
+      expect(item.detail).toMatch(new RegExp(`sandbox ${id} has been pausing for \\d+ s`));
+      expect(await queueMetrics(client, { bullmqTotals: false })()).toMatch(/^lease_ops_leases_needing_attention\{reason="stuck_stopping"\} 1$/m);
+      // No force-stop was queued for it: CreateOS has none to offer.
+      expect((await bed.ops.queue.getJobs(['waiting', 'delayed', 'active', 'completed', 'failed'])).filter((j) => j.name === 'force-stop' && j.data.lease.leaseId === id)).toEqual([]);
+      // Once it pauses after all, the stop completes and the lease leaves the list.
+      createos.control(id, { status: 'paused' });
+      expect((await bed.waitForAll([stop.jobId], 15_000)).get(stop.jobId)).toBe('completed');
+      expect((await client.leasesNeedingAttention()).find((a) => a.lease?.leaseId === id)).toBeUndefined();
+    } finally {
+      await client.close();
+    }
   });
 });

@@ -162,3 +162,18 @@ export function gate<T = void>(): { promise: Promise<T>; open: (value: T) => voi
   const promise = new Promise<T>((r) => (open = r));
   return { promise, open };
 }
+
+/**
+ * Resolves with the first truthy value `read` gives, asking again after each answer, for
+ * state that is only observable by reading it (Redis records, a fake's log); rejects after
+ * `timeoutMs`. Each read waits for the previous one, so this is paced by round trips.
+ */
+export async function readUntil<T>(read: () => Promise<T | null | undefined | false>, timeoutMs = 10_000, what = 'the condition'): Promise<T> {
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await read();
+    if (value) return value;
+    if (Date.now() > until) throw new Error(`${what} did not hold within ${timeoutMs} ms`);
+    await new Promise((r) => setImmediate(r));
+  }
+}

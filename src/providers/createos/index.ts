@@ -166,6 +166,7 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
         : new TransientError('provider_unavailable', message, { retryAfterMs: retryAfterMs(retryAfter) });
     }
     if (err instanceof CreateosSandboxTimeoutError) return new TransientError('timeout', message);
+    if (cause instanceof FenceWindowError) return new TransientError(cause.code, `${name}: request dropped at send: ${cause.message}`);
     if (err instanceof CreateosSandboxConnectionError) {
       const code = (cause as { code?: unknown } | null)?.code;
       return new TransientError('network', `${name}: ${typeof code === 'string' ? `${code}: ` : ''}${(err as Error).message}`);

@@ -1,0 +1,75 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { CreateosFake } from '../src/fakes/createos-fake.ts';
+import type { FakeCall } from '../src/fakes/http-fake.ts';
+import { QUICK_RECOVERY, TestBed, workerEnv } from './helpers/env.ts';
+import { WorkerProcess } from './helpers/worker-process.ts';
+
+// CreateOS counts requests per caller IP: worker replicas behind one address share one
+// budget. These runs put three `lease-ops worker` processes on one loopback address.
+let bed: TestBed | undefined;
+let fake: CreateosFake | undefined;
+const workers: WorkerProcess[] = [];
+afterEach(async () => {
+  await Promise.all(workers.splice(0).map((w) => w.terminate()));
+  await bed?.close();
+  await fake?.close();
+  bed = undefined;
+  fake = undefined;
+});
+
+async function threeWorkers(limit: { limit: number; windowMs: number }, pace: Record<string, string>): Promise<{ bed: TestBed; fake: CreateosFake }> {
+  fake = new CreateosFake({ apiKey: 'k', rateLimit: limit, timings: { create: 10, pause: 10, resume: 10, destroy: 10 } });
+  const apiUrl = await fake.listen();
+  bed = await TestBed.create();
+  const env = workerEnv(bed, { ...QUICK_RECOVERY, LEASE_OPS_PROVIDERS: 'createos', CREATEOS_API_URL: apiUrl, CREATEOS_API_KEY: 'k', LEASE_OPS_CONCURRENCY: '10', ...pace });
+  for (let i = 0; i < 3; i++) workers.push(new WorkerProcess(env));
+  await Promise.all(workers.map((w) => w.ready));
+  return { bed, fake };
+}
+
+const acquireMany = (bed: TestBed, n: number) =>
+  Promise.all(Array.from({ length: n }, (_, i) => bed.ops.enqueue({ op: 'acquire', lease: { provider: 'createos', companyId: 'co', environmentId: 'env', leaseId: `p-${i}` }, params: { runId: `p-${i}` } })));
+
+/** The most requests the cloud saw start within any `windowMs`. */
+function peak(calls: FakeCall[], windowMs: number): number {
+  const starts = calls.map((c) => Number(c.start / 1_000_000n)).sort((a, b) => a - b);
+  let most = 0;
+  for (let i = 0, j = 0; i < starts.length; i++) {
+    while (starts[i]! - starts[j]! >= windowMs) j++;
+    most = Math.max(most, i - j + 1);
+  }
+  return most;
+}
+
+describe('pacing shared by every worker replica', () => {
+  it('three workers together stay under one budget: no 429, and no second busier than the limit', { timeout: 60_000 }, async () => {
+    // CreateOS' limit, scaled down: 20 requests per 2 s. Paced at 9 a second, one at a time.
+    const { bed, fake } = await threeWorkers({ limit: 20, windowMs: 2_000 }, { CREATEOS_REQUESTS_PER_MINUTE: '540', CREATEOS_BURST: '1' });
+    const jobs = await acquireMany(bed, 24);
+    const ended = await bed.waitForAll(jobs.map((j) => j.jobId), 40_000);
+    expect([...ended.values()].every((s) => s === 'completed')).toBe(true);
+    expect(fake.rateLimited).toBe(0);
+    // 48 requests from three processes: paced each on its own, they would run three times over.
+    expect(fake.calls.length).toBeGreaterThanOrEqual(48);
+    expect(peak(fake.calls, 1_000)).toBeLessThanOrEqual(10);
+  });
+
+  it('a 429 with Retry-After holds every replica back until then', { timeout: 60_000 }, async () => {
+    // The clients think they may send 10 a second; the cloud allows 5 per 3 s and says so.
+    const { bed, fake } = await threeWorkers({ limit: 5, windowMs: 3_000 }, { CREATEOS_REQUESTS_PER_MINUTE: '600', CREATEOS_BURST: '1' });
+    const jobs = await acquireMany(bed, 8);
+    const ended = await bed.waitForAll(jobs.map((j) => j.jobId), 45_000);
+    expect([...ended.values()].every((s) => s === 'completed')).toBe(true);
+    const first = fake.calls.find((c) => c.status === 429)!;
+    expect(first).toBeDefined();
+    const answeredAt = Number(first.end / 1_000_000n);
+    const retryAfterMs = 3_000; // the fake's window; its Retry-After is what is left of it, rounded up
+    const during = fake.calls.filter((c) => {
+      const t = Number(c.start / 1_000_000n);
+      return t > answeredAt + 200 && t < answeredAt + retryAfterMs - 1_000;
+    });
+    expect(during.map((c) => `${c.method} ${c.path}`)).toEqual([]);
+    // Only requests already on their way when the first 429 came back could meet one.
+    expect(fake.rateLimited).toBeLessThanOrEqual(3);
+  });
+});
