@@ -1,11 +1,14 @@
-// The chaos campaign: several `lease-ops worker` processes against the Daytona fake, which
-// injects settling and transient errors and leaves some stops stuck, while the campaign kills
-// workers (SIGKILL), stops them (SIGTERM), pauses them past their lock (SIGSTOP, SIGCONT) and
-// restarts them. An independent checker then reads the fake's own call log and BullMQ's job
-// records and counts every violation. `npm run chaos` runs it; test/chaos.test.ts a short one.
+// The chaos campaign: several `lease-ops worker` processes against the Daytona and CreateOS
+// fakes side by side (their real reply shapes), which inject settling and transient errors;
+// some Daytona stops hang. Meanwhile the campaign kills workers (SIGKILL), stops them
+// (SIGTERM), pauses them past their lock (SIGSTOP, SIGCONT) and restarts them, and acquires
+// more sandboxes while it does. An independent checker then reads the fakes' own call logs and
+// sandboxes and BullMQ's job records and counts every violation. `npm run chaos` runs it;
+// test/chaos.test.ts a short one.
 import { randomBytes } from 'node:crypto';
 import { QueueEvents } from 'bullmq';
 import { loadConfig, type Config } from '../src/config.ts';
+import { CreateosFake } from '../src/fakes/createos-fake.ts';
 import { DaytonaFake, type DaytonaFaults } from '../src/fakes/daytona-fake.ts';
 import { seededRandom } from '../src/fakes/seeded-random.ts';
 import type { FakeCall } from '../src/fakes/http-fake.ts';
@@ -21,6 +24,8 @@ export interface ChaosOptions {
   leases: number;
   /** Operations per lease after its acquire. */
   opsPerLease: number;
+  /** Leases acquired while the chaos goes on (then used and destroyed), where a killed acquire could leak. */
+  lateLeases: number;
   seed: number;
   faults: Omit<DaytonaFaults, 'seed'>;
   /** Share of sandboxes whose graceful stops hang (the watchdog must force them). */
@@ -36,6 +41,7 @@ export const SHORT: ChaosOptions = {
   workers: 4,
   leases: 60,
   opsPerLease: 15,
+  lateLeases: 20,
   seed: 1130,
   faults: { settling: 0.1, transient: 0.05 },
   stuckShare: 0.1,
@@ -43,7 +49,7 @@ export const SHORT: ChaosOptions = {
   timeoutMs: 180_000,
 };
 
-export const FULL: ChaosOptions = { ...SHORT, workers: 5, leases: 400, opsPerLease: 25, actionEveryMs: 1_000, timeoutMs: 900_000 };
+export const FULL: ChaosOptions = { ...SHORT, workers: 5, leases: 400, opsPerLease: 25, lateLeases: 100, actionEveryMs: 1_000, timeoutMs: 900_000 };
 
 export interface ChaosReport {
   accepted: number;
@@ -56,11 +62,15 @@ export interface ChaosReport {
   stale_calls: number;
   blocked_lanes: number;
   leftover_keys: number;
+  /** Sandboxes still running (or being made) at the end that no completed acquire handed out. */
+  orphaned_sandboxes: number;
   kills: number;
   sigkill: number;
   sigterm: number;
   sigstop: number;
   provider_calls: number;
+  /** Of which to CreateOS (the rest to Daytona). */
+  createos_calls: number;
   injected_faults: number;
   forced_stops: number;
   seconds: number;
@@ -71,13 +81,18 @@ export interface ChaosReport {
 const LOCK_MS = 2_000;
 
 /** Settings of the campaign's workers: short lock, sweep and watchdog times, so recovery shows within a run. */
-function chaosEnv(prefix: string, redisUrl: string, apiUrl: string): Record<string, string> {
+function chaosEnv(prefix: string, redisUrl: string, daytonaUrl: string, createosUrl: string): Record<string, string> {
   return {
     REDIS_URL: redisUrl,
     LEASE_OPS_PREFIX: prefix,
-    LEASE_OPS_PROVIDERS: 'daytona',
-    DAYTONA_API_URL: apiUrl,
+    LEASE_OPS_PROVIDERS: 'daytona,createos',
+    DAYTONA_API_URL: daytonaUrl,
     DAYTONA_API_KEY: 'chaos-key',
+    CREATEOS_API_URL: createosUrl,
+    CREATEOS_API_KEY: 'chaos-key',
+    // Paced through Redis like production, at a rate the campaign does not reach.
+    CREATEOS_REQUESTS_PER_MINUTE: '60000',
+    CREATEOS_BURST: '100',
     ...QUICK_RECOVERY,
     LEASE_OPS_CONCURRENCY: '20',
     LEASE_OPS_LOCK_MS: String(LOCK_MS),
@@ -97,6 +112,7 @@ const MIX: [number, Step][] = [
   [0.06, { op: 'force-stop', params: (id) => ({ providerLeaseId: id }) }],
   [0.1, { op: 'destroy', params: (id) => ({ providerLeaseId: id }) }],
 ];
+const DESTROY: Step = { op: 'destroy', params: (id) => ({ providerLeaseId: id }) };
 function pick(r: number): Step {
   let acc = 0;
   for (const [share, step] of MIX) if (r < (acc += share)) return step;
@@ -118,8 +134,13 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
     timings: { create: 30, start: 30, stop: 30, forceStop: 0, destroy: 20 },
     faults: { seed: opts.seed, ...opts.faults },
   });
+  const createos = new CreateosFake({
+    apiKey: 'chaos-key',
+    timings: { create: 30, pause: 30, resume: 30, destroy: 20 },
+    faults: { seed: opts.seed + 1, ...opts.faults },
+  });
   const apiUrl = await fake.listen();
-  const env = chaosEnv(prefix, redisUrl, apiUrl);
+  const env = chaosEnv(prefix, redisUrl, apiUrl, await createos.listen());
   /** Workers that are up and may be picked for the next action; `all` for the clean-up. */
   const workers: WorkerProcess[] = [];
   const all: WorkerProcess[] = [];
@@ -144,23 +165,26 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
   let chaos: Promise<void> = Promise.resolve();
   try {
     await Promise.all(Array.from({ length: opts.workers }, startWorker));
-    say(`chaos: ${opts.workers} workers, Daytona fake at ${apiUrl} (settling ${opts.faults.settling}, transient ${opts.faults.transient}), prefix ${prefix}`);
+    say(`chaos: ${opts.workers} workers, Daytona and CreateOS fakes (settling ${opts.faults.settling}, transient ${opts.faults.transient}), prefix ${prefix}`);
 
-    // Acquire every sandbox first: later operations name the sandbox the acquire created.
-    const identity = (leaseId: string): LeaseIdentity => ({ provider: 'daytona', companyId: 'chaos', environmentId: 'env', leaseId });
+    // Acquire every sandbox first, half on each cloud: later operations name the sandbox
+    // the acquire created.
+    const providerOf = (i: number) => (i % 2 === 0 ? 'daytona' : 'createos');
+    const identity = (provider: string, leaseId: string): LeaseIdentity => ({ provider, companyId: 'chaos', environmentId: 'env', leaseId });
     const acquires = await Promise.all(
-      Array.from({ length: opts.leases }, (_, i) => ops.enqueue({ op: 'acquire', lease: identity(`chaos-${i}`), params: { runId: `chaos-${i}` } })),
+      Array.from({ length: opts.leases }, (_, i) => ops.enqueue({ op: 'acquire', lease: identity(providerOf(i), `chaos-${i}`), params: { runId: `chaos-${i}` } })),
     );
     const acceptedAll = acquires.map((a) => a.jobId);
     await waitEnded(acceptedAll, opts.timeoutMs);
-    const sandboxes: string[] = [];
-    for (const a of acquires) {
-      const job = await ops.queue.getJob(a.jobId);
-      const id = (job?.returnvalue as { providerLeaseId?: string } | null)?.providerLeaseId;
-      if (id) sandboxes.push(id);
+    const acquiredSandbox = async (jobId: string) => ((await ops.queue.getJob(jobId))?.returnvalue as { providerLeaseId?: string } | null)?.providerLeaseId;
+    const sandboxes: [provider: string, id: string][] = [];
+    for (const [i, a] of acquires.entries()) {
+      const id = await acquiredSandbox(a.jobId);
+      if (id) sandboxes.push([providerOf(i), id]);
     }
-    for (const id of sandboxes) if (rand() < opts.stuckShare) fake.control(id, { stuckStoppingMs: 4_000 });
-    say(`chaos: ${sandboxes.length} sandboxes acquired; ${opts.leases * opts.opsPerLease} operations follow, with chaos`);
+    // Some Daytona stops hang until the watchdog forces them (CreateOS cannot force a stop).
+    for (const [provider, id] of sandboxes) if (provider === 'daytona' && rand() < opts.stuckShare) fake.control(id, { stuckStoppingMs: 4_000 });
+    say(`chaos: ${sandboxes.length} sandboxes acquired; ${opts.leases * opts.opsPerLease} operations and ${opts.lateLeases} more acquires follow, with chaos`);
 
     // Chaos runs while the operations do.
     // Actions overlap: a paused worker may still be asleep when the next one is killed.
@@ -196,23 +220,33 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
     // The operations, enqueued per lease in order (so each lease's accepted order is known).
     const acceptedOrder = new Map<string, string[]>();
     const seen = new Set<string>();
-    await Promise.all(
-      sandboxes.map(async (id) => {
-        const order: string[] = [];
-        for (let i = 0; i < opts.opsPerLease; i++) {
-          const step = pick(rand());
-          const { jobId } = await ops.enqueue({ op: step.op, lease: identity(id), params: step.params(id) });
-          if (!seen.has(jobId)) {
-            seen.add(jobId);
-            order.push(jobId);
-            acceptedAll.push(jobId);
-          }
-          // A little spacing, so operations keep arriving while the chaos goes on.
-          if (i % 3 === 2) await new Promise((r) => setTimeout(r, Math.floor(rand() * 200)));
+    const run = async (provider: string, id: string, steps: Step[]) => {
+      const order: string[] = [];
+      for (const [i, step] of steps.entries()) {
+        const { jobId } = await ops.enqueue({ op: step.op, lease: identity(provider, id), params: step.params(id) });
+        if (!seen.has(jobId)) {
+          seen.add(jobId);
+          order.push(jobId);
+          acceptedAll.push(jobId);
         }
-        acceptedOrder.set(id, order);
-      }),
-    );
+        // A little spacing, so operations keep arriving while the chaos goes on.
+        if (i % 3 === 2) await new Promise((r) => setTimeout(r, Math.floor(rand() * 200)));
+      }
+      acceptedOrder.set(id, order);
+    };
+    // Late leases are acquired while workers die: an acquire cut short must not leak.
+    const late = async (i: number) => {
+      await new Promise((r) => setTimeout(r, Math.floor(rand() * opts.actionEveryMs * 6)));
+      const { jobId } = await ops.enqueue({ op: 'acquire', lease: identity(providerOf(i), `late-${i}`), params: { runId: `late-${i}` } });
+      acceptedAll.push(jobId);
+      await waitEnded([jobId], opts.timeoutMs);
+      const id = await acquiredSandbox(jobId);
+      if (id) await run(providerOf(i), id, [pick(rand()), pick(rand()), DESTROY]);
+    };
+    await Promise.all([
+      ...sandboxes.map(([provider, id]) => run(provider, id, Array.from({ length: opts.opsPerLease }, () => pick(rand())))),
+      ...Array.from({ length: opts.lateLeases }, (_, i) => late(i)),
+    ]);
     await waitEnded(acceptedAll, opts.timeoutMs);
     stopChaos = true;
     await chaos;
@@ -223,7 +257,7 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
     const drainDeadline = Date.now() + 3 * (1_000 + 500) + 2_000;
     while ((await ops.lanes.openLaneCount()) > 0 && Date.now() < drainDeadline) await new Promise((r) => setTimeout(r, 100));
 
-    return await check({ ops, fake, redis, prefix, acceptedAll, acceptedOrder, counts, seconds: (Date.now() - started) / 1000 });
+    return await check({ ops, fakes: [fake, createos], live: [...fake.ids(), ...createos.live()], redis, prefix, acceptedAll, acceptedOrder, counts, seconds: (Date.now() - started) / 1000 });
   } finally {
     stopChaos = true;
     await chaos.catch(() => undefined);
@@ -232,16 +266,19 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
     await events.close();
     await ops.close();
     await fake.close();
+    await createos.close();
     await clearPrefix(redis, prefix);
     eventsConnection.disconnect();
     redis.disconnect();
   }
 }
 
-/** The independent checker: the fake's own call log and BullMQ's job records, nothing else. */
+/** The independent checker: the fakes' own call logs and sandboxes and BullMQ's job records, nothing else. */
 async function check(input: {
   ops: OperationsQueue;
-  fake: DaytonaFake;
+  fakes: [DaytonaFake, CreateosFake];
+  /** Sandboxes the fakes still run (or are making). */
+  live: string[];
   redis: ReturnType<typeof createRedis>;
   prefix: string;
   acceptedAll: string[];
@@ -249,12 +286,14 @@ async function check(input: {
   counts: { sigkill: number; sigterm: number; sigstop: number };
   seconds: number;
 }): Promise<ChaosReport> {
-  const { ops, fake, acceptedAll, acceptedOrder, counts } = input;
+  const { ops, fakes, acceptedAll, acceptedOrder, counts } = input;
+  const [daytona, createos] = fakes;
+  const calls = [...daytona.calls, ...createos.calls];
   const examples: string[] = [];
   const note = (line: string) => examples.length < 20 && examples.push(line);
 
   // Calls made by lane attempts, per sandbox (the watchdog's own reads are not in a lane).
-  const laneCalls = fake.calls.filter((c): c is FakeCall & { attempt: string; sandboxId: string } => !!c.attempt && !!c.sandboxId && !c.attempt.startsWith('watchdog.'));
+  const laneCalls = calls.filter((c): c is FakeCall & { attempt: string; sandboxId: string } => !!c.attempt && !!c.sandboxId && !c.attempt.startsWith('watchdog.'));
   const bySandbox = new Map<string, (FakeCall & { attempt: string })[]>();
   for (const c of laneCalls) bySandbox.set(c.sandboxId, [...(bySandbox.get(c.sandboxId) ?? []), c]);
   const jobOf = (attempt: string) => attempt.slice(0, attempt.lastIndexOf(':'));
@@ -305,14 +344,20 @@ async function check(input: {
     }
   }
 
-  // Outcomes, from the job records.
+  // Outcomes, from the job records; the sandboxes completed acquires handed out are owned.
+  const owned = new Set<string>();
   const failedByReason: Record<string, number> = {};
   let completed = 0;
   let failed = 0;
   let lost = 0;
   for (const id of acceptedAll) {
     const state = await ops.queue.getJobState(id);
-    if (state === 'completed') completed++;
+    if (state === 'completed') {
+      completed++;
+      const job = await ops.queue.getJob(id);
+      const sandbox = (job?.returnvalue as { providerLeaseId?: unknown } | null)?.providerLeaseId;
+      if (job?.name === 'acquire' && typeof sandbox === 'string') owned.add(sandbox);
+    }
     else if (state === 'failed') {
       failed++;
       const reason = (await ops.queue.getJob(id))?.failedReason ?? '';
@@ -332,6 +377,8 @@ async function check(input: {
     leftover++;
     note(`left behind: ${key}`);
   }
+  const orphans = input.live.filter((id) => !owned.has(id));
+  for (const id of orphans) note(`orphaned sandbox: ${id} runs, and no completed acquire handed it out`);
   return {
     accepted: acceptedAll.length,
     completed,
@@ -343,11 +390,13 @@ async function check(input: {
     stale_calls: stale,
     blocked_lanes: blocked,
     leftover_keys: leftover,
+    orphaned_sandboxes: orphans.length,
     kills: counts.sigkill + counts.sigterm + counts.sigstop,
     ...counts,
-    provider_calls: fake.calls.length,
-    injected_faults: fake.calls.filter((c) => c.injected).length,
-    forced_stops: fake.calls.filter((c) => c.method === 'POST' && c.path.endsWith('/stop') && c.query.includes('force=true') && c.status === 200).length,
+    provider_calls: calls.length,
+    createos_calls: createos.calls.length,
+    injected_faults: calls.filter((c) => c.injected).length,
+    forced_stops: daytona.calls.filter((c) => c.method === 'POST' && c.path.endsWith('/stop') && c.query.includes('force=true') && c.status === 200).length,
     seconds: Number(input.seconds.toFixed(1)),
     examples,
   };
@@ -369,8 +418,9 @@ export function formatReport(r: ChaosReport): string {
     ['calls by stale attempts after fencing', String(r.stale_calls)],
     ['lanes left blocked', String(r.blocked_lanes)],
     ['lane keys left behind', String(r.leftover_keys)],
+    ['orphaned sandboxes (running, owned by no lease)', String(r.orphaned_sandboxes)],
     ['worker kills (SIGKILL / SIGTERM / SIGSTOP past the lock)', `${r.kills} (${r.sigkill} / ${r.sigterm} / ${r.sigstop})`],
-    ['provider calls (injected faults)', `${r.provider_calls} (${r.injected_faults})`],
+    ['provider calls: Daytona / CreateOS (injected faults)', `${r.provider_calls - r.createos_calls} / ${r.createos_calls} (${r.injected_faults})`],
     ['stuck stops forced', String(r.forced_stops)],
     ['duration', `${r.seconds} s`],
   ];
@@ -380,5 +430,5 @@ export function formatReport(r: ChaosReport): string {
 
 /** Violations that must be zero. */
 export function violations(r: ChaosReport): number {
-  return r.overlaps + r.order_violations + r.lost + r.stale_calls + r.blocked_lanes + r.leftover_keys;
+  return r.overlaps + r.order_violations + r.lost + r.stale_calls + r.blocked_lanes + r.leftover_keys + r.orphaned_sandboxes;
 }

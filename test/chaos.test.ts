@@ -3,8 +3,9 @@ import { formatReport, runChaos, SHORT, violations } from '../chaos/chaos.ts';
 import { REDIS_URL } from './helpers/env.ts';
 
 // The short chaos campaign (npm run chaos runs the full one): 4 worker processes, 60
-// sandboxes on the Daytona fake with injected settling and transient errors and stuck
-// stops, about 900 operations, while workers are killed, stopped and paused past their lock.
+// sandboxes on the Daytona and CreateOS fakes with injected settling and transient errors
+// and stuck stops, about 1,000 operations and 20 acquires made while workers are killed,
+// stopped and paused past their lock.
 describe('chaos campaign, short', () => {
   it('ends with every violation count at zero', { timeout: 240_000 }, async () => {
     const report = await runChaos(SHORT, REDIS_URL);
@@ -19,5 +20,9 @@ describe('chaos campaign, short', () => {
     expect(report.sigterm).toBeGreaterThan(0);
     expect(report.injected_faults).toBeGreaterThan(20);
     expect(report.forced_stops).toBeGreaterThan(0);
+    // Both clouds took part, with their real reply shapes, and no sandbox outlived its lease.
+    expect(report.createos_calls).toBeGreaterThan(100);
+    expect(report.provider_calls - report.createos_calls).toBeGreaterThan(100);
+    expect(report.orphaned_sandboxes).toBe(0);
   });
 });
