@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { jsonDepthWithin, MAX_JSON_DEPTH } from './json-limits.ts';
 import { LeaseIdentitySchema } from './lease.ts';
 
 export const OPERATIONS = ['acquire', 'resume', 'release', 'stop', 'force-stop', 'destroy'] as const;
@@ -10,10 +11,15 @@ const providerLeaseId = z
   .min(1)
   .max(256)
   .regex(/^[^\p{Cc}]+$/u, 'providerLeaseId must not contain control characters');
-/** Opaque metadata a provider returned with a lease; bounded so a job stays small. */
-const leaseMetadata = z
-  .record(z.string().max(128), z.unknown())
-  .refine((m) => JSON.stringify(m).length <= 16_384, 'leaseMetadata must serialise to at most 16 KiB');
+/**
+ * Opaque metadata a provider returned with a lease; bounded so a job stays small and no
+ * parser, logger or Lua script meets a structure deeper than it can handle.
+ */
+export const LeaseMetadataSchema = z.record(z.string().max(128), z.unknown()).superRefine((m, ctx) => {
+  if (!jsonDepthWithin(m, MAX_JSON_DEPTH)) ctx.addIssue({ code: 'custom', message: `leaseMetadata must nest at most ${MAX_JSON_DEPTH} levels deep` });
+  else if (JSON.stringify(m).length > 16_384) ctx.addIssue({ code: 'custom', message: 'leaseMetadata must serialise to at most 16 KiB' });
+});
+const leaseMetadata = LeaseMetadataSchema;
 
 export const ResourceDispositionSchema = z.enum(['keep_running', 'stop_and_retain', 'destroy']);
 export type ResourceDisposition = z.infer<typeof ResourceDispositionSchema>;

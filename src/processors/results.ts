@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { LeaseMetadataSchema } from '../operations.ts';
 import { PermanentError } from '../providers/errors.ts';
 
 // What providers return is checked like any other input: a provider (possibly a user's
@@ -6,7 +7,8 @@ import { PermanentError } from '../providers/errors.ts';
 
 export const LeaseSchema = z.strictObject({
   providerLeaseId: z.string().min(1).max(256),
-  metadata: z.record(z.string(), z.unknown()),
+  // Handed back later as a resume's leaseMetadata: held to the same limits here.
+  metadata: LeaseMetadataSchema,
   expiresAt: z.iso.datetime({ offset: true }).nullable(),
 });
 export const ExpiredLeaseSchema = z.strictObject({

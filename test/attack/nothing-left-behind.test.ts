@@ -1,0 +1,62 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { MAX_JSON_DEPTH } from '../../src/json-limits.ts';
+import { startTestApi, type TestApi } from '../helpers/api-server.ts';
+import { gate, lease, TestBed } from '../helpers/env.ts';
+import { createRecordingProvider } from '../helpers/recording-provider.ts';
+
+const TOKEN = 'nesting-token-0123456789';
+/** `{"a":{"a":...}}`, `levels` objects deep, as JSON text (JSON.stringify itself recurses). */
+const nested = (levels: number): string => `${'{"a":'.repeat(levels - 1)}{}${'}'.repeat(levels - 1)}`;
+
+describe('scenario 18: deeply nested JSON has a documented limit at the boundary, and nothing overflows a stack', () => {
+  let bed: TestBed;
+  let api: TestApi;
+  const held = gate();
+  beforeAll(async () => {
+    bed = await TestBed.create({ LEASE_OPS_API_TOKENS: TOKEN });
+    // The lease's first operation holds its lane while the test rewrites the next one.
+    await bed.startWorker(createRecordingProvider({ behaviour: async ({ ctx, op }) => (ctx.lease.leaseId === 'deep-redis' && op === 'resume' ? (await held.promise, 'ok' as const) : ('ok' as const)) }).provider);
+    api = await startTestApi(bed);
+  });
+  afterAll(async () => {
+    await api.close();
+    await bed.close();
+  });
+  const enqueue = (leaseMetadata: string) =>
+    fetch(`${api.base}/v1/leases/recording/co/env/deep/operations`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${TOKEN}`, 'content-type': 'application/json' },
+      body: `{"op":"resume","params":{"providerLeaseId":"deep","leaseMetadata":${leaseMetadata}}}`,
+    });
+
+  it.each([MAX_JSON_DEPTH + 1, 1_100, 5_000])('metadata %i levels deep is refused with 400 invalid_request, naming the limit', async (levels) => {
+    const res = await enqueue(nested(levels));
+    expect(res.status).toBe(400);
+    const body = (await res.json()) as { error: { code: string; message: string; details: { message: string }[] } };
+    expect(body.error.code).toBe('invalid_request');
+    expect(body.error.details.map((d) => d.message)).toContain(`leaseMetadata must nest at most ${MAX_JSON_DEPTH} levels deep`);
+  });
+
+  it('metadata at the limit is accepted and runs', async () => {
+    const res = await enqueue(nested(MAX_JSON_DEPTH));
+    expect(res.status).toBe(202);
+    const { jobId } = (await res.json()) as { jobId: string };
+    expect((await bed.waitForAll([jobId])).get(jobId)).toBe('completed');
+  });
+
+  it('job data made deeper than the limit in Redis fails its job as invalid_job_data, and the lane goes on', async () => {
+    const first = await bed.ops.enqueue({ op: 'resume', lease: lease('deep-redis'), params: { providerLeaseId: 'deep-redis' } });
+    const second = await bed.ops.enqueue({ op: 'stop', lease: lease('deep-redis'), params: { providerLeaseId: 'deep-redis' } });
+    // Written behind lease-ops' back, past anything the boundary lets through (and past cjson's own 1,000 levels).
+    const job = (await bed.ops.queue.getJob(second.jobId))!;
+    const { params: _params, ...rest } = job.data as Record<string, unknown>;
+    const data = `${JSON.stringify(rest).slice(0, -1)},"params":{"providerLeaseId":"deep-redis","leaseMetadata":${nested(4_200)}}}`;
+    await bed.redis.hset(bed.ops.queue.toKey(second.jobId), 'data', data);
+    held.open();
+    const third = await bed.ops.enqueue({ op: 'stop', lease: lease('deep-redis'), params: { providerLeaseId: 'deep-redis' } });
+    const ended = await bed.waitForAll([second.jobId, third.jobId]);
+    expect(ended.get(second.jobId)).toBe('failed');
+    expect((await bed.ops.queue.getJob(second.jobId))!.failedReason).toMatch(/^invalid_job_data: /);
+    expect(ended.get(third.jobId)).toBe('completed');
+  });
+});
