@@ -59,6 +59,8 @@ const apiTokens = z
   .pipe(z.array(ApiTokenSchema));
 
 const perOperation = <T extends z.ZodType>(value: T) => z.partialRecord(OperationNameSchema, value);
+/** Default deadlines may also name lease-ops' own clean-up operation. */
+const perJobOperation = <T extends z.ZodType>(value: T) => z.partialRecord(z.enum([...OperationNameSchema.options, 'abandon-acquire']), value);
 
 /**
  * Every setting lease-ops reads from the environment. Names are the environment
@@ -104,7 +106,7 @@ export const EnvSchema = z.object({
     perOperation(z.strictObject({ baseMs: z.number().int().positive().optional(), capMs: z.number().int().positive().optional() })),
   ),
   /** Default deadlines per operation in ms, e.g. {"stop":60000} (brief: acquire 300 s, resume 60 s). */
-  LEASE_OPS_DEADLINES_MS: jsonEnv(perOperation(z.number().int().positive().max(7 * 24 * 3_600_000))),
+  LEASE_OPS_DEADLINES_MS: jsonEnv(perJobOperation(z.number().int().positive().max(7 * 24 * 3_600_000))),
   /** Enqueue refuses (HTTP 429) past these: operations queued in one lease's lane (force-stops
    *  are never refused), and operations waiting, parked or backing off in all. 0 = no limit. */
   LEASE_OPS_MAX_QUEUED_PER_LEASE: int(1_000, 0),

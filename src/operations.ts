@@ -44,6 +44,16 @@ export const ReleaseParamsSchema = z.strictObject({
 });
 export const TargetParamsSchema = z.strictObject({ providerLeaseId });
 
+/**
+ * An acquire that failed for good left a sandbox behind (or may have): find it the way a
+ * retry of that acquire would, and destroy it. Queued by lease-ops itself, never by callers.
+ */
+export const AbandonAcquireParamsSchema = z.strictObject({
+  acquireJobId: z.string().min(1).max(256),
+  /** What the acquire's attempts checkpointed (a sandbox id, a name asked for). */
+  checkpoint: z.record(z.string().max(128), z.string().max(256)),
+});
+
 /** The params each operation takes, keyed by operation name. */
 export const OperationParamsSchemas = {
   acquire: AcquireParamsSchema,
@@ -56,7 +66,7 @@ export const OperationParamsSchemas = {
 
 export type OperationParams = {
   [K in OperationName]: z.infer<(typeof OperationParamsSchemas)[K]>;
-};
+} & { 'abandon-acquire': z.infer<typeof AbandonAcquireParamsSchema> };
 
 const common = {
   lease: LeaseIdentitySchema,
@@ -77,11 +87,20 @@ export const OperationJobDataSchema = z.discriminatedUnion('op', [
   z.strictObject({ op: z.literal('stop'), params: TargetParamsSchema, ...common }),
   z.strictObject({ op: z.literal('force-stop'), params: TargetParamsSchema, ...common }),
   z.strictObject({ op: z.literal('destroy'), params: TargetParamsSchema, ...common }),
+  z.strictObject({ op: z.literal('abandon-acquire'), params: AbandonAcquireParamsSchema, ...common }),
 ]);
 export type OperationJobData = z.infer<typeof OperationJobDataSchema>;
 
-/** Default deadlines per operation (brief: acquire/start 300 s, resume budget 60 s). */
-export const DEFAULT_DEADLINE_MS: Record<OperationName, number> = {
+/** Operations lease-ops queues itself; callers cannot enqueue them. */
+export type InternalOperationName = 'abandon-acquire';
+export type JobOperationName = OperationName | InternalOperationName;
+
+/**
+ * Default deadlines per operation (brief: acquire/start 300 s, resume budget 60 s). Cleaning
+ * up after a failed acquire may have to wait for a sandbox that is still being created.
+ */
+export const DEFAULT_DEADLINE_MS: Record<JobOperationName, number> = {
+  'abandon-acquire': 30 * 60_000,
   acquire: 300_000,
   resume: 60_000,
   release: 120_000,

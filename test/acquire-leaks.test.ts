@@ -55,7 +55,9 @@ for (const [name, make] of Object.entries(SUBJECTS)) {
     let seq = 0;
     beforeAll(async () => {
       s = await make();
-      bed = await TestBed.create();
+      // A queue that takes one operation at a time: the clean-up of a failed acquire must
+      // never be refused by a queue limit.
+      bed = await TestBed.create({ LEASE_OPS_MAX_QUEUED: '1' });
       await bed.startWorker(s.provider);
     });
     afterAll(async () => {
@@ -84,22 +86,87 @@ for (const [name, make] of Object.entries(SUBJECTS)) {
       expect(job.attemptsMade).toBeGreaterThan(0);
     });
 
-    it('an acquire that fails for good has the sandbox it made destroyed through its lane', async () => {
+    /** The clean-up a failed acquire queued: exactly one, and it completes. */
+    const cleanUpOf = async (acquireJobId: string) => {
+      const cleanUps = (await bed.ops.queue.getJobs(['waiting', 'delayed', 'active', 'completed', 'failed'])).filter(
+        (j) => j.name === 'abandon-acquire' && (j.data as { params: { acquireJobId: string } }).params.acquireJobId === acquireJobId,
+      );
+      expect(cleanUps).toHaveLength(1);
+      expect((await bed.waitForAll([cleanUps[0]!.id!], 20_000)).get(cleanUps[0]!.id!)).toBe('completed');
+      return (await resultOf(cleanUps[0]!.id!)).returnvalue as { providerLeaseId: string | null; state: string };
+    };
+
+    it('an acquire that fails for good has the sandbox it made destroyed through its lane, even while it is still being created', async () => {
       const before = new Set(s.live());
-      // The sandbox takes longer to come up than the acquire may take.
+      // The sandbox takes longer to come up than the acquire may take (Daytona refuses to
+      // delete it until then: the clean-up waits it out).
       s.fake.failNextCreate({ kind: 'slow-boot', bootMs: 1_500 });
       const { jobId } = await acquire(700);
       expect((await bed.waitForAll([jobId])).get(jobId)).toBe('failed');
       expect((await resultOf(jobId)).failedReason).toMatch(/^deadline_exceeded/);
-      const destroys = (await bed.ops.queue.getJobs(['waiting', 'delayed', 'active', 'completed', 'failed'])).filter((j) => j.name === 'destroy');
-      expect(destroys).toHaveLength(1);
-      expect((await bed.waitForAll([destroys[0]!.id!])).get(destroys[0]!.id!)).toBe('completed');
+      expect(await cleanUpOf(jobId)).toMatchObject({ state: 'destroyed' });
+      expect(s.live().filter((id) => !before.has(id))).toEqual([]);
+    });
+
+    it('a cloud outage across the acquire\'s deadline: the clean-up waits for the cloud and destroys what was made', async () => {
+      const before = new Set(s.live());
+      s.fake.failNextCreate({ kind: 'slow-boot', bootMs: 1_000 });
+      const arrived = s.fake.nextRequest('POST', s.createPath);
+      const { jobId } = await acquire(1_500);
+      await arrived;
+      const port = new URL(s.fake.http.url).port;
+      await s.fake.close(); // the cloud goes away with the sandbox made and booting
+      expect((await bed.waitForAll([jobId], 10_000)).get(jobId)).toBe('failed');
+      await s.fake.listen(Number(port)); // and comes back
+      expect(await cleanUpOf(jobId)).toMatchObject({ state: 'destroyed' });
       expect(s.live().filter((id) => !before.has(id))).toEqual([]);
     });
   });
 }
 
 describe('acquire never leaks a sandbox when its worker is killed right after the create left', () => {
+  for (const [name, make] of Object.entries(SUBJECTS)) {
+    it(`${name}: killed twice (past LEASE_OPS_MAX_STALLED), the acquire fails stalled_too_often and its sandbox is destroyed`, { timeout: 60_000 }, async () => {
+      const s = await make();
+      const bed = await TestBed.create();
+      const workers: WorkerProcess[] = [];
+      try {
+        const env = workerEnv(bed, { ...QUICK_RECOVERY, ...s.env, LEASE_OPS_MAX_STALLED: '1' });
+        const start = async () => {
+          const w = new WorkerProcess(env);
+          workers.push(w);
+          await w.ready;
+          return w;
+        };
+        const before = new Set(s.live());
+        const first = await start();
+        const held = gate();
+        s.fake.failNextCreate({ kind: 'hold', until: held.promise });
+        const created = s.fake.nextRequest('POST', s.createPath);
+        const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: { provider: name, companyId: 'co', environmentId: 'env', leaseId: 'killed-twice' }, params: { runId: 'k2' } });
+        await created;
+        await first.kill();
+        held.open();
+        // The re-run looks its sandbox up, and dies at that moment too.
+        const lookup = s.fake.nextRequest('GET', name === 'daytona' ? /^\/sandbox\/lease-ops-/ : /^\/v1\/sandboxes$/);
+        const second = await start();
+        await lookup;
+        await second.kill();
+        await start();
+        expect((await bed.waitForAll([jobId], 30_000)).get(jobId)).toBe('failed');
+        expect((await bed.ops.queue.getJob(jobId))!.failedReason).toMatch(/^stalled_too_often: /);
+        const cleanUp = (await bed.ops.queue.getJobs(['waiting', 'delayed', 'active', 'completed'])).find((j) => j.name === 'abandon-acquire');
+        expect(cleanUp).toBeDefined();
+        expect((await bed.waitForAll([cleanUp!.id!], 20_000)).get(cleanUp!.id!)).toBe('completed');
+        expect(s.live().filter((id) => !before.has(id))).toEqual([]);
+      } finally {
+        await Promise.all(workers.map((w) => (w.child.exitCode === null && w.child.signalCode === null ? w.terminate() : null)));
+        await bed.close();
+        await s.fake.close();
+      }
+    });
+  }
+
   for (const [name, make] of Object.entries(SUBJECTS)) {
     it(`${name}: the next worker's attempt adopts the sandbox the killed one asked for`, { timeout: 60_000 }, async () => {
       const s = await make();

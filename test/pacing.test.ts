@@ -1,7 +1,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { CreateosFake } from '../src/fakes/createos-fake.ts';
 import type { FakeCall } from '../src/fakes/http-fake.ts';
-import { QUICK_RECOVERY, TestBed, workerEnv } from './helpers/env.ts';
+import { QUICK_RECOVERY, readUntil, TestBed, workerEnv } from './helpers/env.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
 
 // CreateOS counts requests per caller IP: worker replicas behind one address share one
@@ -71,5 +71,53 @@ describe('pacing shared by every worker replica', () => {
     expect(during.map((c) => `${c.method} ${c.path}`)).toEqual([]);
     // Only requests already on their way when the first 429 came back could meet one.
     expect(fake.rateLimited).toBeLessThanOrEqual(3);
+  });
+});
+
+describe('pacing within an operation\'s deadline, and per account', () => {
+  it('a request whose turn comes after its operation\'s deadline is not sent: the operation fails at once, naming the wait', { timeout: 30_000 }, async () => {
+    const { DaytonaFake } = await import('../src/fakes/daytona-fake.ts');
+    const { createDaytonaProvider } = await import('../src/providers/daytona/index.ts');
+    const { redisRateLimiters } = await import('../src/providers/pacing.ts');
+    const daytona = new DaytonaFake({ apiKey: 'k' });
+    const apiUrl = await daytona.listen();
+    bed = await TestBed.create();
+    try {
+      const provider = createDaytonaProvider({ apiUrl, apiKey: 'k' }, redisRateLimiters(bed.redis, bed.config.LEASE_OPS_PREFIX));
+      await bed.startWorker(provider);
+      const identity = (leaseId: string) => ({ provider: 'daytona', companyId: 'co', environmentId: 'env', leaseId });
+      const acquire = await bed.ops.enqueue({ op: 'acquire', lease: identity('a'), params: { runId: 'a' } });
+      await bed.waitForAll([acquire.jobId]);
+      const id = ((await bed.ops.queue.getJob(acquire.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+      // Daytona holds every request of this organization back for 30 s.
+      daytona.control(id, { failNext: [{ status: 429, retryAfterS: 30 }] });
+      await bed.ops.enqueue({ op: 'stop', lease: identity(id), params: { providerLeaseId: id } });
+      await readUntil(async () => daytona.calls.some((c) => c.status === 429), 5_000, 'the 429');
+      const started = Date.now();
+      const resume = await bed.ops.enqueue({ op: 'destroy', lease: identity('other'), params: { providerLeaseId: id }, deadlineMs: 3_000 });
+      const before = daytona.calls.length;
+      expect((await bed.waitForAll([resume.jobId], 10_000)).get(resume.jobId)).toBe('failed');
+      expect(Date.now() - started).toBeLessThan(2_500);
+      expect((await bed.ops.queue.getJob(resume.jobId))!.failedReason).toMatch(/^deadline_exceeded: last provider error: .*after the operation's deadline/);
+      expect(daytona.calls.length).toBe(before);
+    } finally {
+      await daytona.close();
+    }
+  });
+
+  it('two CreateOS instances calling from one address share one budget', { timeout: 30_000 }, async () => {
+    const { createCreateosProvider } = await import('../src/providers/createos/index.ts');
+    const { redisRateLimiters } = await import('../src/providers/pacing.ts');
+    const { providerContext, settled } = await import('./helpers/provider-context.ts');
+    fake = new CreateosFake({ apiKey: 'k', rateLimit: { limit: 10, windowMs: 2_000 } });
+    const apiUrl = await fake.listen();
+    bed = await TestBed.create();
+    const limiters = redisRateLimiters(bed.redis, bed.config.LEASE_OPS_PREFIX);
+    const [a, b] = ['createos-eu', 'createos-us'].map((name) => createCreateosProvider({ name, apiUrl, apiKey: 'k', requestsPerMinute: 270, burst: 1 }, limiters));
+    const c = providerContext('shared');
+    const { providerLeaseId } = await settled(() => a!.acquire(c, { runId: 'r' }), 10_000);
+    await Promise.all(Array.from({ length: 12 }, (_, i) => (i % 2 ? a! : b!).status(providerContext('shared'), { providerLeaseId })));
+    expect(fake.rateLimited).toBe(0);
+    expect(fake.calls.length).toBeGreaterThanOrEqual(14);
   });
 });

@@ -66,7 +66,7 @@ describe('the Daytona fake answers as Daytona does', () => {
     ['unknown', 'stopped', { kind: 'transitioning', providerState: 'unknown', toward: 'running' }],
     ['pulling_snapshot', undefined, { kind: 'transitioning', providerState: 'pulling_snapshot', toward: 'running' }],
     ['archived', undefined, { kind: 'stopped', providerState: 'archived' }],
-    ['archiving', undefined, { kind: 'transitioning', providerState: 'archiving', toward: 'stopped' }],
+    ['archiving', undefined, { kind: 'transitioning', providerState: 'archiving' }],
     ['resizing', undefined, { kind: 'transitioning', providerState: 'resizing' }],
     ['snapshotting', undefined, { kind: 'transitioning', providerState: 'snapshotting' }],
     ['forking', undefined, { kind: 'transitioning', providerState: 'forking' }],
@@ -91,6 +91,16 @@ describe('the Daytona fake answers as Daytona does', () => {
     fake.control(providerLeaseId, { error: { recoverable: true, reason: 'disk full' } });
     expect(await provider.status(providerContext('rec'), { providerLeaseId })).toEqual({ kind: 'error', providerState: 'error', recoverable: true });
     expect((await settled(() => provider.resume(providerContext('rec'), { providerLeaseId, leaseMetadata: {} }))).providerLeaseId).toBe(providerLeaseId);
+  });
+
+  it('gives no receipt for a 404 that does not name a sandbox (a wrong API URL, a gateway)', async () => {
+    const c = providerContext('gw');
+    const { providerLeaseId } = await settled(() => provider.acquire(c, { runId: 'r' }));
+    const misrouted = createDaytonaProvider({ apiUrl: `${url}/gateway`, apiKey: 'k' });
+    await expect(misrouted.stop(providerContext('gw'), { providerLeaseId })).rejects.toMatchObject({ kind: 'permanent', code: 'unexpected_not_found' });
+    await expect(misrouted.resume(providerContext('gw'), { providerLeaseId, leaseMetadata: {} })).rejects.toMatchObject({ code: 'unexpected_not_found' });
+    await expect(misrouted.destroy(providerContext('gw'), { providerLeaseId })).rejects.toMatchObject({ code: 'unexpected_not_found' });
+    expect(fake.stateOf(providerLeaseId)).toBe('started');
   });
 
   it('waits out a state it has never heard of instead of acting on it', async () => {
@@ -175,6 +185,22 @@ describe('the CreateOS fake answers as CreateOS does', () => {
     expect(old.providerLeaseId).toBe(acquired.providerLeaseId);
   });
 
+  it('waits out `error` on a stop (CreateOS may recover it) instead of failing it', async () => {
+    const a = await settled(() => provider.acquire(providerContext('err-stop'), { runId: 'r' }));
+    fake.control(a.providerLeaseId, { status: 'error' });
+    await expect(provider.stop(providerContext('err-stop'), { providerLeaseId: a.providerLeaseId })).rejects.toMatchObject({ kind: 'settling' });
+    fake.control(a.providerLeaseId, { status: 'running' });
+    expect(await settled(() => provider.stop(providerContext('err-stop'), { providerLeaseId: a.providerLeaseId }))).toEqual({ providerLeaseId: a.providerLeaseId, state: 'stopped' });
+  });
+
+  it('gives no receipt for a 404 that does not say the sandbox is unknown', async () => {
+    const a = await settled(() => provider.acquire(providerContext('gw'), { runId: 'r' }));
+    const misrouted = createCreateosProvider({ apiUrl: `${url}/gateway`, apiKey: 'k', requestsPerMinute: 60_000 });
+    await expect(misrouted.stop(providerContext('gw'), { providerLeaseId: a.providerLeaseId })).rejects.toMatchObject({ kind: 'permanent', code: 'unexpected_not_found' });
+    await expect(misrouted.resume(providerContext('gw'), { providerLeaseId: a.providerLeaseId, leaseMetadata: {} })).rejects.toMatchObject({ code: 'unexpected_not_found' });
+    expect(fake.statusOf(a.providerLeaseId)).toBe('running');
+  });
+
   it('accepts an API URL that ends in /v1', async () => {
     const p = createCreateosProvider({ apiUrl: `${url}/v1/`, apiKey: 'k', requestsPerMinute: 60_000 });
     const before = fake.calls.length;
@@ -222,9 +248,10 @@ describe('every operation with default settings, through the providers a worker 
       if (provider.capabilities.forceStop) expect(await run(id, 'force-stop', { providerLeaseId: id })).toEqual({ providerLeaseId: id, state: 'stopped' });
       else await expect(run(id, 'force-stop', { providerLeaseId: id })).rejects.toMatchObject({ code: 'force_stop_unsupported' });
       expect(await run(id, 'destroy', { providerLeaseId: id })).toEqual({ providerLeaseId: id, state: 'destroyed' });
-      // A requested expiry neither provider can promise is refused before anything is made.
+      // A requested expiry or size neither provider can promise is refused before anything is made.
       const sandboxesBefore = name === 'daytona' ? daytona.ids().length : createos.live().length;
       await expect(run('e', 'acquire', { runId: 'r', requestedExpiresAt: new Date(Date.now() + 3_600_000).toISOString() })).rejects.toMatchObject({ code: 'expiry_unsupported' });
+      await expect(run('e', 'acquire', { runId: 'r', resources: { cpu: 8, memoryGiB: 16 } })).rejects.toMatchObject({ code: 'resources_unsupported' });
       expect(name === 'daytona' ? daytona.ids().length : createos.live().length).toBe(sandboxesBefore);
     }
     await registry.close();

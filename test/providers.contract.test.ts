@@ -46,7 +46,8 @@ const SUBJECTS: Record<string, () => Promise<Subject>> = {
       inject: (id, status, retryAfterS) => fake.control(id, { failNext: [{ status, retryAfterS }] }),
       lose: (id) => fake.control(id, { lost: true }),
       withWrongKey: () => createCreateosProvider({ apiUrl, apiKey: 'wrong' }),
-      verifiesOwnership: false,
+      // CreateOS keeps no labels: the sandbox's name carries its company and environment.
+      verifiesOwnership: true,
       close: () => fake.close(),
     };
   },

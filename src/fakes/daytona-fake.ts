@@ -425,6 +425,10 @@ export class DaytonaFake extends ApiFake {
     const input = (body ?? {}) as { name?: unknown; labels?: unknown; autoStopInterval?: unknown; autoDeleteInterval?: unknown; cpu?: unknown; memory?: unknown; disk?: unknown };
     const name = typeof input.name === 'string' && input.name ? input.name : undefined;
     if (name && this.find(name)) return { reply: this.error(req, 409, `Sandbox with name ${name} already exists`), sandboxId: null };
+    // Sizes come with the snapshot; the controller refuses them on a snapshot create.
+    if ((input.cpu !== undefined || input.memory !== undefined || input.disk !== undefined) && !(input as { buildInfo?: unknown }).buildInfo) {
+      return { reply: this.error(req, 400, 'Cannot specify Sandbox resources when using a snapshot'), sandboxId: null };
+    }
     if (typeof input.autoStopInterval === 'number' && input.autoStopInterval < 0) {
       return { reply: this.error(req, 400, 'Auto-stop interval must be non-negative'), sandboxId: null };
     }

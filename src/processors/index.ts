@@ -1,5 +1,6 @@
 import type { OperationJobData } from '../operations.ts';
 import type { LeaseProvider, OperationContext } from '../providers/types.ts';
+import { abandonAcquire } from './abandon-acquire.ts';
 import { acquire } from './acquire.ts';
 import { destroy } from './destroy.ts';
 import { forceStop } from './force-stop.ts';
@@ -22,5 +23,7 @@ export function runOperation(provider: LeaseProvider, ctx: OperationContext, dat
       return forceStop(provider, ctx, data.params);
     case 'destroy':
       return destroy(provider, ctx, data.params);
+    case 'abandon-acquire':
+      return abandonAcquire(provider, ctx, data.params);
   }
 }

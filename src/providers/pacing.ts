@@ -1,4 +1,5 @@
 import type { RedisClient } from '../queues/redis.ts';
+import { TransientError } from './errors.ts';
 import { luaCommand, type LuaCommand } from '../queues/lua-scripts.ts';
 
 /** A service's request limit for one bucket of its routes. */
@@ -12,11 +13,21 @@ export interface RateLimit {
  * Paces a provider's requests under the service's limits. `take` waits for a request's
  * turn in a bucket (one per limit the service counts separately, e.g. Daytona's create and
  * lifecycle throttlers); `holdOff` is what a 429 with Retry-After asks: every request of the
- * bucket waits that long. A bucket without a configured limit is not paced.
+ * bucket waits that long (at most MAX_HOLD_OFF_MS). A bucket without a configured limit is
+ * not paced. A turn that would come after `deadlineAt` is not taken: `take` throws a
+ * TransientError saying how long the wait was, and the operation's retry policy, which
+ * never retries past the deadline, decides.
  */
 export interface RateLimiter {
-  take(bucket: string, signal?: AbortSignal): Promise<void>;
+  take(bucket: string, opts?: { signal?: AbortSignal; deadlineAt?: number }): Promise<void>;
   holdOff(bucket: string, ms: number): Promise<void>;
+}
+
+/** One Retry-After holds a budget back at most this long: a bad header must not stop a fleet for a day. */
+export const MAX_HOLD_OFF_MS = 5 * 60_000;
+
+function tooLate(bucket: string, waitMs: number): TransientError {
+  return new TransientError('rate_limited', `request budget ${bucket}: the next turn is ${waitMs} ms away, after the operation's deadline`, { retryAfterMs: waitMs });
 }
 
 /** How a provider gets a limiter: shared by every replica on the worker's Redis, or per process. */
@@ -51,22 +62,25 @@ export function redisRateLimiters(redis: RedisClient, prefix: string): RateLimit
   return (scope, limits) => {
     const key = (bucket: string) => `${prefix}:pace:${scope}:${bucket}`;
     return {
-      async take(bucket, signal) {
+      async take(bucket, { signal, deadlineAt = Number.POSITIVE_INFINITY } = {}) {
         const limit = limits[bucket];
         if (!limit) return;
         for (;;) {
-          const wait = Number(await take(key(bucket), intervalOf(limit), limit.burst ?? 1, '1'));
-          if (wait <= 0) return;
+          const maxWait = Number.isFinite(deadlineAt) ? Math.max(0, deadlineAt - Date.now()) : -1;
+          const wait = Number(await take(key(bucket), intervalOf(limit), limit.burst ?? 1, '1', maxWait));
+          if (wait < 0) throw tooLate(bucket, -wait);
+          if (wait === 0) return;
           await sleep(wait, signal);
           // A 429 may have held the bucket off while this request waited for its turn: then
           // the turn is void, and it waits out the hold and takes a new one.
-          const held = Number(await take(key(bucket), intervalOf(limit), limit.burst ?? 1, '0'));
+          const held = Number(await take(key(bucket), intervalOf(limit), limit.burst ?? 1, '0', -1));
           if (held <= 0) return;
+          if (Date.now() + held > deadlineAt) throw tooLate(bucket, held);
           await sleep(held, signal);
         }
       },
       async holdOff(bucket, ms) {
-        if (limits[bucket]) await holdOff(key(bucket), Math.ceil(ms));
+        if (limits[bucket]) await holdOff(key(bucket), Math.ceil(Math.min(ms, MAX_HOLD_OFF_MS)));
       },
     };
   };
@@ -76,7 +90,7 @@ export function redisRateLimiters(redis: RedisClient, prefix: string): RateLimit
 export const localRateLimiters: RateLimiterFactory = (_scope, limits) => {
   const buckets = new Map<string, { tat: number; until: number }>();
   return {
-    async take(bucket, signal) {
+    async take(bucket, { signal, deadlineAt = Number.POSITIVE_INFINITY } = {}) {
       const limit = limits[bucket];
       if (!limit) return;
       for (;;) {
@@ -85,18 +99,20 @@ export const localRateLimiters: RateLimiterFactory = (_scope, limits) => {
         const interval = intervalOf(limit);
         const tat = Math.max(b.tat, now);
         const sendAt = Math.max(now, tat - ((limit.burst ?? 1) - 1) * interval, b.until);
+        if (sendAt > deadlineAt) throw tooLate(bucket, Math.ceil(sendAt - now));
         buckets.set(bucket, { tat: Math.max(tat, sendAt) + interval, until: b.until });
         if (sendAt <= now) return;
         await sleep(sendAt - now, signal);
         const held = (buckets.get(bucket)?.until ?? 0) - Date.now();
         if (held <= 0) return;
+        if (Date.now() + held > deadlineAt) throw tooLate(bucket, held);
         await sleep(held, signal);
       }
     },
     async holdOff(bucket, ms) {
       if (!limits[bucket]) return;
       const b = buckets.get(bucket) ?? { tat: Date.now(), until: 0 };
-      buckets.set(bucket, { ...b, until: Math.max(b.until, Date.now() + ms) });
+      buckets.set(bucket, { ...b, until: Math.max(b.until, Date.now() + Math.min(ms, MAX_HOLD_OFF_MS)) });
     },
   };
 };

@@ -73,10 +73,12 @@ const DaytonaRateLimitsSchema = z.partialRecord(
 /** Every setting a built-in provider reads from the environment besides its credentials. */
 function daytonaFromEnv(env: NodeJS.ProcessEnv) {
   const timeoutMs = optional(env, 'DAYTONA_TIMEOUT_MS', positiveInt);
+  const createTimeoutMs = optional(env, 'DAYTONA_CREATE_TIMEOUT_MS', positiveInt);
   const rateLimits = optional(env, 'DAYTONA_RATE_LIMITS', jsonObject.pipe(DaytonaRateLimitsSchema));
   return {
     ...(env.DAYTONA_ORGANIZATION_ID ? { organizationId: env.DAYTONA_ORGANIZATION_ID } : {}),
     ...(timeoutMs ? { timeoutMs } : {}),
+    ...(createTimeoutMs ? { createTimeoutMs } : {}),
     ...(rateLimits ? { rateLimits } : {}),
   };
 }
@@ -135,7 +137,13 @@ const remote = {
 };
 const ProvidersFileSchema = z.array(
   z.discriminatedUnion('type', [
-    z.strictObject({ type: z.literal('daytona'), ...remote, organizationId: z.string().optional(), rateLimits: DaytonaRateLimitsSchema.optional() }),
+    z.strictObject({
+      type: z.literal('daytona'),
+      ...remote,
+      organizationId: z.string().optional(),
+      createTimeoutMs: z.number().int().positive().optional(),
+      rateLimits: DaytonaRateLimitsSchema.optional(),
+    }),
     z.strictObject({
       type: z.literal('createos'),
       ...remote,

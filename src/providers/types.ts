@@ -49,6 +49,8 @@ export interface ProviderCapabilities {
   forceStop: boolean;
   /** Honours acquire's `requestedExpiresAt`. Without it such an acquire is refused (`expiry_unsupported`), never silently ignored. */
   expiry?: boolean;
+  /** Honours acquire's `resources`. Without it such an acquire is refused (`resources_unsupported`). */
+  resources?: boolean;
 }
 
 /** Everything a provider call gets besides its params. */
@@ -64,6 +66,11 @@ export interface OperationContext {
   attemptId: string;
   /** Aborted when this attempt must stop: its lock was lost or a newer attempt superseded it. */
   signal: AbortSignal;
+  /**
+   * Epoch ms after which the operation fails (deadline_exceeded). A provider that would wait
+   * past it (for a rate limit, say) should give up instead: see providers/pacing.ts.
+   */
+  deadlineAt: number;
   /**
    * Resolves if this attempt still holds its lease, throws StaleAttemptError if not. Call
    * it before every call that changes or reads the sandbox, so a stale attempt's call is
@@ -110,12 +117,13 @@ export interface LeaseProvider {
   /** A fresh read of the sandbox's state (never a cached one). */
   status(ctx: OperationContext, params: { providerLeaseId: string }): Promise<SandboxState>;
   /**
-   * An acquire failed for good (a permanent error, or its deadline): the id of the sandbox
-   * its attempts created, found the way a retry would find it (a name derived from the job),
-   * or null if they made none. lease-ops then queues a destroy of it through its own lane.
-   * Called in the acquire's own attempt, so still one call at a time per lease.
+   * An acquire failed for good (a permanent error, its deadline, too many crashes): the id
+   * of the live sandbox its attempts created, found the way a retry of that acquire would
+   * find it (a name derived from its job id, or what it checkpointed), or null if they made
+   * none. lease-ops calls it from an `abandon-acquire` operation queued in the acquire's own
+   * lane, which then destroys what it found, retrying within its own deadline.
    */
-  findAcquired?(ctx: OperationContext, params: OperationParams['acquire']): Promise<string | null>;
+  findAcquired?(ctx: OperationContext, acquire: { jobId: string; checkpoint: Record<string, unknown> }): Promise<string | null>;
   close?(): Promise<void>;
 }
 

@@ -207,7 +207,7 @@ export class Inspector {
           lease: failed?.lease ?? (await this.records.get(laneId))?.lease ?? null,
           reason: 'last_operation_failed',
           since: at,
-          detail: failed?.error ? `${failed.op} failed: ${failed.error.code}: ${failed.error.message}` : `operation ${jobId} failed`,
+          detail: failed?.error ? `${failed.op} failed: ${failed.error.code}: ${failed.error.message.replace(`${failed.error.code}: `, '')}` : `operation ${jobId} failed`,
         };
       }),
       ...quiet.map((laneId) => this.blockedHead(laneId, now)),

@@ -152,6 +152,28 @@ export class OperationsQueue {
     return { jobId, laneId };
   }
 
+  /**
+   * Queues the clean-up of an acquire that failed for good (see processors/abandon-acquire.ts)
+   * in the acquire's own lane, ahead of what waits there. Never refused by queue limits, and
+   * queued once per acquire however often its failure is handled (a crash may repeat it).
+   */
+  async enqueueAbandon(acquire: OperationJobData & { op: 'acquire' }, acquireJobId: string, checkpoint: Record<string, unknown>): Promise<Enqueued> {
+    const laneId = laneIdOf(acquire.lease);
+    const now = Date.now();
+    const strings = Object.fromEntries(Object.entries(checkpoint).filter((e): e is [string, string] => typeof e[1] === 'string'));
+    const data = OperationJobDataSchema.parse({
+      op: 'abandon-acquire',
+      lease: acquire.lease,
+      params: { acquireJobId, checkpoint: strings },
+      acceptedAt: now,
+      deadlineAt: now + (this.settings.LEASE_OPS_DEADLINES_MS['abandon-acquire'] ?? DEFAULT_DEADLINE_MS['abandon-acquire']),
+    });
+    const jobId = `${laneId}.${createHash('sha256').update(`abandon:${acquireJobId}`).digest('base64url').slice(0, 16)}`;
+    await this.queue.add(data.op, data, { ...this.jobOptions, jobId });
+    const pushed = await this.lanes.push(laneId, jobId, 'front', '', { perLane: 0, queued: 0 }, true);
+    return { jobId, laneId, ...(pushed.kind === 'present' ? { deduplicated: 'idempotency-key' as const } : {}) };
+  }
+
   /** Puts a stored job into its lane if an interrupted enqueue never did (see lane-push.lua). */
   private async adopt(jobId: string): Promise<void> {
     const laneId = laneIdOfJobId(jobId);

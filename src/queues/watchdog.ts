@@ -50,6 +50,7 @@ export async function runWatchdog(
       attempt: 1,
       attemptId: `watchdog.${laneId}:read`,
       signal: AbortSignal.timeout(10_000),
+      deadlineAt: Date.now() + 10_000,
       fence: async () => undefined, // a read, not a change
       fenceIsFresh: () => true,
       observe: () => undefined,

@@ -5,15 +5,15 @@ import type { Config } from '../config.ts';
 import { laneIdOfJobId } from '../lease.ts';
 import type { Logger } from '../logger.ts';
 import { runOperation } from '../processors/index.ts';
-import { findAcquired } from '../processors/acquire.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
-import type { LeaseProvider, OperationContext, SandboxState } from '../providers/types.ts';
+import type { OperationContext, SandboxState } from '../providers/types.ts';
 import type { LeaseIdentity } from '../lease.ts';
 import { LeaseRecords } from './lease-records.ts';
 import { Attempt, Fencing, StaleAttemptError } from './fencing.ts';
 import type { Lanes } from './lane.ts';
 import { BACKOFF_TYPE, OperationsQueue, PARK_MS } from './operations-queue.ts';
 import { createRedis, pingWithin, type RedisClient } from './redis.ts';
+import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 import {
   type BackoffSettings,
   decideRetry,
@@ -27,9 +27,11 @@ import * as telemetry from '../telemetry.ts';
 import { attemptEnded } from '../metrics.ts';
 import { isProviderError } from '../providers/errors.ts';
 import { runWatchdog } from './watchdog.ts';
-import { DEFAULT_DEADLINE_MS, OperationJobDataSchema, type OperationParams } from '../operations.ts';
+import { DEFAULT_DEADLINE_MS, OperationJobDataSchema, type OperationJobData } from '../operations.ts';
 
 const SWEEP_SCHEDULER_ID = 'lane-sweep';
+/** BullMQ's stall limit, set out of reach: lease-ops applies LEASE_OPS_MAX_STALLED itself. */
+const BULLMQ_STALLS_UNLIMITED = 1_000_000_000;
 const WATCHDOG_SCHEDULER_ID = 'stuck-stop-watchdog';
 
 export type WorkerSettings = Pick<
@@ -77,6 +79,7 @@ export class LeaseWorker {
   private readonly ownedConnections: RedisClient[] = [];
   private closing: Promise<void> | null = null;
   private readonly backoff: BackoffSettings;
+  private readonly writeCheckpoint: LuaCommand;
 
   constructor(
     private readonly settings: WorkerSettings,
@@ -92,6 +95,7 @@ export class LeaseWorker {
     };
     this.ops = new OperationsQueue(this.connection, settings);
     this.records = new LeaseRecords(this.connection, settings.LEASE_OPS_PREFIX);
+    this.writeCheckpoint = luaCommand(this.connection, 'job-checkpoint', 1);
     const prefix = settings.LEASE_OPS_PREFIX;
     const workerConnection = connect();
     this.workerConnection = workerConnection;
@@ -108,7 +112,9 @@ export class LeaseWorker {
       concurrency: settings.LEASE_OPS_CONCURRENCY,
       lockDuration: settings.LEASE_OPS_LOCK_MS,
       stalledInterval: settings.LEASE_OPS_STALLED_INTERVAL_MS,
-      maxStalledCount: settings.LEASE_OPS_MAX_STALLED,
+      // lease-ops counts stalls itself (see process): BullMQ's own limit would fail a job
+      // without running it, even one whose outcome the lane already recorded.
+      maxStalledCount: BULLMQ_STALLS_UNLIMITED,
       // An idle worker's blocking fetch gives up after 1 s (BullMQ's default is 5 s). With
       // two idle processes a backoff retry was seen waiting out the whole block timeout
       // before a worker looked again; this bounds that wait. Root cause not found yet.
@@ -239,6 +245,11 @@ export class LeaseWorker {
     if (!provider) {
       return this.fail(laneId, jobId, fence, data.op, startedAt, 'unknown_provider', `no provider named "${data.lease.provider}" is configured`);
     }
+    if (job.stalledCounter > this.settings.LEASE_OPS_MAX_STALLED) {
+      // Its attempts keep dying with their workers (a poison operation, or a crash loop).
+      if (data.op === 'acquire') await this.abandon(data, jobId, logger);
+      return this.fail(laneId, jobId, fence, data.op, startedAt, 'stalled_too_often', `its attempts stalled ${job.stalledCounter} times (LEASE_OPS_MAX_STALLED=${this.settings.LEASE_OPS_MAX_STALLED}): each one's worker died or froze past its lock`);
+    }
     let result: unknown;
     let observed: [string, SandboxState] | null = null;
     const held = new Attempt(jobId, laneId, fence);
@@ -252,6 +263,7 @@ export class LeaseWorker {
       get signal() {
         return held.signal;
       },
+      deadlineAt: data.deadlineAt,
       fence: () => fencing.check(held),
       fenceIsFresh: () => held.fresh(),
       observe: (providerLeaseId: string, state: SandboxState) => {
@@ -265,8 +277,8 @@ export class LeaseWorker {
     if (Date.now() >= data.deadlineAt) {
       // A retry can come due just past the deadline; name the error that caused it.
       const last = job.attemptsMade > 0 && job.failedReason ? `last provider error: ${job.failedReason}` : 'deadline passed before the operation could start';
-      if (data.op === 'acquire') await this.abandon(provider, ctx, data.params);
       untrack();
+      if (data.op === 'acquire') await this.abandon(data, jobId, logger);
       return this.fail(laneId, jobId, fence, data.op, startedAt, 'deadline_exceeded', last);
     }
 
@@ -287,11 +299,11 @@ export class LeaseWorker {
       }
       const decision = decideRetry(err, job.attemptsMade, data.deadlineAt, Date.now(), {
         ...this.backoff,
-        ...this.settings.LEASE_OPS_BACKOFF_BY_OP[data.op],
+        ...(data.op === 'abandon-acquire' ? {} : this.settings.LEASE_OPS_BACKOFF_BY_OP[data.op]),
       });
-      // An acquire that fails for good leaves no sandbox behind (still inside its attempt).
-      if (!decision.retry && data.op === 'acquire') await this.abandon(provider, ctx, data.params);
       untrack();
+      // An acquire that fails for good leaves no sandbox behind.
+      if (!decision.retry && data.op === 'acquire') await this.abandon(data, jobId, logger);
       await this.record(laneId, data.lease, observed, logger);
       if (data.op === 'force-stop' && isProviderError(err) && err.code === 'state_change_in_progress') {
         telemetry.forceStop('refused', { 'lease.provider': data.lease.provider });
@@ -338,23 +350,20 @@ export class LeaseWorker {
   }
 
   /**
-   * An acquire failed for good: the sandbox its attempts made (if any) is queued for
-   * destroy through its own lane, where settling errors (it may still be creating) are
-   * retried within the destroy's deadline. The key makes a re-run of this step queue it once.
+   * An acquire failed for good: its clean-up (find what its attempts made, destroy it) is
+   * queued as an operation of its own in the acquire's lane, where it is retried through a
+   * cloud outage or a sandbox still creating, within its own deadline. If even queueing it
+   * fails (Redis away), the acquire is retried instead of failed, so that its next attempt
+   * queues it again: a failure is never recorded without its clean-up.
    */
-  private async abandon(provider: LeaseProvider, ctx: OperationContext, params: OperationParams['acquire']): Promise<void> {
+  private async abandon(data: OperationJobData & { op: 'acquire' }, jobId: string, logger: () => Logger): Promise<void> {
     try {
-      const sandbox = await findAcquired(provider, ctx, params);
-      if (!sandbox) return;
-      const { jobId } = await this.ops.enqueue({
-        op: 'destroy',
-        lease: { ...ctx.lease, leaseId: sandbox },
-        params: { providerLeaseId: sandbox },
-        idempotencyKey: `lease-ops:abandoned-acquire:${ctx.jobId}`,
-      });
-      ctx.log.warn({ sandbox, destroyJobId: jobId }, 'acquire failed for good; the sandbox it made is queued for destroy');
+      const checkpoint = await this.checkpointOf(jobId).read();
+      const { jobId: cleanUp } = await this.ops.enqueueAbandon(data, jobId, checkpoint);
+      logger().warn({ cleanUpJobId: cleanUp }, 'acquire failed for good; the clean-up of what it made is queued');
     } catch (err) {
-      ctx.log.error({ err }, 'acquire failed, and the sandbox it may have made could not be found or queued for destroy; it may need removing by hand');
+      logger().error({ err }, 'could not queue the clean-up of a failed acquire; the acquire will be retried');
+      throw new RetryLaterError(this.backoff.capMs, err);
     }
   }
 
@@ -368,14 +377,13 @@ export class LeaseWorker {
     }
   }
 
-  /** A job's checkpoint lives in its BullMQ hash, so it goes when the job goes. */
+  /** A job's checkpoint lives in its BullMQ hash, so it goes when the job goes (and is never written after). */
   private checkpointOf(jobId: string): OperationContext['checkpoint'] {
     const key = this.ops.queue.toKey(jobId);
     return {
       read: async () => JSON.parse((await this.connection.hget(key, 'lo:checkpoint')) ?? '{}') as Record<string, unknown>,
       write: async (values) => {
-        const current = JSON.parse((await this.connection.hget(key, 'lo:checkpoint')) ?? '{}') as Record<string, unknown>;
-        await this.connection.hset(key, 'lo:checkpoint', JSON.stringify({ ...current, ...values }));
+        await this.writeCheckpoint(key, JSON.stringify(values));
       },
     };
   }

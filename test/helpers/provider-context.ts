@@ -19,6 +19,7 @@ export function providerContext(leaseId: string, environmentId = 'env-a', overri
     attempt: 1,
     attemptId: `contract.${jobSeq}:1`,
     signal: new AbortController().signal,
+    deadlineAt: Date.now() + 60_000,
     fence: async () => undefined,
     fenceIsFresh: () => true,
     observe: (id, state) => void observed.push([id, state]),

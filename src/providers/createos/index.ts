@@ -95,12 +95,19 @@ export function createosState(status: string | null | undefined): SandboxState {
 }
 const TERMINAL = new Set(['destroyed', 'failed']);
 
+const digest = (text: string, length: number) => createHash('sha256').update(text).digest('hex').slice(0, length);
+
+/** The part of a sandbox name that says whose it is: CreateOS keeps no labels, so the name carries the company and environment. */
+export function createosOwnerTag(lease: { companyId: string; environmentId: string }): string {
+  return `lo-${digest(JSON.stringify([lease.companyId, lease.environmentId]), 12)}-`;
+}
+
 /**
- * The name an acquire gives its sandbox: derived from the job, so every attempt of the job
- * looks for the same one, and a DNS label (CreateOS uses names as hostnames).
+ * The name an acquire gives its sandbox: its owner's tag and a digest of the job, so every
+ * attempt of the job looks for the same one; a DNS label (CreateOS uses names as hostnames).
  */
-export function createosSandboxName(jobId: string): string {
-  return `lease-ops-${createHash('sha256').update(jobId).digest('hex').slice(0, 40)}`;
+export function createosSandboxName(lease: { companyId: string; environmentId: string }, jobId: string): string {
+  return `${createosOwnerTag(lease)}${digest(jobId, 32)}`;
 }
 
 /**
@@ -115,7 +122,8 @@ export function createosSandboxName(jobId: string): string {
 export function createCreateosProvider(input: CreateosSettings, rateLimiters: RateLimiterFactory = localRateLimiters): LeaseProvider {
   const settings = CreateosSettingsSchema.parse(input);
   const name = settings.name;
-  const limiter = rateLimiters(name, { requests: { perMinute: settings.requestsPerMinute, burst: settings.burst } });
+  // CreateOS counts per caller IP: every instance and replica calling this API from here shares one budget.
+  const limiter = rateLimiters(`createos:${new URL(settings.apiUrl).host}`, { requests: { perMinute: settings.requestsPerMinute, burst: settings.burst } });
   const clients = new WeakMap<OperationContext, CreateosSandboxClient>();
 
   /** Every request of this attempt: paced, fenced, and fenced again at send. */
@@ -123,7 +131,7 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
     const send = fencedFetch(() => ctx.fenceIsFresh());
     return async (input, init) => {
       for (let tries = 1; ; tries++) {
-        await limiter.take('requests', ctx.signal);
+        await limiter.take('requests', { signal: ctx.signal, deadlineAt: ctx.deadlineAt });
         await ctx.fence();
         try {
           const res = await send(input, init);
@@ -174,6 +182,9 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
     if (err instanceof CreateosSandboxAuthError) return new PermanentError('unauthorized', message);
     if (err instanceof CreateosSandboxPermissionError) return new PermanentError('forbidden', message);
     if (err instanceof CreateosSandboxPaymentRequiredError) return new PermanentError('payment_required', message);
+    if (err instanceof CreateosSandboxNotFoundError && !isSandboxNotFound(err)) {
+      return new PermanentError('unexpected_not_found', `${message} (a 404 that does not say the sandbox is unknown: check CREATEOS_API_URL)`);
+    }
     if (err instanceof CreateosSandboxNotFoundError) return new PermanentError('not_found', message);
     if (err instanceof CreateosSandboxValidationError && err.statusCode === 409) return new SettlingError('state_change_in_progress', message);
     if (err instanceof CreateosSandboxValidationError) return new PermanentError('bad_request', message);
@@ -189,6 +200,15 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
       throw toProviderError(err);
     }
   };
+  /**
+   * CreateOS says a sandbox is unknown (or another account's) with a JSend `fail` 404 whose
+   * data is "sandbox not found". Any other 404 (a wrong API URL, a gateway) says nothing about
+   * the sandbox, and reading it as "gone" would hand out false receipts.
+   */
+  const isSandboxNotFound = (err: unknown) =>
+    err instanceof CreateosSandboxNotFoundError &&
+    (err.envelope as { status?: unknown } | undefined)?.status === 'fail' &&
+    /sandbox[^"]* not found/i.test(JSON.stringify((err.envelope as { data?: unknown }).data ?? ''));
   const view = (data: unknown): View => {
     const parsed = ViewSchema.safeParse(data);
     if (!parsed.success) throw new TransientError('invalid_provider_reply', `${name}: unexpected sandbox reply: ${z.prettifyError(parsed.error)}`);
@@ -200,10 +220,10 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
     try {
       const handle = await clientFor(ctx).getSandbox(id, options(ctx));
       const sb = view(handle.data);
-      ctx.observe(sb.id, createosState(sb.status));
+      if (belongs(ctx, sb)) ctx.observe(sb.id, createosState(sb.status));
       return { handle, sb };
     } catch (err) {
-      if (err instanceof CreateosSandboxNotFoundError) {
+      if (isSandboxNotFound(err)) {
         ctx.observe(id, { kind: 'gone' });
         return null;
       }
@@ -220,6 +240,10 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
       }
       return null;
     });
+  const belongs = (ctx: OperationContext, sb: View) => typeof sb.name === 'string' && sb.name.startsWith(createosOwnerTag(ctx.lease));
+  const requireOwn = (ctx: OperationContext, sb: View) => {
+    if (!belongs(ctx, sb)) throw new PermanentError('lease_environment_mismatch', `${name}: sandbox ${sb.id} belongs to another environment`);
+  };
   const settling = (sb: View, doing: string) =>
     new SettlingError(`sandbox_${sb.status ?? 'unknown'}`, `${name}: sandbox ${sb.id} is ${sb.status ?? 'unknown'}; ${doing} once it settles`);
   // CreateOS keeps no labels, so the lease metadata carries whose sandbox it is. Built from
@@ -241,11 +265,13 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
 
   const pauseConfirmed = async (ctx: OperationContext, id: string): Promise<TerminationReceipt> => {
     const found = await readHandle(ctx, id);
-    if (!found || TERMINAL.has(found.sb.status ?? '')) return { providerLeaseId: id, state: 'destroyed' };
+    if (!found) return { providerLeaseId: id, state: 'destroyed' };
     const { handle, sb } = found;
+    requireOwn(ctx, sb);
+    if (TERMINAL.has(sb.status ?? '')) return { providerLeaseId: id, state: 'destroyed' };
     if (sb.status === 'paused') return { providerLeaseId: id, state: 'stopped' };
+    // `error` is not final on CreateOS (it may recover), so it is waited out like a transition.
     if (sb.status === 'running') await sdk(() => handle.pause(options(ctx)));
-    else if (sb.status === 'error') throw new PermanentError('not_stoppable', `${name}: sandbox ${id} is in error (resume retries it; destroy removes it)`);
     else throw settling(sb, 'pausing');
     const after = await read(ctx, id);
     if (!after || TERMINAL.has(after.status ?? '')) return { providerLeaseId: id, state: 'destroyed' };
@@ -255,7 +281,9 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
 
   const destroyConfirmed = async (ctx: OperationContext, id: string): Promise<TerminationReceipt> => {
     const found = await readHandle(ctx, id);
-    if (!found || found.sb.status === 'destroyed') return { providerLeaseId: id, state: 'destroyed' };
+    if (!found) return { providerLeaseId: id, state: 'destroyed' };
+    requireOwn(ctx, found.sb);
+    if (found.sb.status === 'destroyed') return { providerLeaseId: id, state: 'destroyed' };
     if (found.sb.status !== 'destroying') {
       try {
         await sdk(() => found.handle.destroy(options(ctx)));
@@ -305,10 +333,11 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
 
   return {
     name,
-    capabilities: { stop: true, pause: true, forceStop: false, expiry: false },
+    // A sandbox's size is its shape (CREATEOS_SHAPE); per-acquire resources are refused, not ignored.
+    capabilities: { stop: true, pause: true, forceStop: false, expiry: false, resources: false },
 
     async acquire(ctx, _params: OperationParams['acquire']): Promise<Lease> {
-      const sandboxName = createosSandboxName(ctx.jobId);
+      const sandboxName = createosSandboxName(ctx.lease, ctx.jobId);
       const saved = await ctx.checkpoint.read();
       let sb: View | null = null;
       if (typeof saved.createosSandboxId === 'string') sb = await read(ctx, saved.createosSandboxId);
@@ -319,6 +348,7 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
         sb = await read(ctx, id);
         if (!sb) throw new SettlingError('sandbox_not_visible', `${name}: sandbox ${id} was created but is not readable yet`);
       }
+      requireOwn(ctx, sb);
       if (sb.status === 'running') return lease(ctx, sb);
       if (sb.status === 'failed') throw new PermanentError('sandbox_failed', `${name}: sandbox ${sb.id} failed`);
       if (sb.status === 'paused' || sb.status === 'error') {
@@ -329,12 +359,12 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
       throw settling(sb, 'acquire completes');
     },
 
-    async findAcquired(ctx, _params) {
-      const saved = await ctx.checkpoint.read();
-      const sandboxName = createosSandboxName(ctx.jobId);
+    async findAcquired(ctx, acquire) {
+      const sandboxName = createosSandboxName(ctx.lease, acquire.jobId);
+      const saved = acquire.checkpoint;
       const sb =
         typeof saved.createosSandboxId === 'string' ? await read(ctx, saved.createosSandboxId) : saved.createosName === sandboxName ? await findByName(ctx, sandboxName) : null;
-      return sb && !TERMINAL.has(sb.status ?? '') ? sb.id : null;
+      return sb && belongs(ctx, sb) && !TERMINAL.has(sb.status ?? '') ? sb.id : null;
     },
 
     async resume(ctx, params): Promise<Lease | ExpiredLease> {
@@ -344,7 +374,7 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
         throw new PermanentError('lease_environment_mismatch', `${name}: lease ${params.providerLeaseId} does not belong to this environment`);
       }
       const found = await readHandle(ctx, params.providerLeaseId);
-      if (!found) return expired;
+      if (!found || !belongs(ctx, found.sb)) return expired;
       const { handle, sb } = found;
       if (TERMINAL.has(sb.status ?? '') || sb.status === 'destroying') return expired;
       // A sandbox of another shape, image or region is not the one this lease was given;
@@ -367,7 +397,9 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
         destroy: () => destroyConfirmed(ctx, id),
         current: async () => {
           const sb = await read(ctx, id);
-          if (!sb || TERMINAL.has(sb.status ?? '')) return 'destroyed';
+          if (!sb) return 'destroyed';
+          requireOwn(ctx, sb);
+          if (TERMINAL.has(sb.status ?? '')) return 'destroyed';
           if (sb.status === 'running') return 'running';
           if (sb.status === 'paused') return 'stopped';
           throw settling(sb, 'release confirms');

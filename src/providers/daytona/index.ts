@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { Configuration, SandboxApi } from '@daytona/api-client';
 import { isAxiosError, type AxiosResponse } from 'axios';
 import { z } from 'zod';
@@ -41,6 +42,8 @@ export const DaytonaSettingsSchema = z.strictObject({
   organizationId: z.string().min(1).optional(),
   /** Per-request timeout. */
   timeoutMs: z.number().int().positive().default(30_000),
+  /** Create's timeout: Daytona's create may wait up to 30 s for the sandbox to start before it answers. */
+  createTimeoutMs: z.number().int().positive().default(60_000),
   /** Minutes of inactivity before Daytona stops a sandbox it created (reference: 15). */
   autoStopMinutes: z.number().int().min(0).default(15),
   /** Per-throttler pacing, shared by every worker replica; null turns a bucket's pacing off. */
@@ -79,7 +82,8 @@ const TRANSITIONS: Record<string, 'running' | 'stopped' | 'gone' | undefined> = 
   unknown: 'running',
   stopping: 'stopped',
   pausing: 'stopped',
-  archiving: 'stopped',
+  // Archiving moves a stopped sandbox's files away: not a stop, nothing for the watchdog to force.
+  archiving: undefined,
   destroying: 'gone',
   resizing: undefined,
   snapshotting: undefined,
@@ -158,7 +162,10 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
   const org = settings.organizationId;
   const name = settings.name;
   const limits: Record<string, RateLimit | null> = { ...DAYTONA_DEFAULT_RATE_LIMITS, ...settings.rateLimits };
-  const limiter = rateLimiters(name, limits);
+  // Daytona counts per organization: every instance and replica using this organization (or,
+  // without one named, this API key) shares one budget.
+  const account = settings.organizationId ?? createHash('sha256').update(settings.apiKey).digest('hex').slice(0, 16);
+  const limiter = rateLimiters(`daytona:${new URL(settings.apiUrl).host}:${account}`, limits);
 
   /**
    * Sends a request in its throttler's turn, once the fence holds. A 429 holds the
@@ -166,11 +173,12 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
    * stalled between check and send) is sent again only after a fresh check says so.
    */
   const send = async <T>(ctx: OperationContext, throttler: Throttler, request: Request<T>): Promise<AxiosResponse<T>> => {
+    const timeoutMs = throttler === 'sandbox-create' ? settings.createTimeoutMs : settings.timeoutMs;
     for (let tries = 1; ; tries++) {
-      await limiter.take(throttler, ctx.signal);
+      await limiter.take(throttler, { signal: ctx.signal, deadlineAt: ctx.deadlineAt });
       await ctx.fence();
       try {
-        return await request(requestOptions(ctx, settings.timeoutMs));
+        return await request(requestOptions(ctx, timeoutMs));
       } catch (err) {
         if (isAxiosError(err) && err.response?.status === 429) {
           const { ms, throttlers } = retryAfterOf(err.response.headers as Record<string, unknown>);
@@ -193,11 +201,23 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
       const data = err.response.data as { message?: unknown } | undefined;
       const message = typeof data?.message === 'string' ? data.message : err.message;
       const { ms } = retryAfterOf(err.response.headers as Record<string, unknown>);
+      if (err.response.status === 404 && !isSandboxNotFound(err)) {
+        return new PermanentError('unexpected_not_found', `${name}: ${message} (HTTP 404 that does not name a sandbox: check DAYTONA_API_URL)`);
+      }
       return errorForStatus(name, err.response.status, message, ms === undefined ? undefined : String(ms / 1000));
     }
     return networkError(name, err) ?? new TransientError('provider_error', `${name}: ${(err as Error).message}`);
   };
-  const isStatus = (err: unknown, status: number) => isAxiosError(err) && err.response?.status === status;
+  /**
+   * Daytona says a sandbox does not exist with a 404 naming it ("Sandbox with ID or name x
+   * not found"). Any other 404 (a wrong API URL, a gateway's own page) says nothing about the
+   * sandbox, and reading it as "gone" would hand out false receipts.
+   */
+  const isSandboxNotFound = (err: unknown) => {
+    if (!isAxiosError(err) || err.response?.status !== 404) return false;
+    const data = err.response.data as { message?: unknown; code?: unknown } | undefined;
+    return data?.code === 'SANDBOX_NOT_FOUND' || (typeof data?.message === 'string' && /^Sandbox with ID (or name )?.+ not found$/i.test(data.message));
+  };
 
   const parseReply = (data: unknown): SandboxReply => {
     const parsed = SandboxReplySchema.safeParse(data);
@@ -215,7 +235,7 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
       if (belongs(ctx, sb)) ctx.observe(sb.id, daytonaState(sb));
       return sb;
     } catch (err) {
-      if (isStatus(err, 404)) {
+      if (isSandboxNotFound(err)) {
         if (!lookup) ctx.observe(idOrName, { kind: 'gone' });
         return null;
       }
@@ -244,7 +264,7 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
     if (isStopped(before)) return { providerLeaseId: id, state: 'stopped' };
     const state = daytonaState(before);
     const stoppable = state.kind === 'running' || before.state === 'paused';
-    const stuckStopping = state.kind === 'transitioning' && state.toward === 'stopped' && before.state !== 'archiving';
+    const stuckStopping = state.kind === 'transitioning' && state.toward === 'stopped';
     if (stoppable || (force && stuckStopping)) {
       try {
         await call(ctx, 'sandbox-lifecycle', (o) => api.stopSandbox(id, org, force, o));
@@ -294,9 +314,6 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
             name: sandboxName,
             labels: { [LABEL_COMPANY]: ctx.lease.companyId, [LABEL_ENVIRONMENT]: ctx.lease.environmentId, [LABEL_RUN]: params.runId },
             autoStopInterval: settings.autoStopMinutes,
-            ...(params.resources?.cpu ? { cpu: params.resources.cpu } : {}),
-            ...(params.resources?.memoryGiB ? { memory: params.resources.memoryGiB } : {}),
-            ...(params.resources?.diskGiB ? { disk: params.resources.diskGiB } : {}),
           },
           org,
           o,
@@ -318,7 +335,8 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
 
   return {
     name,
-    capabilities: { stop: true, pause: false, forceStop: true, expiry: false },
+    // Daytona sizes a sandbox by its snapshot and refuses cpu, memory and disk with one.
+    capabilities: { stop: true, pause: false, forceStop: true, expiry: false, resources: false },
 
     async acquire(ctx, params: OperationParams['acquire']): Promise<Lease> {
       const sandboxName = daytonaSandboxName(ctx.jobId);
@@ -342,8 +360,8 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
       throw settling(sb, 'acquire completes');
     },
 
-    async findAcquired(ctx, _params) {
-      const sb = await read(ctx, daytonaSandboxName(ctx.jobId), true);
+    async findAcquired(ctx, acquire) {
+      const sb = await read(ctx, daytonaSandboxName(acquire.jobId), true);
       return sb && belongs(ctx, sb) && daytonaState(sb).kind !== 'gone' && sb.desiredState !== 'destroyed' ? sb.id : null;
     },
 

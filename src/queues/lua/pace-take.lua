@@ -8,8 +8,9 @@
           held off until, both epoch ms)
   ARGV[1] ms between requests at the limit   ARGV[2] burst (requests that may go at once)
   ARGV[3] '1' to take a turn, '0' only to ask how long the bucket is still held off
+  ARGV[4] the longest wait the caller accepts (ms; -1: any): a turn further away is not taken
 
-  Returns the ms to wait before sending.
+  Returns the ms to wait before sending, or minus the wait when it is longer than ARGV[4].
 ]]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -24,6 +25,10 @@ if ARGV[3] == '0' then
 end
 
 local sendAt = math.max(now, tat - tau, heldUntil)
+local maxWait = tonumber(ARGV[4])
+if maxWait >= 0 and sendAt - now > maxWait then
+  return -math.max(1, math.ceil(sendAt - now))
+end
 local nextTat = math.max(tat, sendAt) + interval
 redis.call('HSET', KEYS[1], 'tat', nextTat)
 -- Nothing stays behind once the bucket is idle again.
