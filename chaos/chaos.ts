@@ -56,6 +56,8 @@ export interface ChaosReport {
   completed: number;
   failed: number;
   failed_by_reason: Record<string, number>;
+  /** The same, by operation and provider: `<op> <provider>: <code>`. */
+  failed_by_op: Record<string, number>;
   overlaps: number;
   order_violations: number;
   lost: number;
@@ -79,6 +81,12 @@ export interface ChaosReport {
 }
 
 const LOCK_MS = 2_000;
+/**
+ * Each lease gets its operations in one burst, and on two shared cores a long lane can take
+ * longer than the default resume deadline (60 s) to reach its last ones: the campaign is
+ * about the invariants, so its operations get room; deadlines have tests of their own.
+ */
+const OP_DEADLINE_MS = 300_000;
 
 /** Settings of the campaign's workers: short lock, sweep and watchdog times, so recovery shows within a run. */
 function chaosEnv(prefix: string, redisUrl: string, daytonaUrl: string, createosUrl: string): Record<string, string> {
@@ -128,6 +136,7 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
   const ops = new OperationsQueue(redis, config);
   const eventsConnection = createRedis(redisUrl);
   const events = new QueueEvents(config.LEASE_OPS_QUEUE, { connection: eventsConnection, prefix });
+  events.setMaxListeners(0); // every late lease waits on its own acquire
   await events.waitUntilReady();
   const fake = new DaytonaFake({
     apiKey: 'chaos-key',
@@ -223,7 +232,7 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
     const run = async (provider: string, id: string, steps: Step[]) => {
       const order: string[] = [];
       for (const [i, step] of steps.entries()) {
-        const { jobId } = await ops.enqueue({ op: step.op, lease: identity(provider, id), params: step.params(id) });
+        const { jobId } = await ops.enqueue({ op: step.op, lease: identity(provider, id), params: step.params(id), deadlineMs: OP_DEADLINE_MS });
         if (!seen.has(jobId)) {
           seen.add(jobId);
           order.push(jobId);
@@ -301,6 +310,7 @@ async function check(input: {
 
   let overlaps = 0;
   let stale = 0;
+  const staleFound: { jobId: string; text: string }[] = [];
   const firstCall = new Map<string, bigint>();
   for (const [sandbox, calls] of bySandbox) {
     calls.sort((a, b) => (a.start < b.start ? -1 : a.start > b.start ? 1 : 0));
@@ -317,7 +327,15 @@ async function check(input: {
       const fence = fenceOf(c.attempt);
       if (fence < highestFence) {
         stale++;
-        note(`stale call on ${sandbox}: ${c.method} ${c.path} by ${c.attempt} after ${highestAttempt} had called`);
+        const successorFirst = calls.find((x) => x.attempt === highestAttempt)!;
+        const ownPrevious = calls.slice(0, i).filter((x) => x.attempt === c.attempt).at(-1);
+        const ms = (a: bigint, b: bigint) => Number((a - b) / 1_000_000n);
+        staleFound.push({
+          jobId: jobOf(c.attempt),
+          text:
+            `stale call on ${sandbox}: ${c.method} ${c.path} by ${c.attempt} after ${highestAttempt} had called ` +
+            `(${ms(c.start, successorFirst.start)} ms after the successor's first call; its own previous call ended ${ownPrevious ? `${ms(successorFirst.start, ownPrevious.end)} ms before that` : 'never'})`,
+        });
       } else {
         highestFence = fence;
         highestAttempt = c.attempt;
@@ -325,6 +343,12 @@ async function check(input: {
       const job = jobOf(c.attempt);
       if (!firstCall.has(job)) firstCall.set(job, c.start);
     }
+  }
+
+  // What each stale call's job was, for whoever looks into it.
+  for (const { jobId, text } of staleFound.slice(0, 10)) {
+    const job = await ops.queue.getJob(jobId);
+    note(`${text}; job: ${job?.name} started ${job?.attemptsStarted} times, made ${job?.attemptsMade}, stalled ${job?.stalledCounter}, now ${await ops.queue.getJobState(jobId)}`);
   }
 
   // Order: the operations of a lease first reached the cloud in accepted order. Force-stops
@@ -347,6 +371,7 @@ async function check(input: {
   // Outcomes, from the job records; the sandboxes completed acquires handed out are owned.
   const owned = new Set<string>();
   const failedByReason: Record<string, number> = {};
+  const failedByOp: Record<string, number> = {};
   let completed = 0;
   let failed = 0;
   let lost = 0;
@@ -360,9 +385,12 @@ async function check(input: {
     }
     else if (state === 'failed') {
       failed++;
-      const reason = (await ops.queue.getJob(id))?.failedReason ?? '';
+      const job = await ops.queue.getJob(id);
+      const reason = job?.failedReason ?? '';
       const code = /^([a-z_]+):/.exec(reason)?.[1] ?? reason.slice(0, 40);
       failedByReason[code] = (failedByReason[code] ?? 0) + 1;
+      const byOp = `${job?.name ?? '?'} ${(job?.data as { lease?: { provider?: string } } | undefined)?.lease?.provider ?? '?'}: ${code}`;
+      failedByOp[byOp] = (failedByOp[byOp] ?? 0) + 1;
     } else {
       lost++;
       note(`lost: ${id} is still ${state}`);
@@ -384,6 +412,7 @@ async function check(input: {
     completed,
     failed,
     failed_by_reason: failedByReason,
+    failed_by_op: failedByOp,
     overlaps,
     order_violations: orderViolations,
     lost,

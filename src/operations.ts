@@ -50,8 +50,8 @@ export const TargetParamsSchema = z.strictObject({ providerLeaseId });
  */
 export const AbandonAcquireParamsSchema = z.strictObject({
   acquireJobId: z.string().min(1).max(256),
-  /** What the acquire's attempts checkpointed (a sandbox id, a name asked for). */
-  checkpoint: z.record(z.string().max(128), z.string().max(256)),
+  /** What the acquire's attempts checkpointed (a sandbox id, a name asked for); null when its job was gone. */
+  checkpoint: z.record(z.string().max(128), z.string().max(256)).nullable(),
 });
 
 /** The params each operation takes, keyed by operation name. */

@@ -5,7 +5,7 @@ import type { CreateFault } from '../src/fakes/http-fake.ts';
 import { createCreateosProvider } from '../src/providers/createos/index.ts';
 import { createDaytonaProvider, daytonaSandboxName } from '../src/providers/daytona/index.ts';
 import type { LeaseProvider } from '../src/providers/types.ts';
-import { gate, QUICK_RECOVERY, TestBed, workerEnv } from './helpers/env.ts';
+import { gate, QUICK_RECOVERY, readUntil, TestBed, workerEnv } from './helpers/env.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
 
 /** One provider and its fake, seen as a worker sees them, with what the fake has made. */
@@ -200,4 +200,83 @@ describe('acquire never leaks a sandbox when its worker is killed right after th
       }
     });
   }
+});
+
+describe('the clean-up after a failed acquire never touches a lease, and is not lost', () => {
+  let fake: DaytonaFake;
+  let bed: TestBed;
+  let provider: LeaseProvider;
+  let worker: Awaited<ReturnType<TestBed['startWorker']>>;
+  beforeAll(async () => {
+    fake = new DaytonaFake({ apiKey: 'k', timings: { create: 50, start: 20, stop: 20, forceStop: 0, destroy: 10 } });
+    provider = createDaytonaProvider({ apiUrl: await fake.listen(), apiKey: 'k', timeoutMs: 2_000 });
+    bed = await TestBed.create({ LEASE_OPS_SWEEP_INTERVAL_MS: '200' });
+    worker = await bed.startWorker(provider);
+  });
+  afterAll(async () => {
+    await bed.close();
+    await fake.close();
+  });
+  const identity = (leaseId: string) => ({ provider: provider.name, companyId: 'co', environmentId: 'env', leaseId });
+  const cleanUps = async () => (await bed.ops.queue.getJobs(['waiting', 'delayed', 'active', 'completed', 'failed'])).filter((j) => j.name === 'abandon-acquire');
+
+  it('a clean-up queued for an acquire that then completed after all (a crash between the two) leaves its sandbox alone', async () => {
+    const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: identity('completed-anyway'), params: { runId: 'r' } });
+    expect((await bed.waitForAll([jobId])).get(jobId)).toBe('completed');
+    const sandbox = ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    // The state a crash leaves: the clean-up was queued, the acquire's re-run completed.
+    const cleanUp = await bed.ops.enqueueAbandon(identity('completed-anyway'), jobId, {});
+    expect((await bed.waitForAll([cleanUp.jobId])).get(cleanUp.jobId)).toBe('completed');
+    expect((await bed.ops.queue.getJob(cleanUp.jobId))!.returnvalue).toEqual({ providerLeaseId: null, state: 'none' });
+    expect(fake.stateOf(sandbox)).toBe('started');
+  });
+
+  it('a clean-up is not failed by the stall limit (its workers dying is no reason to leave the sandbox): its deadline bounds it', async () => {
+    // A sandbox a failed acquire left, and its clean-up queued while no worker runs.
+    const running = worker;
+    await running.close();
+    const acquireJobId = `${'x'.repeat(22)}.stalled-acquire`;
+    const res = await fetch(`${fake.http.url}/sandbox`, {
+      method: 'POST',
+      headers: { authorization: 'Bearer k', 'content-type': 'application/json' },
+      body: JSON.stringify({ name: daytonaSandboxName(acquireJobId), labels: { 'lease-ops/company': 'co', 'lease-ops/environment': 'env' } }),
+    });
+    const left = ((await res.json()) as { id: string }).id;
+    const cleanUp = await bed.ops.enqueueAbandon(identity('stalled-cleanup'), acquireJobId, {});
+    // As if two workers had died running it.
+    await bed.redis.hset(bed.ops.queue.toKey(cleanUp.jobId), 'stc', 2);
+    worker = await bed.startWorker(provider);
+    expect((await bed.waitForAll([cleanUp.jobId], 10_000)).get(cleanUp.jobId)).toBe('completed');
+    expect((await bed.ops.queue.getJob(cleanUp.jobId))!.returnvalue).toEqual({ providerLeaseId: left, state: 'destroyed' });
+  });
+
+  it('an acquire an operator removed while it backed off still gets its sandbox cleaned up', async () => {
+    const before = new Set(fake.ids());
+    fake.failNextCreate({ kind: 'slow-boot', bootMs: 60_000 }); // it stays creating: the acquire keeps backing off
+    const arrived = fake.nextRequest('POST', /^\/sandbox$/);
+    const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: identity('removed'), params: { runId: 'r' } });
+    await arrived;
+    await readUntil(async () => (await bed.ops.queue.getJobState(jobId)) === 'delayed', 10_000, 'the acquire backing off');
+    await bed.ops.queue.remove(jobId);
+    const cleanUp = await readUntil(async () => (await cleanUps()).find((j) => (j.data as { params: { acquireJobId: string } }).params.acquireJobId === jobId), 10_000, 'a clean-up for the removed acquire');
+    // Daytona deletes it only once it is up: let it come up now.
+    const made = fake.ids().filter((id) => !before.has(id));
+    expect(made).toHaveLength(1);
+    fake.control(made[0]!, { state: 'started' });
+    expect((await bed.waitForAll([cleanUp.id!], 20_000)).get(cleanUp.id!)).toBe('completed');
+    expect(fake.ids().filter((id) => !before.has(id))).toEqual([]);
+  });
+
+  it('a request is never sent after its operation\'s deadline, and none outlives it', async () => {
+    const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: identity('slow-api'), params: { runId: 'r' } });
+    await bed.waitForAll([jobId]);
+    const sandbox = ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    fake.control(sandbox, { replyDelayMs: 20_000 });
+    const started = Date.now();
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: identity(sandbox), params: { providerLeaseId: sandbox }, deadlineMs: 1_500 });
+    expect((await bed.waitForAll([stop.jobId], 10_000)).get(stop.jobId)).toBe('failed');
+    expect(Date.now() - started).toBeLessThan(4_000);
+    expect((await bed.ops.queue.getJob(stop.jobId))!.failedReason).toMatch(/^deadline_exceeded: /);
+    fake.control(sandbox, { replyDelayMs: 0 });
+  });
 });

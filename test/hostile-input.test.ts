@@ -132,11 +132,11 @@ describe('hostile input (fast-check, fixed seed)', () => {
     const healthy: string[] = [];
     for (const [i, garbage] of samples.entries()) {
       // The first operation holds the lane; the second is corrupted while it waits.
-      const first = await bed.ops.enqueue({ op: 'destroy', lease: lease(`victim-${i}`, 'hostile-w'), params: { providerLeaseId: 'v' } });
-      const second = await bed.ops.enqueue({ op: 'destroy', lease: lease(`victim-${i}`, 'hostile-w'), params: { providerLeaseId: 'v' } });
+      const first = await bed.ops.enqueue({ op: 'destroy', lease: lease(`victim-${i}`, 'hostile-w'), params: { providerLeaseId: `victim-${i}` } });
+      const second = await bed.ops.enqueue({ op: 'destroy', lease: lease(`victim-${i}`, 'hostile-w'), params: { providerLeaseId: `victim-${i}` } });
       await bed.redis.hset(bed.ops.queue.toKey(second.jobId), 'data', i % 5 === 0 ? '{not json' : JSON.stringify(garbage) ?? 'null');
       victims.push(second.jobId);
-      healthy.push(first.jobId, (await bed.ops.enqueue({ op: 'destroy', lease: lease(`bystander-${i}`, 'hostile-w'), params: { providerLeaseId: 'b' } })).jobId);
+      healthy.push(first.jobId, (await bed.ops.enqueue({ op: 'destroy', lease: lease(`bystander-${i}`, 'hostile-w'), params: { providerLeaseId: `bystander-${i}` } })).jobId);
     }
     victimsHeld.open();
     const ended = await bed.waitForAll([...victims, ...healthy], 30_000);
@@ -148,7 +148,7 @@ describe('hostile input (fast-check, fixed seed)', () => {
       expect(job?.attemptsMade).toBe(1);
     }
     // The worker is still there and working.
-    const after = await bed.ops.enqueue({ op: 'destroy', lease: lease('after', 'hostile-w'), params: { providerLeaseId: 'a' } });
+    const after = await bed.ops.enqueue({ op: 'destroy', lease: lease('after', 'hostile-w'), params: { providerLeaseId: 'after' } });
     expect((await bed.waitForAll([after.jobId])).get(after.jobId)).toBe('completed');
   });
 });

@@ -43,9 +43,9 @@ describe('queue limits', () => {
 
   it('answers 429 with Retry-After when a lease or the queue is full, writes nothing, and accepts again once drained', async () => {
     // One lease: three operations fit (one executing, held), the fourth does not.
-    for (let i = 0; i < 3; i++) expect((await enqueue('a', 'destroy', { providerLeaseId: `a${i}` })).status).toBe(202);
+    for (let i = 0; i < 3; i++) expect((await enqueue('a', 'destroy', { providerLeaseId: 'a' })).status).toBe(202);
     const before = await jobCount();
-    const full = await enqueue('a', 'destroy', { providerLeaseId: 'a3' }, { 'idempotency-key': 'refused-once' });
+    const full = await enqueue('a', 'destroy', { providerLeaseId: 'a' }, { 'idempotency-key': 'refused-once' });
     expect(full.status).toBe(429);
     expect(full.headers.get('retry-after')).toBe('5');
     expect(((await full.json()) as { error: { code: string } }).error.code).toBe('lease_queue_full');
@@ -54,7 +54,7 @@ describe('queue limits', () => {
     expect((await client.getLease(lease('a'))).queuedTotal).toBe(2);
 
     // A force-stop is never refused by the lease limit.
-    expect((await enqueue('a', 'force-stop', { providerLeaseId: 'a0' })).status).toBe(202);
+    expect((await enqueue('a', 'force-stop', { providerLeaseId: 'a' })).status).toBe(202);
 
     // The queue: at most 6 operations waiting (parked, ready or backing off); executing
     // ones do not count. Lease a has 3 waiting now; b and c add their second and third.
@@ -66,18 +66,18 @@ describe('queue limits', () => {
       if ((await bed.ops.queue.getJobState(jobId)) !== 'active') await active;
     };
     for (const id of ['b', 'c']) {
-      const head = (await (await enqueue(id, 'destroy', { providerLeaseId: `${id}0` })).json()) as { jobId: string };
+      const head = (await (await enqueue(id, 'destroy', { providerLeaseId: id })).json()) as { jobId: string };
       await started(head.jobId);
     }
-    expect((await enqueue('b', 'destroy', { providerLeaseId: 'b1' })).status).toBe(202);
-    expect((await enqueue('b', 'destroy', { providerLeaseId: 'b2' })).status).toBe(202);
-    expect((await enqueue('c', 'destroy', { providerLeaseId: 'c1' })).status).toBe(202);
+    expect((await enqueue('b', 'destroy', { providerLeaseId: 'b' })).status).toBe(202);
+    expect((await enqueue('b', 'destroy', { providerLeaseId: 'b' })).status).toBe(202);
+    expect((await enqueue('c', 'destroy', { providerLeaseId: 'c' })).status).toBe(202);
     const counts = await bed.ops.queue.getJobCounts('wait', 'delayed');
     expect((counts.wait ?? 0) + (counts.delayed ?? 0)).toBe(6);
-    const overflow = await client.enqueue('destroy', lease('c'), { providerLeaseId: 'c2' }).catch((e: unknown) => e);
+    const overflow = await client.enqueue('destroy', lease('c'), { providerLeaseId: 'c' }).catch((e: unknown) => e);
     expect(overflow).toBeInstanceOf(QueueFullError);
     expect((overflow as QueueFullError).code).toBe('queue_full');
-    const viaApi = await enqueue('d', 'destroy', { providerLeaseId: 'd0' });
+    const viaApi = await enqueue('d', 'destroy', { providerLeaseId: 'd' });
     expect([viaApi.status, ((await viaApi.json()) as { error: { code: string } }).error.code]).toEqual([429, 'queue_full']);
     expect((await client.getLease(lease('d'))).queuedTotal).toBe(0);
 
@@ -85,7 +85,7 @@ describe('queue limits', () => {
     hold.open();
     const all = (await bed.ops.queue.getJobs(['wait', 'delayed', 'active', 'prioritized'])).map((j) => j.id!);
     await bed.waitForAll(all, 20_000);
-    const again = await enqueue('a', 'destroy', { providerLeaseId: 'a3' }, { 'idempotency-key': 'refused-once' });
+    const again = await enqueue('a', 'destroy', { providerLeaseId: 'a' }, { 'idempotency-key': 'refused-once' });
     expect(again.status).toBe(202);
     const body = (await again.json()) as { deduplicated?: string };
     expect(body.deduplicated).toBeUndefined();

@@ -103,6 +103,20 @@ describe('the Daytona fake answers as Daytona does', () => {
     expect(fake.stateOf(providerLeaseId)).toBe('started');
   });
 
+  it('gives a stopped receipt for a sandbox being archived (nothing runs in it)', async () => {
+    const c = providerContext('arch');
+    const { providerLeaseId } = await settled(() => provider.acquire(c, { runId: 'r' }));
+    fake.control(providerLeaseId, { state: 'archiving', desiredState: 'archived' });
+    expect(await provider.stop(providerContext('arch'), { providerLeaseId })).toEqual({ providerLeaseId, state: 'stopped' });
+  });
+
+  it('a clean-up waits out a create that may still be on its way, then finds nothing', async () => {
+    const c = providerContext('in-flight');
+    await expect(provider.findAcquired!(c, { jobId: 'never-created.job', checkpoint: { createSentAt: String(Date.now()) } })).rejects.toMatchObject({ kind: 'settling', code: 'create_may_be_in_flight' });
+    expect(await provider.findAcquired!(c, { jobId: 'never-created.job', checkpoint: { createSentAt: String(Date.now() - 3_600_000) } })).toBeNull();
+    expect(await provider.findAcquired!(c, { jobId: 'never-created.job', checkpoint: {} })).toBeNull();
+  });
+
   it('waits out a state it has never heard of instead of acting on it', async () => {
     const c = providerContext('new-state');
     const { providerLeaseId } = await settled(() => provider.acquire(c, { runId: 'r' }));
@@ -199,6 +213,19 @@ describe('the CreateOS fake answers as CreateOS does', () => {
     await expect(misrouted.stop(providerContext('gw'), { providerLeaseId: a.providerLeaseId })).rejects.toMatchObject({ kind: 'permanent', code: 'unexpected_not_found' });
     await expect(misrouted.resume(providerContext('gw'), { providerLeaseId: a.providerLeaseId, leaseMetadata: {} })).rejects.toMatchObject({ code: 'unexpected_not_found' });
     expect(fake.statusOf(a.providerLeaseId)).toBe('running');
+  });
+
+  it('a clean-up finds the live sandbox an acquire made after the one it checkpointed failed', async () => {
+    const c = providerContext('recreated');
+    const first = await settled(() => provider.acquire(c, { runId: 'r' }));
+    const saved = { ...(await c.checkpoint.read()) };
+    fake.control(first.providerLeaseId, { status: 'failed' });
+    // The name is free again once its sandbox is terminal: a later create may reuse it.
+    const second = await settled(() => provider.acquire(c, { runId: 'r' }));
+    expect(second.providerLeaseId).not.toBe(first.providerLeaseId);
+    expect(await provider.findAcquired!(c, { jobId: c.jobId, checkpoint: saved })).toBe(second.providerLeaseId);
+    // And with its checkpoint lost (its job removed), by the name alone.
+    expect(await provider.findAcquired!(c, { jobId: c.jobId, checkpoint: null })).toBe(second.providerLeaseId);
   });
 
   it('accepts an API URL that ends in /v1', async () => {

@@ -162,6 +162,14 @@ for (const [name, make] of Object.entries(SUBJECTS)) {
       await expect(s.provider.stop(ctx('e1'), { providerLeaseId })).rejects.toBeInstanceOf(TransientError);
     });
 
+    it('tells a refusal for this account (403: a quota, a permission) from bad credentials', async (t) => {
+      if (!s.inject) return t.skip();
+      const c = ctx('q1');
+      const { providerLeaseId } = await settled(() => s.provider.acquire(c, { runId: 'r' }));
+      s.inject(providerLeaseId, 403);
+      await expect(s.provider.stop(ctx('q1'), { providerLeaseId })).rejects.toMatchObject({ kind: 'permanent', code: 'forbidden' });
+    });
+
     it('raises a permanent error for bad credentials', async (t) => {
       if (!s.withWrongKey) return t.skip();
       await expect(s.withWrongKey().acquire(ctx('k1'), { runId: 'r' })).rejects.toMatchObject({ kind: 'permanent', code: 'unauthorized' });

@@ -44,6 +44,8 @@ export interface SandboxControls {
   state?: string;
   /** With `state`: the desired state to report beside it (by default a stable state is its own goal). */
   desiredState?: string;
+  /** Answer every request for this sandbox this much later (a slow or congested API). */
+  replyDelayMs?: number;
 }
 
 interface FakeSandbox extends Transitioning<string> {
@@ -304,7 +306,7 @@ export class DaytonaFake extends ApiFake {
     const [, idOrName, action, arg] = m;
     const sb = this.visible(decodeURIComponent(idOrName!));
     if (!sb) return none(this.error(req, 404, `Sandbox with ID or name ${decodeURIComponent(idOrName!)} not found`));
-    const reply = (r: FakeReply) => ({ reply: r, sandboxId: sb.id });
+    const reply = (r: FakeReply) => ({ reply: sb.controls.replyDelayMs ? { ...r, delayMs: sb.controls.replyDelayMs } : r, sandboxId: sb.id });
 
     const failure = sb.controls.failNext?.shift();
     if (failure) {

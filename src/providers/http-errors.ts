@@ -13,15 +13,17 @@ export function retryAfterMs(value: string | null | undefined, now = Date.now())
 
 /**
  * The error taxonomy for an HTTP answer that no operation handled itself: 409 is a state
- * change in progress (settling); 429 and 5xx are transient (Retry-After honoured); 401 and
- * 403 mean missing or wrong credentials; any other 4xx is a bad request. Both are permanent.
+ * change in progress (settling); 429 and 5xx are transient (Retry-After honoured); 401 means
+ * missing or wrong credentials, 403 a refusal for this account (a quota, a permission); any
+ * other 4xx is a bad request. All of those are permanent.
  */
 export function errorForStatus(provider: string, status: number, message: string, retryAfter?: string | null): ProviderError {
   const text = `${provider}: ${message} (HTTP ${status})`;
   if (status === 409) return new SettlingError('state_change_in_progress', text);
   if (status === 429) return new TransientError('rate_limited', text, { retryAfterMs: retryAfterMs(retryAfter) });
   if (status >= 500) return new TransientError('provider_unavailable', text, { retryAfterMs: retryAfterMs(retryAfter) });
-  if (status === 401 || status === 403) return new PermanentError('unauthorized', text);
+  if (status === 401) return new PermanentError('unauthorized', text);
+  if (status === 403) return new PermanentError('forbidden', text);
   if (status === 404) return new PermanentError('not_found', text);
   return new PermanentError('bad_request', text);
 }

@@ -119,11 +119,11 @@ export interface LeaseProvider {
   /**
    * An acquire failed for good (a permanent error, its deadline, too many crashes): the id
    * of the live sandbox its attempts created, found the way a retry of that acquire would
-   * find it (a name derived from its job id, or what it checkpointed), or null if they made
-   * none. lease-ops calls it from an `abandon-acquire` operation queued in the acquire's own
+   * find it (a name derived from its job id, or what it checkpointed: null when the job,
+   * and with it its checkpoint, is gone), or null if they made none. lease-ops calls it from an `abandon-acquire` operation queued in the acquire's own
    * lane, which then destroys what it found, retrying within its own deadline.
    */
-  findAcquired?(ctx: OperationContext, acquire: { jobId: string; checkpoint: Record<string, unknown> }): Promise<string | null>;
+  findAcquired?(ctx: OperationContext, acquire: { jobId: string; checkpoint: Record<string, unknown> | null }): Promise<string | null>;
   close?(): Promise<void>;
 }
 

@@ -19,6 +19,8 @@ export class Attempt {
     readonly jobId: string,
     readonly laneId: string,
     readonly token: string,
+    /** The BullMQ lock token this attempt's worker holds the job with. */
+    readonly lockToken: string,
   ) {}
 
   /** Aborted when the attempt turns stale; made only when someone asks for it. */
@@ -114,8 +116,8 @@ export class Fencing {
     if (!attempt.stale) {
       // Taken before sending: the answer holds from some moment after this one.
       const sentAt = performance.now();
-      const [current, lockMsLeft] = (await this.fenceCheck(this.execKey(attempt.laneId), this.lockKey(attempt.jobId), attempt.token)) as [number, number];
-      if (current !== 1) attempt.markStale('a newer attempt holds the lease');
+      const [current, lockMsLeft] = (await this.fenceCheck(this.execKey(attempt.laneId), this.lockKey(attempt.jobId), attempt.token, attempt.lockToken)) as [number, number];
+      if (current !== 1) attempt.markStale('a newer attempt holds the lease, or its lock is not its own');
       else attempt.confirmed(sentAt, lockMsLeft);
     }
     if (attempt.stale) throw attempt.staleError();
@@ -126,12 +128,13 @@ export class Fencing {
     if (!attempts.length) return;
     try {
       const pipeline = this.redis.pipeline();
-      for (const a of attempts) pipeline.hget(this.execKey(a.laneId), 'token');
+      for (const a of attempts) pipeline.hget(this.execKey(a.laneId), 'token').get(this.lockKey(a.jobId));
       const results = (await pipeline.exec()) ?? [];
       attempts.forEach((a, i) => {
-        const [err, token] = results[i] ?? [null, null];
-        if (!err && token !== a.token) {
-          a.markStale('a newer attempt holds the lease');
+        const [tokenErr, token] = results[2 * i] ?? [null, null];
+        const [lockErr, lock] = results[2 * i + 1] ?? [null, null];
+        if (!tokenErr && !lockErr && (token !== a.token || lock !== a.lockToken)) {
+          a.markStale(token !== a.token ? 'a newer attempt holds the lease' : 'its BullMQ lock is gone or another worker\'s');
           this.log.warn({ jobId: a.jobId }, 'attempt superseded; aborted');
         }
       });

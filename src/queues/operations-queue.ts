@@ -1,8 +1,9 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { Job, Queue, type JobsOptions } from 'bullmq';
+import { z } from 'zod';
 import type { RedisClient } from './redis.ts';
 import type { Config } from '../config.ts';
-import { laneIdOf, laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
+import { laneIdOf, laneIdOfJobId, LeaseIdentitySchema, type LeaseIdentity } from '../lease.ts';
 import {
   DEFAULT_DEADLINE_MS,
   OperationJobDataSchema,
@@ -12,7 +13,8 @@ import {
   OperationNameSchema,
 } from '../operations.ts';
 import { QueueFullError } from '../errors.ts';
-import { Lanes } from './lane.ts';
+import { assertTestedBullmq } from './bullmq-version.ts';
+import { Lanes, type LaneOutcome } from './lane.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 
 /**
@@ -79,14 +81,19 @@ export class OperationsQueue {
   readonly lanes: Lanes;
   private readonly jobOptions: JobsOptions;
   private readonly deleteIfEqual: LuaCommand;
+  /** Acquires that have not ended: job id -> lease (JSON). */
+  private readonly acquiresKey: string;
+  private acquiresCursor = '0';
 
   constructor(
     readonly connection: RedisClient,
     readonly settings: QueueSettings,
   ) {
+    assertTestedBullmqOnce();
     this.queue = new Queue(settings.LEASE_OPS_QUEUE, { connection, prefix: settings.LEASE_OPS_PREFIX });
     this.lanes = this.lanesOn(connection);
     this.deleteIfEqual = luaCommand(connection, 'delete-if-equal', 1);
+    this.acquiresKey = `${settings.LEASE_OPS_PREFIX}:acquires`;
     this.jobOptions = {
       delay: PARK_MS,
       attempts: UNBOUNDED_ATTEMPTS,
@@ -131,6 +138,9 @@ export class OperationsQueue {
       if (racing) return { jobId: racing, laneId, deduplicated: 'idempotency-key' };
     }
     await this.queue.add(data.op, data, { ...this.jobOptions, jobId });
+    // Until it ends, an acquire is known here with its lease: if its job vanishes (an operator
+    // removed it), the sweep still knows what to clean up after it (reconcileAcquires).
+    if (data.op === 'acquire') await this.connection.hset(this.acquiresKey, jobId, JSON.stringify(data.lease));
     // The sanctioned exception: a force-stop goes ahead of queued and backing-off
     // operations of its lease, never alongside an executing one.
     const pushed = await this.lanes.push(laneId, jobId, data.op === 'force-stop' ? 'front' : 'tail', coalesceAs, {
@@ -140,12 +150,14 @@ export class OperationsQueue {
     if (pushed.kind === 'absorbed') {
       // An identical request got in first: ours never joined the lane, so drop its job.
       await this.queue.remove(jobId);
+      if (data.op === 'acquire') await this.connection.hdel(this.acquiresKey, jobId);
       if (idemKey) await this.connection.set(idemKey, pushed.by, 'EX', IDEMPOTENCY_TTL_S);
       return { jobId: pushed.by, laneId, deduplicated: 'coalesced' };
     }
     if (pushed.kind === 'full') {
       // Refused: nothing of this request may stay behind, neither its job nor its key.
       await this.queue.remove(jobId);
+      if (data.op === 'acquire') await this.connection.hdel(this.acquiresKey, jobId);
       if (idemKey) await this.deleteIfEqual(idemKey, jobId);
       throw new QueueFullError(pushed.limit, pushed.count, FULL_RETRY_AFTER_MS);
     }
@@ -156,14 +168,15 @@ export class OperationsQueue {
    * Queues the clean-up of an acquire that failed for good (see processors/abandon-acquire.ts)
    * in the acquire's own lane, ahead of what waits there. Never refused by queue limits, and
    * queued once per acquire however often its failure is handled (a crash may repeat it).
+   * `checkpoint` is what the acquire's attempts saved, or null when its job is gone.
    */
-  async enqueueAbandon(acquire: OperationJobData & { op: 'acquire' }, acquireJobId: string, checkpoint: Record<string, unknown>): Promise<Enqueued> {
-    const laneId = laneIdOf(acquire.lease);
+  async enqueueAbandon(lease: LeaseIdentity, acquireJobId: string, checkpoint: Record<string, unknown> | null): Promise<Enqueued> {
+    const laneId = laneIdOf(lease);
     const now = Date.now();
-    const strings = Object.fromEntries(Object.entries(checkpoint).filter((e): e is [string, string] => typeof e[1] === 'string'));
+    const strings = checkpoint && Object.fromEntries(Object.entries(checkpoint).filter((e): e is [string, string] => typeof e[1] === 'string'));
     const data = OperationJobDataSchema.parse({
       op: 'abandon-acquire',
-      lease: acquire.lease,
+      lease,
       params: { acquireJobId, checkpoint: strings },
       acceptedAt: now,
       deadlineAt: now + (this.settings.LEASE_OPS_DEADLINES_MS['abandon-acquire'] ?? DEFAULT_DEADLINE_MS['abandon-acquire']),
@@ -171,7 +184,48 @@ export class OperationsQueue {
     const jobId = `${laneId}.${createHash('sha256').update(`abandon:${acquireJobId}`).digest('base64url').slice(0, 16)}`;
     await this.queue.add(data.op, data, { ...this.jobOptions, jobId });
     const pushed = await this.lanes.push(laneId, jobId, 'front', '', { perLane: 0, queued: 0 }, true);
+    await this.connection.hdel(this.acquiresKey, acquireJobId);
     return { jobId, laneId, ...(pushed.kind === 'present' ? { deduplicated: 'idempotency-key' as const } : {}) };
+  }
+
+  /** An acquire completed: it is no longer one to clean up after. */
+  async acquireEnded(jobId: string): Promise<void> {
+    await this.connection.hdel(this.acquiresKey, jobId);
+  }
+
+  /**
+   * Acquires whose job vanished before they ended (removed by an operator) get their
+   * clean-up queued, as if they had failed; ended ones are forgotten. Looks at up to `count`
+   * acquires per call, continuing where the last call stopped. Returns how many it queued.
+   */
+  async reconcileAcquires(count = 200): Promise<number> {
+    const [next, flat] = await this.connection.hscan(this.acquiresKey, this.acquiresCursor, 'COUNT', count);
+    this.acquiresCursor = next;
+    let queued = 0;
+    for (let i = 0; i + 1 < flat.length; i += 2) {
+      const jobId = flat[i]!;
+      const state = await this.queue.getJobState(jobId);
+      if (state === 'completed' || state === 'failed') await this.connection.hdel(this.acquiresKey, jobId);
+      else if (state === 'unknown') {
+        const lease = LeaseIdentitySchema.safeParse(JSON.parse(flat[i + 1]!));
+        if (lease.success) {
+          await this.enqueueAbandon(lease.data, jobId, null);
+          queued++;
+        } else await this.connection.hdel(this.acquiresKey, jobId);
+      }
+    }
+    return queued;
+  }
+
+  /** The outcome the lane recorded for a job (null while it runs, or once the job is gone). */
+  async outcomeOf(jobId: string): Promise<LaneOutcome | null> {
+    const text = await this.connection.hget(this.queue.toKey(jobId), 'lo:outcome');
+    if (!text) return null;
+    try {
+      return JSON.parse(text) as LaneOutcome;
+    } catch {
+      return null;
+    }
   }
 
   /** Puts a stored job into its lane if an interrupted enqueue never did (see lane-push.lua). */
@@ -196,6 +250,14 @@ export class OperationsQueue {
   }
 }
 
+let bullmqChecked = false;
+/** Producers, workers and the API all write BullMQ's keys through the lanes: each refuses an untested BullMQ. */
+function assertTestedBullmqOnce(): void {
+  if (bullmqChecked) return;
+  assertTestedBullmq();
+  bullmqChecked = true;
+}
+
 /** Turns a request into validated job data; throws a ZodError naming every bad field. */
 export function buildJobData(
   request: EnqueueRequest,
@@ -204,6 +266,17 @@ export function buildJobData(
 ): OperationJobData {
   const op = OperationNameSchema.parse(request.op);
   const params = OperationParamsSchemas[op].parse(request.params);
+  // A lane serialises one sandbox: the lease it names must be the sandbox the operation touches.
+  if (op !== 'acquire' && (params as { providerLeaseId: string }).providerLeaseId !== (request.lease as { leaseId?: unknown } | null)?.leaseId) {
+    throw new z.ZodError([
+      {
+        code: 'custom',
+        path: ['params', 'providerLeaseId'],
+        message: 'must be the lease\'s own sandbox: lease.leaseId names the sandbox of every operation but acquire',
+        input: (params as { providerLeaseId: string }).providerLeaseId,
+      },
+    ]);
+  }
   const deadlineMs = request.deadlineMs ?? deadlines[op] ?? DEFAULT_DEADLINE_MS[op];
   return OperationJobDataSchema.parse({ op, lease: request.lease, params, acceptedAt: now, deadlineAt: now + deadlineMs });
 }

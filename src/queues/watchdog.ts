@@ -81,7 +81,8 @@ export async function runWatchdog(
       continue;
     }
     if (!(await records.claimForceStop(laneId, settings.claimMs))) continue;
-    const { jobId } = await ops.enqueue({ op: 'force-stop', lease: record.lease, params: { providerLeaseId: record.providerLeaseId } });
+    // Through the sandbox's own lane (a record may have been made by an acquire's lane).
+    const { jobId } = await ops.enqueue({ op: 'force-stop', lease: { ...record.lease, leaseId: record.providerLeaseId }, params: { providerLeaseId: record.providerLeaseId } });
     report.queued++;
     telemetry.forceStop('queued', { 'lease.provider': provider.name });
     telemetry.stuckStopping((Date.now() - since) / 1000, { 'lease.provider': provider.name });

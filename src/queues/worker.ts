@@ -25,7 +25,7 @@ import {
 import { sweepLanes } from './sweep.ts';
 import * as telemetry from '../telemetry.ts';
 import { attemptEnded } from '../metrics.ts';
-import { isProviderError } from '../providers/errors.ts';
+import { isProviderError, TransientError } from '../providers/errors.ts';
 import { runWatchdog } from './watchdog.ts';
 import { DEFAULT_DEADLINE_MS, OperationJobDataSchema, type OperationJobData } from '../operations.ts';
 
@@ -156,7 +156,9 @@ export class LeaseWorker {
         if (job.name !== SWEEP_SCHEDULER_ID) throw new UnrecoverableError(`unknown maintenance job ${job.name}`);
         const report = await sweepLanes(this.ops, settings.LEASE_OPS_SWEEP_STALE_MS, this.log);
         if (report.dropped || report.handedOff) this.log.info(report, 'lane sweep repaired lanes');
-        return report;
+        const abandoned = await this.ops.reconcileAcquires();
+        if (abandoned) this.log.warn({ abandoned }, 'acquires whose jobs vanished before they ended: their clean-up is queued');
+        return { ...report, abandoned };
       },
       { connection: connect(), prefix, concurrency: 1, autorun: false },
     );
@@ -243,16 +245,31 @@ export class LeaseWorker {
     const logger = () => (child ??= this.log.child(bindings));
     const provider = this.providers.get(data.lease.provider);
     if (!provider) {
-      return this.fail(laneId, jobId, fence, data.op, startedAt, 'unknown_provider', `no provider named "${data.lease.provider}" is configured`);
+      // Another replica may serve it (a rolling change of LEASE_OPS_PROVIDERS): retried
+      // like a transient error, so it fails only at its deadline.
+      const unknown = new TransientError('unknown_provider', `no provider named "${data.lease.provider}" is configured on this worker`);
+      const decision = decideRetry(unknown, job.attemptsMade, data.deadlineAt, Date.now(), this.backoff);
+      if (decision.retry) {
+        await this.ops.lanes.yield(laneId, jobId, fence);
+        throw new RetryLaterError(decision.delayMs, unknown);
+      }
+      if (data.op === 'acquire') await this.abandon(data, jobId, logger);
+      return this.fail(laneId, jobId, fence, data.op, startedAt, 'unknown_provider', unknown.message);
     }
-    if (job.stalledCounter > this.settings.LEASE_OPS_MAX_STALLED) {
+    if (data.op === 'abandon-acquire' && (await this.ops.outcomeOf(data.params.acquireJobId))?.status === 'completed') {
+      // The acquire completed after all (a crash came between queueing this and recording
+      // its failure, and a re-run succeeded): its sandbox is a lease now, not debris.
+      return this.complete(laneId, jobId, fence, data.op, startedAt, { providerLeaseId: null, state: 'none' });
+    }
+    // A clean-up's own deadline bounds it; a stall limit would leave the sandbox behind.
+    if (job.stalledCounter > this.settings.LEASE_OPS_MAX_STALLED && data.op !== 'abandon-acquire') {
       // Its attempts keep dying with their workers (a poison operation, or a crash loop).
       if (data.op === 'acquire') await this.abandon(data, jobId, logger);
       return this.fail(laneId, jobId, fence, data.op, startedAt, 'stalled_too_often', `its attempts stalled ${job.stalledCounter} times (LEASE_OPS_MAX_STALLED=${this.settings.LEASE_OPS_MAX_STALLED}): each one's worker died or froze past its lock`);
     }
     let result: unknown;
     let observed: [string, SandboxState] | null = null;
-    const held = new Attempt(jobId, laneId, fence);
+    const held = new Attempt(jobId, laneId, fence, token ?? '');
     const untrack = this.fencing.track(held);
     const fencing = this.fencing;
     const ctx: OperationContext = {
@@ -346,6 +363,7 @@ export class LeaseWorker {
       },
       (err: unknown) => logger().error({ err }, 'lane release failed; the lane sweep will repair the lane'),
     );
+    if (data.op === 'acquire') void this.ops.acquireEnded(jobId).catch((err: unknown) => logger().warn({ err }, 'could not forget a completed acquire; the sweep will'));
     return result;
   }
 
@@ -359,7 +377,7 @@ export class LeaseWorker {
   private async abandon(data: OperationJobData & { op: 'acquire' }, jobId: string, logger: () => Logger): Promise<void> {
     try {
       const checkpoint = await this.checkpointOf(jobId).read();
-      const { jobId: cleanUp } = await this.ops.enqueueAbandon(data, jobId, checkpoint);
+      const { jobId: cleanUp } = await this.ops.enqueueAbandon(data.lease, jobId, checkpoint);
       logger().warn({ cleanUpJobId: cleanUp }, 'acquire failed for good; the clean-up of what it made is queued');
     } catch (err) {
       logger().error({ err }, 'could not queue the clean-up of a failed acquire; the acquire will be retried');
@@ -403,6 +421,13 @@ export class LeaseWorker {
       this.writesHeld = false;
       stream.uncork();
     });
+  }
+
+  /** Records a completion decided without a provider call in the lane (which hands off the next job). */
+  private async complete(laneId: string, jobId: string, fence: string, op: string, startedAt: number, result: unknown): Promise<unknown> {
+    attemptEnded(op, 'completed', (performance.now() - startedAt) / 1000);
+    await this.releaseLanes.release(laneId, jobId, fence, { status: 'completed', result }, true);
+    return result;
   }
 
   /** Records a final failure in the lane (which hands off the next job) and fails this one for good. */

@@ -133,6 +133,8 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
       for (let tries = 1; ; tries++) {
         await limiter.take('requests', { signal: ctx.signal, deadlineAt: ctx.deadlineAt });
         await ctx.fence();
+        // No request starts after the operation's deadline (the SDK's timeout keeps it from outliving it).
+        if (Date.now() >= ctx.deadlineAt) throw new TransientError('deadline_passed', `${name}: the operation's deadline passed before this request could be sent`);
         try {
           const res = await send(input, init);
           if (res.status === 429) await limiter.holdOff('requests', retryAfterMs(res.headers.get('retry-after')) ?? 1_000);
@@ -158,7 +160,7 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
     }
     return client;
   };
-  const options = (ctx: OperationContext) => ({ signal: ctx.signal });
+  const options = (ctx: OperationContext) => ({ signal: ctx.signal, timeoutMs: Math.max(1, Math.min(settings.timeoutMs, ctx.deadlineAt - Date.now())) });
 
   /** The SDK's typed errors in lease-ops' taxonomy. The SDK's error (it holds the reply) is not kept as a cause. */
   const toProviderError = (err: unknown): Error => {
@@ -166,6 +168,8 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
     const cause = (err as { cause?: unknown } | null)?.cause;
     if (err instanceof CreateosSandboxConnectionError && (cause as { code?: unknown } | null)?.code === 'stale_attempt') return cause as Error;
     if ((err as { code?: unknown } | null)?.code === 'stale_attempt') return err as Error;
+    // Refused in lease-ops' own fetch (the deadline, the pacing): that error, not a network one.
+    if (err instanceof CreateosSandboxConnectionError && cause instanceof ProviderError) return cause;
     const message = `${name}: ${(err as Error).message}`;
     if (err instanceof CreateosSandboxRateLimitError || err instanceof CreateosSandboxServerError) {
       const retryAfter = err.response.headers.get('retry-after');
@@ -303,7 +307,9 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
    * successor looks again. Returns the new sandbox's id.
    */
   const create = async (ctx: OperationContext, sandboxName: string): Promise<string> => {
-    await ctx.checkpoint.write({ createosName: sandboxName });
+    // When a create was sent, and under which name: its clean-up, if it comes to that, looks
+    // for this name, and waits out a create that may still be on its way (see findAcquired).
+    await ctx.checkpoint.write({ createosName: sandboxName, createSentAt: String(Date.now()) });
     try {
       const created = await sdk(() =>
         clientFor(ctx).createSandbox(
@@ -361,10 +367,21 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
 
     async findAcquired(ctx, acquire) {
       const sandboxName = createosSandboxName(ctx.lease, acquire.jobId);
-      const saved = acquire.checkpoint;
-      const sb =
-        typeof saved.createosSandboxId === 'string' ? await read(ctx, saved.createosSandboxId) : saved.createosName === sandboxName ? await findByName(ctx, sandboxName) : null;
-      return sb && belongs(ctx, sb) && !TERMINAL.has(sb.status ?? '') ? sb.id : null;
+      const saved = acquire.checkpoint ?? {};
+      // The id it saved, if that one is still live; else the last create's name, which a
+      // later create may have reused after the saved one failed (or, the checkpoint lost
+      // with its job, the name it would have used).
+      const byId = typeof saved.createosSandboxId === 'string' ? await read(ctx, saved.createosSandboxId) : null;
+      const live = (sb: View | null) => (sb && belongs(ctx, sb) && !TERMINAL.has(sb.status ?? '') ? sb : null);
+      const searchByName = acquire.checkpoint === null || saved.createosName === sandboxName;
+      const found = live(byId) ?? (searchByName ? live(await findByName(ctx, sandboxName)) : null);
+      if (found) return found.id;
+      // A create sent less than a timeout ago may not have reached CreateOS yet: look again later.
+      const sentAt = Number(saved.createSentAt);
+      if (Number.isFinite(sentAt) && Date.now() - sentAt < settings.timeoutMs * 1.5) {
+        throw new SettlingError('create_may_be_in_flight', `${name}: a create of ${sandboxName} sent ${Date.now() - sentAt} ms ago may still arrive; looking again later`);
+      }
+      return null;
     },
 
     async resume(ctx, params): Promise<Lease | ExpiredLease> {

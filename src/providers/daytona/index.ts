@@ -173,10 +173,13 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
    * stalled between check and send) is sent again only after a fresh check says so.
    */
   const send = async <T>(ctx: OperationContext, throttler: Throttler, request: Request<T>): Promise<AxiosResponse<T>> => {
-    const timeoutMs = throttler === 'sandbox-create' ? settings.createTimeoutMs : settings.timeoutMs;
     for (let tries = 1; ; tries++) {
       await limiter.take(throttler, { signal: ctx.signal, deadlineAt: ctx.deadlineAt });
       await ctx.fence();
+      // No request starts after the operation's deadline, and none outlives it.
+      const left = ctx.deadlineAt - Date.now();
+      if (left <= 0) throw new TransientError('deadline_passed', `${name}: the operation's deadline passed before this request could be sent`);
+      const timeoutMs = Math.min(throttler === 'sandbox-create' ? settings.createTimeoutMs : settings.timeoutMs, left);
       try {
         return await request(requestOptions(ctx, timeoutMs));
       } catch (err) {
@@ -254,7 +257,8 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
     metadata: { provider: 'daytona', name: sb.name ?? sb.id, ...extra },
     expiresAt: null,
   });
-  const isStopped = (sb: SandboxReply) => daytonaState(sb).kind === 'stopped' && sb.state !== 'paused';
+  // Archiving moves a stopped sandbox's files away: nothing runs in it, as in stopped and archived.
+  const isStopped = (sb: SandboxReply) => (daytonaState(sb).kind === 'stopped' && sb.state !== 'paused') || sb.state === 'archiving';
 
   /** Stops (or kills) a sandbox and gives a receipt only once a fresh read shows it stopped. */
   const stopConfirmed = async (ctx: OperationContext, id: string, force: boolean): Promise<TerminationReceipt> => {
@@ -307,6 +311,8 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
    * in the create's reply is trusted: the fresh read is what counts.
    */
   const create = async (ctx: OperationContext, sandboxName: string, params: OperationParams['acquire']): Promise<SandboxReply | null> => {
+    // When a create was sent: its clean-up, if it comes to that, waits out one that may still be on its way.
+    await ctx.checkpoint.write({ createSentAt: String(Date.now()) });
     try {
       await call(ctx, 'sandbox-create', (o) =>
         api.createSandbox(
@@ -362,7 +368,13 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
 
     async findAcquired(ctx, acquire) {
       const sb = await read(ctx, daytonaSandboxName(acquire.jobId), true);
-      return sb && belongs(ctx, sb) && daytonaState(sb).kind !== 'gone' && sb.desiredState !== 'destroyed' ? sb.id : null;
+      if (sb && belongs(ctx, sb) && daytonaState(sb).kind !== 'gone' && sb.desiredState !== 'destroyed') return sb.id;
+      // A create sent less than a timeout ago may not have reached Daytona yet: look again later.
+      const sentAt = Number(acquire.checkpoint?.createSentAt);
+      if (Number.isFinite(sentAt) && Date.now() - sentAt < settings.createTimeoutMs * 1.5) {
+        throw new SettlingError('create_may_be_in_flight', `${name}: a create sent ${Date.now() - sentAt} ms ago may still arrive; looking again later`);
+      }
+      return null;
     },
 
     async resume(ctx, params): Promise<Lease | ExpiredLease> {

@@ -1,0 +1,208 @@
+import { randomBytes } from 'node:crypto';
+import { DelayedError, Job, Queue, QueueEvents, UnrecoverableError, Worker, type Processor, type WorkerOptions } from 'bullmq';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { BULLMQ_TESTED_RANGE, checkBullmqVersion } from '../src/queues/bullmq-version.ts';
+import { createRedis, type RedisClient } from '../src/queues/redis.ts';
+import { gate, REDIS_URL, scanKeys, waitForJobs } from './helpers/env.ts';
+
+// What lease-ops relies on inside BullMQ, pinned: the lane scripts write BullMQ's keys and
+// fields (delayed set, wait list, marker, events, a job's delay and progress), and the worker
+// reads its counters (attempts made and started, stalls). An upgrade that changes any of
+// these fails here, by name, before it can quietly break a lane.
+describe('BullMQ, as lease-ops relies on it', () => {
+  const prefix = `{bullmq-contract-${randomBytes(4).toString('hex')}}`;
+  let redis: RedisClient;
+  const closers: (() => Promise<void> | void)[] = [];
+
+  beforeAll(() => {
+    redis = createRedis(REDIS_URL);
+  });
+  afterAll(async () => {
+    for (const close of closers.reverse()) await close();
+    for (const k of await scanKeys(redis, `${prefix}*`)) await redis.unlink(k);
+    redis.disconnect();
+  });
+
+  /** A queue of its own for one test, so no test's worker takes another's jobs. */
+  async function fresh(name: string) {
+    const queue = new Queue(name, { connection: redis, prefix });
+    const eventsConnection = createRedis(REDIS_URL);
+    const events = new QueueEvents(name, { connection: eventsConnection, prefix });
+    await events.waitUntilReady();
+    closers.push(() => queue.close(), async () => {
+      await events.close();
+      eventsConnection.disconnect();
+    });
+    const key = (suffix: string) => `${prefix}:${name}:${suffix}`;
+    const startWorker = async (processor: Processor, opts: Partial<WorkerOptions> = {}) => {
+      const connection = createRedis(REDIS_URL);
+      const w = new Worker(name, processor, { connection, prefix, ...opts });
+      closers.push(async () => {
+        await w.close();
+        connection.disconnect();
+      });
+      await w.waitUntilReady();
+      return w;
+    };
+    return { queue, events, key, startWorker };
+  }
+
+  it('is the version lease-ops was tested with (a startup check refuses others)', async () => {
+    const { readFileSync } = await import('node:fs');
+    const installed = (JSON.parse(readFileSync(new URL('../node_modules/bullmq/package.json', import.meta.url), 'utf8')) as { version: string }).version;
+    expect(checkBullmqVersion(installed)).toBeNull();
+    expect(checkBullmqVersion('6.8.0')).toMatch(new RegExp(`BullMQ 6\\.8\\.0 .*${BULLMQ_TESTED_RANGE.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}`));
+    expect(checkBullmqVersion('5.9.9')).not.toBeNull();
+  });
+
+  it('keeps a delayed job in the delayed set, scored by due time x 4096 (+ a tie counter), with its delay in the hash', async () => {
+    const { queue, key } = await fresh('delayed');
+    const before = Date.now();
+    const job = await queue.add('d', { a: 1 }, { jobId: 'delayed-1', delay: 60_000 });
+    const score = Number(await redis.zscore(key('delayed'), job.id!));
+    expect(Math.floor(score / 4096)).toBeGreaterThanOrEqual(before + 60_000);
+    expect(Math.floor(score / 4096)).toBeLessThanOrEqual(Date.now() + 60_000);
+    expect(await redis.hget(key(job.id!), 'delay')).toBe('60000');
+    expect(await queue.getJobState(job.id!)).toBe('delayed');
+  });
+
+  it('adds nothing when a job id already exists: the first job stays as it was', async () => {
+    const { queue } = await fresh('same-id');
+    await queue.add('first', { n: 1 }, { jobId: 'same-id', delay: 60_000 });
+    await queue.add('second', { n: 2 }, { jobId: 'same-id' });
+    const job = await Job.fromId(queue, 'same-id');
+    expect({ name: job!.name, data: job!.data, state: await queue.getJobState('same-id') }).toEqual({ name: 'first', data: { n: 1 }, state: 'delayed' });
+  });
+
+  it('runs a delayed job at once when it is moved to the wait list as promote does it (wait, marker, event, delay 0)', async () => {
+    const { queue, key, startWorker } = await fresh('hand-off');
+    const ran = gate<string>();
+    await startWorker(async (job) => ran.open(job.id!), { drainDelay: 5 });
+    const job = await queue.add('p', {}, { jobId: 'hand-off-1', delay: 3_600_000 });
+    // The steps of lease-ops' hand-off (src/queues/lua/includes/lane.lua, handOff), here by hand.
+    await redis
+      .multi()
+      .zrem(key('delayed'), job.id!)
+      .lpush(key('wait'), job.id!)
+      .zadd(key('marker'), 0, '0')
+      .xadd(key('events'), '*', 'event', 'waiting', 'jobId', job.id!, 'prev', 'delayed')
+      .hset(key(job.id!), 'delay', 0, 'progress', '{"lane":"handed-off","fence":"7"}')
+      .exec();
+    const started = Date.now();
+    expect(await ran.promise).toBe('hand-off-1');
+    expect(Date.now() - started).toBeLessThan(2_000);
+  });
+
+  it('promote itself writes what the hand-off writes, so the two stay the same', async () => {
+    const { queue, key } = await fresh('promote');
+    const job = await queue.add('q', {}, { jobId: 'promote-1', delay: 3_600_000 });
+    await redis.del(key('marker'));
+    const streamBefore = (await redis.xrevrange(key('events'), '+', '-', 'COUNT', 1))[0]?.[0] ?? '0';
+    await job.promote();
+    expect(await redis.zscore(key('delayed'), job.id!)).toBeNull();
+    expect((await redis.lrange(key('wait'), 0, -1)).includes(job.id!) || (await queue.getJobState(job.id!)) !== 'delayed').toBe(true);
+    expect(await redis.hget(key(job.id!), 'delay')).toBe('0');
+    const after = await redis.xrange(key('events'), `(${streamBefore}`, '+');
+    const waiting = after.map(([, f]) => f).find((f) => f.includes('promote-1') && f.includes('waiting'));
+    expect(waiting).toEqual(['event', 'waiting', 'jobId', 'promote-1', 'prev', 'delayed']);
+  });
+
+  it('hands the processor its progress field parsed from JSON, and its lock token in <job>:lock', async () => {
+    const { queue, key, startWorker } = await fresh('progress');
+    const seen = gate<{ progress: unknown; lock: string | null; token: string | undefined; ats: number; atm: number }>();
+    await queue.add('progress', {}, { jobId: 'progress-1', delay: 3_600_000 });
+    await redis.hset(key('progress-1'), 'progress', '{"lane":"handed-off","fence":"42"}');
+    await startWorker(async (job, token) => {
+      if (job.id !== 'progress-1') return;
+      seen.open({ progress: job.progress, lock: await redis.get(key('progress-1:lock')), token, ats: job.attemptsStarted, atm: job.attemptsMade });
+    });
+    await (await Job.fromId(queue, 'progress-1'))!.promote();
+    const s = await seen.promise;
+    expect(s.progress).toEqual({ lane: 'handed-off', fence: '42' });
+    expect(s.lock).toBe(s.token);
+    expect({ ats: s.ats, atm: s.atm }).toEqual({ ats: 1, atm: 0 });
+  });
+
+  it('counts attempts: a retry and the final end each add one to attemptsMade; retrying a finished job keeps it; finishedOn goes', async () => {
+    const { queue, events, key, startWorker } = await fresh('counted');
+    let runs = 0;
+    await startWorker(
+      async (job) => {
+        if (job.name !== 'counted') return;
+        runs++;
+        if (runs === 1) throw new Error('once more');
+        return 'done';
+      },
+      { settings: { backoffStrategy: () => 10 } },
+    );
+    const job = await queue.add('counted', {}, { jobId: 'counted-1', attempts: 5, backoff: { type: 'custom' } });
+    await waitForJobs(events, queue, [job.id!], 10_000);
+    expect(await redis.hmget(key(job.id!), 'atm', 'ats')).toEqual(['2', '2']);
+    expect(await redis.hexists(key(job.id!), 'finishedOn')).toBe(1);
+    const done = (await Job.fromId(queue, job.id!))!;
+    const ranAgain = new Promise<void>((resolve) => events.once('completed', () => resolve()));
+    await done.retry('completed');
+    expect(await redis.hexists(key(job.id!), 'finishedOn')).toBe(0);
+    await ranAgain;
+    expect(await redis.hget(key(job.id!), 'atm')).toBe('3');
+  });
+
+  it('keeps fields it does not know (lease-ops\' lo:*) through a job\'s whole life', async () => {
+    const { queue, events, key, startWorker } = await fresh('keeps');
+    await startWorker(async (job) => (job.name === 'keeps' ? 'ok' : undefined));
+    const job = await queue.add('keeps', {}, { jobId: 'keeps-1', delay: 3_600_000 });
+    await redis.hset(key(job.id!), 'lo:outcome', '{"status":"completed"}', 'lo:parked', '1');
+    await job.promote();
+    await waitForJobs(events, queue, [job.id!], 10_000);
+    expect(await redis.hmget(key(job.id!), 'lo:outcome', 'lo:parked')).toEqual(['{"status":"completed"}', '1']);
+  });
+
+  it('leaves a job delayed (not failed) when its processor moved it there and threw DelayedError; fails an UnrecoverableError at once', async () => {
+    const { queue, events, key, startWorker } = await fresh('park');
+    await startWorker(async (job, token) => {
+      if (job.name === 'park') {
+        await job.moveToDelayed(Date.now() + 3_600_000, token);
+        throw new DelayedError();
+      }
+      if (job.name === 'unrecoverable') throw new UnrecoverableError('no: for good');
+    });
+    const parked = await queue.add('park', {}, { jobId: 'park-1' });
+    const unrecoverable = await queue.add('unrecoverable', {}, { jobId: 'unrec-1', attempts: 10 });
+    await waitForJobs(events, queue, [unrecoverable.id!], 10_000);
+    expect(await queue.getJobState(unrecoverable.id!)).toBe('failed');
+    expect((await Job.fromId(queue, unrecoverable.id!))!.attemptsMade).toBe(1);
+    const parkedAt = await new Promise<string>((resolve) => {
+      const check = async () => {
+        const state = await queue.getJobState(parked.id!);
+        if (state === 'delayed') resolve(state);
+        else setImmediate(() => void check());
+      };
+      void check();
+    });
+    expect(parkedAt).toBe('delayed');
+    expect(Math.floor(Number(await redis.zscore(key('delayed'), parked.id!)) / 4096)).toBeGreaterThan(Date.now() + 3_500_000);
+  });
+
+  it('counts a stall in stc (job.stalledCounter) and, with the stall limit out of reach, never defers a failure', async () => {
+    const { queue, key, startWorker } = await fresh('stall');
+    // A job whose lock is gone is a stall: the stall check moves it back to wait and counts it.
+    const job = await queue.add('stall', {}, { jobId: 'stall-1' });
+    await redis.multi().lrem(key('wait'), 0, job.id!).lpush(key('active'), job.id!).sadd(key('stalled'), job.id!).exec();
+    const ran = gate<{ stalled: number; deferred: string | null }>();
+    await startWorker(
+      async (j) => {
+        if (j.id === 'stall-1') ran.open({ stalled: j.stalledCounter, deferred: await redis.hget(key(j.id), 'defa') });
+      },
+      { maxStalledCount: 1_000_000_000, stalledInterval: 200 },
+    );
+    expect(await ran.promise).toEqual({ stalled: 1, deferred: null });
+  });
+
+  it('names the states lease-ops maps: delayed, waiting, active, completed, failed, unknown', async () => {
+    const { queue } = await fresh('states');
+    expect(await queue.getJobState('no-such-job')).toBe('unknown');
+    await queue.add('d', {}, { jobId: 'd', delay: 60_000 });
+    await queue.add('w', {}, { jobId: 'w' });
+    expect([await queue.getJobState('d'), await queue.getJobState('w')]).toEqual(['delayed', 'waiting']);
+  });
+});
