@@ -8,10 +8,12 @@
 import { randomBytes } from 'node:crypto';
 import { QueueEvents } from 'bullmq';
 import { loadConfig, type Config } from '../src/config.ts';
-import { CreateosFake } from '../src/fakes/createos-fake.ts';
-import { DaytonaFake, type DaytonaFaults } from '../src/fakes/daytona-fake.ts';
+import { fork, type ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import type { DaytonaFaults, SandboxControls } from '../src/fakes/daytona-fake.ts';
 import { seededRandom } from '../src/fakes/seeded-random.ts';
 import type { FakeCall } from '../src/fakes/http-fake.ts';
+import type { WireCall } from './cloud.ts';
 import type { LeaseIdentity } from '../src/lease.ts';
 import type { OperationName } from '../src/operations.ts';
 import { OperationsQueue } from '../src/queues/operations-queue.ts';
@@ -138,18 +140,8 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
   const events = new QueueEvents(config.LEASE_OPS_QUEUE, { connection: eventsConnection, prefix });
   events.setMaxListeners(0); // every late lease waits on its own acquire
   await events.waitUntilReady();
-  const fake = new DaytonaFake({
-    apiKey: 'chaos-key',
-    timings: { create: 30, start: 30, stop: 30, forceStop: 0, destroy: 20 },
-    faults: { seed: opts.seed, ...opts.faults },
-  });
-  const createos = new CreateosFake({
-    apiKey: 'chaos-key',
-    timings: { create: 30, pause: 30, resume: 30, destroy: 20 },
-    faults: { seed: opts.seed + 1, ...opts.faults },
-  });
-  const apiUrl = await fake.listen();
-  const env = chaosEnv(prefix, redisUrl, apiUrl, await createos.listen());
+  const cloud = await startCloud(opts.seed, opts.faults);
+  const env = chaosEnv(prefix, redisUrl, cloud.daytonaUrl, cloud.createosUrl);
   /** Workers that are up and may be picked for the next action; `all` for the clean-up. */
   const workers: WorkerProcess[] = [];
   const all: WorkerProcess[] = [];
@@ -192,7 +184,7 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
       if (id) sandboxes.push([providerOf(i), id]);
     }
     // Some Daytona stops hang until the watchdog forces them (CreateOS cannot force a stop).
-    for (const [provider, id] of sandboxes) if (provider === 'daytona' && rand() < opts.stuckShare) fake.control(id, { stuckStoppingMs: 4_000 });
+    for (const [provider, id] of sandboxes) if (provider === 'daytona' && rand() < opts.stuckShare) await cloud.control(id, { stuckStoppingMs: 4_000 });
     say(`chaos: ${sandboxes.length} sandboxes acquired; ${opts.leases * opts.opsPerLease} operations and ${opts.lateLeases} more acquires follow, with chaos`);
 
     // Chaos runs while the operations do.
@@ -266,7 +258,8 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
     const drainDeadline = Date.now() + 3 * (1_000 + 500) + 2_000;
     while ((await ops.lanes.openLaneCount()) > 0 && Date.now() < drainDeadline) await new Promise((r) => setTimeout(r, 100));
 
-    return await check({ ops, fakes: [fake, createos], live: [...fake.ids(), ...createos.live()], redis, prefix, acceptedAll, acceptedOrder, counts, seconds: (Date.now() - started) / 1000 });
+    const { calls, live } = await cloud.report();
+    return await check({ ops, calls, live, redis, prefix, acceptedAll, acceptedOrder, counts, seconds: (Date.now() - started) / 1000 });
   } finally {
     stopChaos = true;
     await chaos.catch(() => undefined);
@@ -274,8 +267,7 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
     await Promise.all(all.map((w) => (w.child.exitCode === null && w.child.signalCode === null ? w.terminate() : null)));
     await events.close();
     await ops.close();
-    await fake.close();
-    await createos.close();
+    await cloud.close();
     await clearPrefix(redis, prefix);
     eventsConnection.disconnect();
     redis.disconnect();
@@ -285,7 +277,8 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
 /** The independent checker: the fakes' own call logs and sandboxes and BullMQ's job records, nothing else. */
 async function check(input: {
   ops: OperationsQueue;
-  fakes: [DaytonaFake, CreateosFake];
+  /** Every call the clouds served, on the shared clock. */
+  calls: (FakeCall & { cloud: 'daytona' | 'createos' })[];
   /** Sandboxes the fakes still run (or are making). */
   live: string[];
   redis: ReturnType<typeof createRedis>;
@@ -295,14 +288,12 @@ async function check(input: {
   counts: { sigkill: number; sigterm: number; sigstop: number };
   seconds: number;
 }): Promise<ChaosReport> {
-  const { ops, fakes, acceptedAll, acceptedOrder, counts } = input;
-  const [daytona, createos] = fakes;
-  const calls = [...daytona.calls, ...createos.calls];
+  const { ops, calls, acceptedAll, acceptedOrder, counts } = input;
   const examples: string[] = [];
   const note = (line: string) => examples.length < 20 && examples.push(line);
 
   // Calls made by lane attempts, per sandbox (the watchdog's own reads are not in a lane).
-  const laneCalls = calls.filter((c): c is FakeCall & { attempt: string; sandboxId: string } => !!c.attempt && !!c.sandboxId && !c.attempt.startsWith('watchdog.'));
+  const laneCalls = calls.filter((c): c is FakeCall & { cloud: 'daytona' | 'createos'; attempt: string; sandboxId: string } => !!c.attempt && !!c.sandboxId && !c.attempt.startsWith('watchdog.'));
   const bySandbox = new Map<string, (FakeCall & { attempt: string })[]>();
   for (const c of laneCalls) bySandbox.set(c.sandboxId, [...(bySandbox.get(c.sandboxId) ?? []), c]);
   const jobOf = (attempt: string) => attempt.slice(0, attempt.lastIndexOf(':'));
@@ -423,11 +414,47 @@ async function check(input: {
     kills: counts.sigkill + counts.sigterm + counts.sigstop,
     ...counts,
     provider_calls: calls.length,
-    createos_calls: createos.calls.length,
+    createos_calls: calls.filter((c) => c.cloud === 'createos').length,
     injected_faults: calls.filter((c) => c.injected).length,
-    forced_stops: daytona.calls.filter((c) => c.method === 'POST' && c.path.endsWith('/stop') && c.query.includes('force=true') && c.status === 200).length,
+    forced_stops: calls.filter((c) => c.cloud === 'daytona').filter((c) => c.method === 'POST' && c.path.endsWith('/stop') && c.query.includes('force=true') && c.status === 200).length,
     seconds: Number(input.seconds.toFixed(1)),
     examples,
+  };
+}
+
+/** The clouds' process (chaos/cloud.ts) and a small request/answer channel to it. */
+async function startCloud(seed: number, faults: Omit<DaytonaFaults, 'seed'>) {
+  const child: ChildProcess = fork(fileURLToPath(new URL('./cloud.ts', import.meta.url)), [String(seed), String(faults.settling), String(faults.transient)], {
+    execArgv: ['--import', 'tsx'],
+    stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+  });
+  const urls = await new Promise<{ daytonaUrl: string; createosUrl: string }>((resolve, reject) => {
+    child.once('message', (m: { ready: { daytonaUrl: string; createosUrl: string } }) => resolve(m.ready));
+    child.once('exit', (code) => reject(new Error(`the chaos cloud exited (${code}) before it listened`)));
+  });
+  let seq = 0;
+  const ask = <T>(req: Record<string, unknown>): Promise<T> =>
+    new Promise((resolve) => {
+      const id = ++seq;
+      const on = (m: { id?: number; body: T }) => {
+        if (m.id !== id) return;
+        child.off('message', on);
+        resolve(m.body);
+      };
+      child.on('message', on);
+      child.send({ ...req, id });
+    });
+  return {
+    ...urls,
+    control: (id: string, controls: SandboxControls) => ask<null>({ type: 'control', id2: id, controls }),
+    report: async () => {
+      const r = await ask<{ calls: WireCall[]; live: string[] }>({ type: 'report' });
+      return { calls: r.calls.map((c) => ({ ...c, start: BigInt(c.start), end: BigInt(c.end) })), live: r.live };
+    },
+    close: async () => {
+      if (child.connected) await ask<null>({ type: 'close' });
+      if (child.exitCode === null) child.kill();
+    },
   };
 }
 

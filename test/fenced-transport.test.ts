@@ -58,6 +58,30 @@ describe('fenced transport', () => {
     expect(await send('/after', () => true)).toBe('sent');
     expect(received.at(-1)).toBe('/after');
   });
+
+  it('checks at the write itself, not when the socket is handed over: staleness in between drops the request', async () => {
+    // Node's hand-over and its cork, buffering and flush take tens of microseconds: a process
+    // frozen there used to send late. Here the fence turns stale in that gap.
+    for (const agent of [keepAlive, new http.Agent({ keepAlive: false })]) {
+      let fresh = true;
+      const r = await axios
+        .get(`${url}/stale-at-hand-over`, {
+          httpAgent: agent,
+          transport: {
+            request: (options: http.RequestOptions, cb?: (res: http.IncomingMessage) => void) => {
+              const req = fencedTransport(() => fresh).request(options, cb);
+              req.on('socket', () => (fresh = false));
+              return req;
+            },
+          },
+        })
+        .then(() => 'sent', (err: unknown) => (isAxiosError(err) && err.cause instanceof FenceWindowError ? 'dropped' : String(err)));
+      expect(r).toBe('dropped');
+    }
+    expect(received).not.toContain('/stale-at-hand-over');
+    // The socket it would have used still works for fresh requests afterwards.
+    expect(await send('/after-hand-over', () => true)).toBe('sent');
+  });
 });
 
 describe('fencing at send for CreateOS (its SDK, with lease-ops\' fetch)', () => {

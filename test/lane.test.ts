@@ -248,7 +248,7 @@ describe('the lane', () => {
     const { provider } = createRecordingProvider();
     await bed.startWorker(provider);
     const ids = [];
-    for (let i = 0; i < 30; i++) ids.push((await bed.ops.enqueue({ op: 'stop', lease: lease(`l${i % 10}`), params: stop('x') })).jobId);
+    for (let i = 0; i < 30; i++) ids.push((await bed.ops.enqueue({ op: 'stop', lease: lease(`l${i % 10}`), params: stop(`l${i % 10}`) })).jobId);
     await bed.waitForAll(ids);
     expect(await bed.laneKeys()).toEqual([]);
     expect(await bed.ops.lanes.openLaneCount()).toBe(0);

@@ -13,7 +13,7 @@ describe('the cluster project', () => {
       const cluster = bed.redis as Cluster;
       expect(cluster.nodes('master')).toHaveLength(3);
       await bed.startWorker(createRecordingProvider().provider);
-      const { jobId } = await bed.ops.enqueue({ op: 'destroy', lease: lease('on-cluster'), params: { providerLeaseId: 'x' } });
+      const { jobId } = await bed.ops.enqueue({ op: 'destroy', lease: lease('on-cluster'), params: { providerLeaseId: 'on-cluster' } });
       expect((await bed.waitForAll([jobId])).get(jobId)).toBe('completed');
       const keys = await scanKeys(cluster, `${bed.config.LEASE_OPS_PREFIX}*`);
       expect(keys.length).toBeGreaterThan(3);

@@ -86,15 +86,16 @@ describe('pacing within an operation\'s deadline, and per account', () => {
       const provider = createDaytonaProvider({ apiUrl, apiKey: 'k' }, redisRateLimiters(bed.redis, bed.config.LEASE_OPS_PREFIX));
       await bed.startWorker(provider);
       const identity = (leaseId: string) => ({ provider: 'daytona', companyId: 'co', environmentId: 'env', leaseId });
-      const acquire = await bed.ops.enqueue({ op: 'acquire', lease: identity('a'), params: { runId: 'a' } });
-      await bed.waitForAll([acquire.jobId]);
-      const id = ((await bed.ops.queue.getJob(acquire.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+      const acquired = await Promise.all(['a', 'b'].map((l) => bed!.ops.enqueue({ op: 'acquire', lease: identity(l), params: { runId: l } })));
+      await bed.waitForAll(acquired.map((a) => a.jobId));
+      const [id, other] = await Promise.all(acquired.map(async (a) => ((await bed!.ops.queue.getJob(a.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId));
       // Daytona holds every request of this organization back for 30 s.
-      daytona.control(id, { failNext: [{ status: 429, retryAfterS: 30 }] });
-      await bed.ops.enqueue({ op: 'stop', lease: identity(id), params: { providerLeaseId: id } });
+      daytona.control(id!, { failNext: [{ status: 429, retryAfterS: 30 }] });
+      await bed.ops.enqueue({ op: 'stop', lease: identity(id!), params: { providerLeaseId: id! } });
       await readUntil(async () => daytona.calls.some((c) => c.status === 429), 5_000, 'the 429');
       const started = Date.now();
-      const resume = await bed.ops.enqueue({ op: 'destroy', lease: identity('other'), params: { providerLeaseId: id }, deadlineMs: 3_000 });
+      // Another sandbox of the organization: its requests wait behind the same hold.
+      const resume = await bed.ops.enqueue({ op: 'stop', lease: identity(other!), params: { providerLeaseId: other! }, deadlineMs: 3_000 });
       const before = daytona.calls.length;
       expect((await bed.waitForAll([resume.jobId], 10_000)).get(resume.jobId)).toBe('failed');
       expect(Date.now() - started).toBeLessThan(2_500);

@@ -32,7 +32,7 @@ describe('credentials and tokens', () => {
     try {
       const lease = (provider: string) => ({ provider, companyId: 'co', environmentId: 'env', leaseId: 'l' });
       const a = await bed.ops.enqueue({ op: 'acquire', lease: lease('refused'), params: { runId: 'r' } });
-      const b = await bed.ops.enqueue({ op: 'stop', lease: lease('unreachable'), params: { providerLeaseId: 'x' }, deadlineMs: 800 });
+      const b = await bed.ops.enqueue({ op: 'stop', lease: lease('unreachable'), params: { providerLeaseId: 'l' }, deadlineMs: 800 });
       const ended = await bed.waitForAll([a.jobId, b.jobId]);
       expect(ended.get(a.jobId)).toBe('failed');
       expect(ended.get(b.jobId)).toBe('failed');
@@ -62,7 +62,7 @@ describe('credentials and tokens', () => {
       const headers = [`Bearer ${ADMIN}`, `Bearer ${SCOPED}`, `Bearer ${WRONG}`, basic(ADMIN), basic(WRONG), ADMIN];
       for (const authorization of headers) {
         for (const [method, path, body] of [
-          ['POST', '/v1/leases/recording/co/env/l/operations', { op: 'stop', params: { providerLeaseId: 'x' }, idempotencyKey: 'k' }],
+          ['POST', '/v1/leases/recording/co/env/l/operations', { op: 'stop', params: { providerLeaseId: 'l' }, idempotencyKey: 'k' }],
           ['POST', '/v1/leases/recording/co/env/l/operations', { op: 'stop', params: { providerLeaseId: 42 } }],
           ['GET', '/v1/leases/recording/co/env/l', undefined],
           ['GET', '/v1/overview', undefined],
