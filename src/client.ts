@@ -9,7 +9,7 @@ import { LeaseRecords } from './queues/lease-records.ts';
 import { OperationsQueue, type Enqueued } from './queues/operations-queue.ts';
 import { createRedis, type RedisClient } from './queues/redis.ts';
 
-export { InvalidRequestError, LeaseOpsError, OperationNotFoundError, QueueFullError, WaitTimeoutError } from './errors.ts';
+export { IdempotencyKeyReusedError, InvalidRequestError, LeaseOpsError, OperationNotFoundError, QueueFullError, WaitTimeoutError } from './errors.ts';
 
 export interface OperationResult {
   jobId: string;

@@ -60,3 +60,14 @@ export class QueueFullError extends LeaseOpsError {
     );
   }
 }
+
+/**
+ * The idempotency key was used before with a different request (lease, operation or
+ * parameters), as payment APIs refuse it: the earlier request's job is not this one's.
+ */
+export class IdempotencyKeyReusedError extends LeaseOpsError {
+  override name = 'IdempotencyKeyReusedError';
+  constructor(readonly earlierJobId: string) {
+    super('idempotency_key_reused', 'this idempotency key was used with a different request (lease, operation or parameters); use a new key for a new request');
+  }
+}

@@ -1,6 +1,6 @@
 // The package's public surface for control planes written in TypeScript.
 export { LeaseOpsClient, type EnqueueOptions, type OperationResult } from './client.ts';
-export { InvalidRequestError, LeaseOpsError, OperationNotFoundError, QueueFullError, WaitTimeoutError } from './errors.ts';
+export { IdempotencyKeyReusedError, InvalidRequestError, LeaseOpsError, OperationNotFoundError, QueueFullError, WaitTimeoutError } from './errors.ts';
 export type { AttentionItem, LeaseView, OperationState, OperationView, QueueOverview } from './queues/inspect.ts';
 export type { Enqueued } from './queues/operations-queue.ts';
 export { loadConfig, ConfigError, type Config } from './config.ts';

@@ -36,7 +36,7 @@ describe('lane scripts', () => {
     expect(again.kind).toBe('run');
     const second = again.kind === 'run' ? again.token : '';
     expect(BigInt(second)).toBeGreaterThan(BigInt(first));
-    expect(await bed.ops.lanes.yield(a.laneId, a.jobId, first)).toBe(false);
+    expect(await bed.ops.lanes.yield(a.laneId, a.jobId, first, Date.now() + 1_000)).toBe(false);
     expect(await bed.ops.lanes.release(a.laneId, a.jobId, first, { status: 'completed', result: 1 })).toEqual({ kind: 'stale' });
     expect((await bed.ops.lanes.view(a.laneId)).jobs[0]).toBe(a.jobId);
   });
@@ -88,6 +88,7 @@ describe('lane scripts', () => {
     const other = laneIdOf(lease('z'));
     const parked = `${other}.parked`;
     await bed.ops.queue.add('stop', {}, { jobId: parked, delay: 24 * 3_600_000 });
+    await bed.redis.hset(bed.ops.queue.toKey(parked), 'lo:parked', '1'); // as lane-push leaves a job that waits
     await bed.redis.rpush(bed.ops.lanes.listKey(other), parked);
     expect(await bed.ops.lanes.repair(other)).toEqual({ kind: 'handed', jobId: parked, result: 'promoted' });
     expect(await bed.ops.queue.getJobState(parked)).toBe('waiting');

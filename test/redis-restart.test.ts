@@ -51,8 +51,9 @@ describe('Redis restarts and outages (a redis-server of its own, AOF appendfsync
 
     const accepted: string[] = [];
     let n = 0;
+    // A keyed request is the same request each time it is sent (a retry), so it names one lease.
     const post = async (key?: string) => {
-      const i = n++;
+      const i = key ? 0 : n++;
       const res = await fetch(`${url}/v1/leases/recording/co/env/lease-${i % LEASES}/operations`, {
         method: 'POST',
         headers: { ...headers, ...(key ? { 'idempotency-key': key } : {}) },

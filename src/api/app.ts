@@ -7,7 +7,7 @@ import { pinoHttp } from 'pino-http';
 import { z } from 'zod';
 import type { LeaseOpsClient } from '../client.ts';
 import type { Config } from '../config.ts';
-import { InvalidRequestError, LeaseOpsError, QueueFullError } from '../errors.ts';
+import { IdempotencyKeyReusedError, InvalidRequestError, LeaseOpsError, QueueFullError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import { canSee, type Principal, TokenAuthority } from './auth.ts';
 import { openApiDocument } from './openapi.ts';
@@ -117,8 +117,9 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const idempotencyKey = body.idempotencyKey ?? header['idempotency-key'];
     const enqueued = await client.enqueue(body.op, lease, body.params, {
       ...(body.deadlineMs === undefined ? {} : { deadlineMs: body.deadlineMs }),
-      // Keys are per caller scope, so two companies can never collide on one.
-      ...(idempotencyKey === undefined ? {} : { idempotencyKey: `${scopeOf(res.locals.principal as Principal)}:${idempotencyKey}` }),
+      // Keys are scoped to the lease's company and environment (the queue does it), which
+      // a caller can only name if its token sees them.
+      ...(idempotencyKey === undefined ? {} : { idempotencyKey }),
     });
     const location = `/v1/operations/${encodeURIComponent(enqueued.jobId)}`;
     res.status(202).location(location).json({ ...enqueued, location });
@@ -171,9 +172,6 @@ const leaseNotFound = () => new HttpError(404, 'lease_not_found', 'no such lease
 const operationNotFound = (jobId: string) => new HttpError(404, 'operation_not_found', `no operation ${jobId}`);
 
 /** Idempotency keys are namespaced by who may use them. */
-function scopeOf(principal: Principal): string {
-  return principal.admin ? 'admin' : `company:${principal.companyId}`;
-}
 
 /** True for errors that mean Redis cannot be reached right now. */
 function isRedisUnavailable(err: unknown): boolean {
@@ -196,6 +194,9 @@ function errorHandler(log: Logger): ErrorRequestHandler {
     } else if (err instanceof InvalidRequestError) {
       status = 400;
       body = { code: err.code, message: err.message, details: err.issues };
+    } else if (err instanceof IdempotencyKeyReusedError) {
+      status = 422;
+      body = { code: err.code, message: err.message };
     } else if (err instanceof QueueFullError) {
       status = 429;
       body = { code: err.code, message: err.message };

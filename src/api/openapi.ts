@@ -24,6 +24,7 @@ const ERROR_DESCRIPTIONS: Record<string, string> = {
   '404': 'not found (also for leases and operations outside the token scope)',
   '413': 'payload_too_large',
   '415': 'unsupported_media_type: send application/json',
+  '422': 'idempotency_key_reused: the idempotency key came with a different request (lease, operation or parameters) before',
   '429': 'lease_queue_full or queue_full, with Retry-After (LEASE_OPS_MAX_QUEUED_PER_LEASE, LEASE_OPS_MAX_QUEUED)',
   '503': 'redis_unavailable',
 };
@@ -54,7 +55,7 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
               ...json(EnqueuedSchema, 'accepted; the Location header points at the operation'),
               headers: z.object({ Location: z.string() }),
             },
-            ...errors('400', '401', '404', '413', '415', '429', '503'),
+            ...errors('400', '401', '404', '413', '415', '422', '429', '503'),
           },
         },
       },

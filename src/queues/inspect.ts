@@ -2,7 +2,7 @@ import { Job } from 'bullmq';
 import { laneIdOf, laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
 import { OperationJobDataSchema, type OperationName } from '../operations.ts';
 import type { LeaseRecord, LeaseRecords } from './lease-records.ts';
-import { PARK_MS, type OperationsQueue } from './operations-queue.ts';
+import type { OperationsQueue } from './operations-queue.ts';
 
 /**
  * Where an operation is:
@@ -90,9 +90,9 @@ export class Inspector {
     // The state first, then the job: a job that finishes in between then shows its old
     // state with its new data, never "completed" without its result.
     const bullState = await this.ops.queue.getJobState(jobId);
-    const [job, outcomeText, delayedScore] = await Promise.all([
+    const [job, [outcomeText, parked], delayedScore] = await Promise.all([
       Job.fromId(this.ops.queue, jobId),
-      this.ops.connection.hget(this.ops.queue.toKey(jobId), 'lo:outcome'),
+      this.ops.connection.hmget(this.ops.queue.toKey(jobId), 'lo:outcome', 'lo:parked'),
       this.ops.connection.zscore(this.ops.queue.toKey('delayed'), jobId),
     ]);
     if (!job) return null;
@@ -109,7 +109,8 @@ export class Inspector {
         state = 'running';
         break;
       case 'delayed':
-        if (job.delay >= PARK_MS / 2) state = 'queued';
+        // Waiting in its lane (parked), or its retry's backoff.
+        if (parked) state = 'queued';
         else {
           state = 'backing-off';
           // BullMQ scores delayed jobs as timestamp * 4096 + a tie-breaking counter.
@@ -134,7 +135,7 @@ export class Inspector {
     };
     if (state === 'completed') view.result = job.returnvalue;
     if (state === 'failed') {
-      const outcome = parseOutcome(outcomeText);
+      const outcome = parseOutcome(outcomeText ?? null);
       view.error = { code: outcome?.code ?? 'failed', message: job.failedReason || outcome?.error || 'failed' };
     }
     return view;
@@ -236,10 +237,9 @@ export class Inspector {
 
   async overview(): Promise<QueueOverview> {
     const c = await this.ops.queue.getJobCounts('waiting', 'prioritized', 'active', 'delayed', 'completed', 'failed');
-    // Delayed jobs are parked (queued in a lane) or backing off. Parked ones come due a day
-    // after they parked, retries within seconds or minutes: count those due after an hour.
-    const delayedKey = this.ops.queue.toKey('delayed');
-    const parked = await this.ops.connection.zcount(delayedKey, (Date.now() + 3_600_000) * 4096, '+inf');
+    // Delayed jobs are parked (queued in a lane) or backing off; the lanes list the latter.
+    const backingOff = await this.ops.lanes.backingOffCount();
+    const parked = Math.max(0, (c.delayed ?? 0) - backingOff);
     const [openLanes, attention] = await Promise.all([this.ops.lanes.openLaneCount(), this.attention()]);
     return {
       counts: {

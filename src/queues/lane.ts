@@ -1,16 +1,18 @@
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 import type { RedisClient } from './redis.ts';
 
+// Every lane script takes the lane key layout of includes/lane.lua (14 keys), and some
+// the job's hash (and the request's idempotency key) after it.
 const SCRIPTS = {
-  'lane-push': 4,
-  'lane-acquire': 5,
-  'lane-release': 5,
-  'lane-yield': 4,
-  'lane-repair': 4,
-  'lane-upgrade': 4,
+  'lane-push': 16,
+  'lane-acquire': 15,
+  'lane-release': 15,
+  'lane-yield': 14,
+  'lane-repair': 14,
+  'lane-upgrade': 14,
+  'lane-drop': 15,
 } as const;
 type ScriptName = keyof typeof SCRIPTS;
-
 
 /** The outcome a lane records for its finished head, replayed if the job ever re-runs. */
 export type LaneOutcome = { status: 'completed'; result: unknown } | { status: 'failed'; error: string; code: string };
@@ -33,6 +35,8 @@ export type PushResult =
 
 export type ReleaseResult = { kind: 'stale' } | { kind: 'next'; handOff: HandOff } | { kind: 'idle' };
 
+export type DropResult = { kind: 'executing' } | { kind: 'absent' } | { kind: 'dropped'; next: HandOff | null };
+
 export type RepairResult =
   | { kind: 'forgotten' }
   | { kind: 'healthy' }
@@ -41,20 +45,28 @@ export type RepairResult =
 
 /**
  * The per-lease lanes: which job of a lease may run, in what order, and who holds it.
- * All bookkeeping is done by the Lua scripts in ./lua, each one atomic.
+ * All bookkeeping is done by the Lua scripts in ./lua, each one atomic, each taking the
+ * keys it touches (the layout is in includes/lane.lua).
  *
  * Keys (all under the one hash-tagged prefix, so a Redis Cluster keeps them in one slot
  * with the BullMQ queue they refer to):
  *   <prefix>:lane:<laneId>     list of job ids, head first; gone when the lane is idle
- *   <prefix>:lane:<laneId>:x   hash {job, token} of the lane's holder; gone when none
+ *   <prefix>:lane:<laneId>:x   hash {job, token, fronts} of the lane's holder; gone when none
+ *   <prefix>:lane:<laneId>:c   coalescing keys of queued jobs; gone when none
  *   <prefix>:lanes             zset laneId -> last progress (ms), read by the sweep
  *   <prefix>:fence             counter behind every fencing token
  *   <prefix>:failures          hash laneId -> "<ms> <jobId>" of leases whose last operation failed
+ *   <prefix>:failures:at       zset laneId -> that ms (newest first, trimmed to BullMQ's retention)
+ *   <prefix>:backing-off       zset jobId -> when its retry comes due
  */
 export class Lanes {
   readonly lanesKey: string;
   readonly fenceKey: string;
   readonly failuresKey: string;
+  readonly failuresAtKey: string;
+  readonly backingOffKey: string;
+  /** Where a request without an idempotency key points lane-push's key slot (never written). */
+  private readonly noIdempotencyKey: string;
   private readonly scripts: Record<ScriptName, LuaCommand>;
 
   constructor(
@@ -62,15 +74,18 @@ export class Lanes {
     readonly prefix: string,
     /**
      * The BullMQ queue's key prefix (`<prefix>:<queue>:`): a job's hash is this plus its
-     * id, and the scripts find the queue's own keys (wait, delayed, marker...) under it.
+     * id, and BullMQ's own keys (wait, delayed, marker...) are this plus their names.
      */
     private readonly queueKeyPrefix: string,
-    /** A delayed head whose delay is at least this is parked (not backing off). */
-    private readonly parkedThresholdMs: number,
+    /** How long BullMQ keeps failed jobs (ms): failure entries older than that are trimmed. */
+    private readonly keepFailedMs: number,
   ) {
     this.lanesKey = `${prefix}:lanes`;
     this.fenceKey = `${prefix}:fence`;
     this.failuresKey = `${prefix}:failures`;
+    this.failuresAtKey = `${prefix}:failures:at`;
+    this.backingOffKey = `${prefix}:backing-off`;
+    this.noIdempotencyKey = `${prefix}:idem:-`;
     this.scripts = Object.fromEntries(
       Object.entries(SCRIPTS).map(([script, numberOfKeys]) => [script, luaCommand(client, script, numberOfKeys)]),
     ) as Record<ScriptName, LuaCommand>;
@@ -84,17 +99,39 @@ export class Lanes {
     return `${this.prefix}:lane:${laneId}:x`;
   }
 
+  private jobKey(jobId: string): string {
+    return this.queueKeyPrefix + jobId;
+  }
+
+  /** The 14 keys every lane script takes (includes/lane.lua), for one lane. */
+  private keys(laneId: string): string[] {
+    const q = this.queueKeyPrefix;
+    return [
+      this.listKey(laneId),
+      this.execKey(laneId),
+      `${this.listKey(laneId)}:c`,
+      this.lanesKey,
+      this.fenceKey,
+      this.failuresKey,
+      this.failuresAtKey,
+      this.backingOffKey,
+      `${q}delayed`,
+      `${q}wait`,
+      `${q}meta`,
+      `${q}active`,
+      `${q}marker`,
+      `${q}events`,
+    ];
+  }
+
   private run(script: ScriptName, ...args: (string | number)[]): Promise<unknown> {
     return this.scripts[script](...args);
   }
 
-  private laneKeys(laneId: string): string[] {
-    return [this.listKey(laneId), this.execKey(laneId), this.lanesKey, this.fenceKey];
-  }
-
   /**
    * Adds a job to its lane. `coalesceAs`: an identical request (same key) queued last and
-   * not yet started absorbs this one, and its id comes back as `absorbedBy`.
+   * not yet started absorbs this one, and its id comes back as `absorbedBy`. With
+   * `idempotency`, the request's key is set to `accepted` in the same step (lane-push.lua).
    */
   async push(
     laneId: string,
@@ -103,10 +140,13 @@ export class Lanes {
     coalesceAs = '',
     limits: { perLane: number; queued: number } = { perLane: 0, queued: 0 },
     adopt = false,
+    idempotency: { key: string; accepted: string } | null = null,
   ): Promise<PushResult> {
     const r = (await this.run(
       'lane-push',
-      ...this.laneKeys(laneId),
+      ...this.keys(laneId),
+      this.jobKey(jobId),
+      idempotency?.key ?? this.noIdempotencyKey,
       jobId,
       laneId,
       Date.now(),
@@ -116,6 +156,8 @@ export class Lanes {
       limits.perLane,
       limits.queued,
       adopt ? '1' : '0',
+      idempotency?.accepted ?? '',
+      idempotency ? '1' : '0',
     )) as string[];
     if (r[0] === 'present') return { kind: 'present' };
     if (r[0] === 'absorbed') return { kind: 'absorbed', by: String(r[1]) };
@@ -128,30 +170,12 @@ export class Lanes {
    * `data` and moves it to the front. Returns its job id, or null when there is none.
    */
   async upgradeQueuedStop(laneId: string, stopCoalesceKey: string, data: unknown): Promise<string | null> {
-    const r = (await this.run(
-      'lane-upgrade',
-      ...this.laneKeys(laneId),
-      stopCoalesceKey,
-      JSON.stringify(data),
-      laneId,
-      Date.now(),
-      this.queueKeyPrefix,
-    )) as string[];
+    const r = (await this.run('lane-upgrade', ...this.keys(laneId), stopCoalesceKey, JSON.stringify(data), laneId, Date.now(), this.queueKeyPrefix)) as string[];
     return r[0] === 'none' ? null : String(r[1]);
   }
 
   async acquire(laneId: string, jobId: string): Promise<AcquireResult> {
-    const r = (await this.run(
-      'lane-acquire',
-      this.listKey(laneId),
-      this.execKey(laneId),
-      this.fenceKey,
-      this.lanesKey,
-      this.queueKeyPrefix + jobId,
-      jobId,
-      laneId,
-      Date.now(),
-    )) as [string, string?];
+    const r = (await this.run('lane-acquire', ...this.keys(laneId), this.jobKey(jobId), jobId, laneId, Date.now())) as [string, string?];
     switch (r[0]) {
       case 'run':
         return { kind: 'run', token: String(r[1]) };
@@ -165,28 +189,23 @@ export class Lanes {
   }
 
   /**
-   * Ends the holder's turn and hands off the next job. `completionFollows`: BullMQ's
-   * completion of this job is sent next on the same connection (see hand-off.lua).
+   * Ends the holder's turn and hands off the next job. `fetchFollows`: this worker's own
+   * fetch of its next job follows on the same connection (see handOff in includes/lane.lua).
    */
-  async release(
-    laneId: string,
-    jobId: string,
-    token: string,
-    outcome: LaneOutcome,
-    completionFollows = false,
-  ): Promise<ReleaseResult> {
+  async release(laneId: string, jobId: string, token: string, outcome: LaneOutcome, fetchFollows = false): Promise<ReleaseResult> {
     const r = (await this.run(
       'lane-release',
-      ...this.laneKeys(laneId),
-      this.failuresKey,
+      ...this.keys(laneId),
+      this.jobKey(jobId),
       jobId,
       token,
       JSON.stringify(outcome),
       laneId,
       Date.now(),
       this.queueKeyPrefix,
-      completionFollows ? '1' : '0',
+      fetchFollows ? '1' : '0',
       outcome.status === 'failed' ? '1' : '0',
+      this.keepFailedMs,
     )) as string[];
     if (r[0] === 'stale') return { kind: 'stale' };
     if (r[0] === 'next') return { kind: 'next', handOff: toHandOff(r[1], r[2]) };
@@ -194,20 +213,31 @@ export class Lanes {
   }
 
   /** Before a retry's backoff: keep the head, stop being the holder. False if stale. */
-  async yield(laneId: string, jobId: string, token: string): Promise<boolean> {
-    return (await this.run('lane-yield', ...this.laneKeys(laneId), jobId, token, this.queueKeyPrefix)) === 1;
+  async yield(laneId: string, jobId: string, token: string, retryAt: number): Promise<boolean> {
+    return (await this.run('lane-yield', ...this.keys(laneId), jobId, token, this.queueKeyPrefix, retryAt)) === 1;
   }
 
-  /** The one recovery step (see lane-repair.lua). */
-  async repair(laneId: string): Promise<RepairResult> {
+  /** Takes a job that is not executing out of its lane, recording the outcome the caller decided. */
+  async drop(laneId: string, jobId: string, outcome: LaneOutcome): Promise<DropResult> {
     const r = (await this.run(
-      'lane-repair',
-      ...this.laneKeys(laneId),
+      'lane-drop',
+      ...this.keys(laneId),
+      this.jobKey(jobId),
+      jobId,
       laneId,
       Date.now(),
       this.queueKeyPrefix,
-      this.parkedThresholdMs,
+      JSON.stringify(outcome),
+      this.keepFailedMs,
     )) as string[];
+    if (r[0] === 'executing') return { kind: 'executing' };
+    if (r[0] === 'absent') return { kind: 'absent' };
+    return { kind: 'dropped', next: r[1] === 'next' ? toHandOff(r[2], r[3]) : null };
+  }
+
+  /** The one recovery step (see lane-repair.lua); `parked`: a job that just parked itself. */
+  async repair(laneId: string, parked = ''): Promise<RepairResult> {
+    const r = (await this.run('lane-repair', ...this.keys(laneId), laneId, Date.now(), this.queueKeyPrefix, parked)) as string[];
     switch (r[0]) {
       case 'forgotten':
         return { kind: 'forgotten' };
@@ -226,10 +256,7 @@ export class Lanes {
   }
 
   async view(laneId: string): Promise<{ jobs: string[]; holder: { job: string; token: string } | null }> {
-    const [jobs, exec] = await Promise.all([
-      this.client.lrange(this.listKey(laneId), 0, -1),
-      this.client.hgetall(this.execKey(laneId)),
-    ]);
+    const [jobs, exec] = await Promise.all([this.client.lrange(this.listKey(laneId), 0, -1), this.client.hgetall(this.execKey(laneId))]);
     return { jobs, holder: exec.job && exec.token ? { job: exec.job, token: exec.token } : null };
   }
 
@@ -238,19 +265,24 @@ export class Lanes {
     return parseFailure(await this.client.hget(this.failuresKey, laneId));
   }
 
-  /** Lanes whose last operation failed, up to `limit`. */
-  async failures(limit = 200): Promise<{ laneId: string; jobId: string; at: number }[]> {
-    const found: { laneId: string; jobId: string; at: number }[] = [];
-    let cursor = '0';
-    do {
-      const [next, flat] = await this.client.hscan(this.failuresKey, cursor, 'COUNT', 200);
-      cursor = next;
-      for (let i = 0; i + 1 < flat.length && found.length < limit; i += 2) {
-        const failure = parseFailure(flat[i + 1]!);
-        if (failure) found.push({ laneId: flat[i]!, ...failure });
-      }
-    } while (cursor !== '0' && found.length < limit);
-    return found;
+  /** Lanes whose last operation failed, newest first: `limit` of them from `offset`. */
+  async failures(limit = 200, offset = 0): Promise<{ laneId: string; jobId: string; at: number }[]> {
+    const lanes = await this.client.zrevrange(this.failuresAtKey, offset, offset + limit - 1);
+    if (!lanes.length) return [];
+    const entries = await this.client.hmget(this.failuresKey, ...lanes);
+    return lanes.flatMap((laneId, i) => {
+      const failure = parseFailure(entries[i] ?? null);
+      return failure ? [{ laneId, ...failure }] : [];
+    });
+  }
+
+  async failureCount(): Promise<number> {
+    return this.client.zcard(this.failuresAtKey);
+  }
+
+  /** Jobs backing off before a retry (kept by lane-yield, cleared when their next attempt starts). */
+  async backingOffCount(): Promise<number> {
+    return this.client.zcard(this.backingOffKey);
   }
 
   async openLaneCount(): Promise<number> {

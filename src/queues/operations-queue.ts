@@ -12,8 +12,9 @@ import {
   type OperationName,
   OperationNameSchema,
 } from '../operations.ts';
-import { QueueFullError } from '../errors.ts';
+import { IdempotencyKeyReusedError, QueueFullError } from '../errors.ts';
 import { assertTestedBullmq } from './bullmq-version.ts';
+import { faultPoint } from '../fault-points.ts';
 import { Lanes, type LaneOutcome } from './lane.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 
@@ -107,58 +108,75 @@ export class OperationsQueue {
   /**
    * Validates and accepts one operation. The job is stored parked first and only then
    * joins its lane (which hands it to the workers if it is the head), so a lane never
-   * names a job that does not exist.
+   * names a job that does not exist. A parked job's BullMQ timer is its deadline: if it is
+   * still waiting in its lane then, a worker fails it (deadline_exceeded) at that moment.
+   *
+   * Idempotency keys are scoped to the lease's company and environment, and remember the
+   * request they came with: the same key with another request is refused
+   * (IdempotencyKeyReusedError). The key is written (pending, naming the job id to be)
+   * before the job, and marked accepted in the step that puts the job in its lane; a retry
+   * of a request cut short in between finishes it under the same job id, which BullMQ adds
+   * at most once, whoever gets there first.
    */
   async enqueue(request: EnqueueRequest): Promise<Enqueued> {
-    const data = buildJobData(request, Date.now(), this.settings.LEASE_OPS_DEADLINES_MS);
+    const now = Date.now();
+    const data = buildJobData(request, now, this.settings.LEASE_OPS_DEADLINES_MS);
     const laneId = laneIdOf(data.lease);
-    const idemKey = request.idempotencyKey === undefined ? null : this.idempotencyKey(request.idempotencyKey);
-    if (idemKey) {
-      const earlier = await this.connection.get(idemKey);
-      const state = earlier ? await this.queue.getJobState(earlier) : 'unknown';
-      if (earlier && state !== 'unknown') {
-        // The earlier request may have been cut short between storing its job and joining
-        // the lane (Redis went away, the caller timed out): then this retry finishes it.
-        if (state === 'delayed') await this.adopt(earlier);
-        return { jobId: earlier, laneId, deduplicated: 'idempotency-key' };
+    let jobId = `${laneId}.${randomBytes(12).toString('base64url')}`;
+    let idem: { key: string; fingerprint: string } | null = null;
+    if (request.idempotencyKey !== undefined) {
+      idem = { key: this.idempotencyKey(data.lease, request.idempotencyKey), fingerprint: fingerprintOf(data) };
+      const claimed = await this.claimIdempotencyKey(idem.key, idem.fingerprint, jobId);
+      await faultPoint('enqueue-after-key');
+      if (claimed.kind === 'accepted') return { jobId: claimed.jobId, laneId: laneIdOfJobId(claimed.jobId) ?? laneId, deduplicated: 'idempotency-key' };
+      if (claimed.kind === 'pending') {
+        // An earlier request with this key was cut short before its job joined its lane:
+        // finish it, under its job id. Its job may exist already (then this is a no-op).
+        jobId = claimed.jobId;
+        const existing = await Job.fromId(this.queue, jobId);
+        if (existing) {
+          await this.adopt(jobId, idem);
+          return { jobId, laneId, deduplicated: 'idempotency-key' };
+        }
       }
     }
+    const accepted = idem && { key: idem.key, accepted: JSON.stringify({ jobId, fingerprint: idem.fingerprint, state: 'accepted' }) };
     const coalesceAs = coalescingKey(data);
     if (data.op === 'force-stop') {
       // A force-stop absorbs a stop of the same sandbox that has not started yet.
       const upgraded = await this.lanes.upgradeQueuedStop(laneId, `stop:${data.params.providerLeaseId}`, data);
       if (upgraded) {
-        if (idemKey) await this.connection.set(idemKey, upgraded, 'EX', IDEMPOTENCY_TTL_S);
+        if (idem) await this.markAccepted(idem, upgraded);
         return { jobId: upgraded, laneId, deduplicated: 'absorbed-stop' };
       }
     }
-    const jobId = `${laneId}.${randomBytes(12).toString('base64url')}`;
-    if (idemKey && (await this.connection.set(idemKey, jobId, 'EX', IDEMPOTENCY_TTL_S, 'NX')) !== 'OK') {
-      const racing = await this.connection.get(idemKey);
-      if (racing) return { jobId: racing, laneId, deduplicated: 'idempotency-key' };
-    }
-    await this.queue.add(data.op, data, { ...this.jobOptions, jobId });
+    await this.queue.add(data.op, data, { ...this.jobOptions, jobId, delay: parkDelay(data, now) });
     // Until it ends, an acquire is known here with its lease: if its job vanishes (an operator
     // removed it), the sweep still knows what to clean up after it (reconcileAcquires).
     if (data.op === 'acquire') await this.connection.hset(this.acquiresKey, jobId, JSON.stringify(data.lease));
     // The sanctioned exception: a force-stop goes ahead of queued and backing-off
     // operations of its lease, never alongside an executing one.
-    const pushed = await this.lanes.push(laneId, jobId, data.op === 'force-stop' ? 'front' : 'tail', coalesceAs, {
-      perLane: this.settings.LEASE_OPS_MAX_QUEUED_PER_LEASE,
-      queued: this.settings.LEASE_OPS_MAX_QUEUED,
-    });
+    const pushed = await this.lanes.push(
+      laneId,
+      jobId,
+      data.op === 'force-stop' ? 'front' : 'tail',
+      coalesceAs,
+      { perLane: this.settings.LEASE_OPS_MAX_QUEUED_PER_LEASE, queued: this.settings.LEASE_OPS_MAX_QUEUED },
+      false,
+      accepted,
+    );
     if (pushed.kind === 'absorbed') {
       // An identical request got in first: ours never joined the lane, so drop its job.
       await this.queue.remove(jobId);
       if (data.op === 'acquire') await this.connection.hdel(this.acquiresKey, jobId);
-      if (idemKey) await this.connection.set(idemKey, pushed.by, 'EX', IDEMPOTENCY_TTL_S);
+      if (idem) await this.markAccepted(idem, pushed.by);
       return { jobId: pushed.by, laneId, deduplicated: 'coalesced' };
     }
     if (pushed.kind === 'full') {
       // Refused: nothing of this request may stay behind, neither its job nor its key.
       await this.queue.remove(jobId);
       if (data.op === 'acquire') await this.connection.hdel(this.acquiresKey, jobId);
-      if (idemKey) await this.deleteIfEqual(idemKey, jobId);
+      if (idem) await this.deleteIfEqual(idem.key, pendingValue(jobId, idem.fingerprint));
       throw new QueueFullError(pushed.limit, pushed.count, FULL_RETRY_AFTER_MS);
     }
     return { jobId, laneId };
@@ -182,7 +200,7 @@ export class OperationsQueue {
       deadlineAt: now + (this.settings.LEASE_OPS_DEADLINES_MS['abandon-acquire'] ?? DEFAULT_DEADLINE_MS['abandon-acquire']),
     });
     const jobId = `${laneId}.${createHash('sha256').update(`abandon:${acquireJobId}`).digest('base64url').slice(0, 16)}`;
-    await this.queue.add(data.op, data, { ...this.jobOptions, jobId });
+    await this.queue.add(data.op, data, { ...this.jobOptions, jobId, delay: parkDelay(data, now) });
     const pushed = await this.lanes.push(laneId, jobId, 'front', '', { perLane: 0, queued: 0 }, true);
     await this.connection.hdel(this.acquiresKey, acquireJobId);
     return { jobId, laneId, ...(pushed.kind === 'present' ? { deduplicated: 'idempotency-key' as const } : {}) };
@@ -228,26 +246,88 @@ export class OperationsQueue {
     }
   }
 
-  /** Puts a stored job into its lane if an interrupted enqueue never did (see lane-push.lua). */
-  private async adopt(jobId: string): Promise<void> {
-    const laneId = laneIdOfJobId(jobId);
-    const job = laneId ? await Job.fromId(this.queue, jobId) : undefined;
-    if (!laneId || !job || job.delay < PARK_MS / 2) return;
-    await this.lanes.push(laneId, jobId, job.name === 'force-stop' ? 'front' : 'tail', '', { perLane: 0, queued: 0 }, true);
+  /**
+   * Takes an idempotency key for a new request, or says what an earlier request with it
+   * holds: `accepted` (its job joined its lane: the same job), `pending` (it was cut short
+   * before that: finish it under its job id), or `new` (this request took the key).
+   * The same key with another request is refused.
+   */
+  private async claimIdempotencyKey(key: string, fingerprint: string, jobId: string): Promise<{ kind: 'new' } | { kind: 'pending' | 'accepted'; jobId: string }> {
+    for (;;) {
+      if ((await this.connection.set(key, pendingValue(jobId, fingerprint), 'EX', IDEMPOTENCY_TTL_S, 'NX')) === 'OK') return { kind: 'new' };
+      const earlier = parseIdempotencyValue(await this.connection.get(key));
+      if (!earlier) continue; // it expired (or held junk) in between: take it now
+      // A key written before requests were fingerprinted names its job only: taken as the same request.
+      if (earlier.fingerprint && earlier.fingerprint !== fingerprint) throw new IdempotencyKeyReusedError(earlier.jobId);
+      return { kind: earlier.state, jobId: earlier.jobId };
+    }
   }
 
-  private idempotencyKey(key: string): string {
-    return `${this.settings.LEASE_OPS_PREFIX}:idem:${createHash('sha256').update(key).digest('base64url')}`;
+  private async markAccepted(idem: { key: string; fingerprint: string }, jobId: string): Promise<void> {
+    await this.connection.set(idem.key, JSON.stringify({ jobId, fingerprint: idem.fingerprint, state: 'accepted' }), 'KEEPTTL');
+  }
+
+  /** Puts a stored job into its lane if an interrupted enqueue never did (see lane-push.lua), and marks its key accepted. */
+  private async adopt(jobId: string, idem: { key: string; fingerprint: string }): Promise<void> {
+    const laneId = laneIdOfJobId(jobId);
+    const job = laneId ? await Job.fromId(this.queue, jobId) : undefined;
+    if (!laneId || !job) return;
+    await this.lanes.push(laneId, jobId, job.name === 'force-stop' ? 'front' : 'tail', '', { perLane: 0, queued: 0 }, true, {
+      key: idem.key,
+      accepted: JSON.stringify({ jobId, fingerprint: idem.fingerprint, state: 'accepted' }),
+    });
+  }
+
+  /** One key per company, environment and caller's key: JSON keeps `acme:eu`+`k9` and `acme`+`eu:k9` apart. */
+  private idempotencyKey(lease: LeaseIdentity, key: string): string {
+    const scoped = JSON.stringify([lease.companyId, lease.environmentId, key]);
+    return `${this.settings.LEASE_OPS_PREFIX}:idem:${createHash('sha256').update(scoped).digest('base64url')}`;
   }
 
   /** The lanes of this queue, spoken to over another connection. */
   lanesOn(connection: RedisClient): Lanes {
-    return new Lanes(connection, this.settings.LEASE_OPS_PREFIX, this.queue.toKey(''), PARK_MS / 2);
+    return new Lanes(connection, this.settings.LEASE_OPS_PREFIX, this.queue.toKey(''), this.settings.LEASE_OPS_KEEP_FAILED_S * 1_000);
   }
 
   async close(): Promise<void> {
     await this.queue.close();
   }
+}
+
+/**
+ * How long a job waits parked: until its deadline, when a worker takes it and, if it is
+ * still waiting in its lane, fails it; at most PARK_MS, after which it is looked at again.
+ */
+export function parkDelay(data: { deadlineAt: number }, now: number): number {
+  return Math.max(1, Math.min(PARK_MS, data.deadlineAt - now + 1));
+}
+
+/** What identifies a request for its idempotency key: its lease, operation and parameters (object keys in any order). */
+function fingerprintOf(data: OperationJobData): string {
+  const canonical = (v: unknown): unknown =>
+    v && typeof v === 'object' && !Array.isArray(v)
+      ? Object.fromEntries(Object.keys(v).sort().map((k) => [k, canonical((v as Record<string, unknown>)[k])]))
+      : Array.isArray(v)
+        ? v.map(canonical)
+        : v;
+  return createHash('sha256').update(JSON.stringify(canonical({ lease: data.lease, op: data.op, params: data.params }))).digest('base64url');
+}
+
+function pendingValue(jobId: string, fingerprint: string): string {
+  return JSON.stringify({ jobId, fingerprint, state: 'pending' });
+}
+
+function parseIdempotencyValue(text: string | null): { jobId: string; fingerprint: string; state: 'pending' | 'accepted' } | null {
+  if (!text) return null;
+  try {
+    const v = JSON.parse(text) as { jobId?: unknown; fingerprint?: unknown; state?: unknown };
+    if (typeof v.jobId === 'string' && typeof v.fingerprint === 'string' && (v.state === 'pending' || v.state === 'accepted')) {
+      return { jobId: v.jobId, fingerprint: v.fingerprint, state: v.state };
+    }
+  } catch {
+    // a key from before fingerprints: a bare job id
+  }
+  return { jobId: text, fingerprint: '', state: 'accepted' };
 }
 
 let bullmqChecked = false;

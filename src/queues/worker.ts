@@ -1,33 +1,20 @@
-import { DelayedError, MetricsTime, Queue, UnrecoverableError, Worker, type Job } from 'bullmq';
+import { MetricsTime, Queue, UnrecoverableError, Worker, type Job } from 'bullmq';
 import { Redis } from 'ioredis';
-import { z } from 'zod';
 import type { Config } from '../config.ts';
-import { laneIdOfJobId } from '../lease.ts';
 import type { Logger } from '../logger.ts';
-import { runOperation } from '../processors/index.ts';
+import { DEFAULT_DEADLINE_MS } from '../operations.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
-import type { OperationContext, SandboxState } from '../providers/types.ts';
-import type { LeaseIdentity } from '../lease.ts';
-import { LeaseRecords } from './lease-records.ts';
-import { Attempt, Fencing, StaleAttemptError } from './fencing.ts';
+import type { OperationContext } from '../providers/types.ts';
+import { AttemptLife, type AttemptDeps } from './attempt-life.ts';
+import { Fencing } from './fencing.ts';
 import type { Lanes } from './lane.ts';
-import { BACKOFF_TYPE, OperationsQueue, PARK_MS } from './operations-queue.ts';
-import { createRedis, pingWithin, type RedisClient } from './redis.ts';
+import { LeaseRecords } from './lease-records.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
-import {
-  type BackoffSettings,
-  decideRetry,
-  DEFAULT_BACKOFF,
-  DeadlineExceededError,
-  OperationFailedError,
-  RetryLaterError,
-} from './retry-policy.ts';
+import { BACKOFF_TYPE, OperationsQueue } from './operations-queue.ts';
+import { createRedis, pingWithin, type RedisClient } from './redis.ts';
+import { type BackoffSettings, DEFAULT_BACKOFF, RetryLaterError } from './retry-policy.ts';
 import { sweepLanes } from './sweep.ts';
-import * as telemetry from '../telemetry.ts';
-import { attemptEnded } from '../metrics.ts';
-import { isProviderError, TransientError } from '../providers/errors.ts';
 import { runWatchdog } from './watchdog.ts';
-import { DEFAULT_DEADLINE_MS, OperationJobDataSchema, type OperationJobData } from '../operations.ts';
 
 const SWEEP_SCHEDULER_ID = 'lane-sweep';
 /** BullMQ's stall limit, set out of reach: lease-ops applies LEASE_OPS_MAX_STALLED itself. */
@@ -80,6 +67,7 @@ export class LeaseWorker {
   private closing: Promise<void> | null = null;
   private readonly backoff: BackoffSettings;
   private readonly writeCheckpoint: LuaCommand;
+  private readonly attemptDeps: AttemptDeps;
 
   constructor(
     private readonly settings: WorkerSettings,
@@ -138,6 +126,23 @@ export class LeaseWorker {
       Math.max(250, Math.floor(settings.LEASE_OPS_LOCK_MS / 4)),
     );
     this.worker.on('lockRenewalFailed', (jobIds) => this.fencing.lockLost(jobIds));
+    this.attemptDeps = {
+      ops: this.ops,
+      releaseLanes: this.releaseLanes,
+      fencing: this.fencing,
+      records: this.records,
+      providers,
+      backoff: this.backoff,
+      backoffByOp: settings.LEASE_OPS_BACKOFF_BY_OP,
+      maxStalled: settings.LEASE_OPS_MAX_STALLED,
+      log,
+      redis: this.connection,
+      checkpointOf: (jobId: string) => this.checkpointOf(jobId),
+      coalesceWrites: () => this.coalesceWrites(),
+      // A worker that closes or is paused fetches nothing after its completion: the next
+      // job of the lane must then wake another worker (see handOff's lazy marker).
+      fetchesNext: () => !this.closing && !this.worker.closing && !this.worker.isPaused(),
+    };
 
     // Maintenance runs on its own small queue so a deep backlog of operations never
     // delays the sweep that keeps lanes moving.
@@ -205,194 +210,8 @@ export class LeaseWorker {
     return this.closing;
   }
 
-  private async process(job: Job, token: string | undefined): Promise<unknown> {
-    const jobId = job.id ?? '';
-    const startedAt = performance.now();
-    const laneId = laneIdOfJobId(jobId);
-    if (!laneId) throw new UnrecoverableError(`job ${jobId} has no lane: only lease-ops' enqueue may add jobs`);
-
-    let fence = handedOffFence(job);
-    if (fence === null) {
-      const acquired = await this.ops.lanes.acquire(laneId, jobId);
-      switch (acquired.kind) {
-        case 'park':
-          // Not this job's turn (it was promoted by hand, or a force-stop went ahead of its
-          // backoff): back to the parked set. The lane may have reached it meanwhile, so ask
-          // the lane's repair step to hand it off if it is now the head.
-          await job.moveToDelayed(Date.now() + PARK_MS, token);
-          await this.ops.lanes.repair(laneId);
-          throw new DelayedError();
-        case 'done':
-          // A re-run after a crash between the lane's release and BullMQ's completion.
-          if (acquired.outcome.status === 'completed') return acquired.outcome.result;
-          throw new UnrecoverableError(acquired.outcome.error);
-        case 'orphan':
-          throw new UnrecoverableError('operation was never accepted into its lane (its enqueue was interrupted)');
-        case 'run':
-          fence = acquired.token;
-      }
-    }
-
-    const parsed = OperationJobDataSchema.safeParse(job.data);
-    if (!parsed.success) {
-      return this.fail(laneId, jobId, fence, 'unknown', startedAt, 'invalid_job_data', `invalid job data: ${z.prettifyError(parsed.error)}`);
-    }
-    const data = parsed.data;
-    const attempt = job.attemptsMade + 1;
-    // A child logger costs more than a no-op operation; make it only when something logs.
-    let child: Logger | undefined;
-    const bindings = { leaseId: data.lease.leaseId, provider: data.lease.provider, jobId, op: data.op, attempt };
-    const logger = () => (child ??= this.log.child(bindings));
-    const provider = this.providers.get(data.lease.provider);
-    if (!provider) {
-      // Another replica may serve it (a rolling change of LEASE_OPS_PROVIDERS): retried
-      // like a transient error, so it fails only at its deadline.
-      const unknown = new TransientError('unknown_provider', `no provider named "${data.lease.provider}" is configured on this worker`);
-      const decision = decideRetry(unknown, job.attemptsMade, data.deadlineAt, Date.now(), this.backoff);
-      if (decision.retry) {
-        await this.ops.lanes.yield(laneId, jobId, fence);
-        throw new RetryLaterError(decision.delayMs, unknown);
-      }
-      if (data.op === 'acquire') await this.abandon(data, jobId, logger);
-      return this.fail(laneId, jobId, fence, data.op, startedAt, 'unknown_provider', unknown.message);
-    }
-    if (data.op === 'abandon-acquire' && (await this.ops.outcomeOf(data.params.acquireJobId))?.status === 'completed') {
-      // The acquire completed after all (a crash came between queueing this and recording
-      // its failure, and a re-run succeeded): its sandbox is a lease now, not debris.
-      return this.complete(laneId, jobId, fence, data.op, startedAt, { providerLeaseId: null, state: 'none' });
-    }
-    // A clean-up's own deadline bounds it; a stall limit would leave the sandbox behind.
-    if (job.stalledCounter > this.settings.LEASE_OPS_MAX_STALLED && data.op !== 'abandon-acquire') {
-      // Its attempts keep dying with their workers (a poison operation, or a crash loop).
-      if (data.op === 'acquire') await this.abandon(data, jobId, logger);
-      return this.fail(laneId, jobId, fence, data.op, startedAt, 'stalled_too_often', `its attempts stalled ${job.stalledCounter} times (LEASE_OPS_MAX_STALLED=${this.settings.LEASE_OPS_MAX_STALLED}): each one's worker died or froze past its lock`);
-    }
-    let result: unknown;
-    let observed: [string, SandboxState] | null = null;
-    const held = new Attempt(jobId, laneId, fence, token ?? '');
-    const untrack = this.fencing.track(held);
-    const fencing = this.fencing;
-    const ctx: OperationContext = {
-      lease: data.lease,
-      jobId,
-      attempt,
-      attemptId: `${jobId}:${fence}`,
-      get signal() {
-        return held.signal;
-      },
-      deadlineAt: data.deadlineAt,
-      fence: () => fencing.check(held),
-      fenceIsFresh: () => held.fresh(),
-      observe: (providerLeaseId: string, state: SandboxState) => {
-        observed = [providerLeaseId, state];
-      },
-      get log() {
-        return logger();
-      },
-      checkpoint: this.checkpointOf(jobId),
-    };
-    if (Date.now() >= data.deadlineAt) {
-      // A retry can come due just past the deadline; name the error that caused it.
-      const last = job.attemptsMade > 0 && job.failedReason ? `last provider error: ${job.failedReason}` : 'deadline passed before the operation could start';
-      untrack();
-      if (data.op === 'acquire') await this.abandon(data, jobId, logger);
-      return this.fail(laneId, jobId, fence, data.op, startedAt, 'deadline_exceeded', last);
-    }
-
-    try {
-      const spanAttributes = { 'lease.op': data.op, 'lease.provider': data.lease.provider, 'lease.job_id': jobId, 'lease.attempt': attempt };
-      result =
-        data.op === 'force-stop'
-          ? await telemetry.forceStopSpan(spanAttributes, () => runOperation(provider, ctx, data))
-          : await runOperation(provider, ctx, data);
-      if (data.op === 'force-stop') telemetry.forceStop('succeeded', { 'lease.provider': data.lease.provider });
-    } catch (err) {
-      if (err instanceof StaleAttemptError || held.stale) {
-        untrack();
-        // Not this attempt's lane any more: touch nothing, let the current attempt finish.
-        logger().warn({ err }, 'stale attempt refused a provider call');
-        attemptEnded(data.op, 'stale', (performance.now() - startedAt) / 1000);
-        throw held.staleError();
-      }
-      const decision = decideRetry(err, job.attemptsMade, data.deadlineAt, Date.now(), {
-        ...this.backoff,
-        ...(data.op === 'abandon-acquire' ? {} : this.settings.LEASE_OPS_BACKOFF_BY_OP[data.op]),
-      });
-      untrack();
-      // An acquire that fails for good leaves no sandbox behind.
-      if (!decision.retry && data.op === 'acquire') await this.abandon(data, jobId, logger);
-      await this.record(laneId, data.lease, observed, logger);
-      if (data.op === 'force-stop' && isProviderError(err) && err.code === 'state_change_in_progress') {
-        telemetry.forceStop('refused', { 'lease.provider': data.lease.provider });
-      }
-      if (decision.retry && isProviderError(err) && err.kind === 'settling') {
-        const seen = observed as [string, SandboxState] | null;
-        telemetry.waitTransition({
-          'lease.op': data.op,
-          'lease.provider': data.lease.provider,
-          'lease.state': seen ? seen[1].kind : 'unknown',
-          'lease.provider_state': seen && 'providerState' in seen[1] ? seen[1].providerState : (seen?.[1].kind ?? 'unknown'),
-          'lease.retry_delay_ms': decision.delayMs,
-        });
-      }
-      if (decision.retry) {
-        logger().info({ err, delayMs: decision.delayMs }, 'operation will be retried');
-        await this.ops.lanes.yield(laneId, jobId, fence);
-        attemptEnded(data.op, 'retry', (performance.now() - startedAt) / 1000, isProviderError(err) ? err.kind : 'unexpected');
-        throw new RetryLaterError(decision.delayMs, err);
-      }
-      const message = err instanceof Error ? err.message : String(err);
-      logger().warn({ err, reason: decision.reason }, 'operation failed');
-      if (decision.reason === 'deadline') {
-        return this.fail(laneId, jobId, fence, data.op, startedAt, 'deadline_exceeded', `last provider error: ${message}`);
-      }
-      return this.fail(laneId, jobId, fence, data.op, startedAt, errorCode(err), message);
-    }
-
-    this.coalesceWrites();
-    untrack();
-    attemptEnded(data.op, 'completed', (performance.now() - startedAt) / 1000);
-    if (observed) await this.record(laneId, data.lease, observed, logger);
-    // Not awaited: the release is queued on the worker's connection ahead of BullMQ's own
-    // completion, so the next job of the lane starts one round trip sooner. A stale
-    // release (this attempt was superseded) changes nothing, and BullMQ refuses to
-    // complete the job too, as the superseding start took its lock.
-    this.releaseLanes.release(laneId, jobId, fence, { status: 'completed', result }, true).then(
-      (released) => {
-        if (released.kind === 'stale') logger().warn('attempt was superseded while it ran; its result is discarded');
-      },
-      (err: unknown) => logger().error({ err }, 'lane release failed; the lane sweep will repair the lane'),
-    );
-    if (data.op === 'acquire') void this.ops.acquireEnded(jobId).catch((err: unknown) => logger().warn({ err }, 'could not forget a completed acquire; the sweep will'));
-    return result;
-  }
-
-  /**
-   * An acquire failed for good: its clean-up (find what its attempts made, destroy it) is
-   * queued as an operation of its own in the acquire's lane, where it is retried through a
-   * cloud outage or a sandbox still creating, within its own deadline. If even queueing it
-   * fails (Redis away), the acquire is retried instead of failed, so that its next attempt
-   * queues it again: a failure is never recorded without its clean-up.
-   */
-  private async abandon(data: OperationJobData & { op: 'acquire' }, jobId: string, logger: () => Logger): Promise<void> {
-    try {
-      const checkpoint = await this.checkpointOf(jobId).read();
-      const { jobId: cleanUp } = await this.ops.enqueueAbandon(data.lease, jobId, checkpoint);
-      logger().warn({ cleanUpJobId: cleanUp }, 'acquire failed for good; the clean-up of what it made is queued');
-    } catch (err) {
-      logger().error({ err }, 'could not queue the clean-up of a failed acquire; the acquire will be retried');
-      throw new RetryLaterError(this.backoff.capMs, err);
-    }
-  }
-
-  /** Keeps what the attempt last saw of its sandbox (before the lane moves on, so in order). */
-  private async record(laneId: string, lease: LeaseIdentity, observed: [string, SandboxState] | null, logger: () => Logger): Promise<void> {
-    if (!observed) return;
-    try {
-      await this.records.observe(laneId, lease, observed[0], observed[1]);
-    } catch (err) {
-      logger().warn({ err }, 'could not record the observed sandbox state');
-    }
+  private process(job: Job, token: string | undefined): Promise<unknown> {
+    return new AttemptLife(this.attemptDeps, job, token ?? '').live();
   }
 
   /** A job's checkpoint lives in its BullMQ hash, so it goes when the job goes (and is never written after). */
@@ -422,47 +241,6 @@ export class LeaseWorker {
       stream.uncork();
     });
   }
-
-  /** Records a completion decided without a provider call in the lane (which hands off the next job). */
-  private async complete(laneId: string, jobId: string, fence: string, op: string, startedAt: number, result: unknown): Promise<unknown> {
-    attemptEnded(op, 'completed', (performance.now() - startedAt) / 1000);
-    await this.releaseLanes.release(laneId, jobId, fence, { status: 'completed', result }, true);
-    return result;
-  }
-
-  /** Records a final failure in the lane (which hands off the next job) and fails this one for good. */
-  private async fail(
-    laneId: string,
-    jobId: string,
-    fence: string,
-    op: string,
-    startedAt: number,
-    code: string,
-    message: string,
-  ): Promise<never> {
-    attemptEnded(op, 'failed', (performance.now() - startedAt) / 1000);
-    const err = code === 'deadline_exceeded' ? new DeadlineExceededError(message) : new OperationFailedError(code, message);
-    if (code === 'deadline_exceeded') telemetry.deadlineFailure({ 'lease.lane': laneId });
-    await this.releaseLanes.release(laneId, jobId, fence, { status: 'failed', code, error: err.message }, true);
-    throw err;
-  }
 }
 
-/**
- * The fencing token a lane hand-off left in the job's progress field. Trusted only on the
- * job's first start: any later start (a retry, a re-run after a stall, a start after
- * parking) asks the lane for a fresh token, so no two attempts ever share one.
- */
-function handedOffFence(job: Job): string | null {
-  if (job.attemptsStarted !== 1 || job.attemptsMade !== 0) return null;
-  const progress = job.progress as unknown;
-  if (progress && typeof progress === 'object' && 'fence' in progress && typeof progress.fence === 'string') {
-    return progress.fence;
-  }
-  return null;
-}
 
-function errorCode(err: unknown): string {
-  if (err && typeof err === 'object' && 'code' in err && typeof err.code === 'string') return err.code;
-  return 'provider_error';
-}

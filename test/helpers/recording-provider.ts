@@ -88,6 +88,7 @@ export function seededFraction(seed: string, key: string): number {
  *   RECORDING_MAX_MS    longest call duration
  *   RECORDING_SETTLE_P  chance that an attempt fails with a settling error
  *   RECORDING_CALLS     provider calls per operation (default 1), each fenced
+ *   RECORDING_SETTLE_FIRST  '1': every operation's first attempt fails with a settling error
  */
 export default function createProvider(env: NodeJS.ProcessEnv): LeaseProvider {
   const file = env.RECORDING_FILE;
@@ -103,6 +104,7 @@ export default function createProvider(env: NodeJS.ProcessEnv): LeaseProvider {
       const key = `${ctx.jobId}:${ctx.attempt}`;
       const ms = minMs + Math.floor(seededFraction(seed, `d:${key}`) * (maxMs - minMs));
       if (ms > 0) await new Promise((r) => setTimeout(r, ms));
+      if (env.RECORDING_SETTLE_FIRST === '1' && ctx.attempt === 1) return 'settling';
       return seededFraction(seed, `s:${key}`) < settleP ? 'settling' : 'ok';
     },
   }).provider;

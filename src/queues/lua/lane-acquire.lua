@@ -2,38 +2,59 @@
   Called when an attempt starts. Only the lane's head may run; it gets a fresh fencing
   token, which supersedes any earlier attempt of the same job.
 
-  KEYS[1] lane list   KEYS[2] lane executing hash   KEYS[3] fencing counter
-  KEYS[4] lanes index KEYS[5] the BullMQ job hash
+  KEYS[1] lane list   KEYS[2] lane holder   KEYS[3] lane coalescing   KEYS[4] lanes index
+  KEYS[5] fencing counter   KEYS[6] failures   KEYS[7] failures by time   KEYS[8] backing off
+  KEYS[9] BullMQ delayed   KEYS[10] BullMQ wait   KEYS[11] BullMQ meta   KEYS[12] BullMQ active
+  KEYS[13] BullMQ marker   KEYS[14] BullMQ events   (see includes/lane.lua)
+  KEYS[15] the job's hash
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)
 
   Returns one of
     {'run', token}     the job is the head: execute it
-    {'park'}           the job waits behind others (e.g. promoted by hand): park it again
-    {'done', outcome}  the lane already recorded this job's outcome (a re-run after a crash
-                       between release and BullMQ's own completion): repeat that outcome
+    {'park'}           the job waits behind others: park it again
+    {'done', outcome}  the lane recorded this job's outcome and BullMQ never finished the job
+                       (a crash between release and completion): repeat that outcome
     {'orphan'}         the job is in no lane and has no outcome: its enqueue never finished
+  A job BullMQ had finished that runs again (an operator retried it) re-enters its lane at
+  the tail, like a new request: {'run', token} if that makes it the head, else {'park'}.
 ]]
-local list, exec, fence, lanes, jobKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local rcall = redis.call
+--- @include "lane"
+local k = laneKeys(KEYS)
+local jobKey = KEYS[15]
 local jobId, laneId, now = ARGV[1], ARGV[2], ARGV[3]
 
-local head = redis.call('LINDEX', list, 0)
-if head == jobId then
-  local holder = redis.call('HGET', exec, 'job')
-  if holder and holder ~= jobId then
-    return {'park'}
-  end
-  local token = tostring(redis.call('INCR', fence))
-  redis.call('HSET', exec, 'job', jobId, 'token', token)
-  redis.call('ZADD', lanes, now, laneId)
+local function run()
+  rcall('ZREM', k.backingOff, jobId)
+  local token = tostring(rcall('INCR', k.fence))
+  rcall('HSET', k.holder, 'job', jobId, 'token', token)
+  rcall('ZADD', k.lanes, now, laneId)
+  rcall('HDEL', jobKey, 'lo:parked')
   return {'run', token}
 end
 
-if head and redis.call('LPOS', list, jobId) then
+local head = rcall('LINDEX', k.list, 0)
+if head == jobId then
+  local holder = rcall('HGET', k.holder, 'job')
+  if holder and holder ~= jobId then
+    return {'park'}
+  end
+  return run()
+end
+if head and rcall('LPOS', k.list, jobId) then
   return {'park'}
 end
 
-local outcome = redis.call('HGET', jobKey, 'lo:outcome')
-if outcome then
-  return {'done', outcome}
+local recorded = rcall('HMGET', jobKey, 'lo:outcome', 'lo:released-atm')
+if recorded[1] then
+  if recorded[2] == (rcall('HGET', jobKey, 'atm') or '0') then
+    return {'done', recorded[1]}
+  end
+  rcall('HDEL', jobKey, 'lo:outcome', 'lo:released-atm')
+  rcall('ZADD', k.lanes, 'NX', now, laneId)
+  if rcall('RPUSH', k.list, jobId) == 1 then
+    return run()
+  end
+  return {'park'}
 end
 return {'orphan'}

@@ -1,11 +1,13 @@
 --[[
   Appends an accepted operation to its lease's lane and, if it is the head with nothing
-  executing, hands it to the workers. The sanctioned exception (mode 'front', used by
-  force-stop) goes ahead of queued and backing-off operations, never alongside an
-  executing one.
+  executing, hands it to the workers. A force-stop ('front') goes ahead of queued and
+  backing-off operations, never alongside an executing one.
 
-  KEYS[1] lane list (job ids, head first)   KEYS[2] lane executing hash {job, token}
-  KEYS[3] lanes index (zset laneId -> last progress ms)   KEYS[4] fencing counter
+  KEYS[1] lane list   KEYS[2] lane holder   KEYS[3] lane coalescing   KEYS[4] lanes index
+  KEYS[5] fencing counter   KEYS[6] failures   KEYS[7] failures by time   KEYS[8] backing off
+  KEYS[9] BullMQ delayed   KEYS[10] BullMQ wait   KEYS[11] BullMQ meta   KEYS[12] BullMQ active
+  KEYS[13] BullMQ marker   KEYS[14] BullMQ events   (see includes/lane.lua)
+  KEYS[15] the job's hash   KEYS[16] the request's idempotency key (a placeholder when it has none)
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] 'tail' | 'front'
   ARGV[5] BullMQ job key prefix
   ARGV[6] coalescing key ('' for none): an identical request queued last and not yet
@@ -13,31 +15,39 @@
   ARGV[7] most operations a lane may hold (0: no limit; force-stops are never refused)
   ARGV[8] most operations the queue may hold waiting, parked or backing off, this one
           included (it is already parked when this runs); 0: no limit
-  ARGV[9] '1' to adopt a job stored by an earlier enqueue that was cut short before its
-          push (a retry with the same idempotency key): a job already in its lane, or one
-          with an outcome, is left alone
+  ARGV[9] '1' when the job was stored by an earlier request with the same idempotency key
+          (a retry finishing an enqueue cut short): a job already in its lane, or one with
+          an outcome, is left alone
+  ARGV[10] what the idempotency key holds once the job is in its lane   ARGV[11] '1' when
+  the request has an idempotency key (KEYS[16] is then that key)
 
   Returns {'queued'} when it waits behind others, {'next', jobId, handOffResult} when it was
   handed to the workers, {'absorbed', existingJobId} or {'full', 'lease' | 'queue', count}
-  (in both cases the caller drops its own job), or {'present'} (adopting: nothing to do).
+  (in both cases the caller drops its own job), or {'present'} (already accepted).
 ]]
 local rcall = redis.call
-local listKey, execKey, lanesKey, fenceKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local jobId, laneId, now, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+--- @include "lane"
+local k = laneKeys(KEYS)
+local jobKey, idemKey = KEYS[15], KEYS[16]
+local jobId, laneId, now, mode, jobPrefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
---- @include "hand-off"
-local q = bullKeys(ARGV[5], false)
+local function accepted()
+  if ARGV[11] == '1' then
+    rcall('SET', idemKey, ARGV[10], 'KEEPTTL')
+  end
+end
 
-if ARGV[9] == '1' and (rcall('LPOS', listKey, jobId) or rcall('HEXISTS', q.jobPrefix .. jobId, 'lo:outcome') == 1) then
+if ARGV[9] == '1' and (rcall('LPOS', k.list, jobId) or rcall('HEXISTS', jobKey, 'lo:outcome') == 1) then
+  accepted()
   return {'present'}
 end
 
-local coalesceKey, coalesceAs = listKey .. ':c', ARGV[6]
+local coalesceAs = ARGV[6]
 if coalesceAs ~= '' then
   -- Only the last queued request can absorb: one with other requests after it would
   -- change what the lease ends up in (stop, resume, stop is not stop, resume).
-  local existing = rcall('HGET', coalesceKey, coalesceAs)
-  if existing and rcall('LINDEX', listKey, -1) == existing then
+  local existing = rcall('HGET', k.coalesce, coalesceAs)
+  if existing and rcall('LINDEX', k.list, -1) == existing then
     return {'absorbed', existing}
   end
 end
@@ -45,38 +55,32 @@ end
 -- Limits, checked in the same atomic step that would grow the lane and the queue.
 local maxPerLane, maxQueued = tonumber(ARGV[7]), tonumber(ARGV[8])
 if maxPerLane > 0 and mode ~= 'front' then
-  local inLane = rcall('LLEN', listKey)
+  local inLane = rcall('LLEN', k.list)
   if inLane >= maxPerLane then
     return {'full', 'lease', inLane}
   end
 end
 if maxQueued > 0 then
-  local queued = rcall('ZCARD', q.delayed) + rcall('LLEN', q.wait)
+  local queued = rcall('ZCARD', k.delayed) + rcall('LLEN', k.wait)
   if queued > maxQueued then
     return {'full', 'queue', queued - 1}
   end
 end
 
 if coalesceAs ~= '' then
-  rcall('HSET', coalesceKey, coalesceAs, jobId, 'job:' .. jobId, coalesceAs)
+  rcall('HSET', k.coalesce, coalesceAs, jobId, 'job:' .. jobId, coalesceAs)
 end
+rcall('ZADD', k.lanes, 'NX', now, laneId)
+accepted()
 
-rcall('ZADD', lanesKey, 'NX', now, laneId)
-local executing = rcall('HGET', execKey, 'job')
-
+local waits
 if mode == 'front' then
-  local head = rcall('LINDEX', listKey, 0)
-  if executing and head then
-    -- Right behind the executing head; if the head backs off for a retry, lane-yield
-    -- moves this job in front of it.
-    rcall('LINSERT', listKey, 'AFTER', head, jobId)
-    rcall('HSET', execKey, 'front', jobId)
-    return {'queued'}
-  end
-  rcall('LPUSH', listKey, jobId)
+  waits = queueFront(k, jobId)
 else
-  if rcall('RPUSH', listKey, jobId) > 1 then
-    return {'queued'}
-  end
+  waits = rcall('RPUSH', k.list, jobId) > 1
 end
-return {'next', jobId, handOff(q, execKey, fenceKey, jobId, listKey .. ':c')}
+if waits then
+  rcall('HSET', jobKey, 'lo:parked', '1')
+  return {'queued'}
+end
+return {'next', jobId, handOff(k, jobPrefix, jobId, false)}

@@ -1,8 +1,8 @@
 --[[
-  The one recovery step for a lane, used by the periodic sweep and by a job that has just
-  parked itself. It looks at the head and:
+  The one recovery step for a lane, used by the sweep and by a job that has just parked
+  itself. It looks at the head and:
     - drops it when its job is gone (removed by an operator) or finished without the lane
-      hearing of it (BullMQ failed it after too many stalls), then hands off the next;
+      hearing of it, then hands off the next;
     - hands it off when it is still parked (its hand-off raced a parking attempt, or the
       process that should have handed it off died);
     - makes its data readable when it is not JSON at all (written into Redis by hand or
@@ -13,35 +13,40 @@
   Every branch is conditional on what it reads in the same atomic step, so a repair that
   races a worker can only find the work already done.
 
-  KEYS[1] lane list   KEYS[2] lane executing hash   KEYS[3] lanes index   KEYS[4] fencing counter
+  KEYS[1] lane list   KEYS[2] lane holder   KEYS[3] lane coalescing   KEYS[4] lanes index
+  KEYS[5] fencing counter   KEYS[6] failures   KEYS[7] failures by time   KEYS[8] backing off
+  KEYS[9] BullMQ delayed   KEYS[10] BullMQ wait   KEYS[11] BullMQ meta   KEYS[12] BullMQ active
+  KEYS[13] BullMQ marker   KEYS[14] BullMQ events   (see includes/lane.lua)
   ARGV[1] lane id   ARGV[2] now (ms)   ARGV[3] BullMQ job key prefix
-  ARGV[4] parked threshold: a delayed head whose delay is at least this is parked, not
-          backing off
+  ARGV[4] a job id to mark parked first ('' for none): a job that just parked itself
 
   Returns {'forgotten'} | {'healthy'} | {'dropped', jobId, ...advance} | {'handed', jobId, r}
 ]]
 local rcall = redis.call
-local listKey, execKey, lanesKey, fenceKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local laneId, now, parkedDelay = ARGV[1], ARGV[2], tonumber(ARGV[4])
+--- @include "lane"
+local k = laneKeys(KEYS)
+local laneId, now, jobPrefix = ARGV[1], ARGV[2], ARGV[3]
 
---- @include "hand-off"
-local q = bullKeys(ARGV[3], false)
+if ARGV[4] ~= '' and rcall('EXISTS', jobPrefix .. ARGV[4]) == 1 then
+  rcall('HSET', jobPrefix .. ARGV[4], 'lo:parked', '1')
+end
 
-local head = rcall('LINDEX', listKey, 0)
+local head = rcall('LINDEX', k.list, 0)
 if not head then
-  rcall('ZREM', lanesKey, laneId)
-  rcall('DEL', execKey)
+  rcall('ZREM', k.lanes, laneId)
+  rcall('DEL', k.holder)
   return {'forgotten'}
 end
 
-local jobKey = q.jobPrefix .. head
+local jobKey = jobPrefix .. head
 if rcall('EXISTS', jobKey) == 0 or rcall('HEXISTS', jobKey, 'finishedOn') == 1 then
-  rcall('LPOP', listKey)
-  forgetCoalescing(listKey .. ':c', head)
-  if rcall('HGET', execKey, 'job') == head then
-    rcall('DEL', execKey)
+  rcall('LPOP', k.list)
+  rcall('ZREM', k.backingOff, head)
+  forgetCoalescing(k, head)
+  if rcall('HGET', k.holder, 'job') == head then
+    rcall('DEL', k.holder)
   end
-  local advanced = advanceLane(q, listKey, execKey, fenceKey, lanesKey, laneId, now)
+  local advanced = advanceLane(k, jobPrefix, laneId, false)
   return {'dropped', head, advanced[1], advanced[2], advanced[3]}
 end
 
@@ -52,9 +57,9 @@ if data and not pcall(cjson.decode, data) then
   rcall('HDEL', jobKey, 'defa', 'stc')
 end
 
-if rcall('ZSCORE', q.delayed, head) and (tonumber(rcall('HGET', jobKey, 'delay')) or 0) >= parkedDelay then
-  return {'handed', head, handOff(q, execKey, fenceKey, head, listKey .. ':c')}
+if rcall('ZSCORE', k.delayed, head) and rcall('HEXISTS', jobKey, 'lo:parked') == 1 then
+  return {'handed', head, handOff(k, jobPrefix, head, false)}
 end
 
-rcall('ZADD', lanesKey, 'XX', now, laneId)
+rcall('ZADD', k.lanes, 'XX', now, laneId)
 return {'healthy'}

@@ -4,38 +4,38 @@
   does: ahead of queued and backing-off operations, never alongside an executing one.
   The stop's caller then gets the force-stop's receipt under the job it already holds.
 
-  KEYS[1] lane list   KEYS[2] lane executing hash   KEYS[3] lanes index   KEYS[4] fencing counter
+  KEYS[1] lane list   KEYS[2] lane holder   KEYS[3] lane coalescing   KEYS[4] lanes index
+  KEYS[5] fencing counter   KEYS[6] failures   KEYS[7] failures by time   KEYS[8] backing off
+  KEYS[9] BullMQ delayed   KEYS[10] BullMQ wait   KEYS[11] BullMQ meta   KEYS[12] BullMQ active
+  KEYS[13] BullMQ marker   KEYS[14] BullMQ events   (see includes/lane.lua)
   ARGV[1] coalescing key of the stop   ARGV[2] the force-stop's job data (JSON)
   ARGV[3] lane id   ARGV[4] now (ms)   ARGV[5] BullMQ job key prefix
 
   Returns {'none'} when no such stop is queued, else {'queued', jobId} or {'next', jobId, r}.
 ]]
 local rcall = redis.call
-local listKey, execKey, lanesKey, fenceKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local coalesceKey = listKey .. ':c'
+--- @include "lane"
+local k = laneKeys(KEYS)
 
---- @include "hand-off"
-local q = bullKeys(ARGV[5], false)
-
-local stopJob = rcall('HGET', coalesceKey, ARGV[1])
-if not stopJob or not rcall('LPOS', listKey, stopJob) then
+local stopJob = rcall('HGET', k.coalesce, ARGV[1])
+if not stopJob or not rcall('LPOS', k.list, stopJob) then
   return {'none'}
 end
-local jobKey = q.jobPrefix .. stopJob
+local jobKey = ARGV[5] .. stopJob
 if rcall('EXISTS', jobKey) == 0 then
   return {'none'}
 end
-forgetCoalescing(coalesceKey, stopJob)
+forgetCoalescing(k, stopJob)
 rcall('HSET', jobKey, 'data', ARGV[2], 'name', 'force-stop')
-rcall('LREM', listKey, 1, stopJob)
-rcall('ZADD', lanesKey, 'NX', ARGV[4], ARGV[3])
-
-local executing = rcall('HGET', execKey, 'job')
-local head = rcall('LINDEX', listKey, 0)
-if executing and head then
-  rcall('LINSERT', listKey, 'AFTER', head, stopJob)
-  rcall('HSET', execKey, 'front', stopJob)
+-- A stop queued among the force-stops behind the executing head counted as one of them.
+local fronts = tonumber(rcall('HGET', k.holder, 'fronts') or '0')
+local at = rcall('LPOS', k.list, stopJob)
+if at >= 1 and at <= fronts then
+  rcall('HSET', k.holder, 'fronts', fronts - 1)
+end
+rcall('LREM', k.list, 1, stopJob)
+rcall('ZADD', k.lanes, 'NX', ARGV[4], ARGV[3])
+if queueFront(k, stopJob) then
   return {'queued', stopJob}
 end
-rcall('LPUSH', listKey, stopJob)
-return {'next', stopJob, handOff(q, execKey, fenceKey, stopJob, coalesceKey)}
+return {'next', stopJob, handOff(k, ARGV[5], stopJob, false)}

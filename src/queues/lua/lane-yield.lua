@@ -1,28 +1,36 @@
 --[[
   The executing head backs off before a retry: it keeps its place at the head, but is no
-  longer executing. If a force-stop arrived while it executed (queued right behind it), the
-  sanctioned exception now applies: the force-stop goes ahead and is handed off.
+  longer executing. Force-stops that arrived while it executed (waiting right behind it) now
+  go ahead of it, in the order they came, and the first is handed off.
 
-  KEYS[1] lane list   KEYS[2] lane executing hash   KEYS[3] lanes index   KEYS[4] fencing counter
-  ARGV[1] job id   ARGV[2] token   ARGV[3] BullMQ job key prefix
+  KEYS[1] lane list   KEYS[2] lane holder   KEYS[3] lane coalescing   KEYS[4] lanes index
+  KEYS[5] fencing counter   KEYS[6] failures   KEYS[7] failures by time   KEYS[8] backing off
+  KEYS[9] BullMQ delayed   KEYS[10] BullMQ wait   KEYS[11] BullMQ meta   KEYS[12] BullMQ active
+  KEYS[13] BullMQ marker   KEYS[14] BullMQ events   (see includes/lane.lua)
+  ARGV[1] job id   ARGV[2] token   ARGV[3] BullMQ job key prefix   ARGV[4] when its retry
+  comes due (ms): it is listed as backing off until its next attempt starts
 
   Returns 1, or 0 for a stale attempt.
 ]]
 local rcall = redis.call
-local listKey, execKey, lanesKey, fenceKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+--- @include "lane"
+local k = laneKeys(KEYS)
 
---- @include "hand-off"
-local q = bullKeys(ARGV[3], false)
-
-local holder = rcall('HMGET', execKey, 'job', 'token', 'front')
+local holder = rcall('HMGET', k.holder, 'job', 'token', 'fronts')
 if holder[1] ~= ARGV[1] or holder[2] ~= ARGV[2] then
   return 0
 end
-rcall('DEL', execKey)
-local front = holder[3]
-if front and rcall('LPOS', listKey, front) then
-  rcall('LREM', listKey, 1, front)
-  rcall('LPUSH', listKey, front)
-  handOff(q, execKey, fenceKey, front, listKey .. ':c')
+rcall('DEL', k.holder)
+rcall('ZADD', k.backingOff, ARGV[4], ARGV[1])
+local fronts = tonumber(holder[3] or '0')
+if fronts > 0 then
+  local waiting = rcall('LRANGE', k.list, 1, fronts)
+  for i = 1, #waiting do
+    rcall('LREM', k.list, 1, waiting[i])
+  end
+  for i = #waiting, 1, -1 do
+    rcall('LPUSH', k.list, waiting[i])
+  end
+  handOff(k, ARGV[3], waiting[1], false)
 end
 return 1

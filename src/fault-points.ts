@@ -1,0 +1,71 @@
+import type { RedisClient } from './queues/redis.ts';
+
+/**
+ * Named steps in an attempt's life (and one in an enqueue) where the crash tests stop or
+ * break a process at exactly that step (test/attack/*): `LEASE_OPS_FAULT_POINTS="after-release=kill"`, several
+ * comma separated, each optionally limited to its first N hits (`=kill*1`). Without that
+ * variable every point is a no-op costing one boolean check. Not a setting for production.
+ *
+ * Actions:
+ *   kill         SIGKILL this process (after a line on stderr saying so)
+ *   pause        SIGSTOP this process; the test sends SIGCONT
+ *   redis-error  one real error reply from Redis (an unknown command on the given client)
+ *   stall        block the event loop for 3 s (a long GC, a starved loop)
+ *
+ * Every hit writes `lease-ops fault point <name>: <action>` to stderr first, so a test can
+ * wait for that line.
+ */
+export type FaultPoint =
+  | 'enqueue-after-key'
+  | 'lane-acquire'
+  | 'after-lane-acquire'
+  | 'before-provider-call'
+  | 'after-provider-call'
+  | 'lane-yield'
+  | 'after-release'
+  | 'lane-park';
+
+type Action = 'kill' | 'pause' | 'redis-error' | 'stall';
+
+const configured = new Map<string, { action: Action; left: number }>();
+for (const entry of (process.env.LEASE_OPS_FAULT_POINTS ?? '').split(',').map((s) => s.trim()).filter(Boolean)) {
+  const m = /^([a-z-]+)=(kill|pause|redis-error|stall)(?:\*(\d+))?$/.exec(entry);
+  if (!m) throw new Error(`LEASE_OPS_FAULT_POINTS: cannot read "${entry}" (expected point=kill|pause|redis-error|stall[*count])`);
+  configured.set(m[1]!, { action: m[2] as Action, left: m[3] ? Number(m[3]) : Number.POSITIVE_INFINITY });
+}
+
+/** True when any fault point is armed. */
+export const faultPointsArmed = configured.size > 0;
+
+/** Whether this point is armed: a caller may then take a slower path that makes the step observable. */
+export function faultPointArmed(name: FaultPoint): boolean {
+  return configured.has(name);
+}
+
+/** Acts on the named point if it is armed (see above). `redis` is the client a `redis-error` fails. */
+export async function faultPoint(name: FaultPoint, redis?: RedisClient): Promise<void> {
+  if (!faultPointsArmed) return;
+  const point = configured.get(name);
+  if (!point || point.left <= 0) return;
+  point.left--;
+  process.stderr.write(`lease-ops fault point ${name}: ${point.action}\n`);
+  switch (point.action) {
+    case 'kill':
+      process.kill(process.pid, 'SIGKILL');
+      await new Promise(() => undefined);
+      return;
+    case 'pause':
+      process.kill(process.pid, 'SIGSTOP');
+      return;
+    case 'stall': {
+      const until = Date.now() + 3_000;
+      while (Date.now() < until) {
+        // Busy: nothing else in this process runs, lock renewals included.
+      }
+      return;
+    }
+    case 'redis-error':
+      if (!redis) throw new Error(`fault point ${name} has no Redis client to fail`);
+      await redis.call('LEASE-OPS-FAULT-POINT');
+  }
+}

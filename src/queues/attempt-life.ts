@@ -1,0 +1,337 @@
+import { DelayedError, UnrecoverableError, type Job } from 'bullmq';
+import { z } from 'zod';
+import { faultPoint, faultPointArmed } from '../fault-points.ts';
+import { laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
+import type { Logger } from '../logger.ts';
+import { attemptEnded } from '../metrics.ts';
+import { OperationJobDataSchema, type OperationJobData } from '../operations.ts';
+import { runOperation } from '../processors/index.ts';
+import { isProviderError, TransientError } from '../providers/errors.ts';
+import type { ProviderRegistry } from '../providers/registry.ts';
+import type { LeaseProvider, OperationContext, SandboxState } from '../providers/types.ts';
+import * as telemetry from '../telemetry.ts';
+import { Attempt, type Fencing, StaleAttemptError } from './fencing.ts';
+import type { Lanes, LaneOutcome } from './lane.ts';
+import type { LeaseRecords } from './lease-records.ts';
+import { parkDelay, type OperationsQueue } from './operations-queue.ts';
+import type { RedisClient } from './redis.ts';
+import { type BackoffSettings, decideRetry, DeadlineExceededError, OperationFailedError, RetryLaterError } from './retry-policy.ts';
+
+/** What an attempt needs from its worker replica. */
+export interface AttemptDeps {
+  ops: OperationsQueue;
+  /** The lanes on the BullMQ worker's own connection: a release there lands just ahead of BullMQ's completion. */
+  releaseLanes: Lanes;
+  fencing: Fencing;
+  records: LeaseRecords;
+  providers: ProviderRegistry;
+  backoff: BackoffSettings;
+  backoffByOp: Partial<Record<string, Partial<BackoffSettings>>>;
+  maxStalled: number;
+  log: Logger;
+  redis: RedisClient;
+  checkpointOf(jobId: string): OperationContext['checkpoint'];
+  /** Sends this tick's writes on the worker connection together (the release and BullMQ's completion). */
+  coalesceWrites(): void;
+  /** Whether this worker will fetch its next job right after completing this one (not closing, not paused). */
+  fetchesNext(): boolean;
+}
+
+/** A lane step that met a Redis error: the attempt is retried, never failed for it (BullMQ's own steps would fail too). */
+class LaneUnavailableError extends RetryLaterError {
+  override name = 'LaneUnavailableError';
+}
+
+/**
+ * One attempt of one operation, from the moment BullMQ hands the job to this worker to
+ * the moment the lane hears how it ended:
+ *
+ *   admit   the lane says whether it is this job's turn (or repeats an outcome it recorded,
+ *           or parks the job again, failing it if its deadline passed while it waited);
+ *           the job's data, provider, stall count and deadline are checked
+ *   run     the provider call, fenced, with what it observes of the sandbox kept
+ *   end     completed: the lane is released (handing off the next job) just ahead of
+ *           BullMQ's completion; settling or transient: the lane keeps its head and BullMQ
+ *           retries after the chosen delay; failed: an acquire's clean-up is queued and the
+ *           lane is released with the failure
+ *
+ * A Redis error in a lane step retries the attempt rather than failing the operation.
+ * Named fault points (../fault-points.ts) let the crash tests stop a worker between steps.
+ */
+export class AttemptLife {
+  private readonly jobId: string;
+  private readonly startedAt = performance.now();
+  private logger: Logger | undefined;
+
+  constructor(
+    private readonly deps: AttemptDeps,
+    private readonly job: Job,
+    /** The BullMQ lock token this worker holds the job with. */
+    private readonly lockToken: string,
+  ) {
+    this.jobId = job.id ?? '';
+  }
+
+  async live(): Promise<unknown> {
+    const laneId = laneIdOfJobId(this.jobId);
+    if (!laneId) throw new UnrecoverableError(`no_lane: job ${this.jobId} has no lane: only lease-ops' enqueue may add jobs`);
+    const parsed = OperationJobDataSchema.safeParse(this.job.data);
+
+    let fence = handedOffFence(this.job);
+    if (fence === null) {
+      const acquired = await this.laneStep(async () => {
+        await faultPoint('lane-acquire', this.deps.redis);
+        return this.deps.ops.lanes.acquire(laneId, this.jobId);
+      });
+      switch (acquired.kind) {
+        case 'park':
+          return this.park(laneId, parsed.success ? parsed.data : null);
+        case 'done':
+          // A re-run after a crash between the lane's release and BullMQ's completion.
+          if (acquired.outcome.status === 'completed') return acquired.outcome.result;
+          throw new UnrecoverableError(acquired.outcome.error);
+        case 'orphan':
+          throw new UnrecoverableError('orphaned: the operation never joined its lane (its enqueue was cut short, and no retry with its idempotency key finished it)');
+        case 'run':
+          fence = acquired.token;
+      }
+    }
+    await faultPoint('after-lane-acquire');
+
+    if (!parsed.success) return this.fail(laneId, fence, 'unknown', 'invalid_job_data', `invalid job data: ${z.prettifyError(parsed.error)}`);
+    const data = parsed.data;
+    const log = () => (this.logger ??= this.deps.log.child({ leaseId: data.lease.leaseId, provider: data.lease.provider, jobId: this.jobId, op: data.op, attempt: this.job.attemptsMade + 1 }));
+
+    const provider = this.deps.providers.get(data.lease.provider);
+    if (!provider) {
+      // Another replica may serve it (a rolling change of LEASE_OPS_PROVIDERS): retried
+      // like a transient error, so it fails only at its deadline.
+      const unknown = new TransientError('unknown_provider', `no provider named "${data.lease.provider}" is configured on this worker`);
+      return this.endFailed(laneId, fence, data, unknown, null, log);
+    }
+    if (data.op === 'abandon-acquire' && (await this.laneStep(() => this.deps.ops.outcomeOf(data.params.acquireJobId)))?.status === 'completed') {
+      // The acquire completed after all (a crash came between queueing this and recording
+      // its failure, and a re-run succeeded): its sandbox is a lease now, not debris.
+      return this.complete(laneId, fence, data, { providerLeaseId: null, state: 'none' }, null, log);
+    }
+    // A clean-up's own deadline bounds it; a stall limit would leave the sandbox behind.
+    if (this.job.stalledCounter > this.deps.maxStalled && data.op !== 'abandon-acquire') {
+      // Its attempts keep dying with their workers (a poison operation, or a crash loop).
+      return this.failForGood(laneId, fence, data, 'stalled_too_often', `its attempts stalled ${this.job.stalledCounter} times (LEASE_OPS_MAX_STALLED=${this.deps.maxStalled}): each one's worker died or froze past its lock`, log);
+    }
+    if (Date.now() >= data.deadlineAt) {
+      // A retry can come due just past the deadline; name the error that caused it.
+      const last = this.job.attemptsMade > 0 && this.job.failedReason ? `last provider error: ${this.job.failedReason}` : 'the deadline passed before the operation could start';
+      return this.failForGood(laneId, fence, data, 'deadline_exceeded', last, log);
+    }
+    return this.run(laneId, fence, data, provider, log);
+  }
+
+  /** The provider call, fenced; what it saw of its sandbox is kept either way. */
+  private async run(laneId: string, fence: string, data: OperationJobData, provider: LeaseProvider, log: () => Logger): Promise<unknown> {
+    const held = new Attempt(this.jobId, laneId, fence, this.lockToken);
+    const untrack = this.deps.fencing.track(held);
+    let observed: [string, SandboxState] | null = null;
+    const ctx: OperationContext = {
+      lease: data.lease,
+      jobId: this.jobId,
+      attempt: this.job.attemptsMade + 1,
+      attemptId: `${this.jobId}:${fence}`,
+      get signal() {
+        return held.signal;
+      },
+      deadlineAt: data.deadlineAt,
+      fence: () => this.deps.fencing.check(held),
+      fenceIsFresh: () => held.fresh(),
+      observe: (providerLeaseId, state) => {
+        observed = [providerLeaseId, state];
+      },
+      get log() {
+        return log();
+      },
+      checkpoint: this.deps.checkpointOf(this.jobId),
+    };
+    let result: unknown;
+    try {
+      await faultPoint('before-provider-call');
+      const spanAttributes = { 'lease.op': data.op, 'lease.provider': data.lease.provider, 'lease.job_id': this.jobId, 'lease.attempt': ctx.attempt };
+      result = data.op === 'force-stop' ? await telemetry.forceStopSpan(spanAttributes, () => runOperation(provider, ctx, data)) : await runOperation(provider, ctx, data);
+      if (data.op === 'force-stop') telemetry.forceStop('succeeded', { 'lease.provider': data.lease.provider });
+      await faultPoint('after-provider-call');
+    } catch (err) {
+      untrack();
+      if (err instanceof StaleAttemptError || held.stale) {
+        // Not this attempt's lane any more: touch nothing, let the current attempt finish.
+        log().warn({ err }, 'stale attempt refused a provider call');
+        attemptEnded(data.op, 'stale', this.seconds());
+        throw held.staleError();
+      }
+      return this.endFailed(laneId, fence, data, err, observed, log);
+    }
+    untrack();
+    return this.complete(laneId, fence, data, result, observed, log);
+  }
+
+  /**
+   * Completed: the observation is recorded, then the release (which hands off the next job)
+   * is queued on the worker's connection just ahead of BullMQ's completion, so the next job
+   * of the lane starts one round trip sooner. A stale release (superseded meanwhile) changes
+   * nothing, and BullMQ refuses to complete the job too: the superseding start took its lock.
+   */
+  private async complete(laneId: string, fence: string, data: OperationJobData, result: unknown, observed: [string, SandboxState] | null, log: () => Logger): Promise<unknown> {
+    this.deps.coalesceWrites();
+    attemptEnded(data.op, 'completed', this.seconds());
+    if (observed) await this.record(laneId, data.lease, observed, log);
+    const released = this.deps.releaseLanes.release(laneId, this.jobId, fence, { status: 'completed', result }, this.deps.fetchesNext()).then(
+      (r) => {
+        if (r.kind === 'stale') log().warn('attempt was superseded while it ran; its result is discarded');
+      },
+      (err: unknown) => log().error({ err }, 'lane release failed; the lane sweep will repair the lane'),
+    );
+    if (data.op === 'acquire') void this.deps.ops.acquireEnded(this.jobId).catch((err: unknown) => log().warn({ err }, 'could not forget a completed acquire; the sweep will'));
+    // A crash test stops the worker here: released, and BullMQ not yet told.
+    if (faultPointArmed('after-release')) {
+      await released;
+      await faultPoint('after-release');
+    }
+    return result;
+  }
+
+  /** The provider call failed: retry it after a delay, keeping the lane's head, or fail it for good. */
+  private async endFailed(laneId: string, fence: string, data: OperationJobData, err: unknown, observed: [string, SandboxState] | null, log: () => Logger): Promise<never> {
+    const decision = decideRetry(err, this.job.attemptsMade, data.deadlineAt, Date.now(), {
+      ...this.deps.backoff,
+      ...this.deps.backoffByOp[data.op],
+    });
+    await this.record(laneId, data.lease, observed, log);
+    if (data.op === 'force-stop' && isProviderError(err) && err.code === 'state_change_in_progress') {
+      telemetry.forceStop('refused', { 'lease.provider': data.lease.provider });
+    }
+    if (decision.retry) {
+      if (isProviderError(err) && err.kind === 'settling') {
+        const seen = observed as [string, SandboxState] | null;
+        telemetry.waitTransition({
+          'lease.op': data.op,
+          'lease.provider': data.lease.provider,
+          'lease.state': seen ? seen[1].kind : 'unknown',
+          'lease.provider_state': seen && 'providerState' in seen[1] ? seen[1].providerState : (seen?.[1].kind ?? 'unknown'),
+        });
+      }
+      log().info({ err, delayMs: decision.delayMs }, 'operation will be retried');
+      // A failed yield leaves this job the holder: its next attempt takes the lane again.
+      await (async () => {
+        await faultPoint('lane-yield', this.deps.redis);
+        await this.deps.ops.lanes.yield(laneId, this.jobId, fence, Date.now() + decision.delayMs);
+      })().catch((yieldErr: unknown) => log().warn({ err: yieldErr }, 'could not yield the lane before a retry'));
+      attemptEnded(data.op, 'retry', this.seconds(), isProviderError(err) ? err.kind : 'unexpected');
+      throw new RetryLaterError(decision.delayMs, err);
+    }
+    const message = err instanceof Error ? err.message : String(err);
+    log().warn({ err, reason: decision.reason }, 'operation failed');
+    // No replica served its provider before its deadline: that, not the deadline, is the news.
+    if (decision.reason === 'deadline' && errorCode(err) !== 'unknown_provider') {
+      return this.failForGood(laneId, fence, data, 'deadline_exceeded', `last provider error: ${message}`, log);
+    }
+    return this.failForGood(laneId, fence, data, errorCode(err), message, log);
+  }
+
+  /** Fails an operation for good; an acquire's clean-up is queued first (never a failure recorded without it). */
+  private async failForGood(laneId: string, fence: string, data: OperationJobData, code: string, message: string, log: () => Logger): Promise<never> {
+    if (data.op === 'acquire') await this.abandon(data, log);
+    return this.fail(laneId, fence, data.op, code, message);
+  }
+
+  /** Records a final failure in the lane (which hands off the next job) and fails this job for good. */
+  private async fail(laneId: string, fence: string, op: string, code: string, message: string): Promise<never> {
+    attemptEnded(op, 'failed', this.seconds());
+    const err = code === 'deadline_exceeded' ? new DeadlineExceededError(message) : new OperationFailedError(code, message);
+    if (code === 'deadline_exceeded') telemetry.deadlineFailure({ 'lease.op': op });
+    await this.laneStep(() => this.deps.releaseLanes.release(laneId, this.jobId, fence, { status: 'failed', code, error: err.message }, this.deps.fetchesNext()));
+    throw err;
+  }
+
+  /**
+   * Not this job's turn (promoted by hand, or a force-stop went ahead of its backoff): back
+   * to waiting, until its deadline at most. The lane may have reached it meanwhile, so the
+   * lane's repair step hands it off if it is now the head. Past its deadline, it leaves its
+   * lane and fails: a caller waiting on it hears at its deadline, not when it reaches the head.
+   */
+  private async park(laneId: string, data: OperationJobData | null): Promise<never> {
+    const now = Date.now();
+    if (data && now >= data.deadlineAt) {
+      const outcome: LaneOutcome = { status: 'failed', code: 'deadline_exceeded', error: 'deadline_exceeded: the deadline passed while it waited in its lane' };
+      const dropped = await this.laneStep(() => this.deps.ops.lanes.drop(laneId, this.jobId, outcome));
+      if (dropped.kind !== 'executing') {
+        telemetry.deadlineFailure({ 'lease.op': data.op });
+        attemptEnded(data.op, 'failed', this.seconds());
+        throw new DeadlineExceededError('the deadline passed while it waited in its lane');
+      }
+    }
+    await this.laneStep(async () => {
+      await faultPoint('lane-park', this.deps.redis);
+      await this.job.moveToDelayed(now + (data ? parkDelay(data, now) : 60_000), this.lockToken);
+      await this.deps.ops.lanes.repair(laneId, this.jobId);
+    });
+    throw new DelayedError();
+  }
+
+  /**
+   * An acquire failed for good: its clean-up (find what its attempts made, destroy it) is
+   * queued as an operation of its own in the acquire's lane, where it is retried through a
+   * cloud outage or a sandbox still creating, within its own deadline. If even queueing it
+   * fails (Redis away), the acquire is retried instead of failed, so that its next attempt
+   * queues it again.
+   */
+  private async abandon(data: OperationJobData & { op: 'acquire' }, log: () => Logger): Promise<void> {
+    try {
+      const checkpoint = await this.deps.checkpointOf(this.jobId).read();
+      const { jobId: cleanUp } = await this.deps.ops.enqueueAbandon(data.lease, this.jobId, checkpoint);
+      log().warn({ cleanUpJobId: cleanUp }, 'acquire failed for good; the clean-up of what it made is queued');
+    } catch (err) {
+      log().error({ err }, 'could not queue the clean-up of a failed acquire; the acquire will be retried');
+      throw new LaneUnavailableError(this.deps.backoff.capMs, err);
+    }
+  }
+
+  /** Keeps what the attempt last saw of its sandbox (before the lane moves on, so in order). */
+  private async record(laneId: string, lease: LeaseIdentity, observed: [string, SandboxState] | null, log: () => Logger): Promise<void> {
+    if (!observed) return;
+    try {
+      await this.deps.records.observe(laneId, lease, observed[0], observed[1]);
+    } catch (err) {
+      log().warn({ err }, 'could not record the observed sandbox state');
+    }
+  }
+
+  /** Runs a lane step; a Redis error (not a decision) retries the attempt after a backoff. */
+  private async laneStep<T>(step: () => Promise<T>): Promise<T> {
+    try {
+      return await step();
+    } catch (err) {
+      if (err instanceof DelayedError || err instanceof UnrecoverableError || err instanceof RetryLaterError) throw err;
+      this.deps.log.warn({ err, jobId: this.jobId }, 'a lane step failed; the attempt will be retried');
+      throw new LaneUnavailableError(Math.min(this.deps.backoff.capMs, this.deps.backoff.baseMs * 2 ** Math.min(10, this.job.attemptsMade)), err);
+    }
+  }
+
+  private seconds(): number {
+    return (performance.now() - this.startedAt) / 1000;
+  }
+}
+
+/**
+ * The fencing token a lane hand-off left in the job's progress field. Trusted only on the
+ * job's first start: any later start (a retry, a re-run after a stall, a start after
+ * parking) asks the lane for a fresh token, so no two attempts ever share one.
+ */
+function handedOffFence(job: Job): string | null {
+  if (job.attemptsStarted !== 1 || job.attemptsMade !== 0) return null;
+  const progress = job.progress as unknown;
+  if (progress && typeof progress === 'object' && 'fence' in progress && typeof progress.fence === 'string') return progress.fence;
+  return null;
+}
+
+function errorCode(err: unknown): string {
+  if (err && typeof err === 'object' && 'code' in err && typeof err.code === 'string') return err.code;
+  return 'provider_error';
+}

@@ -1,0 +1,142 @@
+--[[
+  Steps shared by the lane scripts (included where a script says `--- @include "lane"`).
+  Every lane script takes the same keys, in this order, all under one hash tag:
+    KEYS[1]  lane list             job ids of one lease, head first
+    KEYS[2]  lane holder hash      {job, token, fronts} of the executing head
+    KEYS[3]  lane coalescing hash  coalescing key -> queued job id, and 'job:'..id -> key
+    KEYS[4]  lanes index           zset lane id -> last progress (ms)
+    KEYS[5]  fencing counter       behind every fencing token
+    KEYS[6]  failures              hash lane id -> '<ms> <job id>' of its last operation, failed
+    KEYS[7]  failures by time      zset lane id -> that ms (newest first for attention; trimmed)
+    KEYS[8]  backing off           zset job id -> when its retry comes due (ms)
+    KEYS[9]  BullMQ delayed        zset job id -> due time * 4096 (+ a tie counter)
+    KEYS[10] BullMQ wait           list of job ids ready to run
+    KEYS[11] BullMQ meta           hash: paused, concurrency
+    KEYS[12] BullMQ active         list of running job ids
+    KEYS[13] BullMQ marker         zset whose members wake idle workers
+    KEYS[14] BullMQ events         stream
+  Job hashes (`<queue key prefix><job id>`) are derived from the ids in the lane, as
+  BullMQ's own scripts derive them. What each BullMQ key and field means to BullMQ is pinned
+  by test/bullmq-contract.test.ts.
+]]
+local function laneKeys(keys)
+  return { list = keys[1], holder = keys[2], coalesce = keys[3], lanes = keys[4], fence = keys[5], failures = keys[6],
+    failuresAt = keys[7], backingOff = keys[8], delayed = keys[9], wait = keys[10], meta = keys[11], active = keys[12],
+    marker = keys[13], events = keys[14] }
+end
+
+local function isQueuePausedOrMaxed(k)
+  local attrs = rcall('HMGET', k.meta, 'paused', 'concurrency')
+  if attrs[1] then return true end
+  if attrs[2] then return rcall('LLEN', k.active) >= tonumber(attrs[2]) end
+  return false
+end
+
+-- A job that starts (or leaves the lane) can no longer absorb identical requests.
+local function forgetCoalescing(k, jobId)
+  local entry = rcall('HGET', k.coalesce, 'job:' .. jobId)
+  if entry then
+    rcall('HDEL', k.coalesce, entry, 'job:' .. jobId)
+  end
+end
+
+--[[
+  Hands a lane's new head to the workers, in the same atomic step that made it the head:
+  moves it from BullMQ's delayed set to the wait list exactly as BullMQ's promote does (wait
+  list, marker, event, delay field), names it the lane's holder with a fresh fencing token,
+  and leaves that token in the job's progress, so the worker that starts this first attempt
+  can run it without asking the lane again.
+
+  With lazyMarker (a release that this worker's own fetch of its next job follows on the
+  same connection) the marker that wakes idle workers is left out when this job is the only
+  one waiting: that fetch takes it, and waking another worker would only make it race.
+  Returns 'promoted', 'missing' (the job was removed), or 'elsewhere' (not parked: already
+  waiting, or active while it parks; it then asks the lane itself).
+]]
+local function handOff(k, jobPrefix, jobId, lazyMarker)
+  forgetCoalescing(k, jobId)
+  local jobKey = jobPrefix .. jobId
+  if rcall('ZREM', k.delayed, jobId) == 1 then
+    local token = tostring(rcall('INCR', k.fence))
+    rcall('HSET', k.holder, 'job', jobId, 'token', token)
+    local waiting = rcall('LPUSH', k.wait, jobId)
+    if not (lazyMarker and waiting == 1) and not isQueuePausedOrMaxed(k) then
+      rcall('ZADD', k.marker, 0, '0')
+    end
+    rcall('XADD', k.events, '*', 'event', 'waiting', 'jobId', jobId, 'prev', 'delayed')
+    rcall('HSET', jobKey, 'delay', 0, 'progress', '{"lane":"handed-off","fence":"' .. token .. '"}')
+    rcall('HDEL', jobKey, 'lo:parked')
+    return 'promoted'
+  end
+  if rcall('EXISTS', jobKey) == 0 then
+    return 'missing'
+  end
+  return 'elsewhere'
+end
+
+--[[
+  After a lane's head was removed: hand off the next job, skipping jobs that were removed
+  while they waited. Returns {'next', jobId, handOffResult} or {'idle'}.
+]]
+local function advanceLane(k, jobPrefix, laneId, lazyMarker)
+  while true do
+    local nextJob = rcall('LINDEX', k.list, 0)
+    if not nextJob then
+      rcall('ZREM', k.lanes, laneId)
+      return {'idle'}
+    end
+    local r = handOff(k, jobPrefix, nextJob, lazyMarker)
+    if r ~= 'missing' then
+      -- The lanes index is not touched on every hand-off: a busy lane only gets looked at
+      -- by the sweep, which costs less than a write per operation.
+      return {'next', nextJob, r}
+    end
+    rcall('LPOP', k.list)
+    forgetCoalescing(k, nextJob)
+  end
+end
+
+--[[
+  The sanctioned exception: a force-stop goes ahead of queued and backing-off operations,
+  never alongside an executing one. Behind an executing head it waits right after the head
+  and after the force-stops already waiting there (`fronts` counts them), in the order they
+  came; when the head backs off, they go ahead of it (lane-yield). Returns true when it
+  waits behind the executing head, false when it became the head.
+]]
+local function queueFront(k, jobId)
+  local head = rcall('LINDEX', k.list, 0)
+  if head and rcall('HEXISTS', k.holder, 'job') == 1 then
+    local fronts = tonumber(rcall('HGET', k.holder, 'fronts') or '0')
+    rcall('LINSERT', k.list, 'AFTER', rcall('LINDEX', k.list, fronts), jobId)
+    rcall('HSET', k.holder, 'fronts', fronts + 1)
+    return true
+  end
+  rcall('LPUSH', k.list, jobId)
+  return false
+end
+
+-- Notes that a lane's last operation failed (or clears it), trimming entries older than
+-- BullMQ keeps failed jobs: the failures index never grows past what attention can show.
+local function noteFailure(k, laneId, jobId, now, failed, keepMs)
+  if failed then
+    rcall('HSET', k.failures, laneId, now .. ' ' .. jobId)
+    rcall('ZADD', k.failuresAt, now, laneId)
+    local old = rcall('ZRANGEBYSCORE', k.failuresAt, '-inf', now - keepMs, 'LIMIT', 0, 100)
+    for i = 1, #old do
+      rcall('HDEL', k.failures, old[i])
+      rcall('ZREM', k.failuresAt, old[i])
+    end
+  else
+    rcall('HDEL', k.failures, laneId)
+    rcall('ZREM', k.failuresAt, laneId)
+  end
+end
+
+-- Keeps the outcome on the job hash, with BullMQ's attempts count as it was: a later run of
+-- this job repeats the outcome while that count is unchanged (BullMQ never finished the job:
+-- a crash came first), and runs again once BullMQ finished it and an operator retried it.
+local function recordOutcome(jobKey, outcome)
+  if rcall('EXISTS', jobKey) == 1 then
+    rcall('HSET', jobKey, 'lo:outcome', outcome, 'lo:released-atm', rcall('HGET', jobKey, 'atm') or '0')
+  end
+end

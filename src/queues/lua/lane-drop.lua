@@ -1,0 +1,44 @@
+--[[
+  Takes a job that is not executing out of its lane, with the outcome the caller decided
+  (a queued operation whose deadline passed while it waited, or one an operator cancelled).
+  If it was the head, the next job is handed off.
+
+  KEYS[1] lane list   KEYS[2] lane holder   KEYS[3] lane coalescing   KEYS[4] lanes index
+  KEYS[5] fencing counter   KEYS[6] failures   KEYS[7] failures by time   KEYS[8] backing off
+  KEYS[9] BullMQ delayed   KEYS[10] BullMQ wait   KEYS[11] BullMQ meta   KEYS[12] BullMQ active
+  KEYS[13] BullMQ marker   KEYS[14] BullMQ events   (see includes/lane.lua)
+  KEYS[15] the job's hash
+  ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] BullMQ job key prefix
+  ARGV[5] outcome (JSON)   ARGV[6] how long failed jobs are kept (ms)
+
+  Returns {'executing'} (refused: it runs), {'absent'} (not in the lane), or
+  {'dropped', ...advance} where advance is {'next', jobId, r}, {'idle'} or {'waiting'}.
+]]
+local rcall = redis.call
+--- @include "lane"
+local k = laneKeys(KEYS)
+local jobKey = KEYS[15]
+local jobId, laneId, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
+
+local at = rcall('LPOS', k.list, jobId)
+if not at then
+  return {'absent'}
+end
+if at == 0 and rcall('HGET', k.holder, 'job') == jobId then
+  return {'executing'}
+end
+local fronts = tonumber(rcall('HGET', k.holder, 'fronts') or '0')
+if at >= 1 and at <= fronts then
+  rcall('HSET', k.holder, 'fronts', fronts - 1)
+end
+rcall('LREM', k.list, 1, jobId)
+forgetCoalescing(k, jobId)
+rcall('HDEL', jobKey, 'lo:parked')
+recordOutcome(jobKey, ARGV[5])
+rcall('ZREM', k.backingOff, jobId)
+noteFailure(k, laneId, jobId, now, true, tonumber(ARGV[6]))
+if at == 0 then
+  local advanced = advanceLane(k, ARGV[4], laneId, false)
+  return {'dropped', advanced[1], advanced[2], advanced[3]}
+end
+return {'dropped', 'waiting'}
