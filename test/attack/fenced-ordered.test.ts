@@ -39,3 +39,27 @@ describe('scenario 5: the fence is bound to the attempt\'s own lock', () => {
     expect(attempt.fresh()).toBe(true);
   });
 });
+
+describe('scenario 6: force-stops queued behind an executing head keep their order, and go ahead of it together when it backs off', () => {
+  let bed: TestBed;
+  beforeAll(async () => {
+    bed = await TestBed.create();
+  });
+  afterAll(() => bed.close());
+
+  it('two force-stops behind an executing head: in the order they came, both before the backing-off head', async () => {
+    const { lease } = await import('../helpers/env.ts');
+    const head = await bed.ops.enqueue({ op: 'stop', lease: lease('fs'), params: { providerLeaseId: 'fs' } });
+    const queued = await bed.ops.enqueue({ op: 'resume', lease: lease('fs'), params: { providerLeaseId: 'fs' } });
+    const first = await bed.ops.enqueue({ op: 'force-stop', lease: lease('fs'), params: { providerLeaseId: 'fs' } });
+    // The head was handed off (it executes): the force-stops wait right behind it, in order.
+    const second = await bed.ops.enqueue({ op: 'force-stop', lease: lease('fs'), params: { providerLeaseId: 'fs' }, idempotencyKey: 'second' });
+    expect((await bed.ops.lanes.view(head.laneId)).jobs).toEqual([head.jobId, first.jobId, second.jobId, queued.jobId]);
+    // The head backs off for a retry: the force-stops go ahead of it, the first one runs next.
+    const token = (await bed.ops.lanes.view(head.laneId)).holder!.token;
+    expect(await bed.ops.lanes.yield(head.laneId, head.jobId, token, Date.now() + 1_000)).toBe(true);
+    expect((await bed.ops.lanes.view(head.laneId)).jobs).toEqual([first.jobId, second.jobId, head.jobId, queued.jobId]);
+    expect(await bed.ops.queue.getJobState(first.jobId)).toBe('waiting');
+    expect(await bed.ops.queue.getJobState(second.jobId)).toBe('delayed');
+  });
+});

@@ -1,7 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MAX_JSON_DEPTH } from '../../src/json-limits.ts';
 import { startTestApi, type TestApi } from '../helpers/api-server.ts';
-import { gate, lease, TestBed } from '../helpers/env.ts';
+import { laneIdOfJobId } from '../../src/lease.ts';
+import { gate, lease, readUntil, TestBed } from '../helpers/env.ts';
 import { createRecordingProvider } from '../helpers/recording-provider.ts';
 
 const TOKEN = 'nesting-token-0123456789';
@@ -58,5 +59,46 @@ describe('scenario 18: deeply nested JSON has a documented limit at the boundary
     expect(ended.get(second.jobId)).toBe('failed');
     expect((await bed.ops.queue.getJob(second.jobId))!.failedReason).toMatch(/^invalid_job_data: /);
     expect(ended.get(third.jobId)).toBe('completed');
+  });
+});
+
+describe('scenario 16: the failures index shrinks', () => {
+  it('an entry goes when BullMQ no longer keeps the failed job it names, and attention lists the newest first', async () => {
+    const bed = await TestBed.create({ LEASE_OPS_KEEP_FAILED_S: '1' });
+    try {
+      await bed.startWorker(createRecordingProvider({ behaviour: () => 'permanent' }).provider);
+      const old = await bed.ops.enqueue({ op: 'stop', lease: lease('old'), params: { providerLeaseId: 'old' } });
+      await bed.waitForAll([old.jobId]);
+      expect(await bed.ops.lanes.failureCount()).toBe(1);
+      await new Promise((r) => setTimeout(r, 1_100)); // older than the retention of failed jobs
+      const fresh = await bed.ops.enqueue({ op: 'stop', lease: lease('fresh'), params: { providerLeaseId: 'fresh' } });
+      await bed.waitForAll([fresh.jobId]);
+      expect(await bed.ops.lanes.failures()).toEqual([{ laneId: fresh.laneId, jobId: fresh.jobId, at: expect.any(Number) }]);
+      expect(await bed.ops.lanes.failureCount()).toBe(1);
+    } finally {
+      await bed.close();
+    }
+  });
+});
+
+describe('scenario 17: a release never brings a removed job back', () => {
+  it('an attempt whose job was removed while it ran (its lock gone) releases without recreating the job\'s hash', async () => {
+    const held = gate();
+    const bed = await TestBed.create();
+    try {
+      const started = gate();
+      await bed.startWorker(createRecordingProvider({ behaviour: async () => (started.open(), await held.promise, 'ok' as const) }).provider);
+      const { jobId } = await bed.ops.enqueue({ op: 'stop', lease: lease('removed'), params: { providerLeaseId: 'removed' } });
+      await started.promise;
+      // Its lock lost (a stall), an operator removes it while the attempt still runs.
+      await bed.redis.del(`${bed.ops.queue.toKey(jobId)}:lock`);
+      await bed.ops.queue.remove(jobId);
+      held.open();
+      await readUntil(async () => !(await bed.ops.lanes.view(laneIdOfJobId(jobId)!)).holder, 10_000, 'the release');
+      expect(await bed.redis.exists(bed.ops.queue.toKey(jobId))).toBe(0);
+    } finally {
+      held.open();
+      await bed.close();
+    }
   });
 });
