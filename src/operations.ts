@@ -43,6 +43,12 @@ export const ReleaseParamsSchema = z.strictObject({
   resourceDisposition: ResourceDispositionSchema,
 });
 export const TargetParamsSchema = z.strictObject({ providerLeaseId });
+/**
+ * A force-stop may be conditional: `ifStoppingSince` (epoch ms, as the watchdog saw it) makes
+ * it read the sandbox inside its lane first and force only if it is still on its way to
+ * stopped; a sandbox that stopped by itself, or runs again, is left alone.
+ */
+export const ForceStopParamsSchema = z.strictObject({ providerLeaseId, ifStoppingSince: z.number().int().nonnegative().optional() });
 
 /**
  * An acquire that failed for good left a sandbox behind (or may have): find it the way a
@@ -60,7 +66,7 @@ export const OperationParamsSchemas = {
   resume: ResumeParamsSchema,
   release: ReleaseParamsSchema,
   stop: TargetParamsSchema,
-  'force-stop': TargetParamsSchema,
+  'force-stop': ForceStopParamsSchema,
   destroy: TargetParamsSchema,
 } as const satisfies Record<OperationName, z.ZodType>;
 
@@ -85,7 +91,7 @@ export const OperationJobDataSchema = z.discriminatedUnion('op', [
   z.strictObject({ op: z.literal('resume'), params: ResumeParamsSchema, ...common }),
   z.strictObject({ op: z.literal('release'), params: ReleaseParamsSchema, ...common }),
   z.strictObject({ op: z.literal('stop'), params: TargetParamsSchema, ...common }),
-  z.strictObject({ op: z.literal('force-stop'), params: TargetParamsSchema, ...common }),
+  z.strictObject({ op: z.literal('force-stop'), params: ForceStopParamsSchema, ...common }),
   z.strictObject({ op: z.literal('destroy'), params: TargetParamsSchema, ...common }),
   z.strictObject({ op: z.literal('abandon-acquire'), params: AbandonAcquireParamsSchema, ...common }),
 ]);

@@ -12,7 +12,7 @@ import type { LeaseProvider, OperationContext, SandboxState } from '../providers
 import * as telemetry from '../telemetry.ts';
 import { Attempt, type Fencing, StaleAttemptError } from './fencing.ts';
 import type { Lanes, LaneOutcome } from './lane.ts';
-import type { LeaseRecords } from './lease-records.ts';
+import { isStopping, type LeaseRecords } from './lease-records.ts';
 import { parkDelay, type OperationsQueue } from './operations-queue.ts';
 import type { RedisClient } from './redis.ts';
 import { type BackoffSettings, decideRetry, DeadlineExceededError, OperationFailedError, RetryLaterError } from './retry-policy.ts';
@@ -35,6 +35,8 @@ export interface AttemptDeps {
   coalesceWrites(): void;
   /** Whether this worker will fetch its next job right after completing this one (not closing, not paused). */
   fetchesNext(): boolean;
+  /** An operation saw a sandbox begin a stopping episode (see Watchdog). */
+  stoppingBegan(laneId: string, since: number): void;
 }
 
 /** A lane step that met a Redis error: the attempt is retried, never failed for it (BullMQ's own steps would fail too). */
@@ -297,7 +299,8 @@ export class AttemptLife {
   private async record(laneId: string, lease: LeaseIdentity, observed: [string, SandboxState] | null, log: () => Logger): Promise<void> {
     if (!observed) return;
     try {
-      await this.deps.records.observe(laneId, lease, observed[0], observed[1]);
+      const { since, began } = await this.deps.records.observe(laneId, lease, observed[0], observed[1]);
+      if (began && isStopping(observed[1])) this.deps.stoppingBegan(laneId, since);
     } catch (err) {
       log().warn({ err }, 'could not record the observed sandbox state');
     }

@@ -21,8 +21,9 @@ export interface LeaseRecord {
   /** Epoch ms since the sandbox has been in this state (as far as lease-ops saw). */
   since: number;
   observedAt: number;
-  /** Force-stops the watchdog queued for the current stuck episode. */
+  /** Force-stops the watchdog queued for the current stuck episode, and the last one's job. */
   forceStops: number;
+  forceJob: string | null;
 }
 
 /** A week without news and the record goes: it is a cache of observations, not a source of truth. */
@@ -36,6 +37,7 @@ const RECORD_TTL_S = 7 * 24 * 3_600;
 export class LeaseRecords {
   readonly stoppingKey: string;
   private readonly observeScript: LuaCommand;
+  private readonly forceScript: LuaCommand;
 
   constructor(
     private readonly redis: RedisClient,
@@ -43,24 +45,25 @@ export class LeaseRecords {
   ) {
     this.stoppingKey = `${prefix}:stopping`;
     this.observeScript = luaCommand(redis, 'lease-observe', 2);
+    this.forceScript = luaCommand(redis, 'lease-force', 1);
   }
 
   recordKey(laneId: string): string {
     return `${this.prefix}:lease:${laneId}`;
   }
 
-  private claimKey(laneId: string): string {
-    return `${this.prefix}:lane:${laneId}:watchdog`;
-  }
-
-  /** Records an observation; returns since when the sandbox has been in that state. */
-  async observe(laneId: string, lease: LeaseIdentity, providerLeaseId: string, state: SandboxState): Promise<number> {
+  /**
+   * Records an observation; returns since when the sandbox has been in that state, and
+   * whether this observation began it (a new stopping episode gets its own stuck check).
+   */
+  async observe(laneId: string, lease: LeaseIdentity, providerLeaseId: string, state: SandboxState): Promise<{ since: number; began: boolean }> {
     const providerState = 'providerState' in state ? state.providerState : state.kind;
+    const now = Date.now();
     const since = await this.observeScript(
       this.recordKey(laneId),
       this.stoppingKey,
       laneId,
-      Date.now(),
+      now,
       state.kind,
       providerState,
       JSON.stringify(lease),
@@ -68,7 +71,7 @@ export class LeaseRecords {
       RECORD_TTL_S,
       isStopping(state) ? '1' : '0',
     );
-    return Number(since);
+    return { since: Number(since), began: Number(since) === now };
   }
 
   async get(laneId: string): Promise<LeaseRecord | null> {
@@ -82,34 +85,29 @@ export class LeaseRecords {
       since: Number(h.since),
       observedAt: Number(h.observedAt),
       forceStops: Number(h.forceStops ?? 0),
+      forceJob: h.forceJob ?? null,
     };
   }
 
-  /** Lanes whose sandbox has been seen stopping since before `before` (epoch ms). */
-  async stoppingSince(before: number, limit = 500): Promise<string[]> {
-    return this.redis.zrangebyscore(this.stoppingKey, '-inf', before, 'LIMIT', 0, limit);
-  }
-
-  /** The same, with since when each has been stopping (epoch ms). */
-  async stoppingSinceWithScores(before: number, limit = 500): Promise<[string, number][]> {
-    const flat = await this.redis.zrangebyscore(this.stoppingKey, '-inf', before, 'WITHSCORES', 'LIMIT', 0, limit);
+  /** Lanes whose sandbox has been on its way to stopped since before `before` (epoch ms), oldest first, with since when. */
+  async stoppingSinceWithScores(before: number, limit = 500, offset = 0): Promise<[string, number][]> {
+    const flat = await this.redis.zrangebyscore(this.stoppingKey, '-inf', before, 'WITHSCORES', 'LIMIT', offset, limit);
     const pairs: [string, number][] = [];
     for (let i = 0; i + 1 < flat.length; i += 2) pairs.push([flat[i]!, Number(flat[i + 1])]);
     return pairs;
+  }
+
+  async stoppingCount(before: number): Promise<number> {
+    return this.redis.zcount(this.stoppingKey, '-inf', before);
   }
 
   async forget(laneId: string): Promise<void> {
     await this.redis.zrem(this.stoppingKey, laneId);
   }
 
-  /**
-   * Claims the right to queue one force-stop for this lease for `ttlMs` (one per stuck
-   * episode, however many replicas scan); counts it. False if already claimed.
-   */
-  async claimForceStop(laneId: string, ttlMs: number): Promise<boolean> {
-    const claimed = await this.redis.set(this.claimKey(laneId), '1', 'PX', ttlMs, 'NX');
-    if (claimed !== 'OK') return false;
-    await this.redis.hincrby(this.recordKey(laneId), 'forceStops', 1);
-    return true;
+  /** Counts a force-stop the watchdog queued for the episode that began at `since`; false once that episode is over. */
+  async noteForceStop(laneId: string, since: number, forceStops: number, jobId: string): Promise<boolean> {
+    return Number(await this.forceScript(this.recordKey(laneId), since, forceStops, jobId)) === 1;
   }
+
 }

@@ -142,8 +142,9 @@ export class OperationsQueue {
     }
     const accepted = idem && { key: idem.key, accepted: JSON.stringify({ jobId, fingerprint: idem.fingerprint, state: 'accepted' }) };
     const coalesceAs = coalescingKey(data);
-    if (data.op === 'force-stop') {
-      // A force-stop absorbs a stop of the same sandbox that has not started yet.
+    if (data.op === 'force-stop' && data.params.ifStoppingSince === undefined) {
+      // A force-stop absorbs a stop of the same sandbox that has not started yet (a
+      // conditional one, which may force nothing, must not stand in for a stop).
       const upgraded = await this.lanes.upgradeQueuedStop(laneId, `stop:${data.params.providerLeaseId}`, data);
       if (upgraded) {
         if (idem) await this.markAccepted(idem, upgraded);

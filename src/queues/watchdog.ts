@@ -1,92 +1,106 @@
 import type { Logger } from '../logger.ts';
 import * as telemetry from '../telemetry.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
-import type { OperationContext } from '../providers/types.ts';
-import { isStopping, type LeaseRecords } from './lease-records.ts';
+import type { LeaseRecords } from './lease-records.ts';
 import type { OperationsQueue } from './operations-queue.ts';
 
 export interface WatchdogSettings {
   stuckAfterMs: number;
   maxForceStops: number;
-  /** How long one queued force-stop holds its claim before a later scan may queue another. */
-  claimMs: number;
 }
 
 export interface WatchdogReport {
   inspected: number;
-  settled: number;
   queued: number;
+  /** Still waiting for the force-stop already queued for their episode. */
+  pending: number;
+  /** Their provider cannot force a stop: listed as stuck, nothing to queue. */
   unsupported: number;
+  /** As many force-stops as the watchdog tries per episode were queued already. */
   exhausted: number;
 }
 
 /**
- * The stuck-stop watchdog (one BullMQ Job Scheduler runs it, however many replicas): for
- * each lease seen `stopping` for longer than `stuckAfterMs`, read the sandbox fresh; if it
- * is still stopping, queue one force-stop through its lane (it goes ahead of queued and
- * backing-off operations, never alongside an executing one). A sandbox that stopped by
- * itself is only recorded, never forced. A refused force-stop is retried by its own
- * operation; once that ends, a later scan may queue another, up to `maxForceStops`.
+ * The stuck-stop watchdog. It decides from lease-ops' own records, never by calling a
+ * provider: every operation that reads a sandbox records what it saw and since when, and a
+ * sandbox seen on its way to stopped (Daytona `stopping`) for longer than `stuckAfterMs` gets
+ * a conditional force-stop queued through its own lane. That force-stop reads the sandbox
+ * inside the lane and forces it only if it is still on its way to stopped (a sandbox that
+ * stopped by itself is never forced), and goes ahead of queued and backing-off operations,
+ * never alongside an executing one, so no two calls to one sandbox ever overlap.
+ *
+ * One force-stop is queued per stuck episode at a time (its idempotency key names the
+ * episode, so replicas and repeated checks agree); once it ended and the sandbox is still
+ * stuck, another, up to `maxForceStops`. A new episode (the sandbox left stopping and came
+ * back) starts the count anew.
+ *
+ * Each episode gets a check of its own at the moment it becomes stuck (scheduled when an
+ * operation first sees it, see LeaseWorker); `scan` looks at every stuck lease as a safety
+ * net, in pages, with Redis reads only.
  */
-export async function runWatchdog(
-  ops: OperationsQueue,
-  records: LeaseRecords,
-  providers: ProviderRegistry,
-  settings: WatchdogSettings,
-  log: Logger,
-): Promise<WatchdogReport> {
-  const report: WatchdogReport = { inspected: 0, settled: 0, queued: 0, unsupported: 0, exhausted: 0 };
-  for (const laneId of await records.stoppingSince(Date.now() - settings.stuckAfterMs)) {
+export class Watchdog {
+  constructor(
+    private readonly ops: OperationsQueue,
+    private readonly records: LeaseRecords,
+    private readonly providers: ProviderRegistry,
+    private readonly settings: WatchdogSettings,
+    private readonly log: Logger,
+  ) {}
+
+  /** Every lease stuck on its way to stopped, oldest first, a page at a time. */
+  async scan(page = 500): Promise<WatchdogReport> {
+    const report: WatchdogReport = { inspected: 0, queued: 0, pending: 0, unsupported: 0, exhausted: 0 };
+    const before = Date.now() - this.settings.stuckAfterMs;
+    for (let offset = 0; ; offset += page) {
+      const stuck = await this.records.stoppingSinceWithScores(before, page, offset);
+      for (const [laneId] of stuck) await this.consider(laneId, report);
+      if (stuck.length < page) return report;
+    }
+  }
+
+  /** One lease, as its own stuck check or as part of a scan. */
+  async consider(laneId: string, report: WatchdogReport = { inspected: 0, queued: 0, pending: 0, unsupported: 0, exhausted: 0 }): Promise<WatchdogReport> {
     report.inspected++;
-    const record = await records.get(laneId);
-    const provider = record && providers.get(record.lease.provider);
-    if (!record || !provider) {
-      await records.forget(laneId);
-      continue;
+    const record = await this.records.get(laneId);
+    if (!record) {
+      await this.records.forget(laneId);
+      return report;
     }
-    const ctx: OperationContext = {
-      lease: record.lease,
-      jobId: `watchdog.${laneId}`,
-      attempt: 1,
-      attemptId: `watchdog.${laneId}:read`,
-      signal: AbortSignal.timeout(10_000),
-      deadlineAt: Date.now() + 10_000,
-      fence: async () => undefined, // a read, not a change
-      fenceIsFresh: () => true,
-      observe: () => undefined,
-      log: log.child({ leaseId: record.lease.leaseId, laneId }),
-      checkpoint: { read: async () => ({}), write: async () => undefined },
-    };
-    let state;
-    try {
-      state = await provider.status(ctx, { providerLeaseId: record.providerLeaseId });
-    } catch (err) {
-      log.warn({ err, laneId }, 'watchdog could not read the sandbox; trying again next scan');
-      continue;
-    }
-    const since = await records.observe(laneId, record.lease, record.providerLeaseId, state);
-    if (!isStopping(state)) {
-      report.settled++;
-      continue;
-    }
-    if (Date.now() - since < settings.stuckAfterMs) continue;
+    const stuckFor = Date.now() - record.since;
+    if (record.kind !== 'transitioning' || stuckFor < this.settings.stuckAfterMs) return report;
+    const provider = this.providers.get(record.lease.provider);
+    if (!provider) return report; // another replica serves it
+    const log = this.log.child({ laneId, leaseId: record.providerLeaseId, provider: provider.name, providerState: record.providerState });
     if (!provider.capabilities.forceStop) {
       report.unsupported++;
-      log.warn({ laneId, provider: provider.name, providerState: state.providerState }, 'sandbox stuck on its way to stopped, and its provider cannot force a stop');
-      continue;
+      log.debug({ stuckForMs: stuckFor }, 'sandbox stuck on its way to stopped, and its provider cannot force a stop');
+      return report;
     }
-    if (record.forceStops >= settings.maxForceStops) {
+    if (record.forceJob) {
+      const state = await this.ops.queue.getJobState(record.forceJob);
+      if (state !== 'completed' && state !== 'failed' && state !== 'unknown') {
+        report.pending++;
+        return report;
+      }
+    }
+    if (record.forceStops >= this.settings.maxForceStops) {
       report.exhausted++;
-      log.error({ laneId, forceStops: record.forceStops }, 'sandbox still stuck stopping after the most force-stops the watchdog tries');
-      continue;
+      log.error({ forceStops: record.forceStops }, 'sandbox still stuck after the most force-stops the watchdog tries');
+      return report;
     }
-    if (!(await records.claimForceStop(laneId, settings.claimMs))) continue;
-    // Through the sandbox's own lane (a record may have been made by an acquire's lane).
-    const { jobId } = await ops.enqueue({ op: 'force-stop', lease: { ...record.lease, leaseId: record.providerLeaseId }, params: { providerLeaseId: record.providerLeaseId } });
+    const n = record.forceStops + 1;
+    const { jobId } = await this.ops.enqueue({
+      op: 'force-stop',
+      // Through the sandbox's own lane (a record may have been made by an acquire's lane).
+      lease: { ...record.lease, leaseId: record.providerLeaseId },
+      params: { providerLeaseId: record.providerLeaseId, ifStoppingSince: record.since },
+      idempotencyKey: `lease-ops:watchdog:${laneId}:${record.since}:${n}`,
+    });
+    if (!(await this.records.noteForceStop(laneId, record.since, n, jobId))) return report;
     report.queued++;
     telemetry.forceStop('queued', { 'lease.provider': provider.name });
-    telemetry.stuckStopping((Date.now() - since) / 1000, { 'lease.provider': provider.name });
-    log.warn({ laneId, jobId, stuckForMs: Date.now() - since }, 'sandbox stuck stopping; force-stop queued');
+    telemetry.stuckStopping(stuckFor / 1000, { 'lease.provider': provider.name });
+    log.warn({ jobId, stuckForMs: stuckFor, forceStop: n }, 'sandbox stuck on its way to stopped; force-stop queued');
+    return report;
   }
-  return report;
 }

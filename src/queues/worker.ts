@@ -2,7 +2,6 @@ import { MetricsTime, Queue, UnrecoverableError, Worker, type Job } from 'bullmq
 import { Redis } from 'ioredis';
 import type { Config } from '../config.ts';
 import type { Logger } from '../logger.ts';
-import { DEFAULT_DEADLINE_MS } from '../operations.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
 import type { OperationContext } from '../providers/types.ts';
 import { AttemptLife, type AttemptDeps } from './attempt-life.ts';
@@ -14,12 +13,14 @@ import { BACKOFF_TYPE, OperationsQueue } from './operations-queue.ts';
 import { createRedis, pingWithin, type RedisClient } from './redis.ts';
 import { type BackoffSettings, DEFAULT_BACKOFF, RetryLaterError } from './retry-policy.ts';
 import { sweepLanes } from './sweep.ts';
-import { runWatchdog } from './watchdog.ts';
+import { Watchdog } from './watchdog.ts';
 
 const SWEEP_SCHEDULER_ID = 'lane-sweep';
 /** BullMQ's stall limit, set out of reach: lease-ops applies LEASE_OPS_MAX_STALLED itself. */
 const BULLMQ_STALLS_UNLIMITED = 1_000_000_000;
 const WATCHDOG_SCHEDULER_ID = 'stuck-stop-watchdog';
+/** A delayed check of one stopping episode, at the moment it would be stuck. */
+const STUCK_CHECK = 'stuck-check';
 
 export type WorkerSettings = Pick<
   Config,
@@ -68,6 +69,9 @@ export class LeaseWorker {
   private readonly backoff: BackoffSettings;
   private readonly writeCheckpoint: LuaCommand;
   private readonly attemptDeps: AttemptDeps;
+  private readonly watchdog: Watchdog;
+  private scheduleCheck: NodeJS.Timeout | null = null;
+  private schedulesMissing = false;
 
   constructor(
     private readonly settings: WorkerSettings,
@@ -142,56 +146,101 @@ export class LeaseWorker {
       // A worker that closes or is paused fetches nothing after its completion: the next
       // job of the lane must then wake another worker (see handOff's lazy marker).
       fetchesNext: () => !this.closing && !this.worker.closing && !this.worker.isPaused(),
+      stoppingBegan: (laneId: string, since: number) => this.stuckCheck(laneId, since),
     };
 
     // Maintenance runs on its own small queue so a deep backlog of operations never
-    // delays the sweep that keeps lanes moving.
+    // delays the sweep that keeps lanes moving. The sweep, the watchdog's scan and each
+    // episode's stuck check run side by side (none waits behind another), and none of them
+    // calls a provider: they read Redis and queue operations.
     const maintenanceName = `${settings.LEASE_OPS_QUEUE}-maintenance`;
     this.maintenanceQueue = new Queue(maintenanceName, { connection: this.connection, prefix });
+    this.watchdog = new Watchdog(this.ops, this.records, providers, {
+      stuckAfterMs: settings.LEASE_OPS_STUCK_STOPPING_MS,
+      maxForceStops: settings.LEASE_OPS_WATCHDOG_MAX_FORCE,
+    }, log);
     this.maintenanceWorker = new Worker(
       maintenanceName,
       async (job) => {
-        if (job.name === WATCHDOG_SCHEDULER_ID) {
-          return runWatchdog(this.ops, this.records, this.providers, {
-            stuckAfterMs: settings.LEASE_OPS_STUCK_STOPPING_MS,
-            maxForceStops: settings.LEASE_OPS_WATCHDOG_MAX_FORCE,
-            claimMs: DEFAULT_DEADLINE_MS['force-stop'],
-          }, this.log);
+        switch (job.name) {
+          case WATCHDOG_SCHEDULER_ID:
+            return this.watchdog.scan();
+          case STUCK_CHECK:
+            return this.watchdog.consider((job.data as { laneId: string }).laneId);
+          case SWEEP_SCHEDULER_ID: {
+            const report = await sweepLanes(this.ops, settings.LEASE_OPS_SWEEP_STALE_MS, this.log);
+            if (report.dropped || report.handedOff) this.log.info(report, 'lane sweep repaired lanes');
+            const abandoned = await this.ops.reconcileAcquires();
+            if (abandoned) this.log.warn({ abandoned }, 'acquires whose jobs vanished before they ended: their clean-up is queued');
+            return { ...report, abandoned };
+          }
+          default:
+            throw new UnrecoverableError(`unknown maintenance job ${job.name}`);
         }
-        if (job.name !== SWEEP_SCHEDULER_ID) throw new UnrecoverableError(`unknown maintenance job ${job.name}`);
-        const report = await sweepLanes(this.ops, settings.LEASE_OPS_SWEEP_STALE_MS, this.log);
-        if (report.dropped || report.handedOff) this.log.info(report, 'lane sweep repaired lanes');
-        const abandoned = await this.ops.reconcileAcquires();
-        if (abandoned) this.log.warn({ abandoned }, 'acquires whose jobs vanished before they ended: their clean-up is queued');
-        return { ...report, abandoned };
       },
-      { connection: connect(), prefix, concurrency: 1, autorun: false },
+      { connection: connect(), prefix, concurrency: 4, autorun: false },
     );
     this.maintenanceWorker.on('error', (err) => this.log.error({ err }, 'maintenance worker error'));
   }
 
-  /** Starts processing; resolves once the workers are connected and the sweep is scheduled. */
+  /** Starts processing; resolves once the workers are connected and the maintenance is scheduled. */
   async start(): Promise<void> {
-    // One schedule however many replicas upsert it: BullMQ keys it by id.
-    await this.maintenanceQueue.upsertJobScheduler(
-      SWEEP_SCHEDULER_ID,
-      { every: this.settings.LEASE_OPS_SWEEP_INTERVAL_MS },
-      { name: SWEEP_SCHEDULER_ID, opts: { removeOnComplete: true, removeOnFail: 100 } },
-    );
+    await this.schedule();
     this.fencing.start();
-    if (this.settings.LEASE_OPS_WATCHDOG) await this.maintenanceQueue.upsertJobScheduler(
-      WATCHDOG_SCHEDULER_ID,
-      { every: this.settings.LEASE_OPS_WATCHDOG_INTERVAL_MS },
-      { name: WATCHDOG_SCHEDULER_ID, opts: { removeOnComplete: true, removeOnFail: 100 } },
-    );
+    // Redis can lose its data (a restart without persistence, a failover to a replica that
+    // lagged): the schedules are then gone while the workers keep running. Look every sweep
+    // interval, re-create them, and say so; until then this replica is not ready.
+    this.scheduleCheck = setInterval(() => void this.checkSchedules(), this.settings.LEASE_OPS_SWEEP_INTERVAL_MS);
+    this.scheduleCheck.unref();
     void this.worker.run();
     void this.maintenanceWorker.run();
     await Promise.all([this.worker.waitUntilReady(), this.maintenanceWorker.waitUntilReady()]);
   }
 
-  /** Running, not closing, and Redis answers within a second. */
+  /** One schedule per maintenance task however many replicas upsert it: BullMQ keys it by id. */
+  private async schedule(): Promise<void> {
+    await this.maintenanceQueue.upsertJobScheduler(
+      SWEEP_SCHEDULER_ID,
+      { every: this.settings.LEASE_OPS_SWEEP_INTERVAL_MS },
+      { name: SWEEP_SCHEDULER_ID, opts: { removeOnComplete: true, removeOnFail: 100 } },
+    );
+    if (this.settings.LEASE_OPS_WATCHDOG) {
+      await this.maintenanceQueue.upsertJobScheduler(
+        WATCHDOG_SCHEDULER_ID,
+        { every: this.settings.LEASE_OPS_WATCHDOG_INTERVAL_MS },
+        { name: WATCHDOG_SCHEDULER_ID, opts: { removeOnComplete: true, removeOnFail: 100 } },
+      );
+    }
+    this.schedulesMissing = false;
+  }
+
+  private async checkSchedules(): Promise<void> {
+    try {
+      const ids = [SWEEP_SCHEDULER_ID, ...(this.settings.LEASE_OPS_WATCHDOG ? [WATCHDOG_SCHEDULER_ID] : [])];
+      const present = await Promise.all(ids.map((id) => this.maintenanceQueue.getJobScheduler(id)));
+      if (present.every(Boolean)) return;
+      this.schedulesMissing = true;
+      this.log.error({ missing: ids.filter((_, i) => !present[i]) }, 'the maintenance schedules are gone from Redis (did it lose its data?); re-creating them');
+      await this.schedule();
+    } catch (err) {
+      this.log.warn({ err }, 'could not check the maintenance schedules');
+    }
+  }
+
+  /**
+   * An operation saw a sandbox begin a stopping episode: check it again the moment it would
+   * be stuck (the watchdog's scan is the safety net). One check per episode: the job id names it.
+   */
+  private stuckCheck(laneId: string, since: number): void {
+    if (!this.settings.LEASE_OPS_WATCHDOG) return;
+    void this.maintenanceQueue
+      .add(STUCK_CHECK, { laneId }, { jobId: `${STUCK_CHECK}.${laneId}.${since}`, delay: Math.max(0, since + this.settings.LEASE_OPS_STUCK_STOPPING_MS - Date.now()) + 5, removeOnComplete: true, removeOnFail: 100 })
+      .catch((err: unknown) => this.log.warn({ err, laneId }, 'could not schedule the stuck check of a stopping sandbox; the watchdog scan will see it'));
+  }
+
+  /** Running, not closing, its maintenance scheduled, and Redis answers within a second. */
   async ready(): Promise<boolean> {
-    if (this.closing || !this.worker.isRunning()) return false;
+    if (this.closing || !this.worker.isRunning() || this.schedulesMissing) return false;
     return pingWithin(this.connection, 1_000).then(
       () => true,
       () => false,
@@ -201,6 +250,7 @@ export class LeaseWorker {
   /** Graceful stop: take no new jobs, let running ones finish, then disconnect. */
   close(): Promise<void> {
     this.closing ??= (async () => {
+      if (this.scheduleCheck) clearInterval(this.scheduleCheck);
       await Promise.all([this.worker.close(), this.maintenanceWorker.close()]);
       this.fencing.stop();
       await Promise.all([this.maintenanceQueue.close(), this.ops.close()]);

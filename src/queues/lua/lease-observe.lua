@@ -21,8 +21,8 @@ local since = now
 if previous[1] == kind and previous[2] == providerState and previous[3] then
   since = previous[3]
 else
-  -- A new state is a new episode: the watchdog's force-stop count starts again.
-  rcall('HDEL', recordKey, 'forceStops')
+  -- A new state is a new episode: the watchdog's force-stops start again.
+  rcall('HDEL', recordKey, 'forceStops', 'forceJob')
 end
 rcall('HSET', recordKey, 'kind', kind, 'providerState', providerState, 'since', since, 'observedAt', now,
   'lease', ARGV[5], 'providerLeaseId', ARGV[6])
