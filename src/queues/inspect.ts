@@ -185,11 +185,21 @@ export class Inspector {
   async attention(limit = 200): Promise<AttentionItem[]> {
     const now = Date.now();
     // Each kind is read for all its lanes at once: a scrape of /metrics asks for this too.
-    const [stuck, failures, quiet] = await Promise.all([
+    const [stuck, failures, quiet, running] = await Promise.all([
       this.records.stoppingSinceWithScores(now - this.limits.stuckStoppingMs, limit),
       this.ops.lanes.failures(limit),
       this.ops.lanes.quietLanes(now - this.limits.blockedAfterMs, limit),
+      // The sweep marks a lane whose head runs as seen, so a head running past its deadline
+      // is found among the running jobs (as many as the workers' concurrency), not the quiet lanes.
+      this.ops.queue.getActive(0, limit - 1),
     ]);
+    const overdue = running.flatMap((job): AttentionItem[] => {
+      const parsed = OperationJobDataSchema.safeParse(job.data);
+      const laneId = job.id ? laneIdOfJobId(job.id) : null;
+      if (!parsed.success || !laneId || quiet.includes(laneId) || now <= parsed.data.deadlineAt) return [];
+      const { op, lease, deadlineAt } = parsed.data;
+      return [{ laneId, lease, reason: 'blocked', since: job.processedOn ?? deadlineAt, detail: `${op} ${job.id} is still running past its deadline` }];
+    });
     const items = await Promise.all([
       ...stuck.map(async ([laneId, since]): Promise<AttentionItem> => {
         const record = await this.records.get(laneId);
@@ -213,7 +223,7 @@ export class Inspector {
       }),
       ...quiet.map((laneId) => this.blockedHead(laneId, now)),
     ]);
-    return items.filter((item): item is AttentionItem => item !== null).slice(0, limit);
+    return [...items, ...overdue].filter((item): item is AttentionItem => item !== null).slice(0, limit);
   }
 
   /** A lane's head that should have moved by now: not picked up, left parked, or past its deadline. */

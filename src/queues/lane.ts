@@ -1,4 +1,4 @@
-import { luaCommand, type LuaCommand } from './lua-scripts.ts';
+import { luaCommand, luaCommandName, type LuaCommand } from './lua-scripts.ts';
 import type { RedisClient } from './redis.ts';
 
 // Every lane script takes the lane key layout of includes/lane.lua (14 keys), and some
@@ -237,17 +237,24 @@ export class Lanes {
 
   /** The one recovery step (see lane-repair.lua); `parked`: a job that just parked itself. */
   async repair(laneId: string, parked = ''): Promise<RepairResult> {
-    const r = (await this.run('lane-repair', ...this.keys(laneId), laneId, Date.now(), this.queueKeyPrefix, parked)) as string[];
-    switch (r[0]) {
-      case 'forgotten':
-        return { kind: 'forgotten' };
-      case 'dropped':
-        return { kind: 'dropped', jobId: String(r[1]), next: r[2] === 'next' ? toHandOff(r[3], r[4]) : null };
-      case 'handed':
-        return { kind: 'handed', jobId: String(r[1]), result: String(r[2]) };
-      default:
-        return { kind: 'healthy' };
-    }
+    return toRepairResult((await this.run('lane-repair', ...this.keys(laneId), laneId, Date.now(), this.queueKeyPrefix, parked)) as string[]);
+  }
+
+  /** `repair` for many lanes, in one round trip; each repair is still its own atomic step. */
+  async repairMany(laneIds: string[]): Promise<RepairResult[]> {
+    const pipeline = this.client.pipeline() as unknown as Record<string, (...args: (string | number)[]) => unknown> & { exec(): Promise<[Error | null, unknown][] | null> };
+    const command = luaCommandName('lane-repair');
+    const now = Date.now();
+    for (const laneId of laneIds) pipeline[command]!(...this.keys(laneId), laneId, now, this.queueKeyPrefix, '');
+    const replies = (await pipeline.exec()) ?? [];
+    return replies.map(([err, reply]) => {
+      if (err) throw err;
+      return toRepairResult(reply as string[]);
+    });
+  }
+
+  async quietLaneCount(olderThan: number): Promise<number> {
+    return this.client.zcount(this.lanesKey, '-inf', olderThan);
   }
 
   /** Lanes that showed no progress since `olderThan` (epoch ms), oldest first. */
@@ -294,6 +301,19 @@ function parseFailure(entry: string | null | undefined): { jobId: string; at: nu
   if (!entry) return null;
   const space = entry.indexOf(' ');
   return space > 0 ? { at: Number(entry.slice(0, space)), jobId: entry.slice(space + 1) } : null;
+}
+
+function toRepairResult(r: string[]): RepairResult {
+  switch (r[0]) {
+    case 'forgotten':
+      return { kind: 'forgotten' };
+    case 'dropped':
+      return { kind: 'dropped', jobId: String(r[1]), next: r[2] === 'next' ? toHandOff(r[3], r[4]) : null };
+    case 'handed':
+      return { kind: 'handed', jobId: String(r[1]), result: String(r[2]) };
+    default:
+      return { kind: 'healthy' };
+  }
 }
 
 function toHandOff(jobId: unknown, result: unknown): HandOff {

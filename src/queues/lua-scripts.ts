@@ -12,6 +12,11 @@ export function loadLuaScript(name: string): string {
   return read(name).replace(INCLUDE, (_line, include: string) => read(`includes/${include}`));
 }
 
+/** The command a script is registered as (pipelines call it by this name). */
+export function luaCommandName(name: string): string {
+  return `leaseOps_${name.replaceAll('-', '_')}`;
+}
+
 /** Runs a script: its keys first, then its arguments. */
 export type LuaCommand = (...keysThenArgs: (string | number)[]) => Promise<unknown>;
 
@@ -21,7 +26,7 @@ export type LuaCommand = (...keysThenArgs: (string | number)[]) => Promise<unkno
  * never clash with BullMQ's.
  */
 export function luaCommand(client: RedisClient, name: string, numberOfKeys: number): LuaCommand {
-  const command = `leaseOps_${name.replaceAll('-', '_')}`;
+  const command = luaCommandName(name);
   if (!(command in client)) client.defineCommand(command, { numberOfKeys, lua: loadLuaScript(name) });
   const run = (client as unknown as Record<string, LuaCommand>)[command]!;
   return (...keysThenArgs) => run.apply(client, keysThenArgs);

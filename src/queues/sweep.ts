@@ -7,24 +7,40 @@ export interface SweepReport {
   handedOff: number;
 }
 
+/** Lanes repaired per round trip: each repair is a short script, so Redis never waits long on one page. */
+const PAGE = 500;
+
 /**
  * The periodic half of the one recovery path: every lane that showed no progress for
  * `staleMs` gets the same atomic repair step a parking job uses (lane-repair.lua). A head
  * whose job was removed or finished unheard-of is dropped, a head left parked is handed
  * off, and a healthy lane is only marked as seen.
+ *
+ * One pass covers every quiet lane, a page at a time: each repair marks its lane as seen,
+ * so the next page starts where this one ended, and a blocked lane waits at most one pass
+ * however many healthy quiet lanes come before it.
  */
 export async function sweepLanes(ops: OperationsQueue, staleMs: number, log: Logger): Promise<SweepReport> {
   const report: SweepReport = { inspected: 0, dropped: 0, handedOff: 0 };
-  for (const laneId of await ops.lanes.quietLanes(Date.now() - staleMs)) {
-    report.inspected++;
-    const r = await ops.lanes.repair(laneId);
-    if (r.kind === 'dropped') {
-      report.dropped++;
-      log.warn({ laneId, jobId: r.jobId, next: r.next?.jobId }, 'lane head could not end by itself; dropped it');
-    } else if (r.kind === 'handed') {
-      report.handedOff++;
-      log.warn({ laneId, jobId: r.jobId }, 'lane head was left parked; handed it off');
-    }
+  const olderThan = Date.now() - staleMs;
+  // A lane repaired in this pass is never quiet again before it ends; the bound only guards
+  // against a lane that comes back quiet by a clock going backwards.
+  const bound = Math.ceil((await ops.lanes.quietLaneCount(olderThan)) / PAGE) + 1;
+  for (let page = 0; page < bound; page++) {
+    const laneIds = await ops.lanes.quietLanes(olderThan, PAGE);
+    if (!laneIds.length) break;
+    const results = await ops.lanes.repairMany(laneIds);
+    report.inspected += laneIds.length;
+    results.forEach((r, i) => {
+      const laneId = laneIds[i];
+      if (r.kind === 'dropped') {
+        report.dropped++;
+        log.warn({ laneId, jobId: r.jobId, next: r.next?.jobId }, 'lane head could not end by itself; dropped it');
+      } else if (r.kind === 'handed') {
+        report.handedOff++;
+        log.warn({ laneId, jobId: r.jobId }, 'lane head was left parked; handed it off');
+      }
+    });
   }
   return report;
 }

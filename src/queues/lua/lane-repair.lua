@@ -10,6 +10,8 @@
       {"lo:unreadable":true} it loads, fails validation and fails for good, and the
       original text stays in the job's lo:unreadable-data field;
     - otherwise (waiting, active, backing off) marks the lane as seen.
+  Every branch but 'forgotten' marks the lane as seen, so a sweep that repairs the quiet lanes
+  a page at a time never meets the same lane twice in one pass.
   Every branch is conditional on what it reads in the same atomic step, so a repair that
   races a worker can only find the work already done.
 
@@ -47,10 +49,12 @@ if rcall('EXISTS', jobKey) == 0 or rcall('HEXISTS', jobKey, 'finishedOn') == 1 t
     rcall('DEL', k.holder)
   end
   local advanced = advanceLane(k, jobPrefix, laneId, false)
+  rcall('ZADD', k.lanes, 'XX', now, laneId)
   return {'dropped', head, advanced[1], advanced[2], advanced[3]}
 end
 
-local data = rcall('HGET', jobKey, 'data')
+-- Only a job that stalled can be one BullMQ failed to load: the others skip the decode.
+local data = rcall('HEXISTS', jobKey, 'stc') == 1 and rcall('HGET', jobKey, 'data')
 if data and not pcall(cjson.decode, data) then
   rcall('HSET', jobKey, 'data', '{"lo:unreadable":true}', 'lo:unreadable-data', data)
   -- Its stalls were the unreadable data's doing, not a crashing worker's.
@@ -58,6 +62,7 @@ if data and not pcall(cjson.decode, data) then
 end
 
 if rcall('ZSCORE', k.delayed, head) and rcall('HEXISTS', jobKey, 'lo:parked') == 1 then
+  rcall('ZADD', k.lanes, 'XX', now, laneId)
   return {'handed', head, handOff(k, jobPrefix, head, false)}
 end
 
