@@ -95,8 +95,12 @@ export class HttpFake extends EventEmitter {
     const found: string[] = [];
     for (const [id, calls] of bySandbox) {
       calls.sort((a, b) => (a.start < b.start ? -1 : 1));
-      for (let i = 1; i < calls.length; i++) {
-        if (calls[i]!.start < calls[i - 1]!.end) found.push(`${id}: ${calls[i]!.method} ${calls[i]!.path} overlapped ${calls[i - 1]!.method} ${calls[i - 1]!.path}`);
+      // Against the call that ends last so far, not just the one before: a long call can
+      // overlap several short ones.
+      let longest = calls[0]!;
+      for (const call of calls.slice(1)) {
+        if (call.start < longest.end) found.push(`${id}: ${call.method} ${call.path} overlapped ${longest.method} ${longest.path}`);
+        if (call.end > longest.end) longest = call;
       }
     }
     return found;

@@ -1,5 +1,13 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { gate, lease, TestBed } from '../helpers/env.ts';
+import { DaytonaFake } from '../../src/fakes/daytona-fake.ts';
+import { laneIdOf, type LeaseIdentity } from '../../src/lease.ts';
+import { createLogger } from '../../src/logger.ts';
+import { createDaytonaProvider } from '../../src/providers/daytona/index.ts';
+import { ProviderRegistry } from '../../src/providers/registry.ts';
+import type { LeaseProvider, SandboxState } from '../../src/providers/types.ts';
+import { LeaseRecords } from '../../src/queues/lease-records.ts';
+import { Watchdog } from '../../src/queues/watchdog.ts';
+import { gate, lease, readUntil, TestBed } from '../helpers/env.ts';
 import { createRecordingProvider } from '../helpers/recording-provider.ts';
 
 describe('scenario 14: a queued operation whose deadline passes while it waits fails at its deadline', () => {
@@ -25,5 +33,123 @@ describe('scenario 14: a queued operation whose deadline passes while it waits f
     expect((await bed.ops.queue.getJob(resume.jobId))!.failedReason).toBe('deadline_exceeded: the deadline passed while it waited in its lane');
     // It left its lane: the stop is alone there, still running.
     expect((await bed.ops.lanes.view(resume.laneId)).jobs).toHaveLength(1);
+  });
+});
+
+/** A Daytona fake and an in-process worker that watches for stuck stops: stuck after `STUCK_MS`. */
+const STUCK_MS = 1_000;
+async function daytonaBed(overrides: Record<string, string>, ...more: LeaseProvider[]): Promise<{ bed: TestBed; fake: DaytonaFake }> {
+  const bed = await TestBed.create({ LEASE_OPS_STUCK_STOPPING_MS: String(STUCK_MS), LEASE_OPS_BACKOFF_BASE_MS: '50', LEASE_OPS_BACKOFF_CAP_MS: '300', ...overrides });
+  const fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 20, stop: 20, forceStop: 0, destroy: 10 } });
+  const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
+  await bed.startWorker(createDaytonaProvider({ apiUrl: await fake.listen(), apiKey: 'k', rateLimits: unpaced }), ...more);
+  return { bed, fake };
+}
+
+const daytonaLease = (leaseId: string): LeaseIdentity => ({ provider: 'daytona', companyId: 'co', environmentId: 'env', leaseId });
+
+async function startedSandbox(bed: TestBed, name: string): Promise<string> {
+  const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease(name), params: { runId: name } });
+  expect((await bed.waitForAll([jobId])).get(jobId)).toBe('completed');
+  return ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+}
+
+/** A graceful stop, then a resume queued behind it: how long from the stop's enqueue to the resume's end. */
+async function stopThenResume(bed: TestBed, id: string): Promise<{ ms: number; states: string[] }> {
+  const startedAt = Date.now();
+  const stop = await bed.ops.enqueue({ op: 'stop', lease: daytonaLease(id), params: { providerLeaseId: id } });
+  const resume = await bed.ops.enqueue({ op: 'resume', lease: daytonaLease(id), params: { providerLeaseId: id } });
+  const states = await bed.waitForAll([stop.jobId, resume.jobId], 60_000);
+  return { ms: Date.now() - startedAt, states: [states.get(stop.jobId)!, states.get(resume.jobId)!] };
+}
+
+const forced = (fake: DaytonaFake, id: string) => fake.calls.filter((c) => c.sandboxId === id && c.path.endsWith('/stop') && c.query.includes('force=true'));
+
+describe('scenarios 11 and 15: every stuck stop is forced when its budget ends, the second of a lease too', () => {
+  let bed: TestBed;
+  let fake: DaytonaFake;
+  beforeAll(async () => {
+    // The periodic scan is out of the picture: each episode's own check must do it.
+    ({ bed, fake } = await daytonaBed({ LEASE_OPS_WATCHDOG_INTERVAL_MS: '600000' }));
+  });
+  afterAll(async () => {
+    await bed.close();
+    await fake.close();
+  });
+
+  it('two stuck stops of one sandbox in a row: each forced, each resume done within the budget + 1.5 s', async () => {
+    const id = await startedSandbox(bed, 'twice');
+    for (const round of [1, 2]) {
+      fake.control(id, { stuckStoppingMs: 600_000 }); // a process that ignores SIGTERM
+      const { ms, states } = await stopThenResume(bed, id);
+      expect(states).toEqual(['completed', 'completed']);
+      expect(ms).toBeLessThan(STUCK_MS + 1_500);
+      expect(forced(fake, id)).toHaveLength(round);
+      expect(fake.stateOf(id)).toBe('started');
+    }
+    expect(fake.http.overlaps()).toEqual([]);
+  });
+});
+
+describe('scenario 12: sandboxes stuck for good never hide a newly stuck one', () => {
+  let bed: TestBed;
+  let fake: DaytonaFake;
+  // A provider that cannot force a stop: its stuck sandboxes stay stuck for good.
+  const noForce: LeaseProvider = { ...createRecordingProvider({ name: 'noforce' }).provider, capabilities: { stop: true, pause: false, forceStop: false } };
+  beforeAll(async () => {
+    ({ bed, fake } = await daytonaBed({ LEASE_OPS_WATCHDOG_INTERVAL_MS: '200' }, noForce));
+  });
+  afterAll(async () => {
+    await bed.close();
+    await fake.close();
+  });
+
+  it('with 600 sandboxes stuck for good, a newly stuck one is forced on time, and one scan looks at all 601', async () => {
+    const records = new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX);
+    const stuck: SandboxState = { kind: 'transitioning', providerState: 'stopping', toward: 'stopped' };
+    for (let i = 0; i < 600; i++) {
+      const identity = { provider: 'noforce', companyId: 'co', environmentId: 'env', leaseId: `stuck-${i}` };
+      await records.observe(laneIdOf(identity), identity, identity.leaseId, stuck);
+    }
+    const id = await startedSandbox(bed, 'newly-stuck');
+    fake.control(id, { stuckStoppingMs: 600_000 });
+    const { ms, states } = await stopThenResume(bed, id);
+    expect(states).toEqual(['completed', 'completed']);
+    expect(ms).toBeLessThan(STUCK_MS + 1_500);
+    expect(forced(fake, id)).toHaveLength(1);
+
+    // The scan itself, a page of 100 at a time: the 600 are listed, none hides the others.
+    fake.control(id, { stuckStoppingMs: 600_000 });
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: daytonaLease(id), params: { providerLeaseId: id } });
+    await readUntil(async () => (await records.get(laneIdOf(daytonaLease(id))))?.providerState === 'stopping', 10_000, 'the sandbox seen stopping');
+    // A watchdog of the test's own that counts a sandbox stuck at once, before the worker's forces it.
+    const watchdog = new Watchdog(bed.ops, records, new ProviderRegistry([noForce]), { stuckAfterMs: 1, maxForceStops: 5 }, createLogger({ level: 'silent' }));
+    const report = await watchdog.scan(100);
+    expect(report.inspected).toBe(601);
+    expect(report.unsupported).toBe(600);
+    await bed.waitForAll([stop.jobId]);
+  });
+});
+
+describe('scenario 13: the watchdog never calls a sandbox itself; no two calls to one sandbox overlap, reads included', () => {
+  let bed: TestBed;
+  let fake: DaytonaFake;
+  beforeAll(async () => {
+    ({ bed, fake } = await daytonaBed({ LEASE_OPS_WATCHDOG_INTERVAL_MS: '100' }));
+  });
+  afterAll(async () => {
+    await bed.close();
+    await fake.close();
+  });
+
+  it('a stuck sandbox whose every reply takes 150 ms: forced once, resumed, and its calls one at a time', async () => {
+    const id = await startedSandbox(bed, 'slow-replies');
+    fake.control(id, { stuckStoppingMs: 600_000, replyDelayMs: 150 });
+    const before = fake.calls.length;
+    const { states } = await stopThenResume(bed, id);
+    expect(states).toEqual(['completed', 'completed']);
+    expect(forced(fake, id)).toHaveLength(1);
+    expect(fake.calls.length - before).toBeGreaterThan(5); // the stop's reads while it was stuck, the force, the resume
+    expect(fake.http.overlaps()).toEqual([]);
   });
 });
