@@ -280,3 +280,33 @@ describe('the clean-up after a failed acquire never touches a lease, and is not 
     fake.control(sandbox, { replyDelayMs: 0 });
   });
 });
+
+describe('an acquire that BullMQ removes as it completes is never taken for one that vanished', () => {
+  let fake: DaytonaFake;
+  let bed: TestBed;
+  beforeAll(async () => {
+    fake = new DaytonaFake({ apiKey: 'k', timings: { create: 5, start: 5, stop: 5, forceStop: 0, destroy: 5 } });
+    const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
+    const provider = createDaytonaProvider({ apiUrl: await fake.listen(), apiKey: 'k', rateLimits: unpaced });
+    // Completed jobs removed at once, and the sweep (which looks for vanished acquires) as often as it goes.
+    bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '0', LEASE_OPS_SWEEP_INTERVAL_MS: '100', LEASE_OPS_CONCURRENCY: '20' });
+    await Promise.all([bed.startWorker(provider), bed.startWorker(provider)]);
+  });
+  afterAll(async () => {
+    await bed.close();
+    await fake.close();
+  });
+
+  it('400 acquires on 400 leases: every sandbox handed out is still running, and nothing was cleaned up', async () => {
+    const acquires = await Promise.all(
+      Array.from({ length: 400 }, (_, i) => bed.ops.enqueue({ op: 'acquire', lease: { provider: 'daytona', companyId: 'co', environmentId: 'env', leaseId: `handed-out-${i}` }, params: { runId: `r${i}` } })),
+    );
+    const ended = await bed.waitForAll(acquires.map((a) => a.jobId), 60_000);
+    expect([...ended.values()].every((state) => state === 'completed')).toBe(true);
+    // Once no acquire is left to watch and no lane has work, any clean-up queued has run.
+    await readUntil(async () => (await bed.redis.hlen(bed.ops.lanes.acquiresKey)) === 0 && (await bed.ops.lanes.openLaneCount()) === 0, 10_000, 'no acquire left to watch');
+    expect(fake.calls.filter((c) => c.method === 'DELETE')).toEqual([]);
+    expect(fake.ids().filter((id) => fake.stateOf(id) !== 'started')).toEqual([]);
+    expect(fake.ids()).toHaveLength(400);
+  });
+});

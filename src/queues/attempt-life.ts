@@ -190,7 +190,6 @@ export class AttemptLife {
       },
       (err: unknown) => log().error({ err }, 'lane release failed; the lane sweep will repair the lane'),
     );
-    if (data.op === 'acquire') void this.deps.ops.acquireEnded(this.jobId).catch((err: unknown) => log().warn({ err }, 'could not forget a completed acquire; the sweep will'));
     // A crash test stops the worker here: released, and BullMQ not yet told.
     if (faultPointArmed('after-release')) {
       await released;
@@ -261,6 +260,9 @@ export class AttemptLife {
   private async park(laneId: string, data: OperationJobData | null): Promise<never> {
     const now = Date.now();
     if (data && now >= data.deadlineAt) {
+      // An acquire that already tried (then a force-stop went ahead of its backoff) may have
+      // made a sandbox: its clean-up is queued before it leaves the lane, as for any failure.
+      if (data.op === 'acquire' && this.job.attemptsMade > 0) await this.abandon(data, () => this.deps.log.child({ jobId: this.jobId, op: data.op }));
       const outcome: LaneOutcome = { status: 'failed', code: 'deadline_exceeded', error: 'deadline_exceeded: the deadline passed while it waited in its lane' };
       const dropped = await this.laneStep(() => this.deps.ops.lanes.drop(laneId, this.jobId, outcome));
       if (dropped.kind !== 'executing') {

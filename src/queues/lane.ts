@@ -6,7 +6,7 @@ import type { RedisClient } from './redis.ts';
 const SCRIPTS = {
   'lane-push': 16,
   'lane-acquire': 15,
-  'lane-release': 15,
+  'lane-release': 16,
   'lane-yield': 14,
   'lane-repair': 14,
   'lane-upgrade': 14,
@@ -65,6 +65,8 @@ export class Lanes {
   readonly failuresKey: string;
   readonly failuresAtKey: string;
   readonly backingOffKey: string;
+  /** Acquires that have not ended, with their lease (see OperationsQueue.reconcileAcquires). */
+  readonly acquiresKey: string;
   /** Where a request without an idempotency key points lane-push's key slot (never written). */
   private readonly noIdempotencyKey: string;
   private readonly scripts: Record<ScriptName, LuaCommand>;
@@ -85,6 +87,7 @@ export class Lanes {
     this.failuresKey = `${prefix}:failures`;
     this.failuresAtKey = `${prefix}:failures:at`;
     this.backingOffKey = `${prefix}:backing-off`;
+    this.acquiresKey = `${prefix}:acquires`;
     this.noIdempotencyKey = `${prefix}:idem:-`;
     this.scripts = Object.fromEntries(
       Object.entries(SCRIPTS).map(([script, numberOfKeys]) => [script, luaCommand(client, script, numberOfKeys)]),
@@ -197,6 +200,7 @@ export class Lanes {
       'lane-release',
       ...this.keys(laneId),
       this.jobKey(jobId),
+      this.acquiresKey,
       jobId,
       token,
       JSON.stringify(outcome),

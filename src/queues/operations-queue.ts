@@ -85,6 +85,8 @@ export class OperationsQueue {
   /** Acquires that have not ended: job id -> lease (JSON). */
   private readonly acquiresKey: string;
   private acquiresCursor = '0';
+  /** Acquires seen without a job, and since when (see reconcileAcquires). */
+  private readonly vanishedSince = new Map<string, number>();
 
   constructor(
     readonly connection: RedisClient,
@@ -94,7 +96,7 @@ export class OperationsQueue {
     this.queue = new Queue(settings.LEASE_OPS_QUEUE, { connection, prefix: settings.LEASE_OPS_PREFIX });
     this.lanes = this.lanesOn(connection);
     this.deleteIfEqual = luaCommand(connection, 'delete-if-equal', 1);
-    this.acquiresKey = `${settings.LEASE_OPS_PREFIX}:acquires`;
+    this.acquiresKey = this.lanes.acquiresKey;
     this.jobOptions = {
       delay: PARK_MS,
       attempts: UNBOUNDED_ATTEMPTS,
@@ -167,16 +169,17 @@ export class OperationsQueue {
       accepted,
     );
     if (pushed.kind === 'absorbed') {
-      // An identical request got in first: ours never joined the lane, so drop its job.
-      await this.queue.remove(jobId);
+      // An identical request got in first: ours never joined the lane, so drop its job
+      // (forgotten as an acquire first: the sweep must never take it for one that vanished).
       if (data.op === 'acquire') await this.connection.hdel(this.acquiresKey, jobId);
+      await this.queue.remove(jobId);
       if (idem) await this.markAccepted(idem, pushed.by);
       return { jobId: pushed.by, laneId, deduplicated: 'coalesced' };
     }
     if (pushed.kind === 'full') {
       // Refused: nothing of this request may stay behind, neither its job nor its key.
-      await this.queue.remove(jobId);
       if (data.op === 'acquire') await this.connection.hdel(this.acquiresKey, jobId);
+      await this.queue.remove(jobId);
       if (idem) await this.deleteIfEqual(idem.key, pendingValue(jobId, idem.fingerprint));
       throw new QueueFullError(pushed.limit, pushed.count, FULL_RETRY_AFTER_MS);
     }
@@ -207,32 +210,47 @@ export class OperationsQueue {
     return { jobId, laneId, ...(pushed.kind === 'present' ? { deduplicated: 'idempotency-key' as const } : {}) };
   }
 
-  /** An acquire completed: it is no longer one to clean up after. */
-  async acquireEnded(jobId: string): Promise<void> {
-    await this.connection.hdel(this.acquiresKey, jobId);
-  }
-
   /**
    * Acquires whose job vanished before they ended (removed by an operator) get their
    * clean-up queued, as if they had failed; ended ones are forgotten. Looks at up to `count`
    * acquires per call, continuing where the last call stopped. Returns how many it queued.
+   *
+   * A job is taken for vanished only when a later call still finds its entry and still no
+   * job, at least `graceMs` after the first: an acquire's release forgets it in the same step
+   * that records its end (lane-release.lua), before BullMQ completes (and perhaps removes)
+   * its job, but this call's listing of entries can be older than its look at a job's state.
    */
-  async reconcileAcquires(count = 200): Promise<number> {
+  async reconcileAcquires(count = 200, graceMs = 1_000): Promise<number> {
     const [next, flat] = await this.connection.hscan(this.acquiresKey, this.acquiresCursor, 'COUNT', count);
     this.acquiresCursor = next;
+    const now = Date.now();
     let queued = 0;
     for (let i = 0; i + 1 < flat.length; i += 2) {
       const jobId = flat[i]!;
       const state = await this.queue.getJobState(jobId);
       if (state === 'completed' || state === 'failed') await this.connection.hdel(this.acquiresKey, jobId);
-      else if (state === 'unknown') {
-        const lease = LeaseIdentitySchema.safeParse(JSON.parse(flat[i + 1]!));
-        if (lease.success) {
-          await this.enqueueAbandon(lease.data, jobId, null);
-          queued++;
-        } else await this.connection.hdel(this.acquiresKey, jobId);
+      if (state !== 'unknown') {
+        this.vanishedSince.delete(jobId);
+        continue;
       }
+      const since = this.vanishedSince.get(jobId);
+      if (since === undefined || now - since < graceMs) {
+        this.vanishedSince.set(jobId, since ?? now);
+        continue;
+      }
+      this.vanishedSince.delete(jobId);
+      const lease = LeaseIdentitySchema.safeParse(JSON.parse(flat[i + 1]!));
+      if (!lease.success) {
+        await this.connection.hdel(this.acquiresKey, jobId);
+        continue;
+      }
+      // Another replica may have queued it meanwhile (and its clean-up may have ended).
+      if (!(await this.connection.hexists(this.acquiresKey, jobId))) continue;
+      await this.enqueueAbandon(lease.data, jobId, null);
+      queued++;
     }
+    // Candidates whose entries went (their release came) are not kept for ever.
+    if (this.vanishedSince.size > 10_000) this.vanishedSince.clear();
     return queued;
   }
 

@@ -43,3 +43,24 @@ describe('scenario 9: a worker that releases a lane while it closes wakes anothe
     expect((await bed.waitForAll([next.jobId])).get(next.jobId)).toBe('completed');
   });
 });
+
+describe('a head stored again under the id of a job that ended is not taken for one backing off', () => {
+  let bed: TestBed;
+  beforeAll(async () => {
+    bed = await TestBed.create();
+  });
+  afterAll(() => bed.close());
+
+  it('delayed, neither parked nor backing off, and not executing: the sweep hands it off', async () => {
+    // What two replicas queueing the same clean-up can leave: the first ran and was removed,
+    // the second stored the job again (delayed until its deadline) while the lane still named it.
+    const first = await bed.ops.enqueue({ op: 'destroy', lease: lease('again'), params: { providerLeaseId: 'again' } });
+    const job = (await bed.ops.queue.getJob(first.jobId))!;
+    await job.remove();
+    await bed.redis.del(`${bed.config.LEASE_OPS_PREFIX}:lane:${first.laneId}:x`); // its run ended
+    await bed.ops.queue.add(job.name, job.data, { ...job.opts, jobId: first.jobId, delay: 600_000 });
+    expect((await bed.ops.lanes.view(first.laneId)).jobs).toEqual([first.jobId]);
+    await bed.startWorker(createRecordingProvider().provider);
+    expect((await bed.waitForAll([first.jobId], 5_000)).get(first.jobId)).toBe('completed');
+  });
+});

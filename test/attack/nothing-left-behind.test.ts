@@ -1,8 +1,11 @@
+import { readFile } from 'node:fs/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { DaytonaFake } from '../../src/fakes/daytona-fake.ts';
+import { WorkerProcess } from '../helpers/worker-process.ts';
 import { MAX_JSON_DEPTH } from '../../src/json-limits.ts';
 import { startTestApi, type TestApi } from '../helpers/api-server.ts';
 import { laneIdOfJobId } from '../../src/lease.ts';
-import { gate, lease, readUntil, TestBed } from '../helpers/env.ts';
+import { gate, lease, readUntil, scanKeys, TestBed, workerEnv } from '../helpers/env.ts';
 import { createRecordingProvider } from '../helpers/recording-provider.ts';
 
 const TOKEN = 'nesting-token-0123456789';
@@ -102,3 +105,82 @@ describe('scenario 17: a release never brings a removed job back', () => {
     }
   });
 });
+
+describe("scenario 19: every key lease-ops writes is in the README's key table, and an idle lane leaves no lane key", () => {
+  /** The README's key table, as patterns for this test's prefix and queue. */
+  async function documentedKeys(prefix: string, queue: string): Promise<{ key: string; pattern: RegExp }[]> {
+    const readme = await readFile(new URL('../../README.md', import.meta.url), 'utf8');
+    const table = readme.slice(readme.indexOf('Keys under the prefix'), readme.indexOf('A lane id is a hash'));
+    const keys = [...table.matchAll(/^\| ([^|]+) \|/gm)].flatMap((row) => [...row[1]!.matchAll(/`([^`]+)`/g)].map((m) => m[1]!));
+    const escape = (text: string) => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+    return keys.map((key) => ({
+      key,
+      pattern: new RegExp(
+        `^${escape(key)
+          .replace(escape('<prefix>'), escape(prefix))
+          .replace(escape('<queue>'), escape(queue))
+          .replace(escape('<laneId>'), '[A-Za-z0-9_-]{22}')
+          .replace(escape('<hash>'), '[A-Za-z0-9_-]+')
+          .replace(/<[a-zA-Z]+>/g, '.+')
+          .replace(/\\\*/g, '.*')}$`,
+      ),
+    }));
+  }
+
+  it('through acquires, stuck stops forced by the watchdog, failures, idempotency keys and pacing', async () => {
+    const bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '60' });
+    const fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 10, stop: 10, forceStop: 0, destroy: 10 } });
+    const worker = new WorkerProcess(
+      workerEnv(bed, {
+        LEASE_OPS_PROVIDERS: 'daytona',
+        DAYTONA_API_URL: await fake.listen(),
+        DAYTONA_API_KEY: 'k',
+        LEASE_OPS_STUCK_STOPPING_MS: '300',
+        LEASE_OPS_WATCHDOG_INTERVAL_MS: '200',
+        LEASE_OPS_SWEEP_INTERVAL_MS: '200',
+        LEASE_OPS_SWEEP_STALE_MS: '200',
+        LEASE_OPS_BACKOFF_BASE_MS: '50',
+        LEASE_OPS_BACKOFF_CAP_MS: '200',
+        LEASE_OPS_KEEP_COMPLETED_S: '60',
+      }),
+    );
+    try {
+      await worker.ready;
+      const documented = await documentedKeys(bed.config.LEASE_OPS_PREFIX, bed.config.LEASE_OPS_QUEUE);
+      const undocumented = new Set<string>();
+      const look = async () => {
+        for (const key of await scanKeys(bed.redis, `${bed.config.LEASE_OPS_PREFIX}*`)) {
+          if (!documented.some((d) => d.pattern.test(key))) undocumented.add(key);
+        }
+      };
+      const daytonaLease = (leaseId: string) => ({ provider: 'daytona', companyId: 'co', environmentId: 'env', leaseId });
+      const acquired = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('keys'), params: { runId: 'keys' }, idempotencyKey: 'keys-acquire' });
+      await look(); // an acquire in flight
+      await bed.waitForAll([acquired.jobId]);
+      const id = ((await bed.ops.queue.getJob(acquired.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+      fake.control(id, { stuckStoppingMs: 600_000 });
+      const stop = await bed.ops.enqueue({ op: 'stop', lease: daytonaLease(id), params: { providerLeaseId: id } });
+      const resume = await bed.ops.enqueue({ op: 'resume', lease: daytonaLease(id), params: { providerLeaseId: id } });
+      await look(); // a lane with work, a stop backing off
+      await bed.waitForAll([stop.jobId, resume.jobId]);
+      // Daytona cannot promise an expiry: the acquire fails for good, and its clean-up runs.
+      const refused = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('refused'), params: { runId: 'refused', requestedExpiresAt: new Date(Date.now() + 3_600_000).toISOString() } });
+      expect((await bed.waitForAll([refused.jobId])).get(refused.jobId)).toBe('failed');
+      await look(); // a failure, a forced stop, records
+      expect([...undocumented]).toEqual([]);
+      expect(documented.filter((d) => d.key.includes('force') || d.key.includes('claim'))).toEqual([]);
+
+      // Idle: every lane ended, so no lane key is left, and none of the watchdog's.
+      await readUntil(async () => (await bed.ops.lanes.openLaneCount()) === 0, 10_000, 'every lane idle');
+      const left = await scanKeys(bed.redis, `${bed.config.LEASE_OPS_PREFIX}*`);
+      expect(left.filter((key) => key.includes(':lane:') || key.endsWith(':lanes') || key.endsWith(':backing-off'))).toEqual([]);
+      expect(forcedStops(fake, id)).toBe(1);
+    } finally {
+      await worker.terminate();
+      await fake.close();
+      await bed.close();
+    }
+  });
+});
+
+const forcedStops = (fake: DaytonaFake, id: string) => fake.calls.filter((c) => c.sandboxId === id && c.path.endsWith('/stop') && c.query.includes('force=true')).length;

@@ -10,7 +10,9 @@
   KEYS[5] fencing counter   KEYS[6] failures   KEYS[7] failures by time   KEYS[8] backing off
   KEYS[9] BullMQ delayed   KEYS[10] BullMQ wait   KEYS[11] BullMQ meta   KEYS[12] BullMQ active
   KEYS[13] BullMQ marker   KEYS[14] BullMQ events   (see includes/lane.lua)
-  KEYS[15] the job's hash
+  KEYS[15] the job's hash   KEYS[16] acquires not yet ended (an acquire leaves it here, in
+  the same step, so the sweep never takes an acquire BullMQ removed on completion for one
+  that vanished)
   ARGV[1] job id   ARGV[2] token   ARGV[3] outcome (JSON)   ARGV[4] lane id   ARGV[5] now
   ARGV[6] BullMQ job key prefix   ARGV[7] '1' when this worker's own fetch of its next job
   follows on this connection (see handOff)   ARGV[8] '1' when the outcome is a failure
@@ -34,6 +36,7 @@ end
 rcall('LPOP', k.list)
 rcall('DEL', k.holder)
 rcall('ZREM', k.backingOff, jobId)
+rcall('HDEL', KEYS[16], jobId)
 recordOutcome(jobKey, outcome)
 noteFailure(k, laneId, jobId, now, ARGV[8] == '1', tonumber(ARGV[9]))
 return advanceLane(k, ARGV[6], laneId, ARGV[7] == '1')

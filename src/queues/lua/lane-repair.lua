@@ -4,7 +4,7 @@
     - drops it when its job is gone (removed by an operator) or finished without the lane
       hearing of it, then hands off the next;
     - hands it off when it is still parked (its hand-off raced a parking attempt, or the
-      process that should have handed it off died);
+      process that should have handed it off died), or delayed without backing off;
     - makes its data readable when it is not JSON at all (written into Redis by hand or
       corrupted): BullMQ cannot load such a job, so it would stall for ever; as
       {"lo:unreadable":true} it loads, fails validation and fails for good, and the
@@ -61,7 +61,10 @@ if data and not pcall(cjson.decode, data) then
   rcall('HDEL', jobKey, 'defa', 'stc')
 end
 
-if rcall('ZSCORE', k.delayed, head) and rcall('HEXISTS', jobKey, 'lo:parked') == 1 then
+-- A delayed head is backing off (lane-yield listed it) or parked: marked so, or not listed
+-- as backing off and not the holder (a job stored again under the id of one that ended).
+if rcall('ZSCORE', k.delayed, head) and (rcall('HEXISTS', jobKey, 'lo:parked') == 1
+    or (not rcall('ZSCORE', k.backingOff, head) and rcall('HGET', k.holder, 'job') ~= head)) then
   rcall('ZADD', k.lanes, 'XX', now, laneId)
   return {'handed', head, handOff(k, jobPrefix, head, false)}
 end
