@@ -38,9 +38,9 @@ describe('scenario 14: a queued operation whose deadline passes while it waits f
 
 /** A Daytona fake and an in-process worker that watches for stuck stops: stuck after `STUCK_MS`. */
 const STUCK_MS = 1_000;
-async function daytonaBed(overrides: Record<string, string>, ...more: LeaseProvider[]): Promise<{ bed: TestBed; fake: DaytonaFake }> {
+async function daytonaBed(overrides: Record<string, string>, { forceStopMs = 0, more = [] as LeaseProvider[] } = {}): Promise<{ bed: TestBed; fake: DaytonaFake }> {
   const bed = await TestBed.create({ LEASE_OPS_STUCK_STOPPING_MS: String(STUCK_MS), LEASE_OPS_BACKOFF_BASE_MS: '50', LEASE_OPS_BACKOFF_CAP_MS: '300', ...overrides });
-  const fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 20, stop: 20, forceStop: 0, destroy: 10 } });
+  const fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 20, stop: 20, forceStop: forceStopMs, destroy: 10 } });
   const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
   await bed.startWorker(createDaytonaProvider({ apiUrl: await fake.listen(), apiKey: 'k', rateLimits: unpaced }), ...more);
   return { bed, fake };
@@ -91,13 +91,33 @@ describe('scenarios 11 and 15: every stuck stop is forced when its budget ends, 
   });
 });
 
+describe('a force that takes time to stop the sandbox is sent once, then waited for', () => {
+  let bed: TestBed;
+  let fake: DaytonaFake;
+  beforeAll(async () => {
+    ({ bed, fake } = await daytonaBed({ LEASE_OPS_WATCHDOG_INTERVAL_MS: '600000' }, { forceStopMs: 600 }));
+  });
+  afterAll(async () => {
+    await bed.close();
+    await fake.close();
+  });
+
+  it('its retries read the sandbox until it stopped; none sends the force again (which would start it over)', async () => {
+    const id = await startedSandbox(bed, 'slow-force');
+    fake.control(id, { stuckStoppingMs: 600_000 });
+    const { states } = await stopThenResume(bed, id);
+    expect(states).toEqual(['completed', 'completed']);
+    expect(forced(fake, id)).toHaveLength(1);
+  });
+});
+
 describe('scenario 12: sandboxes stuck for good never hide a newly stuck one', () => {
   let bed: TestBed;
   let fake: DaytonaFake;
   // A provider that cannot force a stop: its stuck sandboxes stay stuck for good.
   const noForce: LeaseProvider = { ...createRecordingProvider({ name: 'noforce' }).provider, capabilities: { stop: true, pause: false, forceStop: false } };
   beforeAll(async () => {
-    ({ bed, fake } = await daytonaBed({ LEASE_OPS_WATCHDOG_INTERVAL_MS: '200' }, noForce));
+    ({ bed, fake } = await daytonaBed({ LEASE_OPS_WATCHDOG_INTERVAL_MS: '200' }, { more: [noForce] }));
   });
   afterAll(async () => {
     await bed.close();

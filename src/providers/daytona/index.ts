@@ -19,6 +19,9 @@ import type {
 } from '../types.ts';
 
 /** Daytona's named throttlers, counted per organization: lease-ops paces each as its own bucket. */
+/** How long a force-stop waits for a force it sent to take effect before it sends another. */
+const FORCE_RESEND_MS = 30_000;
+
 export const DAYTONA_THROTTLERS = ['sandbox-create', 'sandbox-lifecycle', 'authenticated'] as const;
 type Throttler = (typeof DAYTONA_THROTTLERS)[number];
 
@@ -269,9 +272,14 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
     const state = daytonaState(before);
     const stoppable = state.kind === 'running' || before.state === 'paused';
     const stuckStopping = state.kind === 'transitioning' && state.toward === 'stopped';
-    if (stoppable || (force && stuckStopping)) {
+    // A force this operation sent is left to take effect: sending it again while the sandbox
+    // stops would only start its stop over (until FORCE_RESEND_MS passed without effect).
+    const forcedAt = force && stuckStopping ? Number((await ctx.checkpoint.read()).forceSentAt) : NaN;
+    const forcedRecently = Date.now() - forcedAt < FORCE_RESEND_MS;
+    if (stoppable || (force && stuckStopping && !forcedRecently)) {
       try {
         await call(ctx, 'sandbox-lifecycle', (o) => api.stopSandbox(id, org, force, o));
+        if (force) await ctx.checkpoint.write({ forceSentAt: String(Date.now()) });
       } catch (err) {
         // 400 "not in a stoppable state": it stopped meanwhile, or is in no state to stop;
         // the fresh read below tells which.
