@@ -92,6 +92,8 @@ export class AttemptLife {
           // A re-run after a crash between the lane's release and BullMQ's completion.
           if (acquired.outcome.status === 'completed') return acquired.outcome.result;
           throw new UnrecoverableError(acquired.outcome.error);
+        case 'gone':
+          throw new UnrecoverableError('removed: an operator removed the operation before it started');
         case 'orphan':
           throw new UnrecoverableError('orphaned: the operation never joined its lane (its enqueue was cut short, and no retry with its idempotency key finished it)');
         case 'run':

@@ -21,7 +21,8 @@ export type AcquireResult =
   | { kind: 'run'; token: string }
   | { kind: 'park' }
   | { kind: 'done'; outcome: LaneOutcome }
-  | { kind: 'orphan' };
+  | { kind: 'orphan' }
+  | { kind: 'gone' };
 
 /** How a hand-off went: promoted to the wait list, or the job was already elsewhere. */
 export type HandOff = { jobId: string; result: 'promoted' | 'elsewhere' };
@@ -51,7 +52,7 @@ export type RepairResult =
  * Keys (all under the one hash-tagged prefix, so a Redis Cluster keeps them in one slot
  * with the BullMQ queue they refer to):
  *   <prefix>:lane:<laneId>     list of job ids, head first; gone when the lane is idle
- *   <prefix>:lane:<laneId>:x   hash {job, token, fronts} of the lane's holder; gone when none
+ *   <prefix>:lane:<laneId>:x   hash {job, token} of the lane's holder; gone when none
  *   <prefix>:lane:<laneId>:c   coalescing keys of queued jobs; gone when none
  *   <prefix>:lanes             zset laneId -> last progress (ms), read by the sweep
  *   <prefix>:fence             counter behind every fencing token
@@ -186,6 +187,8 @@ export class Lanes {
         return { kind: 'park' };
       case 'done':
         return { kind: 'done', outcome: JSON.parse(String(r[1])) as LaneOutcome };
+      case 'gone':
+        return { kind: 'gone' };
       default:
         return { kind: 'orphan' };
     }

@@ -15,6 +15,7 @@
     {'done', outcome}  the lane recorded this job's outcome and BullMQ never finished the job
                        (a crash between release and completion): repeat that outcome
     {'orphan'}         the job is in no lane and has no outcome: its enqueue never finished
+    {'gone'}           the job was removed (its lane's repair drops it)
   A job BullMQ had finished that runs again (an operator retried it) re-enters its lane at
   the tail, like a new request: {'run', token} if that makes it the head, else {'park'}.
 ]]
@@ -31,6 +32,11 @@ local function run()
   rcall('ZADD', k.lanes, now, laneId)
   rcall('HDEL', jobKey, 'lo:parked')
   return {'run', token}
+end
+
+-- Removed by an operator after a worker fetched it (its lock had lapsed): it never starts.
+if rcall('EXISTS', jobKey) == 0 then
+  return {'gone'}
 end
 
 local head = rcall('LINDEX', k.list, 0)
@@ -50,7 +56,7 @@ if recorded[1] then
   if recorded[2] == (rcall('HGET', jobKey, 'atm') or '0') then
     return {'done', recorded[1]}
   end
-  rcall('HDEL', jobKey, 'lo:outcome', 'lo:released-atm')
+  rcall('HDEL', jobKey, 'lo:outcome', 'lo:released-atm', 'lo:front')
   rcall('ZADD', k.lanes, 'NX', now, laneId)
   if rcall('RPUSH', k.list, jobId) == 1 then
     return run()

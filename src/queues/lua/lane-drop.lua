@@ -27,10 +27,6 @@ end
 if at == 0 and rcall('HGET', k.holder, 'job') == jobId then
   return {'executing'}
 end
-local fronts = tonumber(rcall('HGET', k.holder, 'fronts') or '0')
-if at >= 1 and at <= fronts then
-  rcall('HSET', k.holder, 'fronts', fronts - 1)
-end
 rcall('LREM', k.list, 1, jobId)
 forgetCoalescing(k, jobId)
 rcall('HDEL', jobKey, 'lo:parked')

@@ -75,7 +75,7 @@ accepted()
 
 local waits
 if mode == 'front' then
-  waits = queueFront(k, jobId)
+  waits = queueFront(k, jobPrefix, jobId)
 else
   waits = rcall('RPUSH', k.list, jobId) > 1
 end

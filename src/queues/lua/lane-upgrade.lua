@@ -27,15 +27,9 @@ if rcall('EXISTS', jobKey) == 0 then
 end
 forgetCoalescing(k, stopJob)
 rcall('HSET', jobKey, 'data', ARGV[2], 'name', 'force-stop')
--- A stop queued among the force-stops behind the executing head counted as one of them.
-local fronts = tonumber(rcall('HGET', k.holder, 'fronts') or '0')
-local at = rcall('LPOS', k.list, stopJob)
-if at >= 1 and at <= fronts then
-  rcall('HSET', k.holder, 'fronts', fronts - 1)
-end
 rcall('LREM', k.list, 1, stopJob)
 rcall('ZADD', k.lanes, 'NX', ARGV[4], ARGV[3])
-if queueFront(k, stopJob) then
+if queueFront(k, ARGV[5], stopJob) then
   return {'queued', stopJob}
 end
 return {'next', stopJob, handOff(k, ARGV[5], stopJob, false)}

@@ -16,21 +16,25 @@ local rcall = redis.call
 --- @include "lane"
 local k = laneKeys(KEYS)
 
-local holder = rcall('HMGET', k.holder, 'job', 'token', 'fronts')
+local holder = rcall('HMGET', k.holder, 'job', 'token')
 if holder[1] ~= ARGV[1] or holder[2] ~= ARGV[2] then
   return 0
 end
 rcall('DEL', k.holder)
 rcall('ZADD', k.backingOff, ARGV[4], ARGV[1])
-local fronts = tonumber(holder[3] or '0')
-if fronts > 0 then
-  local waiting = rcall('LRANGE', k.list, 1, fronts)
+-- A backing-off front job keeps its place: front jobs keep their order among themselves.
+if rcall('HEXISTS', ARGV[3] .. ARGV[1], 'lo:front') == 1 then
+  return 1
+end
+local last = frontBlockEnd(k, ARGV[3], 1)
+if last then
+  local waiting = rcall('LRANGE', k.list, 1, rcall('LPOS', k.list, last))
   for i = 1, #waiting do
     rcall('LREM', k.list, 1, waiting[i])
   end
   for i = #waiting, 1, -1 do
     rcall('LPUSH', k.list, waiting[i])
   end
-  handOff(k, ARGV[3], waiting[1], false)
+  advanceLane(k, ARGV[3], '', false)
 end
 return 1

@@ -2,7 +2,7 @@
   Steps shared by the lane scripts (included where a script says `--- @include "lane"`).
   Every lane script takes the same keys, in this order, all under one hash tag:
     KEYS[1]  lane list             job ids of one lease, head first
-    KEYS[2]  lane holder hash      {job, token, fronts} of the executing head
+    KEYS[2]  lane holder hash      {job, token} of the executing head
     KEYS[3]  lane coalescing hash  coalescing key -> queued job id, and 'job:'..id -> key
     KEYS[4]  lanes index           zset lane id -> last progress (ms)
     KEYS[5]  fencing counter       behind every fencing token
@@ -98,17 +98,44 @@ end
 
 --[[
   The sanctioned exception: a force-stop goes ahead of queued and backing-off operations,
-  never alongside an executing one. Behind an executing head it waits right after the head
-  and after the force-stops already waiting there (`fronts` counts them), in the order they
-  came; when the head backs off, they go ahead of it (lane-yield). Returns true when it
-  waits behind the executing head, false when it became the head.
+  never alongside an executing one, and force-stops keep the order they came in among
+  themselves. A job that went to the front is marked (lo:front on its hash), so a lane reads
+  as: [the executing head, if it is not a front job] [front jobs, in the order they came]
+  [the others, in the order they came]. A new front job goes after the front jobs already
+  there (a removed job among them counts as one: it is dropped when the lane reaches it).
+  Returns true when it waits behind others, false when it became the head.
 ]]
-local function queueFront(k, jobId)
+local function frontBlockEnd(k, jobPrefix, from)
+  local items = rcall('LRANGE', k.list, from, -1)
+  local last = nil
+  for i = 1, #items do
+    local key = jobPrefix .. items[i]
+    if rcall('HEXISTS', key, 'lo:front') == 1 or rcall('EXISTS', key) == 0 then
+      last = items[i]
+    else
+      break
+    end
+  end
+  return last
+end
+
+local function queueFront(k, jobPrefix, jobId)
+  rcall('HSET', jobPrefix .. jobId, 'lo:front', '1')
   local head = rcall('LINDEX', k.list, 0)
-  if head and rcall('HEXISTS', k.holder, 'job') == 1 then
-    local fronts = tonumber(rcall('HGET', k.holder, 'fronts') or '0')
-    rcall('LINSERT', k.list, 'AFTER', rcall('LINDEX', k.list, fronts), jobId)
-    rcall('HSET', k.holder, 'fronts', fronts + 1)
+  if not head then
+    rcall('LPUSH', k.list, jobId)
+    return false
+  end
+  local from = 0
+  if rcall('HEXISTS', k.holder, 'job') == 1 and rcall('HEXISTS', jobPrefix .. head, 'lo:front') == 0 then
+    from = 1
+  end
+  local after = frontBlockEnd(k, jobPrefix, from)
+  if not after and from == 1 then
+    after = head
+  end
+  if after then
+    rcall('LINSERT', k.list, 'AFTER', after, jobId)
     return true
   end
   rcall('LPUSH', k.list, jobId)
