@@ -85,7 +85,8 @@ export const EnvSchema = z.object({
   LEASE_OPS_CONCURRENCY: int(50, 1),
   /** BullMQ lock: a job whose worker stops renewing it for this long is stalled and re-run. */
   LEASE_OPS_LOCK_MS: int(30_000, 1_000),
-  LEASE_OPS_STALLED_INTERVAL_MS: int(30_000, 500),
+  // Short: a crashed worker's job runs again within LOCK_MS + 2 x this (BullMQ marks, then moves).
+  LEASE_OPS_STALLED_INTERVAL_MS: int(5_000, 500),
   LEASE_OPS_MAX_STALLED: int(1, 0),
   /** How often the lane sweep runs, and how long a lane may show no progress before the
    *  sweep looks at its head. Together they bound how long a removed or crashed job can
@@ -97,6 +98,8 @@ export const EnvSchema = z.object({
   LEASE_OPS_WATCHDOG: bool(true),
   LEASE_OPS_WATCHDOG_INTERVAL_MS: int(5_000, 100),
   LEASE_OPS_STUCK_STOPPING_MS: int(30_000, 0),
+  /** After a request that may still be running at the cloud (timed out, cut), the lane waits this long before its next call; 0 = no wait. */
+  LEASE_OPS_INFLIGHT_GRACE_MS: int(5_000, 0),
   LEASE_OPS_WATCHDOG_MAX_FORCE: int(5, 1),
   /** Retry backoff for settling and transient errors (brief: 250 ms doubling to 5 s). */
   LEASE_OPS_BACKOFF_BASE_MS: int(250, 1),

@@ -106,7 +106,22 @@ export class HttpFake extends EventEmitter {
     return found;
   }
 
+  /** Requests being handled now (a delayed reply counts until it is sent): the call log is complete when 0. */
+  get inFlight(): number {
+    return this.handling;
+  }
+  private handling = 0;
+
   private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    this.handling++;
+    try {
+      await this.handleOne(req, res);
+    } finally {
+      this.handling--;
+    }
+  }
+
+  private async handleOne(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const start = process.hrtime.bigint();
     const url = new URL(req.url ?? '/', 'http://fake');
     let raw = '';

@@ -10,11 +10,17 @@ export abstract class ProviderError extends Error {
   readonly code: string;
   /** When the provider said how long to wait (Retry-After), in ms. */
   readonly retryAfterMs: number | undefined;
+  /**
+   * The request may have reached the cloud and still be running there (it timed out, or its
+   * connection broke after it was sent): the lane waits a grace before its next call.
+   */
+  readonly requestMayBeInFlight: boolean;
 
-  constructor(code: string, message: string, opts: { retryAfterMs?: number; cause?: unknown } = {}) {
+  constructor(code: string, message: string, opts: { retryAfterMs?: number; cause?: unknown; requestMayBeInFlight?: boolean } = {}) {
     super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
     this.code = code;
     this.retryAfterMs = opts.retryAfterMs;
+    this.requestMayBeInFlight = opts.requestMayBeInFlight ?? false;
   }
 }
 

@@ -2,6 +2,9 @@ import { PermanentError, ProviderError, SettlingError, TransientError } from './
 
 const NETWORK_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'EAI_AGAIN', 'ENOTFOUND', 'ECONNABORTED', 'UND_ERR_SOCKET', 'UND_ERR_CONNECT_TIMEOUT', 'UND_ERR_HEADERS_TIMEOUT']);
 
+/** Failures before a request left: nothing of it can be running at the cloud. */
+const NEVER_SENT_CODES = new Set(['ECONNREFUSED', 'EAI_AGAIN', 'ENOTFOUND', 'UND_ERR_CONNECT_TIMEOUT']);
+
 /** Retry-After as ms: seconds or an HTTP date. */
 export function retryAfterMs(value: string | null | undefined, now = Date.now()): number | undefined {
   if (!value) return undefined;
@@ -37,7 +40,8 @@ export function networkError(provider: string, err: unknown): ProviderError | nu
   const code = (err as { code?: unknown; cause?: { code?: unknown } })?.code ?? (err as { cause?: { code?: unknown } })?.cause?.code;
   const name = (err as { name?: unknown })?.name;
   if ((typeof code === 'string' && NETWORK_CODES.has(code)) || name === 'TimeoutError') {
-    return new TransientError('network', `${provider}: ${typeof code === 'string' ? code : 'timeout'}: ${(err as Error).message}`);
+    const requestMayBeInFlight = !(typeof code === 'string' && NEVER_SENT_CODES.has(code));
+    return new TransientError('network', `${provider}: ${typeof code === 'string' ? code : 'timeout'}: ${(err as Error).message}`, { requestMayBeInFlight });
   }
   return null;
 }

@@ -28,6 +28,8 @@ export interface AttemptDeps {
   backoff: BackoffSettings;
   backoffByOp: Partial<Record<string, Partial<BackoffSettings>>>;
   maxStalled: number;
+  /** How long the lane waits after a request that may still be running at the cloud (see ProviderError.requestMayBeInFlight). */
+  inFlightGraceMs: number;
   log: Logger;
   redis: RedisClient;
   checkpointOf(jobId: string): OperationContext['checkpoint'];
@@ -35,8 +37,8 @@ export interface AttemptDeps {
   coalesceWrites(): void;
   /** Whether this worker will fetch its next job right after completing this one (not closing, not paused). */
   fetchesNext(): boolean;
-  /** An operation saw a sandbox begin a stopping episode (see Watchdog). */
-  stoppingBegan(laneId: string, since: number): void;
+  /** An operation saw a sandbox begin a stopping episode (see Watchdog); both times in Redis' clock. */
+  stoppingBegan(laneId: string, since: number, now: number): void;
 }
 
 /** A lane step that met a Redis error: the attempt is retried, never failed for it (BullMQ's own steps would fail too). */
@@ -113,7 +115,7 @@ export class AttemptLife {
       const unknown = new TransientError('unknown_provider', `no provider named "${data.lease.provider}" is configured on this worker`);
       return this.endFailed(laneId, fence, data, unknown, null, log);
     }
-    if (data.op === 'abandon-acquire' && (await this.laneStep(() => this.deps.ops.outcomeOf(data.params.acquireJobId)))?.status === 'completed') {
+    if (data.op === 'abandon-acquire' && (await this.laneStep(() => this.deps.ops.acquireCompleted(data.params.acquireJobId)))) {
       // The acquire completed after all (a crash came between queueing this and recording
       // its failure, and a re-run succeeded): its sandbox is a lease now, not debris.
       return this.complete(laneId, fence, data, { providerLeaseId: null, state: 'none' }, null, log);
@@ -186,7 +188,7 @@ export class AttemptLife {
     this.deps.coalesceWrites();
     attemptEnded(data.op, 'completed', this.seconds());
     if (observed) await this.record(laneId, data.lease, observed, log);
-    const released = this.deps.releaseLanes.release(laneId, this.jobId, fence, { status: 'completed', result }, this.deps.fetchesNext()).then(
+    const released = this.deps.releaseLanes.release(laneId, this.jobId, fence, { status: 'completed', result }, this.deps.fetchesNext(), data.op === 'acquire').then(
       (r) => {
         if (r.kind === 'stale') log().warn('attempt was superseded while it ran; its result is discarded');
       },
@@ -207,6 +209,13 @@ export class AttemptLife {
       ...this.deps.backoffByOp[data.op],
     });
     await this.record(laneId, data.lease, observed, log);
+    if (isProviderError(err) && err.requestMayBeInFlight && this.deps.inFlightGraceMs > 0) {
+      // The cloud may still be running the request that timed out or was cut: this attempt
+      // keeps the lane (and its lock) a while, so the next call to the sandbox, this
+      // operation's retry or the next operation, does not overlap it.
+      log().info({ err, graceMs: this.deps.inFlightGraceMs }, 'a request may still be running at the cloud; holding the lane before the next call');
+      await new Promise((resolve) => setTimeout(resolve, this.deps.inFlightGraceMs));
+    }
     if (data.op === 'force-stop' && isProviderError(err) && err.code === 'state_change_in_progress') {
       telemetry.forceStop('refused', { 'lease.provider': data.lease.provider });
     }
@@ -238,9 +247,23 @@ export class AttemptLife {
     return this.failForGood(laneId, fence, data, errorCode(err), message, log);
   }
 
-  /** Fails an operation for good; an acquire's clean-up is queued first (never a failure recorded without it). */
+  /**
+   * Fails an operation for good; an acquire's clean-up is queued first (never a failure
+   * recorded without it), and only by the attempt that still holds the lane: a stale one
+   * (frozen past its lock while a successor re-ran the acquire) must not clean up after an
+   * acquire that may have handed its sandbox out.
+   */
   private async failForGood(laneId: string, fence: string, data: OperationJobData, code: string, message: string, log: () => Logger): Promise<never> {
-    if (data.op === 'acquire') await this.abandon(data, log);
+    if (data.op === 'acquire') {
+      const held = new Attempt(this.jobId, laneId, fence, this.lockToken);
+      const stale = await this.laneStep(() => this.deps.fencing.check(held).then(() => null, (err: unknown) => (err instanceof StaleAttemptError ? err : Promise.reject(err))));
+      if (stale) {
+        log().warn({ err: stale }, 'stale attempt: the acquire is not failed, nor cleaned up after, by it');
+        attemptEnded(data.op, 'stale', this.seconds());
+        throw stale;
+      }
+      await this.abandon(data, log);
+    }
     return this.fail(laneId, fence, data.op, code, message);
   }
 
@@ -264,7 +287,10 @@ export class AttemptLife {
     if (data && now >= data.deadlineAt) {
       // An acquire that already tried (then a force-stop went ahead of its backoff) may have
       // made a sandbox: its clean-up is queued before it leaves the lane, as for any failure.
-      if (data.op === 'acquire' && this.job.attemptsMade > 0) await this.abandon(data, () => this.deps.log.child({ jobId: this.jobId, op: data.op }));
+      // Only while this worker still holds the job: a stale attempt leaves that to the current one.
+      if (data.op === 'acquire' && this.job.attemptsMade > 0 && (await this.laneStep(() => this.deps.fencing.holdsLock(this.jobId, this.lockToken)))) {
+        await this.abandon(data, () => this.deps.log.child({ jobId: this.jobId, op: data.op }));
+      }
       const outcome: LaneOutcome = { status: 'failed', code: 'deadline_exceeded', error: 'deadline_exceeded: the deadline passed while it waited in its lane' };
       const dropped = await this.laneStep(() => this.deps.ops.lanes.drop(laneId, this.jobId, outcome));
       if (dropped.kind !== 'executing') {
@@ -303,8 +329,8 @@ export class AttemptLife {
   private async record(laneId: string, lease: LeaseIdentity, observed: [string, SandboxState] | null, log: () => Logger): Promise<void> {
     if (!observed) return;
     try {
-      const { since, began } = await this.deps.records.observe(laneId, lease, observed[0], observed[1]);
-      if (began && isStopping(observed[1])) this.deps.stoppingBegan(laneId, since);
+      const { since, began, now } = await this.deps.records.observe(laneId, lease, observed[0], observed[1]);
+      if (began && isStopping(observed[1])) this.deps.stoppingBegan(laneId, since, now);
     } catch (err) {
       log().warn({ err }, 'could not record the observed sandbox state');
     }

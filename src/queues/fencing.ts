@@ -111,6 +111,11 @@ export class Fencing {
     }
   }
 
+  /** Whether this worker still holds a job's BullMQ lock (no other attempt can have taken it over). */
+  async holdsLock(jobId: string, lockToken: string): Promise<boolean> {
+    return (await this.redis.get(this.lockKey(jobId))) === lockToken;
+  }
+
   /** Throws StaleAttemptError unless the attempt still holds its lane. */
   async check(attempt: Attempt): Promise<void> {
     if (!attempt.stale) {

@@ -184,9 +184,11 @@ export class Inspector {
    */
   async attention(limit = 200): Promise<AttentionItem[]> {
     const now = Date.now();
+    // How long a sandbox has been stopping is counted in Redis' clock, the one it was recorded in.
+    const redisNow = await this.records.now();
     // Each kind is read for all its lanes at once: a scrape of /metrics asks for this too.
     const [stuck, failures, quiet, running] = await Promise.all([
-      this.records.stoppingSinceWithScores(now - this.limits.stuckStoppingMs, limit),
+      this.records.stoppingSinceWithScores(redisNow - this.limits.stuckStoppingMs, limit),
       this.ops.lanes.failures(limit),
       this.ops.lanes.quietLanes(now - this.limits.blockedAfterMs, limit),
       // The sweep marks a lane whose head runs as seen, so a head running past its deadline
@@ -208,7 +210,7 @@ export class Inspector {
           lease: record?.lease ?? null,
           reason: 'stuck_stopping',
           since,
-          detail: `sandbox ${record?.providerLeaseId ?? '?'} has been ${record?.providerState ?? 'stopping'} for ${Math.round((now - since) / 1000)} s`,
+          detail: `sandbox ${record?.providerLeaseId ?? '?'} has been ${record?.providerState ?? 'stopping'} for ${Math.round((redisNow - since) / 1000)} s`,
         };
       }),
       ...failures.map(async ({ laneId, jobId, at }): Promise<AttentionItem> => {

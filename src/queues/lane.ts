@@ -9,7 +9,7 @@ const SCRIPTS = {
   'lane-release': 16,
   'lane-yield': 14,
   'lane-repair': 14,
-  'lane-upgrade': 14,
+  'lane-upgrade': 15,
   'lane-drop': 15,
 } as const;
 type ScriptName = keyof typeof SCRIPTS;
@@ -144,7 +144,7 @@ export class Lanes {
     coalesceAs = '',
     limits: { perLane: number; queued: number } = { perLane: 0, queued: 0 },
     adopt = false,
-    idempotency: { key: string; accepted: string } | null = null,
+    idempotency: { key: string; fingerprint: string } | null = null,
   ): Promise<PushResult> {
     const r = (await this.run(
       'lane-push',
@@ -160,7 +160,7 @@ export class Lanes {
       limits.perLane,
       limits.queued,
       adopt ? '1' : '0',
-      idempotency?.accepted ?? '',
+      idempotency?.fingerprint ?? '',
       idempotency ? '1' : '0',
     )) as string[];
     if (r[0] === 'present') return { kind: 'present' };
@@ -173,8 +173,25 @@ export class Lanes {
    * Turns the stop queued under `stopCoalesceKey` (not yet started) into a force-stop with
    * `data` and moves it to the front. Returns its job id, or null when there is none.
    */
-  async upgradeQueuedStop(laneId: string, stopCoalesceKey: string, data: unknown): Promise<string | null> {
-    const r = (await this.run('lane-upgrade', ...this.keys(laneId), stopCoalesceKey, JSON.stringify(data), laneId, Date.now(), this.queueKeyPrefix)) as string[];
+  async upgradeQueuedStop(
+    laneId: string,
+    stopCoalesceKey: string,
+    data: { deadlineAt: number },
+    idempotency: { key: string; fingerprint: string } | null = null,
+  ): Promise<string | null> {
+    const r = (await this.run(
+      'lane-upgrade',
+      ...this.keys(laneId),
+      idempotency?.key ?? this.noIdempotencyKey,
+      stopCoalesceKey,
+      JSON.stringify(data),
+      laneId,
+      Date.now(),
+      this.queueKeyPrefix,
+      data.deadlineAt,
+      idempotency?.fingerprint ?? '',
+      idempotency ? '1' : '0',
+    )) as string[];
     return r[0] === 'none' ? null : String(r[1]);
   }
 
@@ -198,7 +215,7 @@ export class Lanes {
    * Ends the holder's turn and hands off the next job. `fetchFollows`: this worker's own
    * fetch of its next job follows on the same connection (see handOff in includes/lane.lua).
    */
-  async release(laneId: string, jobId: string, token: string, outcome: LaneOutcome, fetchFollows = false): Promise<ReleaseResult> {
+  async release(laneId: string, jobId: string, token: string, outcome: LaneOutcome, fetchFollows = false, acquire = false): Promise<ReleaseResult> {
     const r = (await this.run(
       'lane-release',
       ...this.keys(laneId),
@@ -213,6 +230,7 @@ export class Lanes {
       fetchFollows ? '1' : '0',
       outcome.status === 'failed' ? '1' : '0',
       this.keepFailedMs,
+      acquire && outcome.status === 'completed' ? '1' : '0',
     )) as string[];
     if (r[0] === 'stale') return { kind: 'stale' };
     if (r[0] === 'next') return { kind: 'next', handOff: toHandOff(r[1], r[2]) };

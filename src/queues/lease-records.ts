@@ -56,22 +56,26 @@ export class LeaseRecords {
    * Records an observation; returns since when the sandbox has been in that state, and
    * whether this observation began it (a new stopping episode gets its own stuck check).
    */
-  async observe(laneId: string, lease: LeaseIdentity, providerLeaseId: string, state: SandboxState): Promise<{ since: number; began: boolean }> {
+  async observe(laneId: string, lease: LeaseIdentity, providerLeaseId: string, state: SandboxState): Promise<{ since: number; began: boolean; now: number }> {
     const providerState = 'providerState' in state ? state.providerState : state.kind;
-    const now = Date.now();
-    const since = await this.observeScript(
+    const [since, now] = (await this.observeScript(
       this.recordKey(laneId),
       this.stoppingKey,
       laneId,
-      now,
       state.kind,
       providerState,
       JSON.stringify(lease),
       providerLeaseId,
       RECORD_TTL_S,
       isStopping(state) ? '1' : '0',
-    );
-    return { since: Number(since), began: Number(since) === now };
+    )) as [string, string];
+    return { since: Number(since), began: since === now, now: Number(now) };
+  }
+
+  /** Redis' clock (ms): the one `since` is kept in, whatever this process' clock says. */
+  async now(): Promise<number> {
+    const [seconds, micros] = await this.redis.time();
+    return Number(seconds) * 1000 + Math.floor(Number(micros) / 1000);
   }
 
   async get(laneId: string): Promise<LeaseRecord | null> {

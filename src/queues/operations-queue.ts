@@ -142,14 +142,13 @@ export class OperationsQueue {
         }
       }
     }
-    const accepted = idem && { key: idem.key, accepted: JSON.stringify({ jobId, fingerprint: idem.fingerprint, state: 'accepted' }) };
     const coalesceAs = coalescingKey(data);
     if (data.op === 'force-stop' && data.params.ifStoppingSince === undefined) {
       // A force-stop absorbs a stop of the same sandbox that has not started yet (a
       // conditional one, which may force nothing, must not stand in for a stop).
-      const upgraded = await this.lanes.upgradeQueuedStop(laneId, `stop:${data.params.providerLeaseId}`, data);
+      // The key is marked accepted, naming the stop's job, in the same step.
+      const upgraded = await this.lanes.upgradeQueuedStop(laneId, `stop:${data.params.providerLeaseId}`, data, idem);
       if (upgraded) {
-        if (idem) await this.markAccepted(idem, upgraded);
         return { jobId: upgraded, laneId, deduplicated: 'absorbed-stop' };
       }
     }
@@ -166,14 +165,14 @@ export class OperationsQueue {
       coalesceAs,
       { perLane: this.settings.LEASE_OPS_MAX_QUEUED_PER_LEASE, queued: this.settings.LEASE_OPS_MAX_QUEUED },
       false,
-      accepted,
+      idem,
     );
     if (pushed.kind === 'absorbed') {
       // An identical request got in first: ours never joined the lane, so drop its job
       // (forgotten as an acquire first: the sweep must never take it for one that vanished).
+      // (lane-push marked the key accepted, naming the job that absorbed it.)
       if (data.op === 'acquire') await this.connection.hdel(this.acquiresKey, jobId);
       await this.queue.remove(jobId);
-      if (idem) await this.markAccepted(idem, pushed.by);
       return { jobId: pushed.by, laneId, deduplicated: 'coalesced' };
     }
     if (pushed.kind === 'full') {
@@ -227,6 +226,11 @@ export class OperationsQueue {
     let queued = 0;
     for (let i = 0; i + 1 < flat.length; i += 2) {
       const jobId = flat[i]!;
+      const completedAt = completedAcquireAt(flat[i + 1]!);
+      if (completedAt !== null) {
+        if (now - completedAt > COMPLETED_ACQUIRE_KEPT_MS) await this.connection.hdel(this.acquiresKey, jobId);
+        continue;
+      }
       const state = await this.queue.getJobState(jobId);
       if (state === 'completed' || state === 'failed') await this.connection.hdel(this.acquiresKey, jobId);
       if (state !== 'unknown') {
@@ -252,6 +256,15 @@ export class OperationsQueue {
     // Candidates whose entries went (their release came) are not kept for ever.
     if (this.vanishedSince.size > 10_000) this.vanishedSince.clear();
     return queued;
+  }
+
+  /**
+   * Whether an acquire completed: its recorded outcome, or (once BullMQ removed its job) the
+   * mark its release left in the acquires index for COMPLETED_ACQUIRE_KEPT_MS.
+   */
+  async acquireCompleted(jobId: string): Promise<boolean> {
+    if ((await this.outcomeOf(jobId))?.status === 'completed') return true;
+    return completedAcquireAt((await this.connection.hget(this.acquiresKey, jobId)) ?? '') !== null;
   }
 
   /** The outcome the lane recorded for a job (null while it runs, or once the job is gone). */
@@ -282,19 +295,14 @@ export class OperationsQueue {
     }
   }
 
-  private async markAccepted(idem: { key: string; fingerprint: string }, jobId: string): Promise<void> {
-    await this.connection.set(idem.key, JSON.stringify({ jobId, fingerprint: idem.fingerprint, state: 'accepted' }), 'KEEPTTL');
-  }
-
   /** Puts a stored job into its lane if an interrupted enqueue never did (see lane-push.lua), and marks its key accepted. */
   private async adopt(jobId: string, idem: { key: string; fingerprint: string }): Promise<void> {
     const laneId = laneIdOfJobId(jobId);
     const job = laneId ? await Job.fromId(this.queue, jobId) : undefined;
     if (!laneId || !job) return;
-    await this.lanes.push(laneId, jobId, job.name === 'force-stop' ? 'front' : 'tail', '', { perLane: 0, queued: 0 }, true, {
-      key: idem.key,
-      accepted: JSON.stringify({ jobId, fingerprint: idem.fingerprint, state: 'accepted' }),
-    });
+    // The cut-short request may have stopped before it listed its acquire (see reconcileAcquires).
+    if (job.name === 'acquire') await this.connection.hsetnx(this.acquiresKey, jobId, JSON.stringify((job.data as { lease: unknown }).lease));
+    await this.lanes.push(laneId, jobId, job.name === 'force-stop' ? 'front' : 'tail', '', { perLane: 0, queued: 0 }, true, idem);
   }
 
   /** One key per company, environment and caller's key: JSON keeps `acme:eu`+`k9` and `acme`+`eu:k9` apart. */
@@ -334,6 +342,18 @@ function fingerprintOf(data: OperationJobData): string {
 
 function pendingValue(jobId: string, fingerprint: string): string {
   return JSON.stringify({ jobId, fingerprint, state: 'pending' });
+}
+
+/**
+ * How long a completed acquire stays marked in the acquires index: longer than any clean-up
+ * queued for it can wait (its deadline, 30 min by default) before it asks.
+ */
+const COMPLETED_ACQUIRE_KEPT_MS = 2 * 3_600_000;
+
+/** When an acquires-index entry says its acquire completed, or null (it names a lease). */
+function completedAcquireAt(value: string): number | null {
+  const m = /^completed (\d+)$/.exec(value);
+  return m ? Number(m[1]) : null;
 }
 
 function parseIdempotencyValue(text: string | null): { jobId: string; fingerprint: string; state: 'pending' | 'accepted' } | null {

@@ -50,7 +50,7 @@ export class Watchdog {
   /** Every lease stuck on its way to stopped, oldest first, a page at a time. */
   async scan(page = 500): Promise<WatchdogReport> {
     const report: WatchdogReport = { inspected: 0, queued: 0, pending: 0, unsupported: 0, exhausted: 0 };
-    const before = Date.now() - this.settings.stuckAfterMs;
+    const before = (await this.records.now()) - this.settings.stuckAfterMs;
     for (let offset = 0; ; offset += page) {
       const stuck = await this.records.stoppingSinceWithScores(before, page, offset);
       for (const [laneId] of stuck) await this.consider(laneId, report);
@@ -66,7 +66,7 @@ export class Watchdog {
       await this.records.forget(laneId);
       return report;
     }
-    const stuckFor = Date.now() - record.since;
+    const stuckFor = (await this.records.now()) - record.since;
     if (record.kind !== 'transitioning' || stuckFor < this.settings.stuckAfterMs) return report;
     const provider = this.providers.get(record.lease.provider);
     if (!provider) return report; // another replica serves it

@@ -43,6 +43,7 @@ export type WorkerSettings = Pick<
   | 'LEASE_OPS_WATCHDOG_INTERVAL_MS'
   | 'LEASE_OPS_STUCK_STOPPING_MS'
   | 'LEASE_OPS_WATCHDOG_MAX_FORCE'
+  | 'LEASE_OPS_INFLIGHT_GRACE_MS'
   | 'LEASE_OPS_BULLMQ_METRICS'
   | 'LEASE_OPS_MAX_QUEUED_PER_LEASE'
   | 'LEASE_OPS_MAX_QUEUED'
@@ -139,6 +140,7 @@ export class LeaseWorker {
       backoff: this.backoff,
       backoffByOp: settings.LEASE_OPS_BACKOFF_BY_OP,
       maxStalled: settings.LEASE_OPS_MAX_STALLED,
+      inFlightGraceMs: settings.LEASE_OPS_INFLIGHT_GRACE_MS,
       log,
       redis: this.connection,
       checkpointOf: (jobId: string) => this.checkpointOf(jobId),
@@ -146,7 +148,7 @@ export class LeaseWorker {
       // A worker that closes or is paused fetches nothing after its completion: the next
       // job of the lane must then wake another worker (see handOff's lazy marker).
       fetchesNext: () => !this.closing && !this.worker.closing && !this.worker.isPaused(),
-      stoppingBegan: (laneId: string, since: number) => this.stuckCheck(laneId, since),
+      stoppingBegan: (laneId: string, since: number, now: number) => this.stuckCheck(laneId, since, now),
     };
 
     // Maintenance runs on its own small queue so a deep backlog of operations never
@@ -231,10 +233,12 @@ export class LeaseWorker {
    * An operation saw a sandbox begin a stopping episode: check it again the moment it would
    * be stuck (the watchdog's scan is the safety net). One check per episode: the job id names it.
    */
-  private stuckCheck(laneId: string, since: number): void {
+  private stuckCheck(laneId: string, since: number, redisNow: number): void {
     if (!this.settings.LEASE_OPS_WATCHDOG) return;
+    // Both times are Redis': the delay is right whatever this process' clock says.
+    const delay = Math.max(0, since + this.settings.LEASE_OPS_STUCK_STOPPING_MS - redisNow) + 5;
     void this.maintenanceQueue
-      .add(STUCK_CHECK, { laneId }, { jobId: `${STUCK_CHECK}.${laneId}.${since}`, delay: Math.max(0, since + this.settings.LEASE_OPS_STUCK_STOPPING_MS - Date.now()) + 5, removeOnComplete: true, removeOnFail: 100 })
+      .add(STUCK_CHECK, { laneId }, { jobId: `${STUCK_CHECK}.${laneId}.${since}`, delay, removeOnComplete: true, removeOnFail: 100 })
       .catch((err: unknown) => this.log.warn({ err, laneId }, 'could not schedule the stuck check of a stopping sandbox; the watchdog scan will see it'));
   }
 

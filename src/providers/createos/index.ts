@@ -177,11 +177,12 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
         ? new TransientError('rate_limited', message, { retryAfterMs: retryAfterMs(retryAfter) })
         : new TransientError('provider_unavailable', message, { retryAfterMs: retryAfterMs(retryAfter) });
     }
-    if (err instanceof CreateosSandboxTimeoutError) return new TransientError('timeout', message);
+    if (err instanceof CreateosSandboxTimeoutError) return new TransientError('timeout', message, { requestMayBeInFlight: true });
     if (cause instanceof FenceWindowError) return new TransientError(cause.code, `${name}: request dropped at send: ${cause.message}`);
     if (err instanceof CreateosSandboxConnectionError) {
       const code = (cause as { code?: unknown } | null)?.code;
-      return new TransientError('network', `${name}: ${typeof code === 'string' ? `${code}: ` : ''}${(err as Error).message}`);
+      const neverSent = code === 'ECONNREFUSED' || code === 'ENOTFOUND' || code === 'EAI_AGAIN';
+      return new TransientError('network', `${name}: ${typeof code === 'string' ? `${code}: ` : ''}${(err as Error).message}`, { requestMayBeInFlight: !neverSent });
     }
     if (err instanceof CreateosSandboxAuthError) return new PermanentError('unauthorized', message);
     if (err instanceof CreateosSandboxPermissionError) return new PermanentError('forbidden', message);

@@ -39,6 +39,24 @@ if rcall('EXISTS', jobKey) == 0 then
   return {'gone'}
 end
 
+-- Its outcome was recorded and BullMQ never finished it (a crash came between): repeat it,
+-- wherever the job stands; a stray copy of it in the lane goes, handing off the next.
+local recorded = rcall('HMGET', jobKey, 'lo:outcome', 'lo:released-atm')
+local atm = rcall('HGET', jobKey, 'atm') or '0'
+if recorded[1] and recorded[2] == atm then
+  local wasHead = rcall('LINDEX', k.list, 0) == jobId
+  if rcall('LREM', k.list, 0, jobId) > 0 then
+    forgetCoalescing(k, jobId)
+    if wasHead then
+      if rcall('HGET', k.holder, 'job') == jobId then
+        rcall('DEL', k.holder)
+      end
+      advanceLane(k, string.sub(jobKey, 1, #jobKey - #jobId), laneId, false)
+    end
+  end
+  return {'done', recorded[1]}
+end
+
 local head = rcall('LINDEX', k.list, 0)
 if head == jobId then
   local holder = rcall('HGET', k.holder, 'job')
@@ -51,11 +69,8 @@ if head and rcall('LPOS', k.list, jobId) then
   return {'park'}
 end
 
-local recorded = rcall('HMGET', jobKey, 'lo:outcome', 'lo:released-atm')
 if recorded[1] then
-  if recorded[2] == (rcall('HGET', jobKey, 'atm') or '0') then
-    return {'done', recorded[1]}
-  end
+  -- BullMQ finished it and an operator retried it: it runs again, as a new request.
   rcall('HDEL', jobKey, 'lo:outcome', 'lo:released-atm', 'lo:front')
   rcall('ZADD', k.lanes, 'NX', now, laneId)
   if rcall('RPUSH', k.list, jobId) == 1 then

@@ -16,10 +16,12 @@
   ARGV[8] most operations the queue may hold waiting, parked or backing off, this one
           included (it is already parked when this runs); 0: no limit
   ARGV[9] '1' when the job was stored by an earlier request with the same idempotency key
-          (a retry finishing an enqueue cut short): a job already in its lane, or one with
-          an outcome, is left alone
-  ARGV[10] what the idempotency key holds once the job is in its lane   ARGV[11] '1' when
+          (a retry finishing an enqueue cut short)
+  ARGV[10] the request's fingerprint (kept with its idempotency key)   ARGV[11] '1' when
   the request has an idempotency key (KEYS[16] is then that key)
+  A job already in its lane, or one with an outcome, is left alone when either of ARGV[9] and
+  ARGV[11] is set: two requests with one key may both get here (a retry while the first was
+  slow), and the job must join its lane once.
 
   Returns {'queued'} when it waits behind others, {'next', jobId, handOffResult} when it was
   handed to the workers, {'absorbed', existingJobId} or {'full', 'lease' | 'queue', count}
@@ -31,14 +33,15 @@ local k = laneKeys(KEYS)
 local jobKey, idemKey = KEYS[15], KEYS[16]
 local jobId, laneId, now, mode, jobPrefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
-local function accepted()
+-- The idempotency key, once its request's job is in a lane (its own, or the one that absorbed it).
+local function accepted(acceptedJobId)
   if ARGV[11] == '1' then
-    rcall('SET', idemKey, ARGV[10], 'KEEPTTL')
+    rcall('SET', idemKey, cjson.encode({jobId = acceptedJobId, fingerprint = ARGV[10], state = 'accepted'}), 'KEEPTTL')
   end
 end
 
-if ARGV[9] == '1' and (rcall('LPOS', k.list, jobId) or rcall('HEXISTS', jobKey, 'lo:outcome') == 1) then
-  accepted()
+if (ARGV[9] == '1' or ARGV[11] == '1') and (rcall('LPOS', k.list, jobId) or rcall('HEXISTS', jobKey, 'lo:outcome') == 1) then
+  accepted(jobId)
   return {'present'}
 end
 
@@ -48,6 +51,7 @@ if coalesceAs ~= '' then
   -- change what the lease ends up in (stop, resume, stop is not stop, resume).
   local existing = rcall('HGET', k.coalesce, coalesceAs)
   if existing and rcall('LINDEX', k.list, -1) == existing then
+    accepted(existing)
     return {'absorbed', existing}
   end
 end
@@ -71,7 +75,7 @@ if coalesceAs ~= '' then
   rcall('HSET', k.coalesce, coalesceAs, jobId, 'job:' .. jobId, coalesceAs)
 end
 rcall('ZADD', k.lanes, 'NX', now, laneId)
-accepted()
+accepted(jobId)
 
 local waits
 if mode == 'front' then

@@ -17,6 +17,9 @@
   ARGV[6] BullMQ job key prefix   ARGV[7] '1' when this worker's own fetch of its next job
   follows on this connection (see handOff)   ARGV[8] '1' when the outcome is a failure
   ARGV[9] how long failed jobs are kept (ms): older failure entries are trimmed
+  ARGV[10] '1' when this is an acquire that completed: its entry in KEYS[16] then says so
+  (with when) instead of going, so a clean-up queued for it by a crash or a stale attempt
+  can tell, even once BullMQ removed the job (see OperationsQueue.acquireCompleted)
 
   Returns {'stale'} | {'next', jobId, handOffResult} | {'idle'}
 ]]
@@ -36,7 +39,11 @@ end
 rcall('LPOP', k.list)
 rcall('DEL', k.holder)
 rcall('ZREM', k.backingOff, jobId)
-rcall('HDEL', KEYS[16], jobId)
+if ARGV[10] == '1' then
+  rcall('HSET', KEYS[16], jobId, 'completed ' .. ARGV[5])
+else
+  rcall('HDEL', KEYS[16], jobId)
+end
 recordOutcome(jobKey, outcome)
 noteFailure(k, laneId, jobId, now, ARGV[8] == '1', tonumber(ARGV[9]))
 return advanceLane(k, ARGV[6], laneId, ARGV[7] == '1')

@@ -8,8 +8,12 @@
   KEYS[5] fencing counter   KEYS[6] failures   KEYS[7] failures by time   KEYS[8] backing off
   KEYS[9] BullMQ delayed   KEYS[10] BullMQ wait   KEYS[11] BullMQ meta   KEYS[12] BullMQ active
   KEYS[13] BullMQ marker   KEYS[14] BullMQ events   (see includes/lane.lua)
+  KEYS[15] the request's idempotency key (a placeholder when it has none)
   ARGV[1] coalescing key of the stop   ARGV[2] the force-stop's job data (JSON)
   ARGV[3] lane id   ARGV[4] now (ms)   ARGV[5] BullMQ job key prefix
+  ARGV[6] the force-stop's deadline (ms): a stop with a later one is not absorbed, its
+  caller keeps the time it asked for   ARGV[7] the request's fingerprint   ARGV[8] '1' when
+  it has an idempotency key: set to accepted, naming the stop's job, in this same step
 
   Returns {'none'} when no such stop is queued, else {'queued', jobId} or {'next', jobId, r}.
 ]]
@@ -25,8 +29,15 @@ local jobKey = ARGV[5] .. stopJob
 if rcall('EXISTS', jobKey) == 0 then
   return {'none'}
 end
+local stopData = cjson.decode(rcall('HGET', jobKey, 'data'))
+if type(stopData) == 'table' and tonumber(stopData.deadlineAt) and tonumber(ARGV[6]) < tonumber(stopData.deadlineAt) then
+  return {'none'}
+end
 forgetCoalescing(k, stopJob)
 rcall('HSET', jobKey, 'data', ARGV[2], 'name', 'force-stop')
+if ARGV[8] == '1' then
+  rcall('SET', KEYS[15], cjson.encode({jobId = stopJob, fingerprint = ARGV[7], state = 'accepted'}), 'KEEPTTL')
+end
 rcall('LREM', k.list, 1, stopJob)
 rcall('ZADD', k.lanes, 'NX', ARGV[4], ARGV[3])
 if queueFront(k, ARGV[5], stopJob) then

@@ -5,16 +5,21 @@
   attention list find them without listing the cloud. The record expires
   after `ttl` seconds without news, so idle leases leave nothing behind for good.
 
-  KEYS[1] lease record hash   KEYS[2] stopping index (zset laneId -> since ms)
-  ARGV[1] lane id   ARGV[2] now (ms)   ARGV[3] state kind   ARGV[4] provider state
-  ARGV[5] lease identity (JSON)   ARGV[6] provider lease id   ARGV[7] ttl (s)
-  ARGV[8] '1' when the state is a transition toward stopped
+  Times are Redis' clock (TIME), not the caller's: replicas whose clocks differ still agree
+  on how long a sandbox has been stopping.
 
-  Returns the `since` of the recorded state.
+  KEYS[1] lease record hash   KEYS[2] stopping index (zset laneId -> since ms)
+  ARGV[1] lane id   ARGV[2] state kind   ARGV[3] provider state
+  ARGV[4] lease identity (JSON)   ARGV[5] provider lease id   ARGV[6] ttl (s)
+  ARGV[7] '1' when the state is a transition toward stopped
+
+  Returns {since, now} in ms: the `since` of the recorded state, and Redis' time.
 ]]
 local rcall = redis.call
 local recordKey, stoppingKey = KEYS[1], KEYS[2]
-local laneId, now, kind, providerState = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local laneId, kind, providerState = ARGV[1], ARGV[2], ARGV[3]
+local time = rcall('TIME')
+local now = tostring(tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000))
 
 local previous = rcall('HMGET', recordKey, 'kind', 'providerState', 'since')
 local since = now
@@ -25,12 +30,12 @@ else
   rcall('HDEL', recordKey, 'forceStops', 'forceJob')
 end
 rcall('HSET', recordKey, 'kind', kind, 'providerState', providerState, 'since', since, 'observedAt', now,
-  'lease', ARGV[5], 'providerLeaseId', ARGV[6])
-rcall('EXPIRE', recordKey, ARGV[7])
+  'lease', ARGV[4], 'providerLeaseId', ARGV[5])
+rcall('EXPIRE', recordKey, ARGV[6])
 
-if ARGV[8] == '1' then
+if ARGV[7] == '1' then
   rcall('ZADD', stoppingKey, since, laneId)
 else
   rcall('ZREM', stoppingKey, laneId)
 end
-return since
+return {since, now}

@@ -1,0 +1,187 @@
+import { fileURLToPath } from 'node:url';
+import { afterEach, describe, expect, it } from 'vitest';
+import { loadConfig } from '../../src/config.ts';
+import { DaytonaFake } from '../../src/fakes/daytona-fake.ts';
+import type { LeaseIdentity } from '../../src/lease.ts';
+import { createDaytonaProvider } from '../../src/providers/daytona/index.ts';
+import { OperationsQueue } from '../../src/queues/operations-queue.ts';
+import { createRedis } from '../../src/queues/redis.ts';
+import { gate, lease, QUICK_RECOVERY, readUntil, TestBed, workerEnv } from '../helpers/env.ts';
+import { createRecordingProvider } from '../helpers/recording-provider.ts';
+import { WorkerProcess } from '../helpers/worker-process.ts';
+
+// What the second, independent attack on issue 11's changes found (docs/design.md lists it),
+// each as the attack ran it, against real processes, a real Redis and the cloud fake.
+
+const SKEWED_CLOCK = fileURLToPath(new URL('../helpers/skewed-clock.mjs', import.meta.url));
+const daytonaLease = (leaseId: string): LeaseIdentity => ({ provider: 'daytona', companyId: 'co', environmentId: 'env', leaseId });
+const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
+
+const cleanups: (() => Promise<unknown> | void)[] = [];
+afterEach(async () => {
+  for (const clean of cleanups.splice(0).reverse()) await clean();
+});
+
+async function cloud(timings: Partial<{ create: number; start: number; stop: number; forceStop: number; destroy: number }> = {}): Promise<{ fake: DaytonaFake; url: string }> {
+  const fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 10, stop: 10, forceStop: 0, destroy: 10, ...timings } });
+  const url = await fake.listen();
+  cleanups.push(() => fake.close());
+  return { fake, url };
+}
+
+async function bedWith(overrides: Record<string, string> = {}): Promise<TestBed> {
+  const bed = await TestBed.create(overrides);
+  cleanups.push(() => bed.close());
+  return bed;
+}
+
+function worker(bed: TestBed, url: string, env: Record<string, string> = {}): WorkerProcess {
+  const w = new WorkerProcess(workerEnv(bed, { ...QUICK_RECOVERY, LEASE_OPS_PROVIDERS: 'daytona', DAYTONA_API_URL: url, DAYTONA_API_KEY: 'k', ...env }));
+  cleanups.push(async () => {
+    w.child.kill('SIGCONT');
+    await w.kill();
+  });
+  return w;
+}
+
+describe('a stale attempt never cleans up after an acquire that its successor completed', () => {
+  it('frozen past its lock and its deadline, it wakes after the re-run handed the sandbox out: the sandbox stays', async () => {
+    const bed = await bedWith({ LEASE_OPS_KEEP_COMPLETED_S: '0' });
+    const { fake, url } = await cloud();
+    const env = { LEASE_OPS_KEEP_COMPLETED_S: '0' };
+    const frozen = worker(bed, url, { ...env, LEASE_OPS_FAULT_POINTS: 'after-lane-acquire=pause*1' });
+    await frozen.ready;
+    const completed = new Promise<{ providerLeaseId: string }>((resolve) => {
+      bed.events.on('completed', ({ returnvalue }) => resolve((typeof returnvalue === 'string' ? JSON.parse(returnvalue) : returnvalue) as { providerLeaseId: string }));
+    });
+    const startedAt = Date.now();
+    const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('handed-out'), params: { runId: 'r' }, deadlineMs: 6_000 });
+    await frozen.waitForLog('fault point after-lane-acquire: pause');
+    worker(bed, url, env); // the successor
+    const { providerLeaseId } = await completed; // the re-run; BullMQ removes the job as it completes
+    await readUntil(async () => Date.now() > startedAt + 6_500, 10_000, 'the acquire\'s deadline passing');
+    frozen.child.kill('SIGCONT');
+    // It wakes, and says what it does with the acquire: refuses as stale, or queues a clean-up.
+    await readUntil(async () => frozen.logs.some((l) => l.includes(jobId) && /stale attempt|clean-up of what it made is queued/.test(l)), 10_000, 'the frozen attempt deciding');
+    await readUntil(async () => (await bed.ops.lanes.openLaneCount()) === 0, 10_000, 'every lane idle');
+    expect(fake.calls.filter((c) => c.sandboxId === providerLeaseId && c.method === 'DELETE')).toEqual([]);
+    expect(fake.stateOf(providerLeaseId)).toBe('started');
+  });
+});
+
+describe('two requests with one idempotency key put their job into its lane once', () => {
+  it('a retry while the first request is slow between its key and its job: one resume, run once, before the stop accepted after it', async () => {
+    const bed = await bedWith();
+    const slow = new OperationsQueue(createRedis(bed.config.REDIS_URL), bed.config);
+    cleanups.push(() => slow.close());
+    // The first request pauses between storing its key and storing its job (a GC pause, a slow link).
+    const add = slow.queue.add.bind(slow.queue);
+    const paused = gate();
+    const resumeFirst = gate();
+    slow.queue.add = (async (...args: Parameters<typeof add>) => {
+      paused.open();
+      await resumeFirst.promise;
+      return add(...args);
+    }) as typeof add;
+    const request = { op: 'resume' as const, lease: lease('twice'), params: { providerLeaseId: 'twice' }, idempotencyKey: 'K' };
+    const first = slow.enqueue(request);
+    await paused.promise;
+    const retry = await bed.ops.enqueue(request);
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: lease('twice'), params: { providerLeaseId: 'twice' } });
+    resumeFirst.open();
+    expect((await first).jobId).toBe(retry.jobId);
+    expect((await bed.ops.lanes.view(retry.laneId)).jobs).toEqual([retry.jobId, stop.jobId]);
+    const { provider, calls } = createRecordingProvider();
+    await bed.startWorker(provider);
+    await bed.waitForAll([retry.jobId, stop.jobId]);
+    expect(calls.filter((c) => c.end).map((c) => c.op)).toEqual(['resume', 'stop']);
+  });
+});
+
+describe('a force-stop that absorbs a queued stop keeps both callers\' times', () => {
+  it('one with an earlier deadline than the stop\'s is queued on its own, fails at its deadline, and the stop is unharmed', async () => {
+    const bed = await bedWith();
+    const held = gate();
+    await bed.startWorker(createRecordingProvider({ behaviour: async ({ op }) => (op === 'resume' ? (await held.promise, 'ok' as const) : ('ok' as const)) }).provider);
+    cleanups.push(() => held.open());
+    const resume = await bed.ops.enqueue({ op: 'resume', lease: lease('absorb'), params: { providerLeaseId: 'absorb' } });
+    await readUntil(async () => (await bed.ops.queue.getJobState(resume.jobId)) === 'active', 5_000, 'the resume running');
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: lease('absorb'), params: { providerLeaseId: 'absorb' } });
+    const enqueuedAt = Date.now();
+    const force = await bed.ops.enqueue({ op: 'force-stop', lease: lease('absorb'), params: { providerLeaseId: 'absorb' }, deadlineMs: 1_000 });
+    expect(force.deduplicated).toBeUndefined();
+    expect((await bed.waitForAll([force.jobId], 5_000)).get(force.jobId)).toBe('failed');
+    expect(Date.now() - enqueuedAt).toBeLessThan(2_500);
+    held.open();
+    expect((await bed.waitForAll([resume.jobId, stop.jobId])).get(stop.jobId)).toBe('completed');
+  });
+});
+
+describe('an idempotent force-stop that absorbed a stop is accepted in the same step', () => {
+  it('its enqueue cut short right after (the key never marked by a separate write): the retry gets the same job, no second force-stop', async () => {
+    const bed = await bedWith();
+    const held = gate();
+    await bed.startWorker(createRecordingProvider({ behaviour: async ({ op }) => (op === 'resume' ? (await held.promise, 'ok' as const) : ('ok' as const)) }).provider);
+    cleanups.push(() => held.open());
+    const resume = await bed.ops.enqueue({ op: 'resume', lease: lease('cut'), params: { providerLeaseId: 'cut' } });
+    await readUntil(async () => (await bed.ops.queue.getJobState(resume.jobId)) === 'active', 5_000, 'the resume running');
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: lease('cut'), params: { providerLeaseId: 'cut' } });
+    // A producer whose connection is lost for any write it sends after the lane step.
+    const connection = createRedis(bed.config.REDIS_URL);
+    const cut = new OperationsQueue(connection, bed.config);
+    cleanups.push(() => cut.close());
+    const set = connection.set.bind(connection) as (...args: unknown[]) => Promise<unknown>;
+    (connection as unknown as { set: (...args: unknown[]) => Promise<unknown> }).set = (...args: unknown[]) => (args.includes('KEEPTTL') ? Promise.reject(new Error('connection lost')) : set(...args));
+    const request = { op: 'force-stop' as const, lease: lease('cut'), params: { providerLeaseId: 'cut' }, idempotencyKey: 'F' };
+    await cut.enqueue(request).catch(() => undefined);
+    const retry = await bed.ops.enqueue(request);
+    expect(retry.jobId).toBe(stop.jobId);
+    expect((await bed.ops.lanes.view(resume.laneId)).jobs).toEqual([resume.jobId, stop.jobId]);
+  });
+});
+
+describe('replicas whose clocks differ agree on how long a sandbox has been stopping', () => {
+  it('a stop recorded by a replica 20 s behind is not forced early by one with the right clock', async () => {
+    const bed = await bedWith();
+    const { fake, url } = await cloud({ stop: 2_500 });
+    const settings = { LEASE_OPS_STUCK_STOPPING_MS: '4000', LEASE_OPS_WATCHDOG_INTERVAL_MS: '200' };
+    const behind = worker(bed, url, { ...settings, NODE_OPTIONS: `--import ${SKEWED_CLOCK}`, CLOCK_SKEW_MS: '-20000' });
+    await behind.ready;
+    const acquired = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('skew'), params: { runId: 'skew' } });
+    await bed.waitForAll([acquired.jobId]);
+    const id = ((await bed.ops.queue.getJob(acquired.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: daytonaLease(id), params: { providerLeaseId: id } });
+    await readUntil(async () => (await bed.redis.hget(`${bed.config.LEASE_OPS_PREFIX}:lease:${stop.laneId}`, 'providerState')) === 'stopping', 5_000, 'the stop seen stopping');
+    const rightClock = worker(bed, url, settings);
+    await rightClock.ready;
+    expect((await bed.waitForAll([stop.jobId], 10_000)).get(stop.jobId)).toBe('completed');
+    expect(fake.calls.filter((c) => c.sandboxId === id && c.query.includes('force=true'))).toEqual([]);
+  });
+});
+
+describe('a request that may still be running at the cloud keeps the lane a while', () => {
+  it('a read that times out at its operation\'s deadline: the next operation\'s calls wait, and none overlaps it', async () => {
+    const bed = await bedWith({ LEASE_OPS_INFLIGHT_GRACE_MS: '2000' });
+    const { fake, url } = await cloud();
+    await bed.startWorker(createDaytonaProvider({ apiUrl: url, apiKey: 'k', rateLimits: unpaced }));
+    const acquired = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('slow-cloud'), params: { runId: 'slow' } });
+    await bed.waitForAll([acquired.jobId]);
+    const id = ((await bed.ops.queue.getJob(acquired.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    fake.control(id, { replyDelayMs: 1_500 }); // a congested API: every answer about it takes 1.5 s
+    const resume = await bed.ops.enqueue({ op: 'resume', lease: daytonaLease(id), params: { providerLeaseId: id }, deadlineMs: 800 });
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: daytonaLease(id), params: { providerLeaseId: id } });
+    expect((await bed.waitForAll([resume.jobId], 10_000)).get(resume.jobId)).toBe('failed');
+    fake.control(id, { replyDelayMs: 0 });
+    expect((await bed.waitForAll([stop.jobId], 10_000)).get(stop.jobId)).toBe('completed');
+    await readUntil(async () => fake.http.inFlight === 0, 5_000, 'every request answered'); // the log is complete
+    expect(fake.calls.filter((c) => c.sandboxId === id && c.method === 'GET').length).toBeGreaterThan(1);
+    expect(fake.http.overlaps()).toEqual([]);
+  });
+});
+
+describe('the stall bound the README states', () => {
+  it('a crashed worker\'s job runs again within LEASE_OPS_LOCK_MS + 2 x LEASE_OPS_STALLED_INTERVAL_MS: 40 s by default', () => {
+    const defaults = loadConfig({});
+    expect(defaults.LEASE_OPS_LOCK_MS + 2 * defaults.LEASE_OPS_STALLED_INTERVAL_MS).toBe(40_000);
+  });
+});
