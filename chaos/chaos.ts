@@ -3,23 +3,31 @@
 // some Daytona stops hang. Meanwhile the campaign kills workers (SIGKILL), stops them
 // (SIGTERM), pauses them past their lock (SIGSTOP, SIGCONT) and restarts them, and acquires
 // more sandboxes while it does. An independent checker then reads the fakes' own call logs and
-// sandboxes and BullMQ's job records and counts every violation. `npm run chaos` runs it;
-// test/chaos.test.ts a short one.
+// sandboxes and BullMQ's job records and counts every violation. Jobs stall twice (all
+// workers but one paused past their lock, then that one as it takes their jobs). Then, on the campaign's own
+// redis-server, the phases of chaos/phases.ts: Redis loses its data mid-run, sandboxes stuck
+// for good beside a newly stuck one, many open lanes beside a blocked one. `npm run chaos`
+// runs it; test/chaos.test.ts a short one.
 import { randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { QueueEvents } from 'bullmq';
 import { loadConfig, type Config } from '../src/config.ts';
 import { fork, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
+import type { CreateosControls } from '../src/fakes/createos-fake.ts';
 import type { DaytonaFaults, SandboxControls } from '../src/fakes/daytona-fake.ts';
 import { seededRandom } from '../src/fakes/seeded-random.ts';
 import type { FakeCall } from '../src/fakes/http-fake.ts';
 import type { WireCall } from './cloud.ts';
-import type { LeaseIdentity } from '../src/lease.ts';
 import type { OperationName } from '../src/operations.ts';
 import { OperationsQueue } from '../src/queues/operations-queue.ts';
 import { createRedis } from '../src/queues/redis.ts';
 import { QUICK_RECOVERY, scanKeys, waitForJobs } from '../test/helpers/env.ts';
+import { RedisProcess } from '../test/helpers/redis-process.ts';
 import { WorkerProcess } from '../test/helpers/worker-process.ts';
+import { dataLossPhase, identity, scalePhase, stuckPhase, type DataLossReport, type PhaseContext, type ScaleReport, type StuckReport } from './phases.ts';
 
 export interface ChaosOptions {
   workers: number;
@@ -36,6 +44,13 @@ export interface ChaosOptions {
   actionEveryMs: number;
   /** Give up waiting for operations to end after this long. */
   timeoutMs: number;
+  /** Data-loss phase: fresh leases, and operations on each, Redis losing its data halfway. */
+  lossLeases: number;
+  lossOpsPerLease: number;
+  /** Stuck phase: CreateOS sandboxes stuck pausing for good, beside one newly stuck Daytona sandbox. */
+  stuckForGood: number;
+  /** Scale phase: open, quiet lanes beside the blocked one. */
+  openLanes: number;
   progress?: (line: string) => void;
 }
 
@@ -49,9 +64,25 @@ export const SHORT: ChaosOptions = {
   stuckShare: 0.1,
   actionEveryMs: 700,
   timeoutMs: 180_000,
+  lossLeases: 20,
+  lossOpsPerLease: 6,
+  stuckForGood: 50,
+  openLanes: 5_000,
 };
 
-export const FULL: ChaosOptions = { ...SHORT, workers: 5, leases: 400, opsPerLease: 25, lateLeases: 100, actionEveryMs: 1_000, timeoutMs: 900_000 };
+export const FULL: ChaosOptions = {
+  ...SHORT,
+  workers: 5,
+  leases: 400,
+  opsPerLease: 25,
+  lateLeases: 100,
+  actionEveryMs: 1_000,
+  timeoutMs: 900_000,
+  lossLeases: 100,
+  lossOpsPerLease: 10,
+  stuckForGood: 500,
+  openLanes: 100_000,
+};
 
 export interface ChaosReport {
   accepted: number;
@@ -61,6 +92,10 @@ export interface ChaosReport {
   /** The same, by operation and provider: `<op> <provider>: <code>`. */
   failed_by_op: Record<string, number>;
   overlaps: number;
+  /** Calls to one sandbox in flight at once, any two, reads included (over every phase). */
+  sandbox_call_overlaps: number;
+  /** Of those, pairs where one call began before Redis lost its data and one after (reported, not a violation). */
+  overlaps_across_data_loss: number;
   order_violations: number;
   lost: number;
   stale_calls: number;
@@ -72,6 +107,23 @@ export interface ChaosReport {
   sigkill: number;
   sigterm: number;
   sigstop: number;
+  /** Double stalls: all workers but one paused past their lock, then that one. */
+  double_stalls: number;
+  /** Jobs BullMQ reported stalled, and of those, twice or more. */
+  stalled: number;
+  stalled_twice: number;
+  data_loss: Omit<DataLossReport, 'lostAt' | 'backAt'>;
+  /** Sandboxes stuck for good (their provider cannot force a stop) while one more got stuck. */
+  stuck_for_good: number;
+  /** How long the newly stuck sandbox stayed stopping past its budget before it was forced. */
+  max_stuck_unforced_s: number;
+  /** The bound for it: the watchdog's interval plus 1.5 s for the force to be queued and sent. */
+  stuck_unforced_bound_s: number;
+  open_lanes: number;
+  /** How long a lane whose head an operator removed stayed blocked, with `open_lanes` open. */
+  max_blocked_lane_s: number;
+  /** LEASE_OPS_SWEEP_STALE_MS + LEASE_OPS_SWEEP_INTERVAL_MS + 3 s for the pass over every quiet lane. */
+  blocked_lane_bound_s: number;
   provider_calls: number;
   /** Of which to CreateOS (the rest to Daytona). */
   createos_calls: number;
@@ -91,11 +143,12 @@ const LOCK_MS = 2_000;
 const OP_DEADLINE_MS = 300_000;
 
 /** Settings of the campaign's workers: short lock, sweep and watchdog times, so recovery shows within a run. */
-function chaosEnv(prefix: string, redisUrl: string, daytonaUrl: string, createosUrl: string): Record<string, string> {
+function chaosEnv(prefix: string, redisUrl: string, daytonaUrl: string, createosUrl: string, holdFile: string): Record<string, string> {
   return {
     REDIS_URL: redisUrl,
     LEASE_OPS_PREFIX: prefix,
-    LEASE_OPS_PROVIDERS: 'daytona,createos',
+    LEASE_OPS_PROVIDERS: `daytona,createos,${HOLD_PROVIDER}`,
+    HOLD_FILE: holdFile,
     DAYTONA_API_URL: daytonaUrl,
     DAYTONA_API_KEY: 'chaos-key',
     CREATEOS_API_URL: createosUrl,
@@ -108,10 +161,16 @@ function chaosEnv(prefix: string, redisUrl: string, daytonaUrl: string, createos
     LEASE_OPS_LOCK_MS: String(LOCK_MS),
     LEASE_OPS_MAX_STALLED: '5',
     LEASE_OPS_BACKOFF_CAP_MS: '300',
-    LEASE_OPS_STUCK_STOPPING_MS: '1500',
-    LEASE_OPS_WATCHDOG_INTERVAL_MS: '500',
+    LEASE_OPS_STUCK_STOPPING_MS: String(STUCK_MS),
+    LEASE_OPS_WATCHDOG_INTERVAL_MS: String(WATCHDOG_INTERVAL_MS),
   };
 }
+
+const HOLD_PROVIDER = fileURLToPath(new URL('./hold-provider.ts', import.meta.url));
+const STUCK_MS = 1_500;
+const WATCHDOG_INTERVAL_MS = 500;
+const STUCK_UNFORCED_BOUND_S = WATCHDOG_INTERVAL_MS / 1000 + 1.5;
+const BLOCKED_LANE_BOUND_S = (Number(QUICK_RECOVERY.LEASE_OPS_SWEEP_STALE_MS) + Number(QUICK_RECOVERY.LEASE_OPS_SWEEP_INTERVAL_MS)) / 1000 + 3;
 
 type Step = { op: OperationName; params: (id: string) => unknown };
 const MIX: [number, Step][] = [
@@ -129,9 +188,15 @@ function pick(r: number): Step {
   return MIX[0]![1];
 }
 
-export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS_URL): Promise<ChaosReport> {
+/** Runs the campaign on a redis-server of its own (it loses its data on purpose). */
+export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
   const say = opts.progress ?? (() => undefined);
   const rand = seededRandom(opts.seed);
+  // No persistence, as the shared Redis here; noeviction, as BullMQ requires.
+  const server = await RedisProcess.start(['--appendonly', 'no', '--maxmemory-policy', 'noeviction']);
+  const redisUrl = server.url;
+  const holdDir = mkdtempSync(join(tmpdir(), 'lease-ops-chaos-'));
+  const holdFile = join(holdDir, 'hold');
   const prefix = `{lease-ops-chaos-${randomBytes(3).toString('hex')}}`;
   const config: Config = loadConfig({ ...process.env, REDIS_URL: redisUrl, LEASE_OPS_PREFIX: prefix, LEASE_OPS_LOG_LEVEL: 'silent' });
   const redis = createRedis(redisUrl);
@@ -139,9 +204,17 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
   const eventsConnection = createRedis(redisUrl);
   const events = new QueueEvents(config.LEASE_OPS_QUEUE, { connection: eventsConnection, prefix });
   events.setMaxListeners(0); // every late lease waits on its own acquire
+  // Redis goes away on purpose (the data loss): the clients reconnect by themselves.
+  const expected = () => undefined;
+  events.on('error', expected);
+  ops.queue.on('error', expected);
+  redis.on('error', expected);
+  eventsConnection.on('error', expected);
   await events.waitUntilReady();
+  const stalls = new Map<string, number>();
+  events.on('stalled', ({ jobId }) => stalls.set(jobId, (stalls.get(jobId) ?? 0) + 1));
   const cloud = await startCloud(opts.seed, opts.faults);
-  const env = chaosEnv(prefix, redisUrl, cloud.daytonaUrl, cloud.createosUrl);
+  const env = chaosEnv(prefix, redisUrl, cloud.daytonaUrl, cloud.createosUrl, holdFile);
   /** Workers that are up and may be picked for the next action; `all` for the clean-up. */
   const workers: WorkerProcess[] = [];
   const all: WorkerProcess[] = [];
@@ -151,8 +224,9 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
     await w.ready;
     workers.push(w);
   };
-  const counts = { sigkill: 0, sigterm: 0, sigstop: 0 };
+  const counts = { sigkill: 0, sigterm: 0, sigstop: 0, double_stalls: 0 };
   const started = Date.now();
+  const pastLock = () => new Promise<void>((r) => setTimeout(r, LOCK_MS + 1_500));
 
   // Until every operation ended (BullMQ's events), or the timeout; the checker then counts
   // what did not end as lost.
@@ -171,7 +245,6 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
     // Acquire every sandbox first, half on each cloud: later operations name the sandbox
     // the acquire created.
     const providerOf = (i: number) => (i % 2 === 0 ? 'daytona' : 'createos');
-    const identity = (provider: string, leaseId: string): LeaseIdentity => ({ provider, companyId: 'chaos', environmentId: 'env', leaseId });
     const acquires = await Promise.all(
       Array.from({ length: opts.leases }, (_, i) => ops.enqueue({ op: 'acquire', lease: identity(providerOf(i), `chaos-${i}`), params: { runId: `chaos-${i}` } })),
     );
@@ -184,23 +257,56 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
       if (id) sandboxes.push([providerOf(i), id]);
     }
     // Some Daytona stops hang until the watchdog forces them (CreateOS cannot force a stop).
-    for (const [provider, id] of sandboxes) if (provider === 'daytona' && rand() < opts.stuckShare) await cloud.control(id, { stuckStoppingMs: 4_000 });
+    for (const [provider, id] of sandboxes) if (provider === 'daytona' && rand() < opts.stuckShare) await cloud.control('daytona', id, { stuckStoppingMs: 4_000 });
     say(`chaos: ${sandboxes.length} sandboxes acquired; ${opts.leases * opts.opsPerLease} operations and ${opts.lateLeases} more acquires follow, with chaos`);
 
     // Chaos runs while the operations do.
     // Actions overlap: a paused worker may still be asleep when the next one is killed.
     const inFlight: Promise<void>[] = [];
     chaos = (async () => {
+      let action = 0;
       while (!stopChaos) {
         await new Promise((r) => setTimeout(r, opts.actionEveryMs));
         if (stopChaos || workers.length < 2) continue;
+        // Each kind of trouble in turn: a crash, a double stall, a pause past the lock, a graceful stop.
+        const kind = [0, 3, 1, 2][action++ % 4]!;
+        if (kind === 3) {
+          // Every available worker but one paused past its lock: their jobs stall and move
+          // to the one left. The moment it starts one of them, it is paused too (the others
+          // wake), and that job stalls a second time.
+          counts.double_stalls++;
+          const paused = workers.splice(1);
+          const last = workers.splice(0)[0]!;
+          for (const w of paused) w.child.kill('SIGSTOP');
+          const tookStalled = new Promise<void>((resolve) => {
+            const onActive = ({ jobId }: { jobId: string }) => {
+              if (!stalls.has(jobId)) return;
+              events.off('active', onActive);
+              resolve();
+            };
+            events.on('active', onActive);
+            setTimeout(() => {
+              events.off('active', onActive);
+              resolve();
+            }, LOCK_MS + 5_000);
+          });
+          inFlight.push(
+            tookStalled.then(async () => {
+              last.child.kill('SIGSTOP');
+              for (const w of paused) w.child.kill('SIGCONT');
+              workers.push(...paused);
+              await pastLock();
+              last.child.kill('SIGCONT');
+              workers.push(last);
+            }),
+          );
+          continue;
+        }
         const victim = workers.splice(Math.floor(rand() * workers.length), 1)[0]!;
-        // Each kind of trouble in turn: a crash, a pause past the lock, a graceful stop.
-        const action = (counts.sigkill + counts.sigterm + counts.sigstop) % 3;
-        if (action === 0) {
+        if (kind === 0) {
           counts.sigkill++;
           inFlight.push(victim.kill().then(startWorker));
-        } else if (action === 2) {
+        } else if (kind === 2) {
           counts.sigterm++;
           inFlight.push(startWorker().then(() => victim.terminate().then(() => undefined)));
         } else {
@@ -208,7 +314,7 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
           counts.sigstop++;
           victim.child.kill('SIGSTOP');
           inFlight.push(
-            new Promise<void>((r) => setTimeout(r, LOCK_MS + 1_500)).then(() => {
+            pastLock().then(() => {
               victim.child.kill('SIGCONT');
               workers.push(victim);
             }),
@@ -255,11 +361,23 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
 
     // Lanes drain once every operation ended; a lane whose last job ended without a release
     // (failed after too many stalls) is repaired by the sweep within its bound.
-    const drainDeadline = Date.now() + 3 * (1_000 + 500) + 2_000;
+    const drainBoundMs = 3 * (1_000 + 500) + 2_000;
+    const drainDeadline = Date.now() + drainBoundMs;
     while ((await ops.lanes.openLaneCount()) > 0 && Date.now() < drainDeadline) await new Promise((r) => setTimeout(r, 100));
+    // The main campaign is checked from BullMQ's job records now: the data loss takes them.
+    const main = await checkRecords({ ops, redis, prefix, acceptedAll, acceptedOrder });
+
+    const ctx: PhaseContext = { ops, events, redis, rand, say, timeoutMs: opts.timeoutMs, control: cloud.control, owned: main.owned };
+    say(`chaos: main campaign checked; Redis loses its data with operations on ${opts.lossLeases} more leases in flight`);
+    const loss = await dataLossPhase(ctx, server, opts.lossLeases, opts.lossOpsPerLease);
+    const stuck = await stuckPhase(ctx, opts.stuckForGood);
+    say(`chaos: ${opts.openLanes} lanes open while one is blocked`);
+    const scale = await scalePhase(ctx, holdFile, opts.openLanes, drainBoundMs);
 
     const { calls, live } = await cloud.report();
-    return await check({ ops, calls, live, redis, prefix, acceptedAll, acceptedOrder, counts, seconds: (Date.now() - started) / 1000 });
+    const { lostAt, backAt, ...dataLoss } = loss;
+    const seconds = (Date.now() - started) / 1000;
+    return checkCalls({ calls, live, main, lostAt, backAt, counts, stalls, dataLoss, stuck, scale, seconds });
   } finally {
     stopChaos = true;
     await chaos.catch(() => undefined);
@@ -268,99 +386,44 @@ export async function runChaos(opts: ChaosOptions, redisUrl = loadConfig().REDIS
     await events.close();
     await ops.close();
     await cloud.close();
-    await clearPrefix(redis, prefix);
     eventsConnection.disconnect();
     redis.disconnect();
+    await server.stop();
+    rmSync(holdDir, { recursive: true, force: true });
   }
 }
 
-/** The independent checker: the fakes' own call logs and sandboxes and BullMQ's job records, nothing else. */
-async function check(input: {
+/** What the main campaign's job records said, read before the data loss takes them. */
+interface MainRecords {
+  accepted: number;
+  completed: number;
+  failed: number;
+  failed_by_reason: Record<string, number>;
+  failed_by_op: Record<string, number>;
+  lost: number;
+  blocked_lanes: number;
+  leftover_keys: number;
+  /** Sandboxes completed acquires handed out (the phases add theirs). */
+  owned: Set<string>;
+  /** Each accepted job as it ended, for the call checks and their examples. */
+  jobs: Map<string, string>;
+  acceptedOrder: Map<string, string[]>;
+  examples: string[];
+}
+
+/** The independent checker, part one: BullMQ's job records and the lane keys, nothing else. */
+async function checkRecords(input: {
   ops: OperationsQueue;
-  /** Every call the clouds served, on the shared clock. */
-  calls: (FakeCall & { cloud: 'daytona' | 'createos' })[];
-  /** Sandboxes the fakes still run (or are making). */
-  live: string[];
   redis: ReturnType<typeof createRedis>;
   prefix: string;
   acceptedAll: string[];
   acceptedOrder: Map<string, string[]>;
-  counts: { sigkill: number; sigterm: number; sigstop: number };
-  seconds: number;
-}): Promise<ChaosReport> {
-  const { ops, calls, acceptedAll, acceptedOrder, counts } = input;
+}): Promise<MainRecords> {
+  const { ops, acceptedAll } = input;
   const examples: string[] = [];
-  const note = (line: string) => examples.length < 20 && examples.push(line);
-
-  // Calls made by lane attempts, per sandbox (the watchdog's own reads are not in a lane).
-  const laneCalls = calls.filter((c): c is FakeCall & { cloud: 'daytona' | 'createos'; attempt: string; sandboxId: string } => !!c.attempt && !!c.sandboxId && !c.attempt.startsWith('watchdog.'));
-  const bySandbox = new Map<string, (FakeCall & { attempt: string })[]>();
-  for (const c of laneCalls) bySandbox.set(c.sandboxId, [...(bySandbox.get(c.sandboxId) ?? []), c]);
-  const jobOf = (attempt: string) => attempt.slice(0, attempt.lastIndexOf(':'));
-  const fenceOf = (attempt: string) => Number(attempt.slice(attempt.lastIndexOf(':') + 1));
-
-  let overlaps = 0;
-  let stale = 0;
-  const staleFound: { jobId: string; text: string }[] = [];
-  const firstCall = new Map<string, bigint>();
-  for (const [sandbox, calls] of bySandbox) {
-    calls.sort((a, b) => (a.start < b.start ? -1 : a.start > b.start ? 1 : 0));
-    let highestFence = 0;
-    let highestAttempt = '';
-    for (let i = 0; i < calls.length; i++) {
-      const c = calls[i]!;
-      const prev = calls[i - 1];
-      if (prev && prev.attempt !== c.attempt && c.start < prev.end) {
-        overlaps++;
-        note(`overlap on ${sandbox}: ${c.method} ${c.path} (${c.attempt}) while ${prev.method} ${prev.path} (${prev.attempt}) ran`);
-      }
-      // Fencing tokens only grow: a call from a lower one after a higher one called is stale.
-      const fence = fenceOf(c.attempt);
-      if (fence < highestFence) {
-        stale++;
-        const successorFirst = calls.find((x) => x.attempt === highestAttempt)!;
-        const ownPrevious = calls.slice(0, i).filter((x) => x.attempt === c.attempt).at(-1);
-        const ms = (a: bigint, b: bigint) => Number((a - b) / 1_000_000n);
-        staleFound.push({
-          jobId: jobOf(c.attempt),
-          text:
-            `stale call on ${sandbox}: ${c.method} ${c.path} by ${c.attempt} after ${highestAttempt} had called ` +
-            `(${ms(c.start, successorFirst.start)} ms after the successor's first call; its own previous call ended ${ownPrevious ? `${ms(successorFirst.start, ownPrevious.end)} ms before that` : 'never'})`,
-        });
-      } else {
-        highestFence = fence;
-        highestAttempt = c.attempt;
-      }
-      const job = jobOf(c.attempt);
-      if (!firstCall.has(job)) firstCall.set(job, c.start);
-    }
-  }
-
-  // What each stale call's job was, for whoever looks into it.
-  for (const { jobId, text } of staleFound.slice(0, 10)) {
-    const job = await ops.queue.getJob(jobId);
-    note(`${text}; job: ${job?.name} started ${job?.attemptsStarted} times, made ${job?.attemptsMade}, stalled ${job?.stalledCounter}, now ${await ops.queue.getJobState(jobId)}`);
-  }
-
-  // Order: the operations of a lease first reached the cloud in accepted order. Force-stops
-  // may go ahead by design, so they are left out of the comparison.
-  let orderViolations = 0;
-  for (const [sandbox, order] of acceptedOrder) {
-    const ranked: string[] = [];
-    for (const id of order) {
-      const job = await ops.queue.getJob(id);
-      if (job?.name !== 'force-stop' && firstCall.has(id)) ranked.push(id);
-    }
-    for (let i = 1; i < ranked.length; i++) {
-      if (firstCall.get(ranked[i]!)! < firstCall.get(ranked[i - 1]!)!) {
-        orderViolations++;
-        note(`order on ${sandbox}: ${ranked[i]} reached the cloud before ${ranked[i - 1]}, accepted earlier`);
-      }
-    }
-  }
-
-  // Outcomes, from the job records; the sandboxes completed acquires handed out are owned.
+  const note = (line: string) => examples.length < 10 && examples.push(line);
   const owned = new Set<string>();
+  const jobs = new Map<string, string>();
   const failedByReason: Record<string, number> = {};
   const failedByOp: Record<string, number> = {};
   let completed = 0;
@@ -368,15 +431,14 @@ async function check(input: {
   let lost = 0;
   for (const id of acceptedAll) {
     const state = await ops.queue.getJobState(id);
+    const job = await ops.queue.getJob(id);
+    jobs.set(id, `${job?.name} started ${job?.attemptsStarted} times, made ${job?.attemptsMade}, stalled ${job?.stalledCounter}, ${state}`);
     if (state === 'completed') {
       completed++;
-      const job = await ops.queue.getJob(id);
       const sandbox = (job?.returnvalue as { providerLeaseId?: unknown } | null)?.providerLeaseId;
       if (job?.name === 'acquire' && typeof sandbox === 'string') owned.add(sandbox);
-    }
-    else if (state === 'failed') {
+    } else if (state === 'failed') {
       failed++;
-      const job = await ops.queue.getJob(id);
       const reason = job?.failedReason ?? '';
       const code = /^([a-z_]+):/.exec(reason)?.[1] ?? reason.slice(0, 40);
       failedByReason[code] = (failedByReason[code] ?? 0) + 1;
@@ -396,23 +458,178 @@ async function check(input: {
     leftover++;
     note(`left behind: ${key}`);
   }
-  const orphans = input.live.filter((id) => !owned.has(id));
-  for (const id of orphans) note(`orphaned sandbox: ${id} runs, and no completed acquire handed it out`);
   return {
     accepted: acceptedAll.length,
     completed,
     failed,
     failed_by_reason: failedByReason,
     failed_by_op: failedByOp,
-    overlaps,
-    order_violations: orderViolations,
     lost,
-    stale_calls: stale,
     blocked_lanes: blocked,
     leftover_keys: leftover,
+    owned,
+    jobs,
+    acceptedOrder: input.acceptedOrder,
+    examples,
+  };
+}
+
+type CloudCall = FakeCall & { cloud: 'daytona' | 'createos' };
+
+/** Lane attempts' calls of one period: overlaps between attempts, stale calls, each job's first call. */
+function laneCallChecks(calls: CloudCall[], note: (line: string) => void, jobs: Map<string, string>) {
+  const laneCalls = calls.filter((c): c is CloudCall & { attempt: string; sandboxId: string } => !!c.attempt && !!c.sandboxId);
+  const bySandbox = new Map<string, (FakeCall & { attempt: string })[]>();
+  for (const c of laneCalls) bySandbox.set(c.sandboxId, [...(bySandbox.get(c.sandboxId) ?? []), c]);
+  const jobOf = (attempt: string) => attempt.slice(0, attempt.lastIndexOf(':'));
+  const fenceOf = (attempt: string) => Number(attempt.slice(attempt.lastIndexOf(':') + 1));
+  let overlaps = 0;
+  let stale = 0;
+  const firstCall = new Map<string, bigint>();
+  const ms = (a: bigint, b: bigint) => Number((a - b) / 1_000_000n);
+  for (const [sandbox, calls] of bySandbox) {
+    calls.sort((a, b) => (a.start < b.start ? -1 : a.start > b.start ? 1 : 0));
+    let highestFence = 0;
+    let highestAttempt = '';
+    for (let i = 0; i < calls.length; i++) {
+      const c = calls[i]!;
+      const prev = calls[i - 1];
+      if (prev && prev.attempt !== c.attempt && c.start < prev.end) {
+        overlaps++;
+        note(`overlap on ${sandbox}: ${c.method} ${c.path} (${c.attempt}) while ${prev.method} ${prev.path} (${prev.attempt}) ran`);
+      }
+      // Fencing tokens only grow: a call from a lower one after a higher one called is stale.
+      const fence = fenceOf(c.attempt);
+      if (fence < highestFence) {
+        stale++;
+        const successorFirst = calls.find((x) => x.attempt === highestAttempt)!;
+        const ownPrevious = calls.slice(0, i).filter((x) => x.attempt === c.attempt).at(-1);
+        note(
+          `stale call on ${sandbox}: ${c.method} ${c.path} by ${c.attempt} after ${highestAttempt} had called ` +
+            `(${ms(c.start, successorFirst.start)} ms after the successor's first call; its own previous call ended ${ownPrevious ? `${ms(successorFirst.start, ownPrevious.end)} ms before that` : 'never'}); ` +
+            `job: ${jobs.get(jobOf(c.attempt)) ?? '?'}`,
+        );
+      } else {
+        highestFence = fence;
+        highestAttempt = c.attempt;
+      }
+      const job = jobOf(c.attempt);
+      if (!firstCall.has(job)) firstCall.set(job, c.start);
+    }
+  }
+  return { overlaps, stale, firstCall };
+}
+
+/**
+ * Any two calls to one sandbox in flight at once, whoever made them (reads included),
+ * compared with the call that ends last so far; a pair that spans the data loss is
+ * counted apart.
+ */
+function sandboxCallOverlaps(calls: CloudCall[], lostAt: bigint, backAt: bigint, note: (line: string) => void) {
+  const bySandbox = new Map<string, CloudCall[]>();
+  for (const c of calls) if (c.sandboxId) bySandbox.set(c.sandboxId, [...(bySandbox.get(c.sandboxId) ?? []), c]);
+  let overlaps = 0;
+  let acrossLoss = 0;
+  for (const [sandbox, list] of bySandbox) {
+    list.sort((a, b) => (a.start < b.start ? -1 : a.start > b.start ? 1 : 0));
+    let longest = list[0]!;
+    for (const c of list.slice(1)) {
+      if (c.start < longest.end) {
+        if (longest.start < lostAt && c.start >= backAt) acrossLoss++;
+        else {
+          overlaps++;
+          note(`calls overlap on ${sandbox}: ${c.method} ${c.path} (${c.attempt ?? 'no attempt'}) while ${longest.method} ${longest.path} (${longest.attempt ?? 'no attempt'}) ran`);
+        }
+      }
+      if (c.end > longest.end) longest = c;
+    }
+  }
+  return { overlaps, acrossLoss };
+}
+
+/** The independent checker, part two: the clouds' own call logs and sandboxes, and the phases' measures. */
+function checkCalls(input: {
+  /** Every call the clouds served, on the shared clock. */
+  calls: CloudCall[];
+  /** Sandboxes the fakes still run (or are making). */
+  live: string[];
+  main: MainRecords;
+  lostAt: bigint;
+  backAt: bigint;
+  counts: { sigkill: number; sigterm: number; sigstop: number; double_stalls: number };
+  stalls: Map<string, number>;
+  dataLoss: ChaosReport['data_loss'];
+  stuck: StuckReport;
+  scale: ScaleReport;
+  seconds: number;
+}): ChaosReport {
+  const { calls, main, lostAt, backAt, counts } = input;
+  const examples = [...main.examples];
+  const note = (line: string) => examples.length < 20 && examples.push(line);
+
+  // Fencing tokens start again after the data loss: lane checks look at each side apart.
+  const before = laneCallChecks(calls.filter((c) => c.start < lostAt), note, main.jobs);
+  const after = laneCallChecks(calls.filter((c) => c.start >= backAt), note, main.jobs);
+  const all = sandboxCallOverlaps(calls, lostAt, backAt, note);
+
+  // Order: the main campaign's operations of a lease first reached the cloud in accepted
+  // order. Force-stops may go ahead by design, so they are left out of the comparison.
+  let orderViolations = 0;
+  for (const [sandbox, order] of main.acceptedOrder) {
+    const ranked = order.filter((id) => !main.jobs.get(id)?.startsWith('force-stop ') && before.firstCall.has(id));
+    for (let i = 1; i < ranked.length; i++) {
+      if (before.firstCall.get(ranked[i]!)! < before.firstCall.get(ranked[i - 1]!)!) {
+        orderViolations++;
+        note(`order on ${sandbox}: ${ranked[i]} reached the cloud before ${ranked[i - 1]}, accepted earlier`);
+      }
+    }
+  }
+
+  // The newly stuck sandbox: from its stop reaching the cloud to the force, less the budget.
+  let unforced = Number.POSITIVE_INFINITY;
+  const newly = input.stuck.newlyStuck;
+  if (newly) {
+    const own = calls.filter((c) => c.sandboxId === newly && c.method === 'POST' && c.path.endsWith('/stop')).sort((a, b) => (a.start < b.start ? -1 : 1));
+    const stop = own.find((c) => !c.query.includes('force=true'));
+    const force = own.find((c) => c.query.includes('force=true'));
+    if (stop && force) unforced = Math.max(0, Number(force.start - stop.start) / 1e9 - STUCK_MS / 1000);
+    else note(`the newly stuck sandbox ${newly} was ${force ? 'forced without a stop' : 'never forced'}`);
+  }
+  const maxStuckUnforced = Number(unforced.toFixed(2));
+  if (maxStuckUnforced > STUCK_UNFORCED_BOUND_S) note(`the newly stuck sandbox stayed unforced ${maxStuckUnforced} s past its budget (bound ${STUCK_UNFORCED_BOUND_S} s)`);
+  if (input.scale.max_blocked_lane_s > BLOCKED_LANE_BOUND_S) note(`a blocked lane waited ${input.scale.max_blocked_lane_s} s with ${input.scale.open_lanes} open (bound ${BLOCKED_LANE_BOUND_S} s)`);
+
+  const orphans = input.live.filter((id) => !main.owned.has(id));
+  for (const id of orphans.slice(0, 5)) note(`orphaned sandbox: ${id} runs, and no completed acquire handed it out`);
+  return {
+    accepted: main.accepted,
+    completed: main.completed,
+    failed: main.failed,
+    failed_by_reason: main.failed_by_reason,
+    failed_by_op: main.failed_by_op,
+    overlaps: before.overlaps + after.overlaps,
+    sandbox_call_overlaps: all.overlaps,
+    overlaps_across_data_loss: all.acrossLoss,
+    order_violations: orderViolations,
+    lost: main.lost + input.dataLoss.lost_after + input.scale.lost,
+    stale_calls: before.stale + after.stale,
+    blocked_lanes: main.blocked_lanes + input.scale.blocked_lanes,
+    leftover_keys: main.leftover_keys,
     orphaned_sandboxes: orphans.length,
     kills: counts.sigkill + counts.sigterm + counts.sigstop,
-    ...counts,
+    sigkill: counts.sigkill,
+    sigterm: counts.sigterm,
+    sigstop: counts.sigstop,
+    double_stalls: counts.double_stalls,
+    stalled: input.stalls.size,
+    stalled_twice: [...input.stalls.values()].filter((n) => n >= 2).length,
+    data_loss: input.dataLoss,
+    stuck_for_good: input.stuck.stuck_for_good,
+    max_stuck_unforced_s: maxStuckUnforced,
+    stuck_unforced_bound_s: STUCK_UNFORCED_BOUND_S,
+    open_lanes: input.scale.open_lanes,
+    max_blocked_lane_s: input.scale.max_blocked_lane_s,
+    blocked_lane_bound_s: BLOCKED_LANE_BOUND_S,
     provider_calls: calls.length,
     createos_calls: calls.filter((c) => c.cloud === 'createos').length,
     injected_faults: calls.filter((c) => c.injected).length,
@@ -446,7 +663,7 @@ async function startCloud(seed: number, faults: Omit<DaytonaFaults, 'seed'>) {
     });
   return {
     ...urls,
-    control: (id: string, controls: SandboxControls) => ask<null>({ type: 'control', id2: id, controls }),
+    control: ((cloud: 'daytona' | 'createos', id: string, controls: SandboxControls | CreateosControls) => ask<null>({ type: 'control', cloud, id2: id, controls })) as PhaseContext['control'],
     report: async () => {
       const r = await ask<{ calls: WireCall[]; live: string[] }>({ type: 'report' });
       return { calls: r.calls.map((c) => ({ ...c, start: BigInt(c.start), end: BigInt(c.end) })), live: r.live };
@@ -458,17 +675,15 @@ async function startCloud(seed: number, faults: Omit<DaytonaFaults, 'seed'>) {
   };
 }
 
-async function clearPrefix(redis: ReturnType<typeof createRedis>, prefix: string): Promise<void> {
-  for (const key of await scanKeys(redis, `${prefix}*`)) await redis.unlink(key);
-}
-
 /** The report as a table, violations first. */
 export function formatReport(r: ChaosReport): string {
+  const d = r.data_loss;
   const rows: [string, string][] = [
     ['operations accepted', String(r.accepted)],
     ['completed', String(r.completed)],
     ['failed', `${r.failed}${Object.keys(r.failed_by_reason).length ? ` (${Object.entries(r.failed_by_reason).map(([k, v]) => `${k} ${v}`).join(', ')})` : ''}`],
     ['overlaps (two attempts on one sandbox at once)', String(r.overlaps)],
+    ['calls to one sandbox at once (any, reads included)', String(r.sandbox_call_overlaps)],
     ['order violations', String(r.order_violations)],
     ['lost operations', String(r.lost)],
     ['calls by stale attempts after fencing', String(r.stale_calls)],
@@ -476,6 +691,12 @@ export function formatReport(r: ChaosReport): string {
     ['lane keys left behind', String(r.leftover_keys)],
     ['orphaned sandboxes (running, owned by no lease)', String(r.orphaned_sandboxes)],
     ['worker kills (SIGKILL / SIGTERM / SIGSTOP past the lock)', `${r.kills} (${r.sigkill} / ${r.sigterm} / ${r.sigstop})`],
+    ['double stalls; jobs stalled, twice or more', `${r.double_stalls}; ${r.stalled}, ${r.stalled_twice}`],
+    ['Redis data loss: accepted before / ended before / gone', `${d.accepted_before} / ${d.ended_before} / ${d.lost_to_data_loss}`],
+    ['  accepted after / lost after; schedules re-created', `${d.accepted_after} / ${d.lost_after}; ${d.schedules_recreated}`],
+    ['  calls overlapping across the loss (not counted)', String(r.overlaps_across_data_loss)],
+    ['stuck for good; newly stuck unforced past budget', `${r.stuck_for_good}; ${r.max_stuck_unforced_s} s (bound ${r.stuck_unforced_bound_s} s)`],
+    ['open lanes; a blocked one waited', `${r.open_lanes}; ${r.max_blocked_lane_s} s (bound ${r.blocked_lane_bound_s} s)`],
     ['provider calls: Daytona / CreateOS (injected faults)', `${r.provider_calls - r.createos_calls} / ${r.createos_calls} (${r.injected_faults})`],
     ['stuck stops forced', String(r.forced_stops)],
     ['duration', `${r.seconds} s`],
@@ -484,7 +705,19 @@ export function formatReport(r: ChaosReport): string {
   return [...rows.map(([k, v]) => `${k.padEnd(w)}  ${v}`), ...r.examples.map((e) => `  ! ${e}`)].join('\n');
 }
 
-/** Violations that must be zero. */
+/** Violations that must be zero: every invariant, and each bound kept. */
 export function violations(r: ChaosReport): number {
-  return r.overlaps + r.order_violations + r.lost + r.stale_calls + r.blocked_lanes + r.leftover_keys + r.orphaned_sandboxes;
+  return (
+    r.overlaps +
+    r.sandbox_call_overlaps +
+    r.order_violations +
+    r.lost +
+    r.stale_calls +
+    r.blocked_lanes +
+    r.leftover_keys +
+    r.orphaned_sandboxes +
+    (r.data_loss.schedules_recreated ? 0 : 1) +
+    (r.max_stuck_unforced_s <= r.stuck_unforced_bound_s ? 0 : 1) +
+    (r.max_blocked_lane_s <= r.blocked_lane_bound_s ? 0 : 1)
+  );
 }

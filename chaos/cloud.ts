@@ -2,12 +2,13 @@
 // is: the campaign's own work (enqueueing thousands of operations, listening to BullMQ's
 // events) then cannot delay what the clouds see, and the call log records when a request
 // reached the cloud, not when a busy runner got round to reading it. Spoken to over IPC.
-import { CreateosFake } from '../src/fakes/createos-fake.ts';
+import { CreateosFake, type CreateosControls } from '../src/fakes/createos-fake.ts';
 import { DaytonaFake, type SandboxControls } from '../src/fakes/daytona-fake.ts';
 import type { FakeCall } from '../src/fakes/http-fake.ts';
 
 export type CloudRequest =
-  | { id: number; type: 'control'; id2: string; controls: SandboxControls }
+  | { id: number; type: 'control'; cloud: 'daytona'; id2: string; controls: SandboxControls }
+  | { id: number; type: 'control'; cloud: 'createos'; id2: string; controls: CreateosControls }
   | { id: number; type: 'report' }
   | { id: number; type: 'close' };
 
@@ -31,7 +32,8 @@ process.on('message', (req: CloudRequest) => {
   const answer = (body: unknown) => process.send!({ id: req.id, body });
   switch (req.type) {
     case 'control':
-      daytona.control(req.id2, req.controls);
+      if (req.cloud === 'createos') createos.control(req.id2, req.controls);
+      else daytona.control(req.id2, req.controls);
       return answer(null);
     case 'report':
       return answer({ calls: [...daytona.calls.map(wire('daytona')), ...createos.calls.map(wire('createos'))], live: [...daytona.ids(), ...createos.live()] });

@@ -1,14 +1,15 @@
 import { describe, expect, it } from 'vitest';
 import { formatReport, runChaos, SHORT, violations } from '../chaos/chaos.ts';
-import { REDIS_URL } from './helpers/env.ts';
 
-// The short chaos campaign (npm run chaos runs the full one): 4 worker processes, 60
-// sandboxes on the Daytona and CreateOS fakes with injected settling and transient errors
-// and stuck stops, about 1,000 operations and 20 acquires made while workers are killed,
-// stopped and paused past their lock.
+// The short chaos campaign (npm run chaos runs the full one), on a redis-server of its own:
+// 4 worker processes, 60 sandboxes on the Daytona and CreateOS fakes with injected settling
+// and transient errors and stuck stops, about 1,000 operations and 20 acquires made while
+// workers are killed, stopped, paused past their lock and stalled twice; then Redis loses
+// its data mid-run, 50 sandboxes stuck for good beside a newly stuck one, and 5,000 open
+// lanes beside a blocked one.
 describe('chaos campaign, short', () => {
   it('ends with every violation count at zero', { timeout: 240_000 }, async () => {
-    const report = await runChaos(SHORT, REDIS_URL);
+    const report = await runChaos(SHORT);
     const table = formatReport(report);
     expect({ violations: violations(report), table }).toEqual({ violations: 0, table });
     expect(report.lost).toBe(0);
@@ -24,5 +25,17 @@ describe('chaos campaign, short', () => {
     expect(report.createos_calls).toBeGreaterThan(100);
     expect(report.provider_calls - report.createos_calls).toBeGreaterThan(100);
     expect(report.orphaned_sandboxes).toBe(0);
+    // Jobs stalled twice; Redis lost operations in flight, and those accepted after ran.
+    expect(report.stalled_twice).toBeGreaterThan(0);
+    expect(report.data_loss.accepted_before).toBeGreaterThan(0);
+    expect(report.data_loss.accepted_after).toBeGreaterThan(0);
+    expect(report.data_loss.lost_after).toBe(0);
+    expect(report.data_loss.schedules_recreated).toBe(true);
+    // Bounds that do not grow with what else is stuck or open.
+    expect(report.stuck_for_good).toBe(SHORT.stuckForGood);
+    expect(report.max_stuck_unforced_s).toBeLessThanOrEqual(report.stuck_unforced_bound_s);
+    expect(report.open_lanes).toBe(SHORT.openLanes);
+    expect(report.max_blocked_lane_s).toBeLessThanOrEqual(report.blocked_lane_bound_s);
+    expect(report.sandbox_call_overlaps).toBe(0);
   });
 });

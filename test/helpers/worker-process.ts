@@ -28,6 +28,8 @@ export class WorkerProcess {
     for (const stream of [this.child.stdout!, this.child.stderr!]) {
       createInterface({ input: stream }).on('line', (line) => {
         this.logs.push(line);
+        // The latest lines only: a long campaign's workers log hundreds of thousands.
+        if (this.logs.length > 20_000) this.logs.splice(0, 10_000);
         if (line.includes('"worker started"')) onReady();
         for (const listener of this.lineListeners) listener(line);
       });
