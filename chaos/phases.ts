@@ -67,7 +67,10 @@ export interface DataLossReport {
   ended_before: number;
   /** Accepted before the loss, not ended by then: gone with the data (expected: no persistence). */
   lost_to_data_loss: number;
-  /** Accepted after Redis came back; every one must end. */
+  /** Enqueued while Redis went away (sent before, answered after): each may be in either Redis, so may be gone. */
+  accepted_during: number;
+  ended_during: number;
+  /** Enqueued after Redis came back; every one must end. */
   accepted_after: number;
   lost_after: number;
   /** The maintenance schedules came back by themselves after the loss. */
@@ -88,7 +91,7 @@ export async function dataLossPhase(ctx: PhaseContext, server: RedisProcess, lea
     .map((id, i): [string, string | undefined] => [i % 2 ? 'createos' : 'daytona', id])
     .filter((s): s is [string, string] => !!s[1]);
   const watch = watchEnds(ctx.events);
-  const accepted: { jobId: string; at: bigint }[] = [];
+  const accepted: { jobId: string; sentAt: bigint; at: bigint }[] = [];
   const total = sandboxes.length * opsPerLease;
   let lostAt = 0n;
   let backAt = 0n;
@@ -106,8 +109,9 @@ export async function dataLossPhase(ctx: PhaseContext, server: RedisProcess, lea
       for (let i = 0; i < opsPerLease; i++) {
         const op = steps[i % steps.length]!;
         const params = op === 'resume' ? { providerLeaseId: id, leaseMetadata: {} } : { providerLeaseId: id };
+        const sentAt = process.hrtime.bigint();
         const { jobId } = await ctx.ops.enqueue({ op, lease: identity(provider, id), params, deadlineMs: 300_000 });
-        accepted.push({ jobId, at: process.hrtime.bigint() });
+        accepted.push({ jobId, sentAt, at: process.hrtime.bigint() });
         if (!loss && accepted.length >= total / 2) loss = loseData();
         // Spaced, so some end before the loss, some are in flight at it, and some come after.
         await new Promise((r) => setTimeout(r, Math.floor(ctx.rand() * 300)));
@@ -115,10 +119,13 @@ export async function dataLossPhase(ctx: PhaseContext, server: RedisProcess, lea
     }),
   );
   await loss;
+  // An enqueue is several Redis steps: one sent before the loss and answered after may have
+  // left its job in the Redis that went away.
   const before = accepted.filter((a) => a.at < lostAt);
-  const after = accepted.filter((a) => a.at >= backAt);
+  const during = accepted.filter((a) => a.at >= lostAt && a.sentAt < backAt);
+  const after = accepted.filter((a) => a.sentAt >= backAt);
   const endedBefore = before.filter((a) => watch.ended.has(a.jobId)).length;
-  await settle(waitForJobs(ctx.events, ctx.ops.queue, after.map((a) => a.jobId), ctx.timeoutMs));
+  await settle(waitForJobs(ctx.events, ctx.ops.queue, after.map((a) => a.jobId), Math.min(ctx.timeoutMs, 120_000)));
   watch.stop();
   let lostAfter = 0;
   for (const { jobId } of after) {
@@ -135,6 +142,8 @@ export async function dataLossPhase(ctx: PhaseContext, server: RedisProcess, lea
     accepted_before: before.length,
     ended_before: endedBefore,
     lost_to_data_loss: before.length - endedBefore,
+    accepted_during: during.length,
+    ended_during: during.filter((a) => watch.ended.has(a.jobId)).length,
     accepted_after: after.length,
     lost_after: lostAfter,
     schedules_recreated: schedules >= 2,
@@ -190,7 +199,6 @@ export interface ScaleReport {
  */
 export async function scalePhase(ctx: PhaseContext, holdFile: string, lanes: number, drainBoundMs: number): Promise<ScaleReport> {
   writeFileSync(holdFile, 'held');
-  const watch = watchEnds(ctx.events);
   const accepted: string[] = [];
   const HOUR = 3_600_000;
   for (let from = 0; from < lanes; from += 1_000) {
@@ -221,11 +229,29 @@ export async function scalePhase(ctx: PhaseContext, holdFile: string, lanes: num
 
   rmSync(holdFile, { force: true });
   await ctx.ops.queue.promoteJobs();
-  // Polled from the events seen: too many to look each one up.
-  while (accepted.some((id) => !watch.ended.has(id)) && Date.now() < until) await new Promise((r) => setTimeout(r, 500));
-  watch.stop();
-  const lost = accepted.filter((id) => !watch.ended.has(id)).length;
+  // Too many to follow by events (BullMQ trims its event stream at 10,000): done when no
+  // lane is open and nothing waits, runs or is delayed; then each job's end is read.
+  const busy = async () => {
+    const counts = await ctx.ops.queue.getJobCounts('wait', 'active', 'delayed', 'prioritized');
+    return (await ctx.ops.lanes.openLaneCount()) > 0 || Object.values(counts).some((n) => n > 0);
+  };
+  while ((await busy()) && Date.now() < until) await new Promise((r) => setTimeout(r, 500));
+  const lost = (await endedOf(ctx, accepted)).filter((state) => state === null).length;
   const drainUntil = Date.now() + drainBoundMs;
   while ((await ctx.ops.lanes.openLaneCount()) > 0 && Date.now() < drainUntil) await new Promise((r) => setTimeout(r, 100));
   return { open_lanes: lanes, max_blocked_lane_s: Number((blockedMs / 1000).toFixed(2)), lost, blocked_lanes: await ctx.ops.lanes.openLaneCount() };
+}
+
+/** Whether each job completed or failed (null: neither), read from BullMQ's sets 5,000 at a time. */
+async function endedOf(ctx: PhaseContext, jobIds: string[]): Promise<('completed' | 'failed' | null)[]> {
+  const prefix = `${ctx.ops.queue.opts.prefix}:${ctx.ops.queue.name}`;
+  const states: ('completed' | 'failed' | null)[] = [];
+  for (let from = 0; from < jobIds.length; from += 5_000) {
+    const pipeline = ctx.redis.pipeline();
+    const batch = jobIds.slice(from, from + 5_000);
+    for (const id of batch) pipeline.zscore(`${prefix}:completed`, id).zscore(`${prefix}:failed`, id);
+    const replies = (await pipeline.exec()) ?? [];
+    for (let i = 0; i < batch.length; i++) states.push(replies[2 * i]?.[1] !== null ? 'completed' : replies[2 * i + 1]?.[1] !== null ? 'failed' : null);
+  }
+  return states;
 }
