@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { OperationNameSchema } from './operations.ts';
 import { isClusterUrl } from './queues/redis.ts';
+import { describeSetting } from './secrets.ts';
 
 /** Thrown when an environment variable does not parse; the message names the variable. */
 export class ConfigError extends Error {
@@ -125,6 +126,13 @@ export const EnvSchema = z.object({
   LEASE_OPS_API_TOKENS: apiTokens,
   /** Upper bound of ?waitMs on GET /v1/operations/{jobId}. */
   LEASE_OPS_API_MAX_WAIT_MS: int(30_000, 0),
+  /** A client has this long to send a request's headers, and this long for the whole request (body included). */
+  LEASE_OPS_API_HEADERS_TIMEOUT_MS: int(10_000, 1),
+  LEASE_OPS_API_REQUEST_TIMEOUT_MS: int(15_000, 1),
+  /** An idle keep-alive connection is closed after this long. */
+  LEASE_OPS_API_KEEPALIVE_TIMEOUT_MS: int(5_000, 1),
+  /** Connections the API holds at once; more are refused until some close. */
+  LEASE_OPS_API_MAX_CONNECTIONS: int(1_000, 1),
   /** Bull Board shows but cannot change jobs (retry, remove, promote) while this is on. */
   LEASE_OPS_BOARD_READ_ONLY: bool(true),
   /** BullMQ's own per-minute completed/failed counts (bullmq_job_*_total on /metrics). Off by
@@ -142,9 +150,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const parsed = EnvSchema.safeParse(env);
   if (!parsed.success) {
     const lines = parsed.error.issues.map((issue) => {
-      const name = issue.path.join('.');
-      const value = env[name];
-      return `  ${name}=${JSON.stringify(value ?? '')}: ${issue.message}`;
+      const variable = String(issue.path[0] ?? '');
+      // Where inside a structured value (a JSON list of tokens, say), by position only.
+      const inside = issue.path.length > 1 ? ` at ${issue.path.slice(1).join('.')}` : '';
+      return `  ${describeSetting(variable, env[variable])}${inside}: ${issue.message}`;
     });
     throw new ConfigError(`invalid configuration:\n${lines.join('\n')}`);
   }

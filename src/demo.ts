@@ -8,6 +8,7 @@ import { createDaytonaProvider } from './providers/daytona/index.ts';
 import { ProviderRegistry } from './providers/registry.ts';
 import { LeaseWorker } from './queues/worker.ts';
 import { redisOrPrivate } from './redis-server.ts';
+import { maskUrl } from './secrets.ts';
 
 const out = (line: string) => process.stdout.write(`${line}\n`);
 
@@ -31,7 +32,7 @@ export async function runDemo(opts: { quick: boolean }): Promise<{ withWatchdogS
     ? { stuckMs: 3_000, scanMs: 500, deadlineMs: 6_000, transitionMs: 100 }
     : REAL_TIMING;
   const base = loadConfig({ LEASE_OPS_LOG_LEVEL: 'silent', ...process.env });
-  const { url, privateRedis } = await redisOrPrivate(base.REDIS_URL, (u) => out(`(no Redis at ${base.REDIS_URL}; using a private one at ${u})`));
+  const { url, privateRedis } = await redisOrPrivate(base.REDIS_URL, (u) => out(`(no Redis at ${maskUrl(base.REDIS_URL)}; using a private one at ${u})`));
   const config = { ...base, REDIS_URL: url };
   try {
     out(`The incident: a stop whose process ignores SIGTERM leaves the sandbox "stopping"; a resume waits behind it.`);

@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { isClusterUrl } from './queues/redis.ts';
+import { maskUrl } from './secrets.ts';
 
 /** True when a Redis answers PING at the URL within a short time. */
 export async function redisAnswers(url: string, timeoutMs = 1_500): Promise<boolean> {
@@ -77,7 +78,7 @@ export async function redisOrPrivate(url: string, onPrivate: (privateUrl: string
   const privateRedis = await startPrivateRedis();
   if (!privateRedis) {
     throw new NoRedisError(
-      `no Redis answers at ${url} and redis-server is not installed.\n` +
+      `no Redis answers at ${maskUrl(url)} and redis-server is not installed.\n` +
         '  Install it (Debian/Ubuntu: sudo apt-get install redis-server; macOS: brew install redis),\n' +
         '  or run one with Docker: docker run -p 6379:6379 redis:7, or set REDIS_URL.',
     );

@@ -4,6 +4,7 @@ import { loadConfig } from './config.ts';
 import type { OperationView } from './queues/inspect.ts';
 import { NoRedisError, redisOrPrivate } from './redis-server.ts';
 import { exitOnSignals, loggerFor, startWorker } from './runtime.ts';
+import { maskToken, maskUrl } from './secrets.ts';
 
 const out = (line: string) => process.stdout.write(`${line}\n`);
 
@@ -17,7 +18,7 @@ export async function runStart(opts: { once: boolean }): Promise<void> {
   let redis;
   try {
     redis = await redisOrPrivate(config.REDIS_URL, (url) =>
-      out(`lease-ops: no Redis answered at ${config.REDIS_URL}; started a private one at ${url} (nothing persists)`),
+      out(`lease-ops: no Redis answered at ${maskUrl(config.REDIS_URL)}; started a private one at ${url} (nothing persists)`),
     );
   } catch (err) {
     if (!(err instanceof NoRedisError)) throw err;
@@ -28,6 +29,9 @@ export async function runStart(opts: { once: boolean }): Promise<void> {
   const privateRedis = redis.privateRedis;
   config = { ...config, REDIS_URL: redis.url };
   let token = config.LEASE_OPS_API_TOKENS.find((t) => t.companyId === undefined)?.token;
+  // A token from the environment is the operator's secret: shown masked. One made for this
+  // run is shown whole, once, so the lines below can be pasted.
+  const shownToken = token ? maskToken(token) : null;
   if (!token) {
     // Nothing configured: a fresh admin token for this run, shown once below.
     token = randomBytes(18).toString('base64url');
@@ -41,11 +45,11 @@ export async function runStart(opts: { once: boolean }): Promise<void> {
     await worker.close();
     privateRedis?.stop();
   };
-  out(`lease-ops: worker running against ${config.REDIS_URL} (providers: ${config.LEASE_OPS_PROVIDERS})`);
+  out(`lease-ops: worker running against ${maskUrl(config.REDIS_URL)} (providers: ${config.LEASE_OPS_PROVIDERS})`);
   out(`lease-ops: API ${api.url}/v1  (OpenAPI: ${api.url}/v1/openapi.json)`);
   out(`lease-ops: Bull Board ${api.url}/board  (any user name, the token as password)`);
   out(`lease-ops: metrics ${api.url}/metrics  health ${api.url}/healthz  ready ${api.url}/readyz`);
-  out(`lease-ops: token ${config.LEASE_OPS_API_TOKENS.some((t) => t.name === 'start') ? token : '(from LEASE_OPS_API_TOKENS)'}`);
+  out(`lease-ops: token ${shownToken ? `${shownToken} (from LEASE_OPS_API_TOKENS)` : token}`);
 
   const started = Date.now();
   const stamp = () => `${((Date.now() - started) / 1000).toFixed(2).padStart(6)}s`;
@@ -70,7 +74,7 @@ export async function runStart(opts: { once: boolean }): Promise<void> {
     await run(sandbox, 'resume', { ...target, leaseMetadata: {} });
     await run(sandbox, 'release', { ...target, leaseMetadata: {}, resourceDisposition: 'destroy' });
     out(`${stamp()}  lifecycle done: every operation ran in order through the lease's lane`);
-    out(`         try: curl -H 'authorization: Bearer ${token}' ${api.url}${leasePath(sandbox)}`);
+    out(`         try: curl -H 'authorization: Bearer ${shownToken ?? token}' ${api.url}${leasePath(sandbox)}`);
   } catch (err) {
     if (opts.once) await stop();
     throw err;

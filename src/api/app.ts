@@ -12,6 +12,7 @@ import type { Logger } from '../logger.ts';
 import { canSee, type Principal, TokenAuthority } from './auth.ts';
 import { openApiDocument } from './openapi.ts';
 import { EnqueueBodySchema, IdempotencyHeaderSchema, LeasePathSchema, OperationPathSchema, WaitQuerySchema } from './schemas.ts';
+import { redactQuery } from '../secrets.ts';
 
 export interface ApiDeps {
   config: Pick<Config, 'LEASE_OPS_API_TOKENS' | 'LEASE_OPS_API_MAX_WAIT_MS' | 'LEASE_OPS_BOARD_READ_ONLY'>;
@@ -54,7 +55,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
       customLogLevel: (_req, res, err) => (err || res.statusCode >= 500 ? 'error' : res.statusCode >= 400 ? 'warn' : 'info'),
       serializers: {
         // Only what helps; headers carry tokens and cookies.
-        req: (req: { method: string; url: string; id: unknown }) => ({ id: req.id, method: req.method, url: req.url }),
+        req: (req: { method: string; url: string; id: unknown }) => ({ id: req.id, method: req.method, url: redactQuery(req.url) }),
         res: (res: { statusCode: number }) => ({ statusCode: res.statusCode }),
       },
     }),

@@ -49,18 +49,24 @@ export class TokenAuthority {
   }
 }
 
+/** One token (printable ASCII without spaces, as LEASE_OPS_API_TOKENS allows) and nothing after it. */
+const BEARER = /^Bearer ([\x21-\x7e]+)$/i;
+/** RFC 7617: base64 of `user:password`, and nothing after it. */
+const BASIC = /^Basic ([A-Za-z0-9+/]+={0,2})$/i;
+
 function tokenOf(header: string | undefined): string | null {
   if (!header) return null;
-  const [scheme, value] = header.split(' ', 2);
-  if (!value) return null;
-  if (scheme?.toLowerCase() === 'bearer') return value.trim();
-  if (scheme?.toLowerCase() === 'basic') {
-    // Browsers (Bull Board) send Basic; the user name is ignored, the password is the token.
-    const decoded = Buffer.from(value, 'base64').toString('utf8');
-    const colon = decoded.indexOf(':');
-    return colon >= 0 ? decoded.slice(colon + 1) : null;
-  }
-  return null;
+  const bearer = BEARER.exec(header);
+  if (bearer) return bearer[1]!;
+  const basic = BASIC.exec(header);
+  if (!basic) return null;
+  // Browsers (Bull Board) send Basic; the user name is ignored, the password is the token.
+  // Base64 that does not decode back to itself was not base64 (Buffer skips what it cannot read).
+  const decoded = Buffer.from(basic[1]!, 'base64');
+  if (decoded.toString('base64') !== basic[1]) return null;
+  const text = decoded.toString('utf8');
+  const colon = text.indexOf(':');
+  return colon >= 0 ? text.slice(colon + 1) : null;
 }
 
 /** Whether a principal may see or act on a lease. Out of scope reads as "does not exist". */

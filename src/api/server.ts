@@ -1,5 +1,6 @@
 import { once } from 'node:events';
 import { readFileSync } from 'node:fs';
+import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Queue } from 'bullmq';
 import { LeaseOpsClient } from '../client.ts';
@@ -34,13 +35,25 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
       try {
         await pingWithin(client.ops.connection, 1_000);
       } catch (err) {
-        return { ready: false, checks: { redis: `unreachable: ${(err as Error).message}`, workers: null } };
+        // Anyone who reaches the port may read this: the error's code, not its address.
+        return { ready: false, checks: { redis: `unreachable${errorCode(err)}`, workers: null } };
       }
       const workers = await client.ops.queue.getWorkersCount();
       return { ready: workers > 0, checks: { redis: 'ok', workers } };
     },
   });
-  const server = app.listen(config.LEASE_OPS_API_PORT, config.LEASE_OPS_API_HOST);
+  const server = createServer(
+    {
+      // Slow clients (a trickled header or body) are bounded, checked every second.
+      headersTimeout: config.LEASE_OPS_API_HEADERS_TIMEOUT_MS,
+      requestTimeout: Math.max(config.LEASE_OPS_API_REQUEST_TIMEOUT_MS, config.LEASE_OPS_API_HEADERS_TIMEOUT_MS),
+      keepAliveTimeout: config.LEASE_OPS_API_KEEPALIVE_TIMEOUT_MS,
+      connectionsCheckingInterval: 1_000,
+    },
+    app,
+  );
+  server.maxConnections = config.LEASE_OPS_API_MAX_CONNECTIONS;
+  server.listen(config.LEASE_OPS_API_PORT, config.LEASE_OPS_API_HOST);
   await once(server, 'listening');
   const { port } = server.address() as AddressInfo;
   const host = config.LEASE_OPS_API_HOST.includes(':') ? `[${config.LEASE_OPS_API_HOST}]` : config.LEASE_OPS_API_HOST;
@@ -60,4 +73,10 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
       await client.close();
     },
   };
+}
+
+/** ` (ECONNREFUSED)`, say, or nothing: an error's code without the address in its message. */
+function errorCode(err: unknown): string {
+  const code = (err as { code?: unknown })?.code;
+  return typeof code === 'string' && /^[A-Z_]+$/.test(code) ? ` (${code})` : '';
 }

@@ -15,12 +15,18 @@ export abstract class ProviderError extends Error {
    * connection broke after it was sent): the lane waits a grace before its next call.
    */
   readonly requestMayBeInFlight: boolean;
+  /**
+   * What only operators should read (an address, the client library's own message): in
+   * the logs, never in the message callers see.
+   */
+  readonly detail: string | undefined;
 
-  constructor(code: string, message: string, opts: { retryAfterMs?: number; cause?: unknown; requestMayBeInFlight?: boolean } = {}) {
+  constructor(code: string, message: string, opts: { retryAfterMs?: number; cause?: unknown; requestMayBeInFlight?: boolean; detail?: string } = {}) {
     super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
     this.code = code;
     this.retryAfterMs = opts.retryAfterMs;
     this.requestMayBeInFlight = opts.requestMayBeInFlight ?? false;
+    this.detail = opts.detail;
   }
 }
 

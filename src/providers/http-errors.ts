@@ -41,7 +41,9 @@ export function networkError(provider: string, err: unknown): ProviderError | nu
   const name = (err as { name?: unknown })?.name;
   if ((typeof code === 'string' && NETWORK_CODES.has(code)) || name === 'TimeoutError') {
     const requestMayBeInFlight = !(typeof code === 'string' && NEVER_SENT_CODES.has(code));
-    return new TransientError('network', `${provider}: ${typeof code === 'string' ? code : 'timeout'}: ${(err as Error).message}`, { requestMayBeInFlight });
+    // The client's message names the address it tried: operators read it in the logs.
+    const what = typeof code === 'string' ? code : 'timeout';
+    return new TransientError('network', `${provider}: the provider could not be reached (${what})`, { requestMayBeInFlight, detail: (err as Error).message });
   }
   return null;
 }

@@ -3,6 +3,7 @@ import { laneIdOf, laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
 import { OperationJobDataSchema, type OperationName } from '../operations.ts';
 import type { LeaseRecord, LeaseRecords } from './lease-records.ts';
 import type { OperationsQueue } from './operations-queue.ts';
+import { withoutInfrastructure } from '../secrets.ts';
 
 /**
  * Where an operation is:
@@ -136,7 +137,8 @@ export class Inspector {
     if (state === 'completed') view.result = job.returnvalue;
     if (state === 'failed') {
       const outcome = parseOutcome(outcomeText ?? null);
-      view.error = { code: outcome?.code ?? 'failed', message: job.failedReason || outcome?.error || 'failed' };
+      // Callers (tenants among them) read it: no addresses or server paths.
+      view.error = { code: outcome?.code ?? 'failed', message: withoutInfrastructure(job.failedReason || outcome?.error || 'failed') };
     }
     return view;
   }

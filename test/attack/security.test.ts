@@ -1,0 +1,237 @@
+// Issue 12, secrets and the HTTP edge: each case failed on 42ab3f3.
+import { execFile } from 'node:child_process';
+import { once } from 'node:events';
+import { createConnection, type Socket } from 'node:net';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { afterEach, describe, expect, it } from 'vitest';
+import { TokenAuthority } from '../../src/api/auth.ts';
+import { startApiServer } from '../../src/api/server.ts';
+import { ConfigError, loadConfig } from '../../src/config.ts';
+import { createLogger } from '../../src/logger.ts';
+import { createDaytonaProvider } from '../../src/providers/daytona/index.ts';
+import { ProviderRegistry } from '../../src/providers/registry.ts';
+import { LeaseWorker } from '../../src/queues/worker.ts';
+import { freePort } from '../../src/redis-server.ts';
+import { withoutInfrastructure } from '../../src/secrets.ts';
+import { startTestApi } from '../helpers/api-server.ts';
+import { captureLog } from '../helpers/log-capture.ts';
+import { TestBed } from '../helpers/env.ts';
+
+const BIN = fileURLToPath(new URL('../../bin/lease-ops.js', import.meta.url));
+const TOKEN = 'adm_0123456789-secret-token';
+const PASSWORD = 'redis-pa55word-secret';
+
+let bed: TestBed | undefined;
+afterEach(async () => {
+  await bed?.close();
+  bed = undefined;
+});
+
+describe('issue 12, scenario 6: configuration errors name the variable and the problem, never a secret', () => {
+  const messageOf = (env: Record<string, string>) => {
+    try {
+      loadConfig(env);
+    } catch (err) {
+      expect(err).toBeInstanceOf(ConfigError);
+      return (err as Error).message;
+    }
+    throw new Error('the configuration was accepted');
+  };
+
+  it.each([
+    ['a token list that is not JSON', { LEASE_OPS_API_TOKENS: `[{"token":"${TOKEN}"` }, 'LEASE_OPS_API_TOKENS', [TOKEN]],
+    ['a token entry with a wrong field', { LEASE_OPS_API_TOKENS: `[{"token":"${TOKEN}","companyId":5},{"token":"short-${PASSWORD}"}]` }, 'LEASE_OPS_API_TOKENS', [TOKEN, PASSWORD]],
+    ['a Redis URL of the wrong scheme', { REDIS_URL: `http://user:${PASSWORD}@redis.internal:6379` }, 'REDIS_URL', [PASSWORD]],
+    ['a Redis URL that does not parse', { REDIS_URL: `redis://:${PASSWORD}@redis.internal:port` }, 'REDIS_URL', [PASSWORD]],
+  ])('%s', (_what, env, variable, secrets) => {
+    const message = messageOf(env);
+    expect(message).toContain(variable);
+    for (const secret of secrets) expect(message).not.toContain(secret);
+  });
+
+  it('`lease-ops api` with a malformed token list exits 2 naming the variable, and prints no token', async () => {
+    const run = promisify(execFile)(process.execPath, [BIN, 'api'], {
+      env: { ...process.env, LEASE_OPS_API_TOKENS: `[{"token":"${TOKEN}","companyId":5}]`, REDIS_URL: `redis://:${PASSWORD}@127.0.0.1:6379` },
+    });
+    const failed = (await run.then(
+      () => {
+        throw new Error('it started');
+      },
+      (err: unknown) => err,
+    )) as { code: number; stdout: string; stderr: string };
+    expect(failed.code).toBe(2);
+    expect(failed.stderr).toContain('LEASE_OPS_API_TOKENS');
+    expect(`${failed.stdout}${failed.stderr}`).not.toContain(TOKEN);
+    expect(`${failed.stdout}${failed.stderr}`).not.toContain(PASSWORD);
+  });
+});
+
+describe('issue 12, scenario 7: `lease-ops start` shows a token and a Redis password from the environment masked', () => {
+  it('the admin token and the password appear nowhere in its output', { timeout: 60_000 }, async () => {
+    const prefix = `{lo-test-start-masked-${process.pid}}`;
+    // No Redis answers there: start says so (masked) and runs a private one.
+    const port = await freePort();
+    const { stdout, stderr } = await promisify(execFile)(process.execPath, [BIN, 'start', '--once'], {
+      env: { ...process.env, REDIS_URL: `redis://:${PASSWORD}@127.0.0.1:${port}`, LEASE_OPS_PREFIX: prefix, LEASE_OPS_API_PORT: '0', LEASE_OPS_API_TOKENS: TOKEN },
+      timeout: 60_000,
+    });
+    expect(stdout).toMatch(/lifecycle done/);
+    expect(stdout).toContain(`no Redis answered at redis://:***@127.0.0.1:${port}`);
+    expect(stdout).toContain(`Bearer ${TOKEN.slice(0, 4)}***`);
+    expect(`${stdout}${stderr}`).not.toContain(TOKEN);
+    expect(`${stdout}${stderr}`).not.toContain(PASSWORD);
+  });
+});
+
+describe('issue 12, scenarios 8 and 10: the request log and the Authorization header', () => {
+  it('a token in the query string is masked in the request log', async () => {
+    bed = await TestBed.create({ LEASE_OPS_API_TOKENS: TOKEN });
+    const { lines, log } = captureLog();
+    const api = await startTestApi(bed, log);
+    try {
+      for (const query of [`access_token=${TOKEN}`, `api_key=${TOKEN}&waitMs=0`, `token=${encodeURIComponent(TOKEN)}`]) {
+        await (await fetch(`${api.base}/v1/overview?${query}`)).arrayBuffer();
+      }
+    } finally {
+      await api.close();
+    }
+    const requests = lines.filter((l) => l.includes('/v1/overview'));
+    expect(requests.length).toBeGreaterThanOrEqual(3);
+    expect(requests.some((l) => l.includes('access_token=***'))).toBe(true);
+    expect(lines.filter((l) => l.includes(TOKEN))).toEqual([]);
+  });
+
+  it('a credential followed by anything else does not authenticate', async () => {
+    const authority = new TokenAuthority([{ token: TOKEN }]);
+    const basic = (text: string) => `Basic ${Buffer.from(text).toString('base64')}`;
+    // Accepted as they should be...
+    expect(authority.authenticate(`Bearer ${TOKEN}`)).not.toBeNull();
+    expect(authority.authenticate(`bearer ${TOKEN}`)).not.toBeNull();
+    expect(authority.authenticate(basic(`me:${TOKEN}`))).not.toBeNull();
+    // ...and nothing with junk after it, or around it.
+    for (const header of [
+      `Bearer ${TOKEN} junk`,
+      `Bearer ${TOKEN}\tjunk`,
+      `Bearer  ${TOKEN}`,
+      ` Bearer ${TOKEN}`,
+      `Bearer ${TOKEN} `,
+      `${basic(`me:${TOKEN}`)} junk`,
+      `${basic(`me:${TOKEN}`)}!!!`,
+      `Basic ${Buffer.from(`me:${TOKEN}`).toString('base64')}$$`,
+      `Basic ${Buffer.from(`me:${TOKEN}`).toString('base64').replace(/=+$/, '')}====`,
+      `Token ${TOKEN}`,
+      TOKEN,
+    ]) {
+      expect({ header, principal: authority.authenticate(header) }).toEqual({ header, principal: null });
+    }
+  });
+
+  it('over HTTP: 401 for a Bearer or Basic credential with junk after it', async () => {
+    bed = await TestBed.create({ LEASE_OPS_API_TOKENS: TOKEN });
+    const api = await startTestApi(bed);
+    try {
+      const status = async (authorization: string) => (await fetch(`${api.base}/v1/overview`, { headers: { authorization } })).status;
+      expect(await status(`Bearer ${TOKEN}`)).toBe(200);
+      expect(await status(`Bearer ${TOKEN} junk`)).toBe(401);
+      expect(await status(`Basic ${Buffer.from(`me:${TOKEN}`).toString('base64')} junk`)).toBe(401);
+    } finally {
+      await api.close();
+    }
+  });
+});
+
+describe('issue 12, scenario 9: errors callers read carry no infrastructure', () => {
+  it('an operation that could not reach its provider fails with a code and a message without the address', async () => {
+    bed = await TestBed.create({ LEASE_OPS_API_TOKENS: TOKEN });
+    const { lines, log } = captureLog();
+    const unreachable = createDaytonaProvider({ name: 'daytona', apiUrl: 'http://127.0.0.1:9', apiKey: 'k', timeoutMs: 500 });
+    const worker = new LeaseWorker(bed.config, new ProviderRegistry([unreachable]), log);
+    await worker.start();
+    const api = await startTestApi(bed);
+    try {
+      const lease = { provider: 'daytona', companyId: 'co', environmentId: 'env', leaseId: 'l' };
+      const { jobId } = await bed.ops.enqueue({ op: 'stop', lease, params: { providerLeaseId: 'l' }, deadlineMs: 800 });
+      expect((await bed.waitForAll([jobId])).get(jobId)).toBe('failed');
+      const view = (await (await fetch(`${api.base}/v1/operations/${jobId}`, { headers: { authorization: `Bearer ${TOKEN}` } })).json()) as { error: { code: string; message: string } };
+      expect(view.error.code).toBe('deadline_exceeded');
+      expect(view.error.message).toMatch(/could not be reached \(ECONNREFUSED\)/);
+      expect(view.error.message).not.toMatch(/127\.0\.0\.1|:9\b/);
+    } finally {
+      await api.close();
+      await worker.close();
+    }
+    // The operators' logs keep the detail.
+    expect(lines.some((l) => l.includes('127.0.0.1:9'))).toBe(true);
+  });
+
+  it('addresses, URLs and server paths in any message are replaced', () => {
+    expect(withoutInfrastructure('connect ECONNREFUSED 10.0.3.7:6379')).toBe('connect ECONNREFUSED <address>');
+    expect(withoutInfrastructure('request to http://daytona.internal:3000/api/sandbox failed')).toBe('request to <url> failed');
+    expect(withoutInfrastructure('connect ECONNREFUSED [::1]:8080')).toBe('connect ECONNREFUSED <address>');
+    expect(withoutInfrastructure('at /srv/lease-ops/dist/queues/worker.js:120:7')).toBe('at <path>');
+    expect(withoutInfrastructure('state_change_in_progress: sandbox is stopping')).toBe('state_change_in_progress: sandbox is stopping');
+  });
+});
+
+describe('issue 12, scenario 11: slow clients are bounded', () => {
+  /** A raw connection to the API, and when the server closed it (ms after it opened). */
+  const connect = (url: string) => {
+    const { hostname, port } = new URL(url);
+    const socket = createConnection({ host: hostname, port: Number(port) });
+    const opened = Date.now();
+    const closed = new Promise<{ afterMs: number; reply: string }>((resolve) => {
+      let reply = '';
+      socket.on('data', (chunk) => (reply += String(chunk)));
+      socket.on('error', () => undefined);
+      socket.on('close', () => resolve({ afterMs: Date.now() - opened, reply }));
+    });
+    return { socket, closed, ready: once(socket, 'connect') };
+  };
+  /** Writes a little every 200 ms until the server closes the connection. */
+  const trickle = (socket: Socket, bit: string) => {
+    const timer = setInterval(() => socket.writable && socket.write(bit), 200);
+    socket.on('close', () => clearInterval(timer));
+  };
+
+  it('a trickled header is cut at the headers timeout, a trickled body at the request timeout (408)', { timeout: 30_000 }, async () => {
+    bed = await TestBed.create({ LEASE_OPS_API_TOKENS: TOKEN, LEASE_OPS_API_PORT: '0', LEASE_OPS_API_HEADERS_TIMEOUT_MS: '1500', LEASE_OPS_API_REQUEST_TIMEOUT_MS: '2500' });
+    const api = await startApiServer(bed.config, createLogger({ level: 'silent' }));
+    try {
+      const headers = connect(api.url);
+      await headers.ready;
+      headers.socket.write('GET /healthz HTTP/1.1\r\nHost: x\r\n');
+      trickle(headers.socket, 'X-Slow: a\r\n');
+      const body = connect(api.url);
+      await body.ready;
+      body.socket.write(`POST /v1/leases/simulated/co/env/l/operations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{`);
+      trickle(body.socket, ' ');
+      const [h, b] = await Promise.all([headers.closed, body.closed]);
+      expect(h.afterMs).toBeGreaterThanOrEqual(1_500);
+      expect(h.afterMs).toBeLessThan(1_500 + 2_500);
+      expect(b.afterMs).toBeGreaterThanOrEqual(2_500);
+      expect(b.afterMs).toBeLessThan(2_500 + 2_500);
+      expect(b.reply).toMatch(/^HTTP\/1\.1 408/);
+      expect(await bed.ops.queue.count()).toBe(0);
+    } finally {
+      await api.close();
+    }
+  });
+
+  it('connections past LEASE_OPS_API_MAX_CONNECTIONS are closed as they arrive, and the API answers again once some close', { timeout: 30_000 }, async () => {
+    bed = await TestBed.create({ LEASE_OPS_API_TOKENS: TOKEN, LEASE_OPS_API_PORT: '0', LEASE_OPS_API_MAX_CONNECTIONS: '3' });
+    const api = await startApiServer(bed.config, createLogger({ level: 'silent' }));
+    try {
+      const held = [connect(api.url), connect(api.url), connect(api.url)];
+      await Promise.all(held.map((c) => c.ready));
+      const extra = connect(api.url);
+      const refused = await extra.closed;
+      expect(refused.reply).toBe('');
+      for (const c of held) c.socket.destroy();
+      await Promise.all(held.map((c) => c.closed));
+      expect((await fetch(`${api.url}/healthz`)).status).toBe(200);
+    } finally {
+      await api.close();
+    }
+  });
+});
