@@ -138,6 +138,11 @@ export const EnvSchema = z.object({
   /** BullMQ's own per-minute completed/failed counts (bullmq_job_*_total on /metrics). Off by
    *  default: they cost a few Redis writes per job, and lease_ops_operations_total counts the same. */
   LEASE_OPS_BULLMQ_METRICS: bool(false),
+  /**
+   * When set, /metrics (the API's and each worker's) answers only `Authorization: Bearer
+   * <this>`; unset, anyone who reaches the port reads every tenant's counts.
+   */
+  LEASE_OPS_METRICS_TOKEN: z.string().min(16, 'the metrics token must be at least 16 characters').regex(/^[\x21-\x7e]+$/, 'the metrics token is printable ASCII without spaces').optional(),
   /** A worker replica serves /healthz, /readyz and /metrics on this port; 0 = off. */
   LEASE_OPS_METRICS_PORT: z.coerce.number().int().min(0).max(65_535).default(0),
   LEASE_OPS_LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),

@@ -1,6 +1,7 @@
 import { once } from 'node:events';
 import { createServer, type Server } from 'node:http';
 import type { Config } from './config.ts';
+import { metricsAllowed } from './api/auth.ts';
 import { enableProcessMetrics, registry } from './metrics.ts';
 import { createLogger, type Logger } from './logger.ts';
 import { redisRateLimiters } from './providers/pacing.ts';
@@ -47,6 +48,10 @@ export async function serveWorkerMetrics(config: Config, worker: LeaseWorker, lo
       return;
     }
     if (path === '/metrics') {
+      if (!metricsAllowed(req.headers.authorization, config.LEASE_OPS_METRICS_TOKEN)) {
+        res.setHeader('www-authenticate', 'Bearer');
+        return send(401, 'application/json', '{"error":{"code":"unauthorized","message":"send LEASE_OPS_METRICS_TOKEN as a Bearer token"}}');
+      }
       void registry.metrics().then((text) => send(200, registry.contentType, text));
       return;
     }

@@ -9,13 +9,13 @@ import type { LeaseOpsClient } from '../client.ts';
 import type { Config } from '../config.ts';
 import { IdempotencyKeyReusedError, InvalidRequestError, LeaseOpsError, QueueFullError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
-import { canSee, type Principal, TokenAuthority } from './auth.ts';
+import { canSee, metricsAllowed, type Principal, TokenAuthority } from './auth.ts';
 import { openApiDocument } from './openapi.ts';
 import { EnqueueBodySchema, IdempotencyHeaderSchema, LeasePathSchema, OperationPathSchema, WaitQuerySchema } from './schemas.ts';
 import { redactQuery } from '../secrets.ts';
 
 export interface ApiDeps {
-  config: Pick<Config, 'LEASE_OPS_API_TOKENS' | 'LEASE_OPS_API_MAX_WAIT_MS' | 'LEASE_OPS_BOARD_READ_ONLY'>;
+  config: Pick<Config, 'LEASE_OPS_API_TOKENS' | 'LEASE_OPS_API_MAX_WAIT_MS' | 'LEASE_OPS_BOARD_READ_ONLY' | 'LEASE_OPS_METRICS_TOKEN'>;
   client: LeaseOpsClient;
   log: Logger;
   /** Queues Bull Board shows besides the operations queue (the maintenance queue). */
@@ -69,7 +69,11 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const report = await deps.readiness();
     res.status(report.ready ? 200 : 503).json({ status: report.ready ? 'ready' : 'not_ready', ...report.checks });
   });
-  app.get('/metrics', async (_req, res) => {
+  app.get('/metrics', async (req, res) => {
+    if (!metricsAllowed(req.headers.authorization, deps.config.LEASE_OPS_METRICS_TOKEN)) {
+      res.status(401).set('www-authenticate', 'Bearer').json({ error: { code: 'unauthorized', message: 'send LEASE_OPS_METRICS_TOKEN as a Bearer token' } });
+      return;
+    }
     res.type('text/plain; version=0.0.4').send(await deps.metrics());
   });
   const document = openApiDocument(deps.version);

@@ -69,6 +69,16 @@ function tokenOf(header: string | undefined): string | null {
   return colon >= 0 ? text.slice(colon + 1) : null;
 }
 
+/**
+ * Whether a request may read /metrics: always when no token is set (the documented
+ * default), else only with `Authorization: Bearer <LEASE_OPS_METRICS_TOKEN>`.
+ */
+export function metricsAllowed(header: string | undefined, token: string | undefined): boolean {
+  if (!token) return true;
+  const presented = header ? BEARER.exec(header)?.[1] : undefined;
+  return presented !== undefined && timingSafeEqual(digest(presented), digest(token));
+}
+
 /** Whether a principal may see or act on a lease. Out of scope reads as "does not exist". */
 export function canSee(principal: Principal, lease: Pick<LeaseIdentity, 'companyId' | 'environmentId'> | null): boolean {
   if (principal.admin) return true;

@@ -12,6 +12,7 @@ import { createLogger } from '../../src/logger.ts';
 import { createDaytonaProvider } from '../../src/providers/daytona/index.ts';
 import { ProviderRegistry } from '../../src/providers/registry.ts';
 import { LeaseWorker } from '../../src/queues/worker.ts';
+import { serveWorkerMetrics } from '../../src/runtime.ts';
 import { freePort } from '../../src/redis-server.ts';
 import { withoutInfrastructure } from '../../src/secrets.ts';
 import { startTestApi } from '../helpers/api-server.ts';
@@ -232,6 +233,38 @@ describe('issue 12, scenario 11: slow clients are bounded', () => {
       expect((await fetch(`${api.url}/healthz`)).status).toBe(200);
     } finally {
       await api.close();
+    }
+  });
+});
+
+describe('issue 12, scenario 15: /metrics can be kept to whoever holds its token', () => {
+  const METRICS_TOKEN = 'metrics_0123456789-secret';
+  it('with LEASE_OPS_METRICS_TOKEN the API and a worker answer 401 without it and 200 with it; open without it (the default)', async () => {
+    bed = await TestBed.create({ LEASE_OPS_API_TOKENS: TOKEN });
+    const open = await startTestApi(bed);
+    try {
+      expect((await fetch(`${open.base}/metrics`)).status).toBe(200);
+    } finally {
+      await open.close();
+    }
+    const port = await freePort();
+    const config = { ...bed.config, LEASE_OPS_METRICS_TOKEN: METRICS_TOKEN, LEASE_OPS_METRICS_PORT: port };
+    const api = await startTestApi({ ...bed, config } as TestBed);
+    const worker = new LeaseWorker(config, new ProviderRegistry([]), createLogger({ level: 'silent' }));
+    const metricsServer = await serveWorkerMetrics(config, worker, createLogger({ level: 'silent' }));
+    try {
+      for (const url of [`${api.base}/metrics`, `http://127.0.0.1:${port}/metrics`]) {
+        expect((await fetch(url)).status).toBe(401);
+        expect((await fetch(url, { headers: { authorization: `Bearer ${TOKEN}` } })).status).toBe(401);
+        expect((await fetch(url, { headers: { authorization: `Bearer ${METRICS_TOKEN} x` } })).status).toBe(401);
+        const res = await fetch(url, { headers: { authorization: `Bearer ${METRICS_TOKEN}` } });
+        expect(res.status).toBe(200);
+        expect(await res.text()).toMatch(/^# HELP /m);
+      }
+    } finally {
+      metricsServer?.close();
+      await api.close();
+      await worker.close();
     }
   });
 });
