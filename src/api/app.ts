@@ -40,6 +40,31 @@ export class HttpError extends LeaseOpsError {
 
 const BODY_LIMIT = '64kb';
 
+/**
+ * Browsers send Basic credentials with cross-site requests too: a page elsewhere could post
+ * a form (`text/plain`, form encodings) to a read-write board. A request that changes
+ * anything must come from the board's own origin when the browser says where it comes from
+ * (Origin, Sec-Fetch-Site), and carry JSON; clients that are not browsers send neither
+ * header and are let through to authentication as before.
+ */
+function sameOriginWrites(req: Request, _res: Response, next: NextFunction): void {
+  if (req.method === 'GET' || req.method === 'HEAD' || req.method === 'OPTIONS') return next();
+  const site = req.headers['sec-fetch-site'];
+  if (site !== undefined && site !== 'same-origin' && site !== 'none') {
+    throw new HttpError(403, 'cross_site_request', 'the board takes changes only from its own pages');
+  }
+  const origin = req.headers.origin;
+  // The host only: behind a TLS-terminating proxy the scheme seen here is not the browser's.
+  if (origin !== undefined && (!URL.canParse(origin) || new URL(origin).host !== req.headers.host)) {
+    throw new HttpError(403, 'cross_site_request', 'the board takes changes only from its own pages');
+  }
+  const type = req.headers['content-type'];
+  if (type !== undefined && !/^application\/json\b/i.test(type)) {
+    throw new HttpError(415, 'unsupported_media_type', 'the board takes JSON');
+  }
+  next();
+}
+
 /** The HTTP API, Bull Board and the operations endpoints, as one express 5 app. */
 export function createApiApp(deps: ApiDeps): express.Express {
   const { client, log } = deps;
@@ -107,7 +132,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
     serverAdapter: board,
     options: { uiConfig: { boardTitle: 'lease-ops' } },
   });
-  app.use('/board', authenticate('Basic'), adminOnly, board.getRouter() as express.Router);
+  app.use('/board', sameOriginWrites, authenticate('Basic'), adminOnly, board.getRouter() as express.Router);
 
   const v1 = express.Router();
   v1.use(authenticate('Bearer'));

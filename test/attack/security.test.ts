@@ -268,3 +268,38 @@ describe('issue 12, scenario 15: /metrics can be kept to whoever holds its token
     }
   });
 });
+
+describe('issue 12, scenario 13: a read-write board takes changes only from its own pages', () => {
+  it('a cross-site form post (text/plain, form-encoded) is refused and adds no job; the board\'s own JSON request goes through', async () => {
+    bed = await TestBed.create({ LEASE_OPS_API_TOKENS: TOKEN, LEASE_OPS_BOARD_READ_ONLY: 'false' });
+    const api = await startTestApi(bed);
+    const basic = `Basic ${Buffer.from(`me:${TOKEN}`).toString('base64')}`;
+    const add = `${api.base}/board/api/queues/${encodeURIComponent(bed.config.LEASE_OPS_QUEUE)}/add`;
+    const job = JSON.stringify({ name: 'stop', data: { injected: true } });
+    try {
+      // What a page on another site can make a browser send, credentials included.
+      const crossSite: Record<string, string>[] = [
+        { origin: 'https://evil.example', 'sec-fetch-site': 'cross-site', 'content-type': 'text/plain' },
+        { origin: 'https://evil.example', 'content-type': 'application/x-www-form-urlencoded' },
+        { 'sec-fetch-site': 'cross-site', 'content-type': 'multipart/form-data; boundary=x' },
+        { origin: 'null', 'content-type': 'text/plain' },
+        { 'content-type': 'text/plain' },
+      ];
+      for (const headers of crossSite) {
+        const res = await fetch(add, { method: 'POST', headers: { authorization: basic, ...headers }, body: job });
+        expect({ headers, status: res.status }).toEqual({ headers, status: expect.toSatisfy((s: number) => s === 403 || s === 415) });
+      }
+      expect(await bed.ops.queue.count()).toBe(0);
+      // The board's own page: same origin, JSON.
+      const own = await fetch(add, {
+        method: 'POST',
+        headers: { authorization: basic, origin: api.base, 'sec-fetch-site': 'same-origin', 'content-type': 'application/json' },
+        body: JSON.stringify({ name: 'stop', data: {} }),
+      });
+      expect(own.status).not.toBe(403);
+      expect(own.status).not.toBe(415);
+    } finally {
+      await api.close();
+    }
+  });
+});
