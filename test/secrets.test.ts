@@ -56,6 +56,8 @@ describe('credentials and tokens', () => {
     bed = await TestBed.create({ LEASE_OPS_API_TOKENS: JSON.stringify([{ token: ADMIN }, { token: SCOPED, companyId: 'co' }]) });
     const { lines, log } = captureLog();
     const api = await startTestApi(bed, log);
+    // As a worker serving it would (none runs here: the operations only need accepting).
+    await bed.ops.announceProviders(['recording']);
     try {
       const basic = (t: string) => `Basic ${Buffer.from(`me:${t}`).toString('base64')}`;
       const headers = [`Bearer ${ADMIN}`, `Bearer ${SCOPED}`, `Bearer ${WRONG}`, basic(ADMIN), basic(WRONG), ADMIN];

@@ -145,6 +145,11 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const body = parse(EnqueueBodySchema, req.body, 'body');
     const header = parse(IdempotencyHeaderSchema, { 'idempotency-key': req.get('idempotency-key') }, 'Idempotency-Key header');
     const idempotencyKey = body.idempotencyKey ?? header['idempotency-key'];
+    // A name no worker ever served is a typo, not a rollout: refused now, not failed later.
+    const providers = await client.ops.announcedProviders();
+    if (!providers.includes(lease.provider)) {
+      throw new HttpError(422, 'unknown_provider', `no worker serves provider "${lease.provider}" (served: ${providers.sort().join(', ') || 'none yet'})`);
+    }
     const enqueued = await client.enqueue(body.op, lease, body.params, {
       ...(body.deadlineMs === undefined ? {} : { deadlineMs: body.deadlineMs }),
       // Keys are scoped to the lease's company and environment (the queue does it), which

@@ -24,7 +24,7 @@ const ERROR_DESCRIPTIONS: Record<string, string> = {
   '404': 'not found (also for leases and operations outside the token scope)',
   '413': 'payload_too_large',
   '415': 'unsupported_media_type: send application/json',
-  '422': 'idempotency_key_reused: the idempotency key came with a different request (lease, operation or parameters) before',
+  '422': 'idempotency_key_reused: the idempotency key came with a different request (lease, operation or parameters) before; unknown_provider: no worker has ever served the provider named in the path',
   '429': 'lease_queue_full or queue_full, with Retry-After (LEASE_OPS_MAX_QUEUED_PER_LEASE, LEASE_OPS_MAX_QUEUED)',
   '503': 'redis_unavailable',
 };

@@ -84,6 +84,8 @@ export class OperationsQueue {
   private readonly deleteIfEqual: LuaCommand;
   /** Acquires that have not ended: job id -> lease (JSON). */
   private readonly acquiresKey: string;
+  /** Provider names some worker served, with when it last said so. */
+  readonly providersKey: string;
   private acquiresCursor = '0';
   /** Acquires seen without a job, and since when (see reconcileAcquires). */
   private readonly vanishedSince = new Map<string, number>();
@@ -97,6 +99,7 @@ export class OperationsQueue {
     this.lanes = this.lanesOn(connection);
     this.deleteIfEqual = luaCommand(connection, 'delete-if-equal', 1);
     this.acquiresKey = this.lanes.acquiresKey;
+    this.providersKey = `${settings.LEASE_OPS_PREFIX}:providers`;
     this.jobOptions = {
       delay: PARK_MS,
       attempts: UNBOUNDED_ATTEMPTS,
@@ -191,6 +194,18 @@ export class OperationsQueue {
    * queued once per acquire however often its failure is handled (a crash may repeat it).
    * `checkpoint` is what the acquire's attempts saved, or null when its job is gone.
    */
+  /** A worker says which providers it serves (at start, and every sweep interval). */
+  async announceProviders(names: readonly string[]): Promise<void> {
+    if (names.length === 0) return;
+    const now = Date.now();
+    await this.connection.hset(this.providersKey, Object.fromEntries(names.map((name) => [name, String(now)])));
+  }
+
+  /** Provider names some worker has served: what the API accepts. */
+  async announcedProviders(): Promise<string[]> {
+    return this.connection.hkeys(this.providersKey);
+  }
+
   async enqueueAbandon(lease: LeaseIdentity, acquireJobId: string, checkpoint: Record<string, unknown> | null): Promise<Enqueued> {
     const laneId = laneIdOf(lease);
     const now = Date.now();

@@ -188,6 +188,7 @@ export class LeaseWorker {
   /** Starts processing; resolves once the workers are connected and the maintenance is scheduled. */
   async start(): Promise<void> {
     await this.schedule();
+    await this.ops.announceProviders(this.providers.names());
     this.fencing.start();
     // Redis can lose its data (a restart without persistence, a failover to a replica that
     // lagged): the schedules are then gone while the workers keep running. Look every sweep
@@ -218,6 +219,8 @@ export class LeaseWorker {
 
   private async checkSchedules(): Promise<void> {
     try {
+      // Said again each time, so the API knows it after Redis lost its data too.
+      await this.ops.announceProviders(this.providers.names());
       const ids = [SWEEP_SCHEDULER_ID, ...(this.settings.LEASE_OPS_WATCHDOG ? [WATCHDOG_SCHEDULER_ID] : [])];
       const present = await Promise.all(ids.map((id) => this.maintenanceQueue.getJobScheduler(id)));
       if (present.every(Boolean)) return;

@@ -18,6 +18,7 @@ import { withoutInfrastructure } from '../../src/secrets.ts';
 import { startTestApi } from '../helpers/api-server.ts';
 import { captureLog } from '../helpers/log-capture.ts';
 import { TestBed } from '../helpers/env.ts';
+import { createRecordingProvider } from '../helpers/recording-provider.ts';
 
 const BIN = fileURLToPath(new URL('../../bin/lease-ops.js', import.meta.url));
 const TOKEN = 'adm_0123456789-secret-token';
@@ -298,6 +299,29 @@ describe('issue 12, scenario 13: a read-write board takes changes only from its 
       });
       expect(own.status).not.toBe(403);
       expect(own.status).not.toBe(415);
+    } finally {
+      await api.close();
+    }
+  });
+});
+
+describe('issue 12, scenario 12: a provider no worker serves is refused at enqueue', () => {
+  it('422 unknown_provider naming the ones served, and nothing written; a served one is accepted', async () => {
+    bed = await TestBed.create({ LEASE_OPS_API_TOKENS: TOKEN });
+    await bed.startWorker(createRecordingProvider({ name: 'recording' }).provider);
+    const api = await startTestApi(bed);
+    try {
+      const post = (provider: string) =>
+        fetch(`${api.base}/v1/leases/${provider}/co/env/l/operations`, {
+          method: 'POST',
+          headers: { authorization: `Bearer ${TOKEN}`, 'content-type': 'application/json' },
+          body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 'l' } }),
+        });
+      const refused = await post('daytonna');
+      expect(refused.status).toBe(422);
+      expect(await refused.json()).toEqual({ error: { code: 'unknown_provider', message: 'no worker serves provider "daytonna" (served: recording)' } });
+      expect(await bed.ops.queue.count()).toBe(0);
+      expect((await post('recording')).status).toBe(202);
     } finally {
       await api.close();
     }
