@@ -120,8 +120,12 @@ export interface ChaosReport {
   /** The bound for it: the watchdog's interval plus 1.5 s for the force to be queued and sent. */
   stuck_unforced_bound_s: number;
   open_lanes: number;
-  /** How long a lane whose head an operator removed stayed blocked, with `open_lanes` open. */
+  /** How long a blocked lane stayed so, with `open_lanes` open: the longer of the two below. */
   max_blocked_lane_s: number;
+  /** Its head removed by an operator (BullMQ announces it: repaired at once). */
+  blocked_by_removal_s: number;
+  /** Its head's job deleted by hand and its progress long ago, as a lost hand-off leaves it (the sweep's case). */
+  blocked_unannounced_s: number;
   /** LEASE_OPS_SWEEP_STALE_MS + LEASE_OPS_SWEEP_INTERVAL_MS + 3 s for the pass over every quiet lane. */
   blocked_lane_bound_s: number;
   provider_calls: number;
@@ -629,6 +633,8 @@ function checkCalls(input: {
     stuck_unforced_bound_s: STUCK_UNFORCED_BOUND_S,
     open_lanes: input.scale.open_lanes,
     max_blocked_lane_s: input.scale.max_blocked_lane_s,
+    blocked_by_removal_s: input.scale.blocked_by_removal_s,
+    blocked_unannounced_s: input.scale.blocked_unannounced_s,
     blocked_lane_bound_s: BLOCKED_LANE_BOUND_S,
     provider_calls: calls.length,
     createos_calls: calls.filter((c) => c.cloud === 'createos').length,
@@ -697,7 +703,7 @@ export function formatReport(r: ChaosReport): string {
     ['  enqueued after / lost after; schedules re-created', `${d.accepted_after} / ${d.lost_after}; ${d.schedules_recreated}`],
     ['  calls overlapping across the loss (not counted)', String(r.overlaps_across_data_loss)],
     ['stuck for good; newly stuck unforced past budget', `${r.stuck_for_good}; ${r.max_stuck_unforced_s} s (bound ${r.stuck_unforced_bound_s} s)`],
-    ['open lanes; a blocked one waited', `${r.open_lanes}; ${r.max_blocked_lane_s} s (bound ${r.blocked_lane_bound_s} s)`],
+    ['open lanes; blocked ones waited: head removed / unannounced', `${r.open_lanes}; ${r.blocked_by_removal_s} s / ${r.blocked_unannounced_s} s (bound ${r.blocked_lane_bound_s} s)`],
     ['provider calls: Daytona / CreateOS (injected faults)', `${r.provider_calls - r.createos_calls} / ${r.createos_calls} (${r.injected_faults})`],
     ['stuck stops forced', String(r.forced_stops)],
     ['duration', `${r.seconds} s`],

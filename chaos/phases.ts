@@ -183,8 +183,12 @@ export async function stuckPhase(ctx: PhaseContext, forGood: number): Promise<St
 
 export interface ScaleReport {
   open_lanes: number;
-  /** How long the lane whose head an operator removed stayed blocked. */
+  /** The longer of the two below. */
   max_blocked_lane_s: number;
+  /** How long the lane whose head an operator removed stayed blocked. */
+  blocked_by_removal_s: number;
+  /** How long the lane left as a lost hand-off leaves it stayed blocked (the sweep's case). */
+  blocked_unannounced_s: number;
   /** Operations of this phase that did not end. */
   lost: number;
   /** Lanes still open once every operation of the phase ended and the bound passed. */
@@ -193,9 +197,9 @@ export interface ScaleReport {
 
 /**
  * Many open, quiet lanes: each lease's acquire (the `hold` provider, chaos/hold-provider.ts)
- * answers "settling, try in 10 minutes" while the hold file exists. Among them one lane's
- * head, backing off, is removed by an operator: the release queued behind it must run
- * within the sweep's bound however many lanes are open. Then the hold ends and all drain.
+ * answers "settling, try in 10 minutes" while the hold file exists. Among them two lanes are
+ * blocked (see below): the release queued behind each must run within the sweep's bound
+ * however many lanes are open. Then the hold ends and all drain.
  */
 export async function scalePhase(ctx: PhaseContext, holdFile: string, lanes: number, drainBoundMs: number): Promise<ScaleReport> {
   writeFileSync(holdFile, 'held');
@@ -214,18 +218,35 @@ export async function scalePhase(ctx: PhaseContext, holdFile: string, lanes: num
   while ((await ctx.redis.zcard(ctx.ops.lanes.backingOffKey)) < lanes && Date.now() < until) await new Promise((r) => setTimeout(r, 200));
   ctx.say(`chaos: ${await ctx.ops.lanes.openLaneCount()} lanes open and backing off; an operator removes one lane's head`);
 
-  const blockedLease = identity('hold', 'blocked');
-  const head = await ctx.ops.enqueue({ op: 'acquire', lease: blockedLease, params: { runId: 'r' }, deadlineMs: HOUR });
-  const behind = await ctx.ops.enqueue({ op: 'release', lease: blockedLease, params: { providerLeaseId: 'blocked', leaseMetadata: {}, resourceDisposition: 'keep_running' } });
-  // Backing off, and moved to BullMQ's delayed set (a job still active is locked: BullMQ
-  // refuses to remove it).
-  const backingOff = async () =>
-    (await ctx.redis.zscore(ctx.ops.lanes.backingOffKey, head.jobId)) !== null && (await ctx.ops.queue.getJobState(head.jobId)) === 'delayed';
-  while (!(await backingOff()) && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
+  // Two blocked lanes: one whose head an operator removes (BullMQ announces it), one whose
+  // head's job is deleted by hand with its progress dated long ago, as a lost hand-off
+  // leaves a lane (only the sweep can notice). Each has a release queued behind.
+  const blockedLane = async (leaseId: string) => {
+    const lease = identity('hold', leaseId);
+    const head = await ctx.ops.enqueue({ op: 'acquire', lease, params: { runId: 'r' }, deadlineMs: HOUR });
+    const behind = await ctx.ops.enqueue({ op: 'release', lease, params: { providerLeaseId: leaseId, leaseMetadata: {}, resourceDisposition: 'keep_running' } });
+    // Backing off, and moved to BullMQ's delayed set (a job still active is locked: BullMQ
+    // refuses to remove it).
+    const backingOff = async () =>
+      (await ctx.redis.zscore(ctx.ops.lanes.backingOffKey, head.jobId)) !== null && (await ctx.ops.queue.getJobState(head.jobId)) === 'delayed';
+    while (!(await backingOff()) && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
+    return { head, behind };
+  };
+  const removed = await blockedLane('blocked-removed');
+  const vanished = await blockedLane('blocked-vanished');
+  const timeUntilEnded = async (jobId: string, from: number) => {
+    await settle(waitForJobs(ctx.events, ctx.ops.queue, [jobId], ctx.timeoutMs));
+    return Date.now() - from;
+  };
   const removedAt = Date.now();
-  if ((await ctx.ops.queue.remove(head.jobId)) !== 1) throw new Error(`BullMQ did not remove ${head.jobId}`);
-  await settle(waitForJobs(ctx.events, ctx.ops.queue, [behind.jobId], ctx.timeoutMs));
-  const blockedMs = Date.now() - removedAt;
+  if ((await ctx.ops.queue.remove(removed.head.jobId)) !== 1) throw new Error(`BullMQ did not remove ${removed.head.jobId}`);
+  await ctx.redis
+    .multi()
+    .del(ctx.ops.queue.toKey(vanished.head.jobId))
+    .zrem(ctx.ops.queue.toKey('delayed'), vanished.head.jobId)
+    .zadd(ctx.ops.lanes.lanesKey, 'XX', 0, vanished.head.laneId)
+    .exec();
+  const [removedMs, vanishedMs] = await Promise.all([timeUntilEnded(removed.behind.jobId, removedAt), timeUntilEnded(vanished.behind.jobId, removedAt)]);
 
   rmSync(holdFile, { force: true });
   await ctx.ops.queue.promoteJobs();
@@ -239,7 +260,15 @@ export async function scalePhase(ctx: PhaseContext, holdFile: string, lanes: num
   const lost = (await endedOf(ctx, accepted)).filter((state) => state === null).length;
   const drainUntil = Date.now() + drainBoundMs;
   while ((await ctx.ops.lanes.openLaneCount()) > 0 && Date.now() < drainUntil) await new Promise((r) => setTimeout(r, 100));
-  return { open_lanes: lanes, max_blocked_lane_s: Number((blockedMs / 1000).toFixed(2)), lost, blocked_lanes: await ctx.ops.lanes.openLaneCount() };
+  const seconds = (ms: number) => Number((ms / 1000).toFixed(2));
+  return {
+    open_lanes: lanes,
+    max_blocked_lane_s: seconds(Math.max(removedMs, vanishedMs)),
+    blocked_by_removal_s: seconds(removedMs),
+    blocked_unannounced_s: seconds(vanishedMs),
+    lost,
+    blocked_lanes: await ctx.ops.lanes.openLaneCount(),
+  };
 }
 
 /** Whether each job completed or failed (null: neither), read from BullMQ's sets 5,000 at a time. */

@@ -239,7 +239,7 @@ export class Lanes {
 
   /** Before a retry's backoff: keep the head, stop being the holder. False if stale. */
   async yield(laneId: string, jobId: string, token: string, retryAt: number): Promise<boolean> {
-    return (await this.run('lane-yield', ...this.keys(laneId), jobId, token, this.queueKeyPrefix, retryAt)) === 1;
+    return (await this.run('lane-yield', ...this.keys(laneId), jobId, token, this.queueKeyPrefix, retryAt, laneId)) === 1;
   }
 
   /** Takes a job that is not executing out of its lane, recording the outcome the caller decided. */

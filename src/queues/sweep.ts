@@ -20,9 +20,10 @@ const PAGE = 500;
  * so the next page starts where this one ended, and a blocked lane waits at most one pass
  * however many healthy quiet lanes come before it.
  */
-export async function sweepLanes(ops: OperationsQueue, staleMs: number, log: Logger): Promise<SweepReport> {
+export async function sweepLanes(ops: OperationsQueue, staleMs: number, log: Logger, opts: { everyLane?: boolean } = {}): Promise<SweepReport> {
   const report: SweepReport = { inspected: 0, dropped: 0, handedOff: 0 };
-  const olderThan = Date.now() - staleMs;
+  // Every lane, those waiting out a backoff too (their progress is dated when it comes due).
+  const olderThan = opts.everyLane ? Number.MAX_SAFE_INTEGER : Date.now() - staleMs;
   // A lane repaired in this pass is never quiet again before it ends; the bound only guards
   // against a lane that comes back quiet by a clock going backwards.
   const bound = Math.ceil((await ops.lanes.quietLaneCount(olderThan)) / PAGE) + 1;

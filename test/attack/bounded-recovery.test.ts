@@ -16,12 +16,21 @@ async function backingOff(bed: TestBed, jobId: string): Promise<boolean> {
   return (await bed.ops.queue.getJobState(jobId)) === 'delayed' && !(await bed.redis.hexists(bed.ops.queue.toKey(jobId), 'lo:parked'));
 }
 
-/** Enqueues a lane of two operations whose head then backs off for long; removes the head as an operator would. */
+/**
+ * Enqueues a lane of two operations whose head then backs off for long; then the head's job
+ * vanishes without BullMQ's `removed` event (deleted by hand) and its retry is overdue (the
+ * lane's progress set to long ago), so only the sweep can set the lane going.
+ */
 async function laneWithRemovedHead(bed: TestBed, leaseId: string): Promise<{ next: string; removedAt: number }> {
   const head = await bed.ops.enqueue({ op: 'stop', lease: lease(leaseId), params: target(leaseId) });
   const next = await bed.ops.enqueue({ op: 'destroy', lease: lease(leaseId), params: target(leaseId) });
   await readUntil(() => backingOff(bed, head.jobId), 10_000, 'the head backing off');
-  await (await Job.fromId(bed.ops.queue, head.jobId))!.remove();
+  await bed.redis
+    .multi()
+    .del(bed.ops.queue.toKey(head.jobId))
+    .zrem(bed.ops.queue.toKey('delayed'), head.jobId)
+    .zadd(bed.ops.lanes.lanesKey, 'XX', 0, head.laneId)
+    .exec();
   return { next: next.jobId, removedAt: Date.now() };
 }
 
@@ -47,13 +56,62 @@ describe('scenario 7: one sweep pass covers every quiet lane', () => {
     // Last, so its lane is the newest of all: a sweep reading the oldest 500 per pass reaches it on its fifth.
     const head = await bed.ops.enqueue({ op: 'stop', lease: lease('blocked'), params: target('blocked') });
     const next = await bed.ops.enqueue({ op: 'destroy', lease: lease('blocked'), params: target('blocked') });
-    await (await Job.fromId(bed.ops.queue, head.jobId))!.remove();
+    // Gone without BullMQ's `removed` event (deleted by hand): only the sweep can notice.
+    await bed.redis.multi().del(bed.ops.queue.toKey(head.jobId)).zrem(bed.ops.queue.toKey('delayed'), head.jobId).exec();
     const removedAt = Date.now();
     await readUntil(async () => (await bed.ops.queue.getJobState(next.jobId)) === 'waiting', 20_000, 'the next operation handed off');
     const waited = Date.now() - removedAt;
     // The next pass starts within one interval; the pass itself reads 2,101 lanes.
     expect(waited).toBeLessThan(INTERVAL + 1_500);
     expect((await bed.ops.lanes.view(next.laneId)).jobs).toEqual([next.jobId]);
+  });
+});
+
+describe('scenario 7: a lane whose head an operator removed goes on at once, however many lanes are open', () => {
+  let bed: TestBed;
+  beforeAll(async () => {
+    // A sweep far away: only the removal itself can set the lane going.
+    bed = await TestBed.create({ LEASE_OPS_SWEEP_INTERVAL_MS: '60000', LEASE_OPS_SWEEP_STALE_MS: '60000' });
+  });
+  afterAll(() => bed.close());
+
+  it('removed behind 2,100 open lanes, its next operation is handed off within a second', async () => {
+    await bed.ops.queue.pause();
+    await bed.startWorker(createRecordingProvider().provider);
+    const fillers = Array.from({ length: 2_100 }, (_, i) => `open-${i}`);
+    for (let i = 0; i < fillers.length; i += 100) {
+      await Promise.all(fillers.slice(i, i + 100).map((id) => bed.ops.enqueue({ op: 'destroy', lease: lease(id), params: target(id) })));
+    }
+    const head = await bed.ops.enqueue({ op: 'stop', lease: lease('removed-head'), params: target('removed-head') });
+    const next = await bed.ops.enqueue({ op: 'destroy', lease: lease('removed-head'), params: target('removed-head') });
+    expect(await bed.ops.queue.getJobState(next.jobId)).toBe('delayed'); // parked behind the head
+    const removedAt = Date.now();
+    await (await Job.fromId(bed.ops.queue, head.jobId))!.remove();
+    await readUntil(async () => (await bed.ops.queue.getJobState(next.jobId)) === 'waiting', 5_000, 'the next operation handed off');
+    expect(Date.now() - removedAt).toBeLessThan(1_000);
+    expect((await bed.ops.lanes.view(next.laneId)).jobs).toEqual([next.jobId]);
+  });
+});
+
+describe("scenario 7: after an operator's bulk clean, the lanes that held the cleaned jobs go on at once", () => {
+  let bed: TestBed;
+  beforeAll(async () => {
+    // A sweep far away, and stops that back off for a minute.
+    bed = await TestBed.create({ LEASE_OPS_SWEEP_INTERVAL_MS: '60000', LEASE_OPS_SWEEP_STALE_MS: '60000', LEASE_OPS_BACKOFF_BASE_MS: '60000', LEASE_OPS_BACKOFF_CAP_MS: '60000' });
+    await bed.startWorker(stopsBackOff());
+  });
+  afterAll(() => bed.close());
+
+  it('delayed jobs cleaned (a backing-off head and the one parked behind it): a new operation of that lease runs within a second', async () => {
+    const head = await bed.ops.enqueue({ op: 'stop', lease: lease('cleaned'), params: target('cleaned') });
+    await bed.ops.enqueue({ op: 'destroy', lease: lease('cleaned'), params: target('cleaned') });
+    await readUntil(() => backingOff(bed, head.jobId), 10_000, 'the head backing off');
+    const cleanedAt = Date.now();
+    expect(await bed.ops.queue.clean(0, 1_000, 'delayed')).toHaveLength(2);
+    await readUntil(async () => (await bed.ops.lanes.openLaneCount()) === 0, 5_000, 'the lane forgotten');
+    const after = await bed.ops.enqueue({ op: 'destroy', lease: lease('cleaned'), params: target('cleaned') });
+    expect((await bed.waitForAll([after.jobId], 5_000)).get(after.jobId)).toBe('completed');
+    expect(Date.now() - cleanedAt).toBeLessThan(2_000);
   });
 });
 

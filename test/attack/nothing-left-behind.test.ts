@@ -56,8 +56,10 @@ describe('scenario 18: deeply nested JSON has a documented limit at the boundary
     const { params: _params, ...rest } = job.data as Record<string, unknown>;
     const data = `${JSON.stringify(rest).slice(0, -1)},"params":{"providerLeaseId":"deep-redis","leaseMetadata":${nested(4_200)}}}`;
     await bed.redis.hset(bed.ops.queue.toKey(second.jobId), 'data', data);
+    // Not a stop: a stop queued behind the second would coalesce with it.
+    const third = await bed.ops.enqueue({ op: 'destroy', lease: lease('deep-redis'), params: { providerLeaseId: 'deep-redis' } });
+    expect(third.jobId).not.toBe(second.jobId);
     held.open();
-    const third = await bed.ops.enqueue({ op: 'stop', lease: lease('deep-redis'), params: { providerLeaseId: 'deep-redis' } });
     const ended = await bed.waitForAll([second.jobId, third.jobId]);
     expect(ended.get(second.jobId)).toBe('failed');
     expect((await bed.ops.queue.getJob(second.jobId))!.failedReason).toMatch(/^invalid_job_data: /);

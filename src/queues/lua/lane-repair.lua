@@ -69,5 +69,7 @@ if rcall('ZSCORE', k.delayed, head) and (rcall('HEXISTS', jobKey, 'lo:parked') =
   return {'handed', head, handOff(k, jobPrefix, head, false)}
 end
 
-rcall('ZADD', k.lanes, 'XX', now, laneId)
+-- A head backing off shows progress when its retry comes due: the sweep passes it by till then.
+local due = tonumber(rcall('ZSCORE', k.backingOff, head))
+rcall('ZADD', k.lanes, 'XX', (due and due > tonumber(now)) and due or now, laneId)
 return {'healthy'}

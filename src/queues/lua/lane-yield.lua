@@ -9,6 +9,9 @@
   KEYS[13] BullMQ marker   KEYS[14] BullMQ events   (see includes/lane.lua)
   ARGV[1] job id   ARGV[2] token   ARGV[3] BullMQ job key prefix   ARGV[4] when its retry
   comes due (ms): it is listed as backing off until its next attempt starts
+  ARGV[5] lane id: a lane waiting out a backoff shows progress due then, so the sweep (which
+  reads lanes quiet since a while) passes it by until its retry is late; an operator's
+  removal of the head is repaired by its event (LeaseWorker), not by the sweep
 
   Returns 1, or 0 for a stale attempt.
 ]]
@@ -22,6 +25,7 @@ if holder[1] ~= ARGV[1] or holder[2] ~= ARGV[2] then
 end
 rcall('DEL', k.holder)
 rcall('ZADD', k.backingOff, ARGV[4], ARGV[1])
+rcall('ZADD', k.lanes, 'XX', ARGV[4], ARGV[5])
 -- A backing-off front job keeps its place: front jobs keep their order among themselves.
 if rcall('HEXISTS', ARGV[3] .. ARGV[1], 'lo:front') == 1 then
   return 1
