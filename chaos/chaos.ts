@@ -13,7 +13,9 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { QueueEvents } from 'bullmq';
+import { startApiServer, type ApiServer } from '../src/api/server.ts';
 import { loadConfig, type Config } from '../src/config.ts';
+import { createLogger } from '../src/logger.ts';
 import { fork, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import type { CreateosControls } from '../src/fakes/createos-fake.ts';
@@ -122,7 +124,7 @@ export interface ChaosReport {
   open_lanes: number;
   /** How long a blocked lane stayed so, with `open_lanes` open: the longer of the two below. */
   max_blocked_lane_s: number;
-  /** Its head removed by an operator (BullMQ announces it: repaired at once). */
+  /** Its head removed by an operator in Bull Board (repaired at once). */
   blocked_by_removal_s: number;
   /** Its head's job deleted by hand and its progress long ago, as a lost hand-off leaves it (the sweep's case). */
   blocked_unannounced_s: number;
@@ -242,6 +244,7 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
 
   let stopChaos = false;
   let chaos: Promise<void> = Promise.resolve();
+  let api: ApiServer | null = null;
   try {
     await Promise.all(Array.from({ length: opts.workers }, startWorker));
     say(`chaos: ${opts.workers} workers, Daytona and CreateOS fakes (settling ${opts.faults.settling}, transient ${opts.faults.transient}), prefix ${prefix}`);
@@ -371,7 +374,22 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
     // The main campaign is checked from BullMQ's job records now: the data loss takes them.
     const main = await checkRecords({ ops, redis, prefix, acceptedAll, acceptedOrder });
 
-    const ctx: PhaseContext = { ops, events, redis, rand, say, timeoutMs: opts.timeoutMs, control: cloud.control, owned: main.owned };
+    // The API, for Bull Board: operators remove jobs there.
+    const admin = randomBytes(18).toString('base64url');
+    api = await startApiServer(
+      { ...config, LEASE_OPS_API_PORT: 0, LEASE_OPS_API_TOKENS: [{ token: admin }], LEASE_OPS_BOARD_READ_ONLY: false },
+      createLogger({ level: 'silent' }),
+    );
+    const boardUrl = api.url;
+    const boardRemove = async (jobId: string) => {
+      const res = await fetch(`${boardUrl}/board/api/queues/${encodeURIComponent(config.LEASE_OPS_QUEUE)}/${encodeURIComponent(jobId)}/clean`, {
+        method: 'PUT',
+        headers: { authorization: `Basic ${Buffer.from(`operator:${admin}`).toString('base64')}` },
+      });
+      await res.arrayBuffer();
+      return res.status;
+    };
+    const ctx: PhaseContext = { ops, events, redis, rand, say, timeoutMs: opts.timeoutMs, control: cloud.control, owned: main.owned, boardRemove };
     say(`chaos: main campaign checked; Redis loses its data with operations on ${opts.lossLeases} more leases in flight`);
     const loss = await dataLossPhase(ctx, server, opts.lossLeases, opts.lossOpsPerLease);
     const stuck = await stuckPhase(ctx, opts.stuckForGood);
@@ -387,6 +405,7 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
     await chaos.catch(() => undefined);
     for (const w of all) w.child.kill('SIGCONT');
     await Promise.all(all.map((w) => (w.child.exitCode === null && w.child.signalCode === null ? w.terminate() : null)));
+    await api?.close();
     await events.close();
     await ops.close();
     await cloud.close();

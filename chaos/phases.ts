@@ -22,6 +22,8 @@ export interface PhaseContext {
   control(cloud: 'createos', id: string, controls: CreateosControls): Promise<null>;
   /** Sandboxes completed acquires handed out, over the whole campaign. */
   owned: Set<string>;
+  /** Removes a job as an operator does, in Bull Board (the API's /board); resolves with the HTTP status. */
+  boardRemove(jobId: string): Promise<number>;
 }
 
 export const identity = (provider: string, leaseId: string): LeaseIdentity => ({ provider, companyId: 'chaos', environmentId: 'env', leaseId });
@@ -218,7 +220,7 @@ export async function scalePhase(ctx: PhaseContext, holdFile: string, lanes: num
   while ((await ctx.redis.zcard(ctx.ops.lanes.backingOffKey)) < lanes && Date.now() < until) await new Promise((r) => setTimeout(r, 200));
   ctx.say(`chaos: ${await ctx.ops.lanes.openLaneCount()} lanes open and backing off; an operator removes one lane's head`);
 
-  // Two blocked lanes: one whose head an operator removes (BullMQ announces it), one whose
+  // Two blocked lanes: one whose head an operator removes in Bull Board, one whose
   // head's job is deleted by hand with its progress dated long ago, as a lost hand-off
   // leaves a lane (only the sweep can notice). Each has a release queued behind.
   const blockedLane = async (leaseId: string) => {
@@ -239,7 +241,8 @@ export async function scalePhase(ctx: PhaseContext, holdFile: string, lanes: num
     return Date.now() - from;
   };
   const removedAt = Date.now();
-  if ((await ctx.ops.queue.remove(removed.head.jobId)) !== 1) throw new Error(`BullMQ did not remove ${removed.head.jobId}`);
+  const status = await ctx.boardRemove(removed.head.jobId);
+  if (status >= 300) throw new Error(`Bull Board did not remove ${removed.head.jobId} (${status})`);
   await ctx.redis
     .multi()
     .del(ctx.ops.queue.toKey(vanished.head.jobId))

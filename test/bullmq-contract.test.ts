@@ -205,33 +205,4 @@ describe('BullMQ, as lease-ops relies on it', () => {
     await queue.add('w', {}, { jobId: 'w' });
     expect([await queue.getJobState('d'), await queue.getJobState('w')]).toEqual(['delayed', 'waiting']);
   });
-
-  it("announces an operator's removal on the event stream ('removed', with the job id), and not its own removal of a finished job", async () => {
-    const { queue, events, startWorker } = await fresh('removed');
-    const removed: string[] = [];
-    events.on('removed', ({ jobId }) => removed.push(jobId));
-    // BullMQ removes these itself as they complete (removeOnComplete), as with LEASE_OPS_KEEP_COMPLETED_S=0.
-    const own = await Promise.all(['a', 'b', 'c'].map((id) => queue.add('own', {}, { jobId: id, removeOnComplete: true })));
-    await startWorker(async () => 'done');
-    await waitForJobs(events, queue, own.map((j) => j.id!), 10_000);
-    await queue.add('parked', {}, { jobId: 'by-operator', delay: 60_000 });
-    await queue.remove('by-operator');
-    await new Promise<void>((resolve) => {
-      if (removed.length) return resolve();
-      events.once('removed', () => resolve());
-    });
-    expect(removed).toEqual(['by-operator']);
-    expect(await queue.getJobState('a')).toBe('unknown');
-  });
-
-  it("announces a bulk clean as one 'cleaned' event with a count, naming no job", async () => {
-    const { queue, events } = await fresh('cleaned');
-    const removed: string[] = [];
-    events.on('removed', ({ jobId }) => removed.push(jobId));
-    const cleaned = new Promise<{ count: string }>((resolve) => events.once('cleaned', resolve));
-    await Promise.all(['x', 'y'].map((id) => queue.add('parked', {}, { jobId: id, delay: 60_000 })));
-    expect((await queue.clean(0, 100, 'delayed')).sort()).toEqual(['x', 'y']);
-    expect(Number((await cleaned).count)).toBe(2);
-    expect(removed).toEqual([]);
-  });
 });

@@ -9,6 +9,8 @@ import type { LeaseOpsClient } from '../client.ts';
 import type { Config } from '../config.ts';
 import { IdempotencyKeyReusedError, InvalidRequestError, LeaseOpsError, QueueFullError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
+import { laneIdOfJobId } from '../lease.ts';
+import { sweepEveryLane } from '../queues/sweep.ts';
 import { canSee, metricsAllowed, type Principal, TokenAuthority } from './auth.ts';
 import { openApiDocument } from './openapi.ts';
 import { EnqueueBodySchema, IdempotencyHeaderSchema, LeasePathSchema, OperationPathSchema, WaitQuerySchema } from './schemas.ts';
@@ -63,6 +65,38 @@ function sameOriginWrites(req: Request, _res: Response, next: NextFunction): voi
     throw new HttpError(415, 'unsupported_media_type', 'the board takes JSON');
   }
   next();
+}
+
+/**
+ * An operator who removes a job from Bull Board may remove a lane's head: the lane would
+ * then wait for the sweep, or, if the head was backing off, until its retry came due. So
+ * once the board says it removed a job of the operations queue, that job's lane (its id
+ * names it) gets the sweep's repair at once; after a bulk clean or an empty, every lane.
+ * Bull Board's routes (@bull-board/api routes.js): PUT queues/:queue/:jobId/clean removes
+ * one job; PUT queues/:queue/clean/:status and PUT queues/:queue/empty remove many.
+ */
+function repairAfterBoardRemovals(ops: LeaseOpsClient['ops'], log: Logger) {
+  const one = /^\/api\/queues\/([^/]+)\/([^/]+)\/clean$/;
+  const many = /^\/api\/queues\/([^/]+)\/(?:clean\/[^/]+|empty)$/;
+  return (req: Request, res: Response, next: NextFunction): void => {
+    if (req.method !== 'PUT') return next();
+    const path = req.path;
+    const single = one.exec(path);
+    const bulk = single ? null : many.exec(path);
+    const queueName = decodeURIComponent((single ?? bulk)?.[1] ?? '');
+    if (queueName !== ops.queue.name) return next();
+    res.on('finish', () => {
+      if (res.statusCode >= 400) return;
+      const repaired = single ? repairLaneOfJob(ops, decodeURIComponent(single[2]!)) : sweepEveryLane(ops, log);
+      repaired.catch((err: unknown) => log.warn({ err }, 'repairing lanes after a removal in Bull Board failed; the sweep will'));
+    });
+    next();
+  };
+}
+
+async function repairLaneOfJob(ops: LeaseOpsClient['ops'], jobId: string): Promise<void> {
+  const laneId = laneIdOfJobId(jobId);
+  if (laneId) await ops.lanes.repair(laneId);
 }
 
 /** The HTTP API, Bull Board and the operations endpoints, as one express 5 app. */
@@ -132,7 +166,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
     serverAdapter: board,
     options: { uiConfig: { boardTitle: 'lease-ops' } },
   });
-  app.use('/board', sameOriginWrites, authenticate('Basic'), adminOnly, board.getRouter() as express.Router);
+  app.use('/board', sameOriginWrites, authenticate('Basic'), adminOnly, repairAfterBoardRemovals(client.ops, deps.log), board.getRouter() as express.Router);
 
   const v1 = express.Router();
   v1.use(authenticate('Bearer'));
@@ -146,9 +180,12 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const header = parse(IdempotencyHeaderSchema, { 'idempotency-key': req.get('idempotency-key') }, 'Idempotency-Key header');
     const idempotencyKey = body.idempotencyKey ?? header['idempotency-key'];
     // A name no worker ever served is a typo, not a rollout: refused now, not failed later.
+    // Until some worker said what it serves (none started yet, or Redis lost its data) there
+    // is nothing to tell a typo by, and the request is taken; a request repeated under its
+    // idempotency key gets its receipt whatever the workers say.
     const providers = await client.ops.announcedProviders();
-    if (!providers.includes(lease.provider)) {
-      throw new HttpError(422, 'unknown_provider', `no worker serves provider "${lease.provider}" (served: ${providers.sort().join(', ') || 'none yet'})`);
+    if (providers.length > 0 && !providers.includes(lease.provider) && !(idempotencyKey !== undefined && (await client.ops.idempotencyKeyUsed(lease, idempotencyKey)))) {
+      throw new HttpError(422, 'unknown_provider', `no worker serves provider "${lease.provider}" (served: ${providers.sort().join(', ')})`);
     }
     const enqueued = await client.enqueue(body.op, lease, body.params, {
       ...(body.deadlineMs === undefined ? {} : { deadlineMs: body.deadlineMs }),

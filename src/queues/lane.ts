@@ -239,7 +239,7 @@ export class Lanes {
 
   /** Before a retry's backoff: keep the head, stop being the holder. False if stale. */
   async yield(laneId: string, jobId: string, token: string, retryAt: number): Promise<boolean> {
-    return (await this.run('lane-yield', ...this.keys(laneId), jobId, token, this.queueKeyPrefix, retryAt, laneId)) === 1;
+    return (await this.run('lane-yield', ...this.keys(laneId), jobId, token, this.queueKeyPrefix, retryAt, laneId, Date.now())) === 1;
   }
 
   /** Takes a job that is not executing out of its lane, recording the outcome the caller decided. */
@@ -283,6 +283,11 @@ export class Lanes {
   }
 
   /** Lanes that showed no progress since `olderThan` (epoch ms), oldest first. */
+  /** Every lane with work (its id), in one read. */
+  async allLanes(): Promise<string[]> {
+    return this.client.zrange(this.lanesKey, 0, -1);
+  }
+
   async quietLanes(olderThan: number, limit = 500): Promise<string[]> {
     return this.client.zrangebyscore(this.lanesKey, '-inf', olderThan, 'LIMIT', 0, limit);
   }

@@ -201,6 +201,11 @@ export class OperationsQueue {
     await this.connection.hset(this.providersKey, Object.fromEntries(names.map((name) => [name, String(now)])));
   }
 
+  /** Whether a request came under this idempotency key already (its receipt is then repeated). */
+  async idempotencyKeyUsed(lease: LeaseIdentity, key: string): Promise<boolean> {
+    return (await this.connection.exists(this.idempotencyKey(lease, key))) === 1;
+  }
+
   /** Provider names some worker has served: what the API accepts. */
   async announcedProviders(): Promise<string[]> {
     return this.connection.hkeys(this.providersKey);

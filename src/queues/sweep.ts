@@ -20,15 +20,30 @@ const PAGE = 500;
  * so the next page starts where this one ended, and a blocked lane waits at most one pass
  * however many healthy quiet lanes come before it.
  */
-export async function sweepLanes(ops: OperationsQueue, staleMs: number, log: Logger, opts: { everyLane?: boolean } = {}): Promise<SweepReport> {
-  const report: SweepReport = { inspected: 0, dropped: 0, handedOff: 0 };
-  // Every lane, those waiting out a backoff too (their progress is dated when it comes due).
-  const olderThan = opts.everyLane ? Number.MAX_SAFE_INTEGER : Date.now() - staleMs;
+export async function sweepLanes(ops: OperationsQueue, staleMs: number, log: Logger): Promise<SweepReport> {
+  const olderThan = Date.now() - staleMs;
   // A lane repaired in this pass is never quiet again before it ends; the bound only guards
   // against a lane that comes back quiet by a clock going backwards.
   const bound = Math.ceil((await ops.lanes.quietLaneCount(olderThan)) / PAGE) + 1;
-  for (let page = 0; page < bound; page++) {
-    const laneIds = await ops.lanes.quietLanes(olderThan, PAGE);
+  let page = 0;
+  return repairPages(ops, log, async () => (page++ < bound ? ops.lanes.quietLanes(olderThan, PAGE) : []));
+}
+
+/**
+ * Every lane with work, those waiting out a backoff too (their progress is dated when the
+ * retry comes due): after a bulk clean, which names no job. The lanes are listed first, as
+ * a repair re-dates a lane and would move it in the index under a paging reader.
+ */
+export async function sweepEveryLane(ops: OperationsQueue, log: Logger): Promise<SweepReport> {
+  const all = await ops.lanes.allLanes();
+  let from = 0;
+  return repairPages(ops, log, async () => all.slice(from, (from += PAGE)));
+}
+
+async function repairPages(ops: OperationsQueue, log: Logger, nextPage: () => Promise<string[]>): Promise<SweepReport> {
+  const report: SweepReport = { inspected: 0, dropped: 0, handedOff: 0 };
+  for (;;) {
+    const laneIds = await nextPage();
     if (!laneIds.length) break;
     const results = await ops.lanes.repairMany(laneIds);
     report.inspected += laneIds.length;

@@ -1,7 +1,6 @@
-import { MetricsTime, Queue, QueueEvents, UnrecoverableError, Worker, type Job } from 'bullmq';
+import { MetricsTime, Queue, UnrecoverableError, Worker, type Job } from 'bullmq';
 import { Redis } from 'ioredis';
 import type { Config } from '../config.ts';
-import { laneIdOfJobId } from '../lease.ts';
 import type { Logger } from '../logger.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
 import type { OperationContext } from '../providers/types.ts';
@@ -60,8 +59,6 @@ export class LeaseWorker {
   private readonly maintenanceQueue: Queue;
   private readonly maintenanceWorker: Worker;
   private readonly connection: RedisClient;
-  /** BullMQ's event stream, read for `removed`: a lane whose head an operator removed is repaired at once. */
-  private readonly removals: QueueEvents;
   private readonly releaseLanes: Lanes;
   private readonly fencing: Fencing;
   readonly records: LeaseRecords;
@@ -90,11 +87,6 @@ export class LeaseWorker {
       return c;
     };
     this.ops = new OperationsQueue(this.connection, settings);
-    this.removals = new QueueEvents(settings.LEASE_OPS_QUEUE, { connection: connect(), prefix: settings.LEASE_OPS_PREFIX, autorun: false });
-    this.removals.on('removed', ({ jobId }) => void this.repairAfterRemoval(jobId));
-    // A bulk clean (Bull Board's "clean", Queue.clean) names no job: every lane is looked at.
-    this.removals.on('cleaned', () => void this.sweepAfterClean());
-    this.removals.on('error', (err) => this.log.warn({ err }, 'reading BullMQ events for removed jobs failed; the sweep still repairs their lanes'));
     this.records = new LeaseRecords(this.connection, settings.LEASE_OPS_PREFIX);
     this.writeCheckpoint = luaCommand(this.connection, 'job-checkpoint', 1);
     const prefix = settings.LEASE_OPS_PREFIX;
@@ -205,7 +197,6 @@ export class LeaseWorker {
     this.scheduleCheck.unref();
     void this.worker.run();
     void this.maintenanceWorker.run();
-    void this.removals.run();
     await Promise.all([this.worker.waitUntilReady(), this.maintenanceWorker.waitUntilReady()]);
   }
 
@@ -267,40 +258,13 @@ export class LeaseWorker {
   close(): Promise<void> {
     this.closing ??= (async () => {
       if (this.scheduleCheck) clearInterval(this.scheduleCheck);
-      await Promise.all([this.worker.close(), this.maintenanceWorker.close(), this.removals.close()]);
+      await Promise.all([this.worker.close(), this.maintenanceWorker.close()]);
       this.fencing.stop();
       await Promise.all([this.maintenanceQueue.close(), this.ops.close()]);
       await this.providers.close();
       for (const c of [this.connection, ...this.ownedConnections]) c.disconnect();
     })();
     return this.closing;
-  }
-
-  /**
-   * An operator removed a job (Bull Board, Queue.remove): if it was its lane's head, the
-   * lane would wait for the sweep, whose pass grows with the number of open lanes. The job
-   * id names its lane, so the same repair runs now. Every replica hears the event; the
-   * repair is atomic and finds the work done after the first.
-   */
-  private async repairAfterRemoval(jobId: string): Promise<void> {
-    const laneId = laneIdOfJobId(jobId);
-    if (!laneId || this.closing) return;
-    try {
-      const result = await this.ops.lanes.repair(laneId);
-      if (result.kind === 'dropped') this.log.info({ laneId, jobId, next: result.next?.jobId }, 'an operator removed the head of a lane; handed off the next');
-    } catch (err) {
-      this.log.warn({ err, laneId, jobId }, 'repairing the lane of a removed job failed; the sweep will');
-    }
-  }
-
-  private async sweepAfterClean(): Promise<void> {
-    if (this.closing) return;
-    try {
-      const report = await sweepLanes(this.ops, 0, this.log, { everyLane: true });
-      if (report.dropped || report.handedOff) this.log.info(report, 'an operator cleaned jobs in bulk; repaired the lanes that held them');
-    } catch (err) {
-      this.log.warn({ err }, 'repairing lanes after a bulk clean failed; the sweep will');
-    }
   }
 
   private process(job: Job, token: string | undefined): Promise<unknown> {

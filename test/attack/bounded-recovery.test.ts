@@ -1,10 +1,11 @@
-import { Job, Queue } from 'bullmq';
+import { Queue } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DaytonaFake } from '../../src/fakes/daytona-fake.ts';
 import { createDaytonaProvider } from '../../src/providers/daytona/index.ts';
 import { createRedis, type RedisClient } from '../../src/queues/redis.ts';
 import type { LeaseWorker } from '../../src/queues/worker.ts';
 import { LeaseOpsClient } from '../../src/client.ts';
+import { board, startTestApi, type TestApi } from '../helpers/api-server.ts';
 import { gate, lease, readUntil, TestBed } from '../helpers/env.ts';
 import { createRecordingProvider } from '../helpers/recording-provider.ts';
 import { RedisProcess } from '../helpers/redis-process.ts';
@@ -67,48 +68,52 @@ describe('scenario 7: one sweep pass covers every quiet lane', () => {
   });
 });
 
-describe('scenario 7: a lane whose head an operator removed goes on at once, however many lanes are open', () => {
+describe('scenario 7: a lane whose head an operator removes in Bull Board goes on at once, however many lanes are open', () => {
+  const ADMIN = 'board-admin-token-0123456789';
   let bed: TestBed;
+  let api: TestApi;
   beforeAll(async () => {
-    // A sweep far away: only the removal itself can set the lane going.
-    bed = await TestBed.create({ LEASE_OPS_SWEEP_INTERVAL_MS: '60000', LEASE_OPS_SWEEP_STALE_MS: '60000' });
+    // A sweep far away, and stops that back off for a minute: only the removal itself can
+    // set a lane going.
+    bed = await TestBed.create({
+      LEASE_OPS_API_TOKENS: ADMIN,
+      LEASE_OPS_BOARD_READ_ONLY: 'false',
+      LEASE_OPS_SWEEP_INTERVAL_MS: '60000',
+      LEASE_OPS_SWEEP_STALE_MS: '60000',
+      LEASE_OPS_BACKOFF_BASE_MS: '60000',
+      LEASE_OPS_BACKOFF_CAP_MS: '60000',
+    });
+    await bed.startWorker(stopsBackOff());
+    api = await startTestApi(bed);
   });
-  afterAll(() => bed.close());
+  afterAll(async () => {
+    await api.close();
+    await bed.close();
+  });
 
-  it('removed behind 2,100 open lanes, its next operation is handed off within a second', async () => {
-    await bed.ops.queue.pause();
-    await bed.startWorker(createRecordingProvider().provider);
-    const fillers = Array.from({ length: 2_100 }, (_, i) => `open-${i}`);
-    for (let i = 0; i < fillers.length; i += 100) {
-      await Promise.all(fillers.slice(i, i + 100).map((id) => bed.ops.enqueue({ op: 'destroy', lease: lease(id), params: target(id) })));
+  it('a backing-off head removed behind 2,100 open lanes: its next operation runs within a second', async () => {
+    for (let i = 0; i < 2_100; i += 100) {
+      await Promise.all(Array.from({ length: 100 }, (_, j) => bed.ops.enqueue({ op: 'stop', lease: lease(`open-${i + j}`), params: target(`open-${i + j}`) })));
     }
     const head = await bed.ops.enqueue({ op: 'stop', lease: lease('removed-head'), params: target('removed-head') });
     const next = await bed.ops.enqueue({ op: 'destroy', lease: lease('removed-head'), params: target('removed-head') });
-    expect(await bed.ops.queue.getJobState(next.jobId)).toBe('delayed'); // parked behind the head
+    await readUntil(() => backingOff(bed, head.jobId), 20_000, 'the head backing off');
     const removedAt = Date.now();
-    await (await Job.fromId(bed.ops.queue, head.jobId))!.remove();
-    await readUntil(async () => (await bed.ops.queue.getJobState(next.jobId)) === 'waiting', 5_000, 'the next operation handed off');
+    expect(await board.remove(api, ADMIN, bed.config.LEASE_OPS_QUEUE, head.jobId)).toBe(204);
+    expect((await bed.waitForAll([next.jobId], 5_000)).get(next.jobId)).toBe('completed');
     expect(Date.now() - removedAt).toBeLessThan(1_000);
-    expect((await bed.ops.lanes.view(next.laneId)).jobs).toEqual([next.jobId]);
   });
-});
 
-describe("scenario 7: after an operator's bulk clean, the lanes that held the cleaned jobs go on at once", () => {
-  let bed: TestBed;
-  beforeAll(async () => {
-    // A sweep far away, and stops that back off for a minute.
-    bed = await TestBed.create({ LEASE_OPS_SWEEP_INTERVAL_MS: '60000', LEASE_OPS_SWEEP_STALE_MS: '60000', LEASE_OPS_BACKOFF_BASE_MS: '60000', LEASE_OPS_BACKOFF_CAP_MS: '60000' });
-    await bed.startWorker(stopsBackOff());
-  });
-  afterAll(() => bed.close());
-
-  it('delayed jobs cleaned (a backing-off head and the one parked behind it): a new operation of that lease runs within a second', async () => {
+  it('delayed jobs cleaned in bulk (a backing-off head and the one parked behind it): a new operation of that lease runs within a second', async () => {
+    const startedAt = Date.now();
     const head = await bed.ops.enqueue({ op: 'stop', lease: lease('cleaned'), params: target('cleaned') });
     await bed.ops.enqueue({ op: 'destroy', lease: lease('cleaned'), params: target('cleaned') });
     await readUntil(() => backingOff(bed, head.jobId), 10_000, 'the head backing off');
+    // Bull Board cleans only jobs older than 5 s.
+    await readUntil(async () => Date.now() > startedAt + 5_200, 10_000, 'the jobs 5 s old');
     const cleanedAt = Date.now();
-    expect(await bed.ops.queue.clean(0, 1_000, 'delayed')).toHaveLength(2);
-    await readUntil(async () => (await bed.ops.lanes.openLaneCount()) === 0, 5_000, 'the lane forgotten');
+    expect(await board.clean(api, ADMIN, bed.config.LEASE_OPS_QUEUE, 'delayed')).toBe(200);
+    await readUntil(async () => (await bed.ops.lanes.view(head.laneId)).jobs.length === 0, 5_000, 'the lane emptied');
     const after = await bed.ops.enqueue({ op: 'destroy', lease: lease('cleaned'), params: target('cleaned') });
     expect((await bed.waitForAll([after.jobId], 5_000)).get(after.jobId)).toBe('completed');
     expect(Date.now() - cleanedAt).toBeLessThan(2_000);

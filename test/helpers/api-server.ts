@@ -38,3 +38,22 @@ export async function startTestApi(bed: TestBed, log: Logger = createLogger({ le
     },
   };
 }
+
+/** What an operator does in Bull Board (read-write): remove one job, or clean a state. Resolves with the HTTP status. */
+export const board = {
+  async remove(api: TestApi, token: string, queue: string, jobId: string): Promise<number> {
+    return boardPut(api, token, `/board/api/queues/${encodeURIComponent(queue)}/${encodeURIComponent(jobId)}/clean`);
+  },
+  async clean(api: TestApi, token: string, queue: string, state: string): Promise<number> {
+    return boardPut(api, token, `/board/api/queues/${encodeURIComponent(queue)}/clean/${state}`);
+  },
+};
+
+async function boardPut(api: TestApi, token: string, path: string): Promise<number> {
+  const res = await fetch(`${api.base}${path}`, {
+    method: 'PUT',
+    headers: { authorization: `Basic ${Buffer.from(`operator:${token}`).toString('base64')}`, origin: api.base, 'sec-fetch-site': 'same-origin' },
+  });
+  await res.arrayBuffer();
+  return res.status;
+}

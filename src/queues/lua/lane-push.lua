@@ -87,4 +87,9 @@ if waits then
   rcall('HSET', jobKey, 'lo:parked', '1')
   return {'queued'}
 end
+-- It is the head now: if it went ahead of a head backing off, the lane's progress (dated
+-- when that retry comes due) is now.
+if mode == 'front' then
+  rcall('ZADD', k.lanes, 'XX', now, laneId)
+end
 return {'next', jobId, handOff(k, jobPrefix, jobId, false)}

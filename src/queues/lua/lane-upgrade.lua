@@ -43,4 +43,6 @@ rcall('ZADD', k.lanes, 'NX', ARGV[4], ARGV[3])
 if queueFront(k, ARGV[5], stopJob) then
   return {'queued', stopJob}
 end
+-- The head now, perhaps ahead of one backing off: the lane's progress is now.
+rcall('ZADD', k.lanes, 'XX', ARGV[4], ARGV[3])
 return {'next', stopJob, handOff(k, ARGV[5], stopJob, false)}

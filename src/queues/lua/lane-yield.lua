@@ -12,6 +12,7 @@
   ARGV[5] lane id: a lane waiting out a backoff shows progress due then, so the sweep (which
   reads lanes quiet since a while) passes it by until its retry is late; an operator's
   removal of the head is repaired by its event (LeaseWorker), not by the sweep
+  ARGV[6] now (ms)
 
   Returns 1, or 0 for a stale attempt.
 ]]
@@ -25,13 +26,18 @@ if holder[1] ~= ARGV[1] or holder[2] ~= ARGV[2] then
 end
 rcall('DEL', k.holder)
 rcall('ZADD', k.backingOff, ARGV[4], ARGV[1])
-rcall('ZADD', k.lanes, 'XX', ARGV[4], ARGV[5])
 -- A backing-off front job keeps its place: front jobs keep their order among themselves.
 if rcall('HEXISTS', ARGV[3] .. ARGV[1], 'lo:front') == 1 then
+  rcall('ZADD', k.lanes, 'XX', ARGV[4], ARGV[5])
   return 1
 end
 local last = frontBlockEnd(k, ARGV[3], 1)
-if last then
+if not last then
+  -- Nothing goes ahead of it: the lane waits for this retry.
+  rcall('ZADD', k.lanes, 'XX', ARGV[4], ARGV[5])
+  return 1
+end
+do
   local waiting = rcall('LRANGE', k.list, 1, rcall('LPOS', k.list, last))
   for i = 1, #waiting do
     rcall('LREM', k.list, 1, waiting[i])
@@ -39,6 +45,8 @@ if last then
   for i = #waiting, 1, -1 do
     rcall('LPUSH', k.list, waiting[i])
   end
-  advanceLane(k, ARGV[3], '', false)
+  -- The force-stops go now: the lane's progress is now, not when this retry comes due.
+  rcall('ZADD', k.lanes, 'XX', ARGV[6], ARGV[5])
+  advanceLane(k, ARGV[3], ARGV[5], false)
 end
 return 1
