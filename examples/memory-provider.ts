@@ -2,7 +2,7 @@
 // Run it with: LEASE_OPS_PROVIDERS=./examples/memory-provider.ts npx lease-ops worker
 // Jobs reach it as lease.provider = "memory".
 import { randomUUID } from 'node:crypto';
-import { PermanentError, SettlingError, type LeaseProvider, type OperationContext, type ProviderFactory } from 'lease-ops';
+import { SettlingError, type LeaseProvider, type OperationContext, type ProviderFactory } from 'lease-ops';
 
 type State = 'started' | 'starting' | 'stopping' | 'stopped';
 interface Sandbox {
@@ -18,15 +18,15 @@ const createProvider: ProviderFactory = (env) => {
   const sandboxes = new Map<string, Sandbox>();
 
   // Always read fresh: a transition may have ended since the last call. Report what you
-  // saw (ctx.observe): that is how lease-ops finds sandboxes stuck in `stopping`.
+  // saw (ctx.observe): that is how lease-ops finds sandboxes stuck in `stopping`. Another
+  // company's or environment's sandbox reads as one that does not exist: nothing of it is
+  // recorded or returned.
   const read = (ctx: OperationContext, id: string): Sandbox | undefined => {
-    const sb = sandboxes.get(id);
+    const found = sandboxes.get(id);
+    const sb = found && found.companyId === ctx.lease.companyId && found.environmentId === ctx.lease.environmentId ? found : undefined;
     if (sb && Date.now() >= sb.settlesAt) {
       if (sb.state === 'starting') sb.state = 'started';
       if (sb.state === 'stopping') sb.state = 'stopped';
-    }
-    if (sb && (sb.companyId !== ctx.lease.companyId || sb.environmentId !== ctx.lease.environmentId)) {
-      throw new PermanentError('lease_environment_mismatch', `sandbox ${id} belongs to another environment`);
     }
     if (!sb) ctx.observe(id, { kind: 'gone' });
     else if (sb.state === 'started') ctx.observe(id, { kind: 'running' });

@@ -81,6 +81,14 @@ describe('queue limits', () => {
     expect([viaApi.status, ((await viaApi.json()) as { error: { code: string } }).error.code]).toEqual([429, 'queue_full']);
     expect((await client.getLease(lease('d'))).queuedTotal).toBe(0);
 
+    // Issue 12, scenario 5: another tenant's backlog never keeps a force-stop out; only
+    // force-stops of its own lease count against it (lease a has one waiting already).
+    expect((await enqueue('d', 'force-stop', { providerLeaseId: 'd' })).status).toBe(202);
+    expect((await enqueue('a', 'force-stop', { providerLeaseId: 'a' })).status).toBe(202);
+    expect((await enqueue('a', 'force-stop', { providerLeaseId: 'a' })).status).toBe(202);
+    const fourth = await enqueue('a', 'force-stop', { providerLeaseId: 'a' });
+    expect([fourth.status, ((await fourth.json()) as { error: { code: string } }).error.code]).toEqual([429, 'lease_queue_full']);
+
     // Drained, the same idempotency key is a fresh request, accepted.
     hold.open();
     const all = (await bed.ops.queue.getJobs(['wait', 'delayed', 'active', 'prioritized'])).map((j) => j.id!);

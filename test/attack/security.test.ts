@@ -9,6 +9,7 @@ import { TokenAuthority } from '../../src/api/auth.ts';
 import { startApiServer } from '../../src/api/server.ts';
 import { ConfigError, loadConfig } from '../../src/config.ts';
 import { createLogger } from '../../src/logger.ts';
+import { DaytonaFake } from '../../src/fakes/daytona-fake.ts';
 import { createDaytonaProvider } from '../../src/providers/daytona/index.ts';
 import { ProviderRegistry } from '../../src/providers/registry.ts';
 import { LeaseWorker } from '../../src/queues/worker.ts';
@@ -324,6 +325,36 @@ describe('issue 12, scenario 12: a provider no worker serves is refused at enque
       expect((await post('recording')).status).toBe(202);
     } finally {
       await api.close();
+    }
+  });
+});
+
+describe('issue 12, scenario 2: a foreign sandbox and a missing one look the same', () => {
+  it("company B naming company A's sandbox under its own lease learns nothing of it, and A's sandbox runs on", async () => {
+    const fake = new DaytonaFake({ apiKey: 'k', timings: { create: 5, start: 5, stop: 5, forceStop: 0, destroy: 5 } });
+    const apiUrl = await fake.listen();
+    bed = await TestBed.create({ LEASE_OPS_API_TOKENS: TOKEN });
+    try {
+      await bed.startWorker(createDaytonaProvider({ apiUrl, apiKey: 'k', rateLimits: { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null } }));
+      const a = await bed.ops.enqueue({ op: 'acquire', lease: { provider: 'daytona', companyId: 'acme', environmentId: 'prod', leaseId: 'a-lease' }, params: { runId: 'r' } });
+      expect((await bed.waitForAll([a.jobId])).get(a.jobId)).toBe('completed');
+      const sandbox = ((await bed.ops.queue.getJob(a.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+      const asB = (leaseId: string) => ({ provider: 'daytona', companyId: 'globex', environmentId: 'prod', leaseId });
+      const foreign = await bed.ops.enqueue({ op: 'stop', lease: asB(sandbox), params: { providerLeaseId: sandbox } });
+      const missing = await bed.ops.enqueue({ op: 'stop', lease: asB('no-such-sandbox'), params: { providerLeaseId: 'no-such-sandbox' } });
+      const ended = await bed.waitForAll([foreign.jobId, missing.jobId]);
+      expect(ended.get(foreign.jobId)).toBe(ended.get(missing.jobId));
+      const api = await startTestApi(bed);
+      const client = api.client;
+      const [f, m] = await Promise.all([client.getLease(asB(sandbox)), client.getLease(asB('no-such-sandbox'))]);
+      // Seen the same way, but for when it was seen.
+      const seen = (observed: unknown, id: string) => JSON.stringify({ ...(observed as object), since: 0, observedAt: 0 }).replaceAll(id, 'X');
+      expect(seen(f.observed, sandbox)).toBe(seen(m.observed, 'no-such-sandbox'));
+      expect(JSON.stringify(f)).not.toMatch(/acme|started/);
+      expect(fake.stateOf(sandbox)).toBe('started');
+      await api.close();
+    } finally {
+      await fake.close();
     }
   });
 });

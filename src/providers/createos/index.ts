@@ -220,12 +220,20 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
     return parsed.data;
   };
 
-  /** A fresh read; null when the sandbox is unknown to CreateOS (404). */
+  /**
+   * A fresh read; null when the sandbox is unknown to CreateOS (404) or is not the lease's
+   * company and environment's: a foreign sandbox and a missing one look the same, so nothing
+   * of another tenant's is recorded or returned.
+   */
   const readHandle = async (ctx: OperationContext, id: string): Promise<{ handle: Sandbox; sb: View } | null> => {
     try {
       const handle = await clientFor(ctx).getSandbox(id, options(ctx));
       const sb = view(handle.data);
-      if (belongs(ctx, sb)) ctx.observe(sb.id, createosState(sb.status));
+      if (!belongs(ctx, sb)) {
+        ctx.observe(id, { kind: 'gone' });
+        return null;
+      }
+      ctx.observe(sb.id, createosState(sb.status));
       return { handle, sb };
     } catch (err) {
       if (isSandboxNotFound(err)) {

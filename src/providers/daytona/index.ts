@@ -232,13 +232,19 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
     return parsed.data;
   };
   /**
-   * A fresh read by id or name; null when the sandbox does not exist (404). What it saw is
-   * recorded only for the lease's own sandbox; a lookup by name before a create records nothing.
+   * A fresh read by id or name; null when the sandbox does not exist (404) or is not the
+   * lease's company and environment's: a foreign sandbox and a missing one look the same, so
+   * nothing of another tenant's is recorded or returned. A lookup by name before a create
+   * records nothing.
    */
   const read = async (ctx: OperationContext, idOrName: string, lookup = false): Promise<SandboxReply | null> => {
     try {
       const sb = parseReply((await send(ctx, 'authenticated', (o) => api.getSandbox(idOrName, org, undefined, o))).data);
-      if (belongs(ctx, sb)) ctx.observe(sb.id, daytonaState(sb));
+      if (!belongs(ctx, sb)) {
+        if (!lookup) ctx.observe(idOrName, { kind: 'gone' });
+        return null;
+      }
+      ctx.observe(sb.id, daytonaState(sb));
       return sb;
     } catch (err) {
       if (isSandboxNotFound(err)) {

@@ -64,7 +64,19 @@ if maxPerLane > 0 and mode ~= 'front' then
     return {'full', 'lease', inLane}
   end
 end
-if maxQueued > 0 then
+if maxPerLane > 0 and mode == 'front' then
+  -- A force-stop goes ahead of a full lane, and of a full queue (another tenant's backlog
+  -- must never keep one out); only force-stops of its own lease count against it.
+  -- Counted as queueFront places them: after an executing head that is not one of them.
+  local head = rcall('LINDEX', k.list, 0)
+  local from = (head and rcall('HEXISTS', k.holder, 'job') == 1 and rcall('HEXISTS', jobPrefix .. head, 'lo:front') == 0) and 1 or 0
+  local last = frontBlockEnd(k, jobPrefix, from)
+  local fronts = last and (rcall('LPOS', k.list, last) + 1 - from) or 0
+  if fronts >= maxPerLane then
+    return {'full', 'lease', fronts}
+  end
+end
+if maxQueued > 0 and mode ~= 'front' then
   local queued = rcall('ZCARD', k.delayed) + rcall('LLEN', k.wait)
   if queued > maxQueued then
     return {'full', 'queue', queued - 1}
