@@ -5,7 +5,7 @@ import { Redis } from 'ioredis';
 import { loadConfig, type Config } from '../src/config.ts';
 import type { LeaseIdentity } from '../src/lease.ts';
 import { buildJobData, OperationsQueue } from '../src/queues/operations-queue.ts';
-import { createRedis } from '../src/queues/redis.ts';
+import { createRedis, deleteKeysUnder } from '../src/queues/redis.ts';
 import { REAL_TIMING, scenario } from '../src/demo.ts';
 
 const WORKERS = 2;
@@ -97,15 +97,6 @@ async function pool<T>(items: T[], width: number, fn: (item: T) => Promise<unkno
   );
 }
 
-async function clearPrefix(redis: Redis, prefix: string): Promise<void> {
-  let cursor = '0';
-  do {
-    const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}*`, 'COUNT', 1000);
-    cursor = next;
-    if (keys.length) await redis.unlink(...keys);
-  } while (cursor !== '0');
-}
-
 async function countKeys(redis: Redis, pattern: string): Promise<number> {
   let cursor = '0';
   let n = 0;
@@ -135,7 +126,7 @@ const leaseOf = (i: number): LeaseIdentity => ({ provider: 'noop', companyId: 'b
 async function plainRun(jobs: number, leases: number): Promise<number> {
   const config = benchConfig('{lease-ops-bench-plain}');
   const redis = singleRedis(config.REDIS_URL);
-  await clearPrefix(redis, config.LEASE_OPS_PREFIX);
+  await deleteKeysUnder(redis, config.LEASE_OPS_PREFIX);
   const queue = new Queue(config.LEASE_OPS_QUEUE, { connection: redis, prefix: config.LEASE_OPS_PREFIX });
   const batch = 1_000;
   for (let i = 0; i < jobs; i += batch) {
@@ -154,7 +145,7 @@ async function plainRun(jobs: number, leases: number): Promise<number> {
   const seconds = (performance.now() - t0) / 1000;
   await stopWorkers(children);
   await queue.close();
-  await clearPrefix(redis, config.LEASE_OPS_PREFIX);
+  await deleteKeysUnder(redis, config.LEASE_OPS_PREFIX);
   redis.disconnect();
   return jobs / seconds;
 }
@@ -174,7 +165,7 @@ interface LanesRun {
 async function lanesRun(jobs: number, leases: number, recordTimings = false, workers = WORKERS): Promise<LanesRun> {
   const config = benchConfig('{lease-ops-bench-lanes}');
   const redis = singleRedis(config.REDIS_URL);
-  await clearPrefix(redis, config.LEASE_OPS_PREFIX);
+  await deleteKeysUnder(redis, config.LEASE_OPS_PREFIX);
   const ops = new OperationsQueue(redis, config);
   const children = await startWorkers('lanes', config, workers);
   // Warm up, enough to fill BullMQ's event stream to its cap (10,000 events), so the memory
@@ -202,7 +193,7 @@ async function lanesRun(jobs: number, leases: number, recordTimings = false, wor
   const laneKeysLeft = await countKeys(redis, `${config.LEASE_OPS_PREFIX}:lane:*`);
   await stopWorkers(children);
   await ops.close();
-  await clearPrefix(redis, config.LEASE_OPS_PREFIX);
+  await deleteKeysUnder(redis, config.LEASE_OPS_PREFIX);
   redis.disconnect();
   return { opsPerS: jobs / seconds, timings, memBefore, memAfter, laneKeysLeft, keysBefore, keysAfter };
 }

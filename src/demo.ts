@@ -6,6 +6,7 @@ import type { LeaseIdentity } from './lease.ts';
 import { createLogger } from './logger.ts';
 import { createDaytonaProvider } from './providers/daytona/index.ts';
 import { ProviderRegistry } from './providers/registry.ts';
+import { createRedis, deleteKeysUnder } from './queues/redis.ts';
 import { LeaseWorker } from './queues/worker.ts';
 import { redisOrPrivate } from './redis-server.ts';
 import { maskUrl } from './secrets.ts';
@@ -50,7 +51,7 @@ export async function runDemo(opts: { quick: boolean }): Promise<{ withWatchdogS
 
 export const REAL_TIMING: Timing = { stuckMs: 30_000, scanMs: 5_000, deadlineMs: 60_000, transitionMs: 1_000 };
 
-export async function scenario(base: Config, t: Timing, watchdog: boolean, print = true): Promise<{ seconds: number; summary: string }> {
+export async function scenario(base: Config, t: Timing, watchdog: boolean, print = true): Promise<{ seconds: number; summary: string; prefix: string }> {
   const out = print ? (line: string) => process.stdout.write(`${line}\n`) : () => undefined;
   const config: Config = {
     ...base,
@@ -98,11 +99,15 @@ export async function scenario(base: Config, t: Timing, watchdog: boolean, print
     out(`  ${at()}  sandbox is ${fake.stateOf(sandbox)}`);
     return {
       seconds,
+      prefix: config.LEASE_OPS_PREFIX,
       summary: result.state === 'completed' ? `completed ${seconds.toFixed(1)} s after it was queued` : `failed after ${seconds.toFixed(1)} s (${result.error})`,
     };
   } finally {
     await client.close();
     await worker.close();
     await fake.close();
+    // The demo's keys go with it: a run leaves nothing in the Redis it used.
+    const redis = createRedis(config.REDIS_URL);
+    await deleteKeysUnder(redis, config.LEASE_OPS_PREFIX).finally(() => redis.disconnect());
   }
 }

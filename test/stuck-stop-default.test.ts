@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { REAL_TIMING, scenario } from '../src/demo.ts';
-import { testConfig } from './helpers/env.ts';
+import { createRedis } from '../src/queues/redis.ts';
+import { REDIS_URL, scanKeys, testConfig } from './helpers/env.ts';
 
 describe('the stuck-stop watchdog at its default settings (30 s budget, 5 s scans)', () => {
   it('forces a stop that ignores SIGTERM after the budget, and the queued resume completes within budget + scan + 2 s', { timeout: 90_000 }, async () => {
@@ -10,5 +11,12 @@ describe('the stuck-stop watchdog at its default settings (30 s budget, 5 s scan
     // Never before the graceful budget: a stop that might still finish on its own is left alone.
     expect(r.seconds).toBeGreaterThan(REAL_TIMING.stuckMs / 1000);
     expect(r.seconds).toBeLessThan((REAL_TIMING.stuckMs + REAL_TIMING.scanMs) / 1000 + 2);
+    // And the demo leaves nothing in the Redis it used.
+    const redis = createRedis(REDIS_URL);
+    try {
+      expect(await scanKeys(redis, `${r.prefix}*`)).toEqual([]);
+    } finally {
+      redis.disconnect();
+    }
   });
 });

@@ -52,3 +52,17 @@ export async function pingWithin(redis: RedisClient, ms: number): Promise<void> 
     clearTimeout(timer);
   }
 }
+
+/** Deletes every key under a prefix (on each master of a cluster): what a demo or a bench run wrote. */
+export async function deleteKeysUnder(redis: RedisClient, prefix: string): Promise<void> {
+  for (const node of redis instanceof Cluster ? redis.nodes('master') : [redis]) {
+    let cursor = '0';
+    do {
+      const [next, keys] = await node.scan(cursor, 'MATCH', `${prefix}*`, 'COUNT', 1000);
+      cursor = next;
+      // One key at a time on a cluster: keys under one prefix share its hash tag, but UNLINK
+      // with many keys is refused across slots should a prefix have none.
+      if (keys.length) await (redis instanceof Cluster ? Promise.all(keys.map((k) => node.unlink(k))) : node.unlink(...keys));
+    } while (cursor !== '0');
+  }
+}
