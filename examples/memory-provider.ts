@@ -85,8 +85,8 @@ const createProvider: ProviderFactory = (env) => {
         return { providerLeaseId, disposition: resourceDisposition, state: sb.state === 'started' ? 'running' : 'stopped' };
       }
       if (resourceDisposition === 'destroy') {
-        read(ctx, providerLeaseId);
-        sandboxes.delete(providerLeaseId);
+        // Only what read() found is this lease's to delete: another tenant's reads as gone.
+        if (read(ctx, providerLeaseId)) sandboxes.delete(providerLeaseId);
         return { providerLeaseId, disposition: resourceDisposition, state: 'destroyed' };
       }
       return { providerLeaseId, disposition: resourceDisposition, state: stop(ctx, providerLeaseId).state };
@@ -103,8 +103,8 @@ const createProvider: ProviderFactory = (env) => {
     },
     async destroy(ctx, { providerLeaseId }) {
       await ctx.fence();
-      read(ctx, providerLeaseId);
-      sandboxes.delete(providerLeaseId); // deleting what is gone is success
+      // Only what read() found is this lease's to delete; deleting what is gone is success.
+      if (read(ctx, providerLeaseId)) sandboxes.delete(providerLeaseId);
       return { providerLeaseId, state: 'destroyed' };
     },
     async status(ctx, { providerLeaseId }) {

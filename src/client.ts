@@ -4,7 +4,7 @@ import { loadConfig, type Config } from './config.ts';
 import { InvalidRequestError, OperationNotFoundError, WaitTimeoutError } from './errors.ts';
 import { LeaseIdentitySchema, type LeaseIdentity } from './lease.ts';
 import type { OperationName, OperationParams } from './operations.ts';
-import { Inspector, type AttentionItem, type LeaseView, type OperationView, type QueueOverview } from './queues/inspect.ts';
+import { Inspector, type AttentionItem, type AttentionReason, type LeaseView, type OperationView, type QueueOverview } from './queues/inspect.ts';
 import { LeaseRecords } from './queues/lease-records.ts';
 import { OperationsQueue, type Enqueued } from './queues/operations-queue.ts';
 import { createRedis, type RedisClient } from './queues/redis.ts';
@@ -124,8 +124,13 @@ export class LeaseOpsClient {
   }
 
   /** Leases stuck stopping, whose last operation failed, or whose lane is blocked. */
-  leasesNeedingAttention(limit = 200): Promise<AttentionItem[]> {
-    return this.inspector.attention(limit);
+  leasesNeedingAttention(limit = 200, visible?: (lease: LeaseIdentity | null) => boolean): Promise<AttentionItem[]> {
+    return this.inspector.attention(limit, visible);
+  }
+
+  /** Leases needing attention, counted by reason (see Inspector.attentionCounts). */
+  attentionCounts(): Promise<Record<AttentionReason, number>> {
+    return this.inspector.attentionCounts();
   }
 
   /** The whole queue at a glance: operations by state, open lanes, leases needing attention. */

@@ -1,6 +1,6 @@
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { LeaseOpsClient } from './client.ts';
-import type { AttentionReason, OperationState } from './queues/inspect.ts';
+import type { OperationState } from './queues/inspect.ts';
 
 /**
  * Prometheus metrics (prom-client). Each process has one registry: a worker replica counts
@@ -68,7 +68,7 @@ export function queueMetrics(client: LeaseOpsClient, opts: { bullmqTotals: boole
   const lanes = new Gauge({ name: 'lease_ops_lanes_open', help: 'Leases with operations in their lane', registers: [queueRegistry] });
   const attention = new Gauge({
     name: 'lease_ops_leases_needing_attention',
-    help: 'Leases stuck stopping, whose last operation failed, or whose lane is blocked',
+    help: 'Leases stuck stopping and whose last operation failed (exact), and whose lane is blocked (among the first 200 quiet lanes and running jobs)',
     labelNames: ['reason'] as const,
     registers: [queueRegistry],
   });
@@ -77,8 +77,7 @@ export function queueMetrics(client: LeaseOpsClient, opts: { bullmqTotals: boole
     const overview = await client.overview();
     for (const [state, n] of Object.entries(overview.counts) as [OperationState, number][]) depth.set({ state }, n);
     lanes.set(overview.openLanes);
-    const byReason: Record<AttentionReason, number> = { stuck_stopping: 0, last_operation_failed: 0, blocked: 0 };
-    for (const item of overview.attention) byReason[item.reason]++;
+    const byReason = await client.attentionCounts();
     for (const [reason, n] of Object.entries(byReason)) attention.set({ reason }, n);
     blocked.set(byReason.blocked);
     const [own, queue, bullmq] = await Promise.all([

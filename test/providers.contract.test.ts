@@ -110,6 +110,12 @@ for (const [name, make] of Object.entries(SUBJECTS)) {
       const foreign = await s.provider.stop(ctx('m1', 'env-b'), { providerLeaseId }).then((r) => r, (e: unknown) => e);
       expect(JSON.stringify(foreign).replaceAll(providerLeaseId, 'X')).toBe(JSON.stringify(missing).replaceAll('no-such-sandbox', 'X'));
       expect((await s.provider.status(ctx('m1'), { providerLeaseId })).kind).toBe('running');
+      // Nor can another environment force it, destroy it, or release it destroying it.
+      const other = ctx('m1', 'env-b');
+      await s.provider.forceStop(other, { providerLeaseId }).catch(() => undefined);
+      await s.provider.destroy(other, { providerLeaseId }).catch(() => undefined);
+      await s.provider.release(other, { providerLeaseId, leaseMetadata: {}, cancelActiveWork: false, resourceDisposition: 'destroy' }).catch(() => undefined);
+      expect((await s.provider.status(ctx('m1'), { providerLeaseId })).kind).toBe('running');
     });
 
     it('releases with each disposition', async () => {

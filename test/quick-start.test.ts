@@ -24,7 +24,9 @@ function copyOfRepo(): string {
   const dir = mkdtempSync(join(tmpdir(), 'lease-ops-quick-start-'));
   const files = execFileSync('git', ['ls-files', '--cached', '--others', '--exclude-standard', '-z'], { cwd: ROOT, encoding: 'utf8' })
     .split('\0')
-    .filter(Boolean);
+    // A node_modules symlink is not ignored by `node_modules/` (a directory pattern): copied,
+    // the copy's npm ci would empty the modules it points at.
+    .filter((file) => file && file.split('/')[0] !== 'node_modules');
   for (const file of files) {
     mkdirSync(dirname(join(dir, file)), { recursive: true });
     try {

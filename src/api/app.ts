@@ -73,11 +73,12 @@ function sameOriginWrites(req: Request, _res: Response, next: NextFunction): voi
  * once the board says it removed a job of the operations queue, that job's lane (its id
  * names it) gets the sweep's repair at once; after a bulk clean or an empty, every lane.
  * Bull Board's routes (@bull-board/api routes.js): PUT queues/:queue/:jobId/clean removes
- * one job; PUT queues/:queue/clean/:status and PUT queues/:queue/empty remove many.
+ * one job; PUT queues/:queue/clean/:status, .../empty and .../obliterate remove many.
  */
 function repairAfterBoardRemovals(ops: LeaseOpsClient['ops'], log: Logger) {
-  const one = /^\/api\/queues\/([^/]+)\/([^/]+)\/clean$/;
-  const many = /^\/api\/queues\/([^/]+)\/(?:clean\/[^/]+|empty)$/;
+  // As Bull Board's express router matches them: any case, a trailing slash or not.
+  const one = /^\/api\/queues\/([^/]+)\/([^/]+)\/clean\/?$/i;
+  const many = /^\/api\/queues\/([^/]+)\/(?:clean\/[^/]+|empty|obliterate)\/?$/i;
   return (req: Request, res: Response, next: NextFunction): void => {
     if (req.method !== 'PUT') return next();
     const path = req.path;
@@ -218,7 +219,8 @@ export function createApiApp(deps: ApiDeps): express.Express {
 
   v1.get('/attention', async (_req, res) => {
     const principal = res.locals.principal as Principal;
-    const items = (await client.leasesNeedingAttention()).filter((item) => canSee(principal, item.lease));
+    // Read with the scope, not filtered after: another company's items never crowd a caller's out.
+    const items = await client.leasesNeedingAttention(200, (lease) => canSee(principal, lease));
     res.json({ items });
   });
 

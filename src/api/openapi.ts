@@ -37,7 +37,10 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
       title: 'lease-ops',
       version,
       description: 'Sandbox lease operations, one at a time per lease and in order, across worker replicas.',
+      license: { name: 'MIT', identifier: 'MIT' },
     },
+    // Relative: the document is served by the API it describes, wherever that listens.
+    servers: [{ url: '/', description: 'the lease-ops API serving this document' }],
     components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' } } },
     security: [{ bearer: [] }],
     paths: {

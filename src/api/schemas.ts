@@ -60,10 +60,11 @@ export const OperationPathSchema = z.strictObject({
 });
 
 export const WaitQuerySchema = z.strictObject({
-  waitMs: z.coerce
-    .number()
-    .int()
-    .min(0)
+  // Decimal digits only: no `0x10`, no `1e3`, no empty value.
+  waitMs: z
+    .string()
+    .regex(/^\d{1,9}$/, 'waitMs is a whole number of milliseconds (decimal digits)')
+    .transform(Number)
     .optional()
     .meta({ description: 'wait up to this long (capped by LEASE_OPS_API_MAX_WAIT_MS) for the operation to end before answering' }),
 });

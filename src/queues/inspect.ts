@@ -183,51 +183,92 @@ export class Inspector {
   /**
    * Leases that need a person or the watchdog: sandboxes stuck in `stopping`, leases whose
    * last operation failed, and lanes whose head has made no progress for too long.
+   *
+   * `visible` keeps a caller to its own leases (a scoped token): each kind is read a page at
+   * a time until `limit` of its items are visible or it has no more, so no other company's
+   * items, however many, hide a caller's own.
    */
-  async attention(limit = 200): Promise<AttentionItem[]> {
+  async attention(limit = 200, visible: (lease: LeaseIdentity | null) => boolean = () => true): Promise<AttentionItem[]> {
     const now = Date.now();
     // How long a sandbox has been stopping is counted in Redis' clock, the one it was recorded in.
     const redisNow = await this.records.now();
+    const page = Math.max(limit, ATTENTION_PAGE);
     // Each kind is read for all its lanes at once: a scrape of /metrics asks for this too.
     const [stuck, failures, quiet, running] = await Promise.all([
-      this.records.stoppingSinceWithScores(redisNow - this.limits.stuckStoppingMs, limit),
-      this.ops.lanes.failures(limit),
-      this.ops.lanes.quietLanes(now - this.limits.blockedAfterMs, limit),
+      this.pagedVisible(page, limit, visible, async (offset) => {
+        const pairs = await this.records.stoppingSinceWithScores(redisNow - this.limits.stuckStoppingMs, page, offset);
+        return { read: pairs.length, items: await Promise.all(pairs.map(([laneId, since]) => this.stuckItem(laneId, since, redisNow))) };
+      }),
+      this.pagedVisible(page, limit, visible, async (offset) => {
+        const entries = await this.ops.lanes.failures(page, offset);
+        return { read: entries.length, items: await Promise.all(entries.map((entry) => this.failureItem(entry))) };
+      }),
+      this.pagedVisible(page, limit, visible, async (offset) => {
+        const laneIds = await this.ops.lanes.quietLanes(now - this.limits.blockedAfterMs, page, offset);
+        return { read: laneIds.length, items: await Promise.all(laneIds.map((laneId) => this.blockedHead(laneId, now))) };
+      }),
       // The sweep marks a lane whose head runs as seen, so a head running past its deadline
       // is found among the running jobs (as many as the workers' concurrency), not the quiet lanes.
-      this.ops.queue.getActive(0, limit - 1),
-    ]);
-    const overdue = running.flatMap((job): AttentionItem[] => {
-      const parsed = OperationJobDataSchema.safeParse(job.data);
-      const laneId = job.id ? laneIdOfJobId(job.id) : null;
-      if (!parsed.success || !laneId || quiet.includes(laneId) || now <= parsed.data.deadlineAt) return [];
-      const { op, lease, deadlineAt } = parsed.data;
-      return [{ laneId, lease, reason: 'blocked', since: job.processedOn ?? deadlineAt, detail: `${op} ${job.id} is still running past its deadline` }];
-    });
-    const items = await Promise.all([
-      ...stuck.map(async ([laneId, since]): Promise<AttentionItem> => {
-        const record = await this.records.get(laneId);
-        return {
-          laneId,
-          lease: record?.lease ?? null,
-          reason: 'stuck_stopping',
-          since,
-          detail: `sandbox ${record?.providerLeaseId ?? '?'} has been ${record?.providerState ?? 'stopping'} for ${Math.round((redisNow - since) / 1000)} s`,
-        };
+      this.pagedVisible(page, limit, visible, async (offset) => {
+        const jobs = await this.ops.queue.getActive(offset, offset + page - 1);
+        return { read: jobs.length, items: jobs.map((job) => overdueItem(job, now)) };
       }),
-      ...failures.map(async ({ laneId, jobId, at }): Promise<AttentionItem> => {
-        const failed = await this.operation(jobId);
-        return {
-          laneId,
-          lease: failed?.lease ?? (await this.records.get(laneId))?.lease ?? null,
-          reason: 'last_operation_failed',
-          since: at,
-          detail: failed?.error ? `${failed.op} failed: ${failed.error.code}: ${failed.error.message.replace(`${failed.error.code}: `, '')}` : `operation ${jobId} failed`,
-        };
-      }),
-      ...quiet.map((laneId) => this.blockedHead(laneId, now)),
     ]);
-    return [...items, ...overdue].filter((item): item is AttentionItem => item !== null).slice(0, limit);
+    const quietLanes = new Set(quiet.map((item) => item.laneId));
+    return [...stuck, ...failures, ...quiet, ...running.filter((item) => !quietLanes.has(item.laneId))].slice(0, limit);
+  }
+
+  /**
+   * How many leases need attention, by reason, for the gauges: stuck and failed ones counted
+   * exactly from their indexes; blocked ones among the first `limit` quiet lanes and
+   * running jobs (each needs a look at its head).
+   */
+  async attentionCounts(limit = 200): Promise<Record<AttentionReason, number>> {
+    const redisNow = await this.records.now();
+    const [stuck, failed, items] = await Promise.all([
+      this.records.stoppingCount(redisNow - this.limits.stuckStoppingMs),
+      this.ops.lanes.failureCount(),
+      this.attention(limit),
+    ]);
+    return { stuck_stopping: stuck, last_operation_failed: failed, blocked: items.filter((item) => item.reason === 'blocked').length };
+  }
+
+  /** Reads pages of one kind of attention item until `limit` are visible or there are no more. */
+  private async pagedVisible(
+    page: number,
+    limit: number,
+    visible: (lease: LeaseIdentity | null) => boolean,
+    read: (offset: number) => Promise<{ read: number; items: (AttentionItem | null)[] }>,
+  ): Promise<AttentionItem[]> {
+    const found: AttentionItem[] = [];
+    for (let offset = 0; found.length < limit; offset += page) {
+      const { read: count, items } = await read(offset);
+      for (const item of items) if (item && visible(item.lease)) found.push(item);
+      if (count < page) break;
+    }
+    return found.slice(0, limit);
+  }
+
+  private async stuckItem(laneId: string, since: number, redisNow: number): Promise<AttentionItem> {
+    const record = await this.records.get(laneId);
+    return {
+      laneId,
+      lease: record?.lease ?? null,
+      reason: 'stuck_stopping',
+      since,
+      detail: `sandbox ${record?.providerLeaseId ?? '?'} has been ${record?.providerState ?? 'stopping'} for ${Math.round((redisNow - since) / 1000)} s`,
+    };
+  }
+
+  private async failureItem({ laneId, jobId, at }: { laneId: string; jobId: string; at: number }): Promise<AttentionItem> {
+    const failed = await this.operation(jobId);
+    return {
+      laneId,
+      lease: failed?.lease ?? (await this.records.get(laneId))?.lease ?? null,
+      reason: 'last_operation_failed',
+      since: at,
+      detail: failed?.error ? `${failed.op} failed: ${failed.error.code}: ${failed.error.message.replace(`${failed.error.code}: `, '')}` : `operation ${jobId} failed`,
+    };
   }
 
   /** A lane's head that should have moved by now: not picked up, left parked, or past its deadline. */
@@ -269,6 +310,18 @@ export class Inspector {
     };
   }
 }
+
+/** A running job past its deadline, as an attention item; null for any other. */
+function overdueItem(job: Job, now: number): AttentionItem | null {
+  const parsed = OperationJobDataSchema.safeParse(job.data);
+  const laneId = job.id ? laneIdOfJobId(job.id) : null;
+  if (!parsed.success || !laneId || now <= parsed.data.deadlineAt) return null;
+  const { op, lease, deadlineAt } = parsed.data;
+  return { laneId, lease, reason: 'blocked', since: job.processedOn ?? deadlineAt, detail: `${op} ${job.id} is still running past its deadline` };
+}
+
+/** Attention items are read this many at a time per kind. */
+const ATTENTION_PAGE = 500;
 
 function parseOutcome(text: string | null): StoredOutcome | null {
   if (!text) return null;

@@ -288,8 +288,8 @@ export class Lanes {
     return this.client.zrange(this.lanesKey, 0, -1);
   }
 
-  async quietLanes(olderThan: number, limit = 500): Promise<string[]> {
-    return this.client.zrangebyscore(this.lanesKey, '-inf', olderThan, 'LIMIT', 0, limit);
+  async quietLanes(olderThan: number, limit = 500, offset = 0): Promise<string[]> {
+    return this.client.zrangebyscore(this.lanesKey, '-inf', olderThan, 'LIMIT', offset, limit);
   }
 
   async view(laneId: string): Promise<{ jobs: string[]; holder: { job: string; token: string } | null }> {

@@ -358,3 +358,30 @@ describe('issue 12, scenario 2: a foreign sandbox and a missing one look the sam
     }
   });
 });
+
+describe('issue 12, scenario 4: no company hides another\'s attention items', () => {
+  it("company A's 1,600 failed leases leave company B's 3 in B's view, and A's token sees only A's", { timeout: 60_000 }, async () => {
+    const B_TOKEN = 'globex_0123456789-scoped';
+    bed = await TestBed.create({ LEASE_OPS_API_TOKENS: JSON.stringify([{ token: TOKEN }, { token: B_TOKEN, companyId: 'globex' }]) });
+    await bed.startWorker(createRecordingProvider({ name: 'recording', behaviour: () => 'permanent' }).provider);
+    const stop = (companyId: string, leaseId: string) =>
+      bed!.ops.enqueue({ op: 'stop', lease: { provider: 'recording', companyId, environmentId: 'prod', leaseId }, params: { providerLeaseId: leaseId } });
+    // B's first, so A's 1,600 come after them in every index.
+    const b = await Promise.all(['b1', 'b2', 'b3'].map((id) => stop('globex', id)));
+    await bed.waitForAll(b.map((x) => x.jobId));
+    const a: string[] = [];
+    for (let i = 0; i < 1_600; i += 200) a.push(...(await Promise.all(Array.from({ length: 200 }, (_, j) => stop('acme', `a${i + j}`)))).map((x) => x.jobId));
+    await bed.waitForAll(a, 50_000);
+    const api = await startTestApi(bed);
+    try {
+      const attention = async (token: string) =>
+        ((await (await fetch(`${api.base}/v1/attention`, { headers: { authorization: `Bearer ${token}` } })).json()) as { items: { lease: { companyId: string; leaseId: string } }[] }).items;
+      const seenByB = await attention(B_TOKEN);
+      expect(seenByB.map((item) => item.lease.leaseId).sort()).toEqual(['b1', 'b2', 'b3']);
+      const seenByAdmin = await attention(TOKEN);
+      expect(seenByAdmin).toHaveLength(200); // a page
+    } finally {
+      await api.close();
+    }
+  });
+});

@@ -65,8 +65,8 @@ if maxPerLane > 0 and mode ~= 'front' then
   end
 end
 if maxPerLane > 0 and mode == 'front' then
-  -- A force-stop goes ahead of a full lane, and of a full queue (another tenant's backlog
-  -- must never keep one out); only force-stops of its own lease count against it.
+  -- A force-stop goes ahead of a full lane; only force-stops of its own lease count
+  -- against it.
   -- Counted as queueFront places them: after an executing head that is not one of them.
   local head = rcall('LINDEX', k.list, 0)
   local from = (head and rcall('HEXISTS', k.holder, 'job') == 1 and rcall('HEXISTS', jobPrefix .. head, 'lo:front') == 0) and 1 or 0
@@ -76,9 +76,12 @@ if maxPerLane > 0 and mode == 'front' then
     return {'full', 'lease', fronts}
   end
 end
-if maxQueued > 0 and mode ~= 'front' then
+if maxQueued > 0 then
+  -- Force-stops have room of their own above the limit (a tenth of it, at least 100), so
+  -- a backlog of other operations never keeps one out; past that room they are refused too.
+  local limit = mode == 'front' and (maxQueued + math.max(100, math.floor(maxQueued / 10))) or maxQueued
   local queued = rcall('ZCARD', k.delayed) + rcall('LLEN', k.wait)
-  if queued > maxQueued then
+  if queued > limit then
     return {'full', 'queue', queued - 1}
   end
 end

@@ -70,6 +70,6 @@ if rcall('ZSCORE', k.delayed, head) and (rcall('HEXISTS', jobKey, 'lo:parked') =
 end
 
 -- A head backing off shows progress when its retry comes due: the sweep passes it by till then.
-local due = tonumber(rcall('ZSCORE', k.backingOff, head))
+local due = rcall('ZSCORE', k.delayed, head) and tonumber(rcall('ZSCORE', k.backingOff, head))
 rcall('ZADD', k.lanes, 'XX', (due and due > tonumber(now)) and due or now, laneId)
 return {'healthy'}

@@ -57,6 +57,8 @@ local function handOff(k, jobPrefix, jobId, lazyMarker)
   forgetCoalescing(k, jobId)
   local jobKey = jobPrefix .. jobId
   if rcall('ZREM', k.delayed, jobId) == 1 then
+    -- Handed off early (a force-stop ahead of it ended): no longer backing off.
+    rcall('ZREM', k.backingOff, jobId)
     local token = tostring(rcall('INCR', k.fence))
     rcall('HSET', k.holder, 'job', jobId, 'token', token)
     local waiting = rcall('LPUSH', k.wait, jobId)
