@@ -68,6 +68,8 @@ describe('the lease-ops commands', () => {
     const after = await fetch(`${apiUrl}/readyz`);
     expect(after.status).toBe(200);
     expect(await after.json()).toMatchObject({ status: 'ready', redis: 'ok', workers: 1 });
+    // Its own /readyz listens a moment after the worker says it started.
+    await worker.waitForLog('worker metrics listening');
     expect((await fetch(`http://127.0.0.1:${metricsPort}/readyz`)).status).toBe(200);
   });
 
