@@ -100,6 +100,8 @@ export interface ChaosReport {
   overlaps_across_data_loss: number;
   order_violations: number;
   lost: number;
+  /** Failures whose reason starts with no code: every failure must carry a documented one. */
+  uncoded_failures: number;
   stale_calls: number;
   blocked_lanes: number;
   leftover_keys: number;
@@ -424,6 +426,8 @@ interface MainRecords {
   failed_by_reason: Record<string, number>;
   failed_by_op: Record<string, number>;
   lost: number;
+  /** Failures whose reason starts with no code (every failure must carry a documented one). */
+  uncoded_failures: number;
   blocked_lanes: number;
   leftover_keys: number;
   /** Sandboxes completed acquires handed out (the phases add theirs). */
@@ -452,6 +456,7 @@ async function checkRecords(input: {
   let completed = 0;
   let failed = 0;
   let lost = 0;
+  let uncoded = 0;
   for (const id of acceptedAll) {
     const state = await ops.queue.getJobState(id);
     const job = await ops.queue.getJob(id);
@@ -463,7 +468,12 @@ async function checkRecords(input: {
     } else if (state === 'failed') {
       failed++;
       const reason = job?.failedReason ?? '';
-      const code = /^([a-z_]+):/.exec(reason)?.[1] ?? reason.slice(0, 40);
+      const coded = /^([a-z_]+):/.exec(reason)?.[1];
+      if (!coded) {
+        uncoded++;
+        note(`failed without a code: ${id} (${job?.name}, started ${job?.attemptsStarted} times, made ${job?.attemptsMade}, stalled ${job?.stalledCounter}): ${reason}`);
+      }
+      const code = coded ?? reason.slice(0, 40);
       failedByReason[code] = (failedByReason[code] ?? 0) + 1;
       const byOp = `${job?.name ?? '?'} ${(job?.data as { lease?: { provider?: string } } | undefined)?.lease?.provider ?? '?'}: ${code}`;
       failedByOp[byOp] = (failedByOp[byOp] ?? 0) + 1;
@@ -488,6 +498,7 @@ async function checkRecords(input: {
     failed_by_reason: failedByReason,
     failed_by_op: failedByOp,
     lost,
+    uncoded_failures: uncoded,
     blocked_lanes: blocked,
     leftover_keys: leftover,
     owned,
@@ -635,6 +646,7 @@ function checkCalls(input: {
     overlaps_across_data_loss: all.acrossLoss,
     order_violations: orderViolations,
     lost: main.lost + input.dataLoss.lost_after + input.scale.lost,
+    uncoded_failures: main.uncoded_failures,
     stale_calls: before.stale + after.stale,
     blocked_lanes: main.blocked_lanes + input.scale.blocked_lanes,
     leftover_keys: main.leftover_keys,
@@ -711,6 +723,7 @@ export function formatReport(r: ChaosReport): string {
     ['calls to one sandbox at once (any, reads included)', String(r.sandbox_call_overlaps)],
     ['order violations', String(r.order_violations)],
     ['lost operations', String(r.lost)],
+    ['failures without a code', String(r.uncoded_failures)],
     ['calls by stale attempts after fencing', String(r.stale_calls)],
     ['lanes left blocked', String(r.blocked_lanes)],
     ['lane keys left behind', String(r.leftover_keys)],
@@ -738,6 +751,7 @@ export function violations(r: ChaosReport): number {
     r.sandbox_call_overlaps +
     r.order_violations +
     r.lost +
+    r.uncoded_failures +
     r.stale_calls +
     r.blocked_lanes +
     r.leftover_keys +

@@ -7,7 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 import { readCallFile } from '../helpers/invariants.ts';
 import { createRecordingProvider } from '../helpers/recording-provider.ts';
-import { lease, QUICK_RECOVERY, TestBed, workerEnv } from '../helpers/env.ts';
+import { gate, lease, QUICK_RECOVERY, TestBed, workerEnv } from '../helpers/env.ts';
 import { WorkerProcess } from '../helpers/worker-process.ts';
 
 const BIN = fileURLToPath(new URL('../../bin/lease-ops.js', import.meta.url));
@@ -134,5 +134,38 @@ describe('scenario 4: Bull Board\'s retry of a failed operation runs it again', 
     expect((await bed.ops.queue.getJob(jobId))!.returnvalue).toEqual({ providerLeaseId: 'r4', state: 'stopped' });
     // Its lane was joined and left again: nothing stays behind.
     expect(await bed.laneKeys()).toEqual([]);
+  });
+});
+
+describe('a stale attempt never fails its operation', () => {
+  let bed: TestBed | undefined;
+  afterEach(async () => {
+    await bed?.close();
+    bed = undefined;
+  });
+
+  it("its lane's token moved on while BullMQ still counts it the job's runner: the operation retries and completes (it failed 'attempt of ... is stale', no code)", async () => {
+    bed = await TestBed.create();
+    const reached = gate<void>();
+    const proceed = gate<void>();
+    const { provider, calls } = createRecordingProvider({
+      callsPerOp: 2,
+      behaviour: async ({ ctx }) => {
+        if (ctx.attempt === 1) {
+          reached.open();
+          await proceed.promise;
+        }
+        return 'ok' as const;
+      },
+    });
+    await bed.startWorker(provider);
+    const { jobId, laneId } = await bed.ops.enqueue({ op: 'stop', lease: lease('moved-on'), params: { providerLeaseId: 'moved-on' } });
+    await reached.promise;
+    // The lane now names another token for this job (its BullMQ lock is untouched): the
+    // attempt's next fenced call finds itself stale.
+    await bed.redis.hset(bed.ops.lanes.execKey(laneId), 'token', '999999999');
+    proceed.open();
+    expect((await bed.waitForAll([jobId], 10_000)).get(jobId)).toBe('completed');
+    expect(calls.filter((c) => c.end && c.attempt === 2).length).toBeGreaterThan(0);
   });
 });
