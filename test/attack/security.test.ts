@@ -385,3 +385,22 @@ describe('issue 12, scenario 4: no company hides another\'s attention items', ()
     }
   });
 });
+
+describe('issue 12, scenario 14 (part): the OpenAPI document and the query integers', () => {
+  it('waitMs takes decimal digits only (0x10, 1e3 and an empty value are 400), and the document names its server and license', async () => {
+    bed = await TestBed.create({ LEASE_OPS_API_TOKENS: TOKEN });
+    const api = await startTestApi(bed);
+    try {
+      const { jobId } = await bed.ops.enqueue({ op: 'stop', lease: { provider: 'recording', companyId: 'co', environmentId: 'env', leaseId: 'q' }, params: { providerLeaseId: 'q' } });
+      const read = (query: string) => fetch(`${api.base}/v1/operations/${jobId}?${query}`, { headers: { authorization: `Bearer ${TOKEN}` } }).then((r) => r.status);
+      expect(await read('waitMs=0')).toBe(200);
+      expect(await read('waitMs=10')).toBe(200);
+      for (const bad of ['waitMs=0x10', 'waitMs=1e3', 'waitMs=', 'waitMs=-1', 'waitMs=1.5']) expect({ bad, status: await read(bad) }).toEqual({ bad, status: 400 });
+      const document = (await (await fetch(`${api.base}/v1/openapi.json`)).json()) as { servers?: unknown[]; info: { license?: { name: string } } };
+      expect(document.servers?.length).toBeGreaterThan(0);
+      expect(document.info.license?.name).toBe('MIT');
+    } finally {
+      await api.close();
+    }
+  });
+});
