@@ -63,13 +63,14 @@ end
 
 -- A delayed head is backing off (lane-yield listed it) or parked: marked so, or not listed
 -- as backing off and not the holder (a job stored again under the id of one that ended).
-if rcall('ZSCORE', k.delayed, head) and (rcall('HEXISTS', jobKey, 'lo:parked') == 1
-    or (not rcall('ZSCORE', k.backingOff, head) and rcall('HGET', k.holder, 'job') ~= head)) then
+local delayed = rcall('ZSCORE', k.delayed, head)
+local retryDue = delayed and rcall('ZSCORE', k.backingOff, head)
+if delayed and (rcall('HEXISTS', jobKey, 'lo:parked') == 1 or (not retryDue and rcall('HGET', k.holder, 'job') ~= head)) then
   rcall('ZADD', k.lanes, 'XX', now, laneId)
   return {'handed', head, handOff(k, jobPrefix, head, false)}
 end
 
 -- A head backing off shows progress when its retry comes due: the sweep passes it by till then.
-local due = rcall('ZSCORE', k.delayed, head) and tonumber(rcall('ZSCORE', k.backingOff, head))
+local due = retryDue and tonumber(retryDue)
 rcall('ZADD', k.lanes, 'XX', (due and due > tonumber(now)) and due or now, laneId)
 return {'healthy'}
