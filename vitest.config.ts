@@ -2,7 +2,7 @@ import { defineConfig } from 'vitest/config';
 
 // The suites that cover the lane, retries, fencing and the watchdog run twice: against the
 // shared Redis, and against a local 3-master Redis Cluster that the `cluster` project starts.
-const ON_CLUSTER = ['test/lane.test.ts', 'test/lane-scripts.test.ts', 'test/fencing.test.ts', 'test/watchdog.test.ts', 'test/on-cluster.test.ts'];
+const ON_CLUSTER = ['test/partitioned.test.ts', 'test/lane.test.ts', 'test/lane-scripts.test.ts', 'test/fencing.test.ts', 'test/watchdog.test.ts', 'test/on-cluster.test.ts'];
 
 export default defineConfig({
   test: {
@@ -13,8 +13,8 @@ export default defineConfig({
     reporters: ['default', './test/helpers/summary-reporter.ts'],
     hookTimeout: 30_000,
     projects: [
-      { extends: true, test: { name: 'redis', include: ['test/**/*.test.ts'], exclude: ['test/on-cluster.test.ts'] } },
-      { extends: true, test: { name: 'cluster', include: ON_CLUSTER, globalSetup: ['test/helpers/cluster-setup.ts'] } },
+      { extends: true, test: { name: 'redis', include: ['test/**/*.test.ts'], exclude: ['test/on-cluster.test.ts'], globalSetup: ['test/helpers/build-setup.ts'] } },
+      { extends: true, test: { name: 'cluster', include: ON_CLUSTER, globalSetup: ['test/helpers/build-setup.ts', 'test/helpers/cluster-setup.ts'] } },
     ],
   },
 });

@@ -1,21 +1,29 @@
 import { fork, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
+import { barChartSvg, histogramSvg, stackSvg } from '../src/charts.ts';
 import { loadConfig, type Config } from '../src/config.ts';
 import type { LeaseIdentity } from '../src/lease.ts';
 import { buildJobData, OperationsQueue } from '../src/queues/operations-queue.ts';
 import { createRedis, deleteKeysUnder } from '../src/queues/redis.ts';
-import { REAL_TIMING, scenario } from '../src/demo.ts';
+import { REAL_TIMING, runningScenarioPrefixes, scenario } from '../src/demo.ts';
+import { exitEarlyOnSignals } from '../src/runtime.ts';
+import { maskUrl } from '../src/secrets.ts';
+import { measureRedis, type RedisCost } from './redis-cost.ts';
 
 const WORKERS = 2;
 const CONCURRENCY = 50;
 const out = (line: string) => process.stderr.write(`${line}\n`);
 
-interface Figures {
+export interface Figures {
   lanes_ops_per_s: number;
   plain_bullmq_jobs_per_s: number;
   ratio_vs_plain: number;
+  groupmq_jobs_per_s: number;
+  ratio_vs_groupmq: number;
   hot_lease_ops_per_s: number;
   hot_lease_one_worker_ops_per_s: number;
   handoff_one_worker_p50_ms: number;
@@ -31,9 +39,10 @@ interface Figures {
   loads: Record<string, number>;
 }
 
-function benchConfig(prefix: string): Config {
+export function benchConfig(prefix: string, overrides: Record<string, string> = {}): Config {
   return loadConfig({
     ...process.env,
+    ...overrides,
     LEASE_OPS_PREFIX: prefix,
     LEASE_OPS_CONCURRENCY: String(CONCURRENCY),
     LEASE_OPS_KEEP_COMPLETED_S: '0',
@@ -44,28 +53,66 @@ function benchConfig(prefix: string): Config {
   });
 }
 
-async function startWorkers(mode: 'plain' | 'lanes', config: Config, count = WORKERS): Promise<ChildProcess[]> {
+const PLAIN_PREFIX = '{lease-ops-bench-plain}';
+export const LANES_PREFIX = '{lease-ops-bench-lanes}';
+/** groupmq's namespace; its keys are `groupmq:<namespace>:...`. */
+const GROUPMQ_NAMESPACE = '{lease-ops-bench-groupmq}';
+const liveWorkers = new Set<ChildProcess>();
+
+/**
+ * Ctrl-C or SIGTERM mid-run (exitEarlyOnSignals exits 130 or 143 after it): the worker
+ * processes are killed and every key the bench wrote (its two prefixes and a running
+ * scenario's) deleted.
+ */
+async function cleanUpAfterSignal(signal: NodeJS.Signals): Promise<void> {
+  process.stderr.write(`bench: ${signal}: stopping the workers and deleting the bench's keys\n`);
+  for (const child of liveWorkers) child.kill('SIGKILL');
+  const redis = createRedis(loadConfig().REDIS_URL);
+  try {
+    await Promise.all([PLAIN_PREFIX, LANES_PREFIX, `groupmq:${GROUPMQ_NAMESPACE}`, ...runningScenarioPrefixes].map((prefix) => deleteKeysUnder(redis, prefix)));
+  } finally {
+    redis.disconnect();
+  }
+}
+
+export async function startWorkers(mode: 'plain' | 'groupmq' | 'lanes', config: Config, count = WORKERS): Promise<ChildProcess[]> {
   const env = {
     ...process.env,
     REDIS_URL: config.REDIS_URL,
     LEASE_OPS_PREFIX: config.LEASE_OPS_PREFIX,
+    LEASE_OPS_PARTITIONS: String(config.LEASE_OPS_PARTITIONS),
     LEASE_OPS_CONCURRENCY: String(CONCURRENCY),
     LEASE_OPS_KEEP_COMPLETED_S: '0',
   };
   const children = Array.from({ length: count }, () =>
     fork(new URL('./worker-child.ts', import.meta.url).pathname, [mode], { env, execArgv: ['--import', 'tsx'] }),
   );
+  for (const child of children) {
+    liveWorkers.add(child);
+    child.once('exit', () => liveWorkers.delete(child));
+  }
   await Promise.all(children.map((c) => once(c, 'message')));
   return children;
 }
 
-async function stopWorkers(children: ChildProcess[]): Promise<void> {
+export async function stopWorkers(children: ChildProcess[]): Promise<void> {
   await Promise.all(
     children.map(async (c) => {
       c.send('stop');
       await once(c, 'exit');
     }),
   );
+}
+
+/** The worker processes' CPU time so far (user + system, µs), summed. */
+export async function workersCpuUs(children: ChildProcess[]): Promise<number> {
+  let total = 0;
+  for (const c of children) {
+    c.send('cpu');
+    const [msg] = (await once(c, 'message')) as [{ cpu: NodeJS.CpuUsage }];
+    total += msg.cpu.user + msg.cpu.system;
+  }
+  return total;
 }
 
 async function collectTimings(children: ChildProcess[]): Promise<[bigint, bigint][]> {
@@ -88,7 +135,7 @@ async function drained(queue: Queue, redis: Redis, lanesKey: string | null): Pro
   }
 }
 
-async function pool<T>(items: T[], width: number, fn: (item: T) => Promise<unknown>): Promise<void> {
+export async function pool<T>(items: T[], width: number, fn: (item: T) => Promise<unknown>): Promise<void> {
   let i = 0;
   await Promise.all(
     Array.from({ length: width }, async () => {
@@ -117,14 +164,14 @@ function singleRedis(url: string): Redis {
 
 const usedMemory = async (redis: Redis) => Number(/used_memory:(\d+)/.exec(await redis.info('memory'))?.[1] ?? 0);
 
-const leaseOf = (i: number): LeaseIdentity => ({ provider: 'noop', companyId: 'bench', environmentId: 'env', leaseId: `lease-${i}` });
+export const leaseOf = (i: number): LeaseIdentity => ({ provider: 'noop', companyId: 'bench', environmentId: 'env', leaseId: `lease-${i}` });
 
 /**
  * Plain BullMQ: the same jobs (the same operation data as the lanes run), no lanes. Jobs are
  * added first, then timed to drain.
  */
-async function plainRun(jobs: number, leases: number): Promise<number> {
-  const config = benchConfig('{lease-ops-bench-plain}');
+export async function plainRun(jobs: number, leases: number): Promise<{ jobsPerS: number; cost: RedisCost; workerCpuUs: number }> {
+  const config = benchConfig(PLAIN_PREFIX);
   const redis = singleRedis(config.REDIS_URL);
   await deleteKeysUnder(redis, config.LEASE_OPS_PREFIX);
   const queue = new Queue(config.LEASE_OPS_QUEUE, { connection: redis, prefix: config.LEASE_OPS_PREFIX });
@@ -139,13 +186,48 @@ async function plainRun(jobs: number, leases: number): Promise<number> {
     );
   }
   const children = await startWorkers('plain', config);
+  const measured = await measureRedis([redis]);
+  const cpuBefore = await workersCpuUs(children);
   const t0 = performance.now();
   for (const c of children) c.send('go');
   await drained(queue, redis, null);
   const seconds = (performance.now() - t0) / 1000;
+  const cost = await measured();
+  const workerCpuUs = (await workersCpuUs(children)) - cpuBefore;
   await stopWorkers(children);
   await queue.close();
   await deleteKeysUnder(redis, config.LEASE_OPS_PREFIX);
+  redis.disconnect();
+  return { jobsPerS: jobs / seconds, cost, workerCpuUs };
+}
+
+/**
+ * groupmq (a per-group FIFO queue on Redis: one job per group at a time, in order): the same
+ * jobs, each lease a group. Jobs are added first, then timed to drain.
+ */
+async function groupmqRun(jobs: number, leases: number): Promise<number> {
+  const { Queue: GroupQueue } = await import('groupmq');
+  const config = benchConfig(GROUPMQ_NAMESPACE);
+  const redis = singleRedis(config.REDIS_URL);
+  const keys = `groupmq:${GROUPMQ_NAMESPACE}`;
+  await deleteKeysUnder(redis, keys);
+  // A groupmq queue quits its connection when it closes: it gets one of its own.
+  const queue = new GroupQueue({ redis: singleRedis(config.REDIS_URL), namespace: GROUPMQ_NAMESPACE, keepCompleted: 0 });
+  await pool([...Array(jobs).keys()], 200, (i) =>
+    queue.add({ groupId: leaseOf(i % leases).leaseId, data: buildJobData({ op: 'acquire', lease: leaseOf(i % leases), params: { runId: `r${i}` } }) }),
+  );
+  const children = await startWorkers('groupmq', config);
+  const t0 = performance.now();
+  for (const c of children) c.send('go');
+  for (;;) {
+    const counts = await queue.getJobCounts();
+    if (counts.waiting + counts.active + counts.delayed === 0) break;
+    await new Promise((r) => setTimeout(r, 5));
+  }
+  const seconds = (performance.now() - t0) / 1000;
+  await stopWorkers(children);
+  await queue.close();
+  await deleteKeysUnder(redis, keys);
   redis.disconnect();
   return jobs / seconds;
 }
@@ -159,11 +241,15 @@ interface LanesRun {
   /** Keys under the prefix before the load and after it drained. */
   keysBefore: number;
   keysAfter: number;
+  /** What Redis spent while the operations ran (not their enqueue). */
+  cost: RedisCost;
+  /** CPU time the worker processes spent meanwhile (µs). */
+  workerCpuUs: number;
 }
 
 /** lease-ops lanes: `jobs` operations round-robin over `leases` leases, added first, then timed. */
-async function lanesRun(jobs: number, leases: number, recordTimings = false, workers = WORKERS): Promise<LanesRun> {
-  const config = benchConfig('{lease-ops-bench-lanes}');
+export async function lanesRun(jobs: number, leases: number, recordTimings = false, workers = WORKERS): Promise<LanesRun> {
+  const config = benchConfig(LANES_PREFIX);
   const redis = singleRedis(config.REDIS_URL);
   await deleteKeysUnder(redis, config.LEASE_OPS_PREFIX);
   const ops = new OperationsQueue(redis, config);
@@ -183,10 +269,14 @@ async function lanesRun(jobs: number, leases: number, recordTimings = false, wor
   await pool([...Array(jobs).keys()], 200, (i) =>
     ops.enqueue({ op: 'acquire', lease: leaseOf(i % leases), params: { runId: `r${i}` } }),
   );
+  const measured = await measureRedis([redis]);
+  const cpuBefore = await workersCpuUs(children);
   const t0 = performance.now();
   await ops.queue.resume();
   await drained(ops.queue, redis, ops.lanes.lanesKey);
   const seconds = (performance.now() - t0) / 1000;
+  const cost = await measured();
+  const workerCpuUs = (await workersCpuUs(children)) - cpuBefore;
   const timings = await collectTimings(children);
   const memAfter = await usedMemory(redis);
   const keysAfter = await countKeys(redis, `${config.LEASE_OPS_PREFIX}*`);
@@ -195,7 +285,7 @@ async function lanesRun(jobs: number, leases: number, recordTimings = false, wor
   await ops.close();
   await deleteKeysUnder(redis, config.LEASE_OPS_PREFIX);
   redis.disconnect();
-  return { opsPerS: jobs / seconds, timings, memBefore, memAfter, laneKeysLeft, keysBefore, keysAfter };
+  return { opsPerS: jobs / seconds, timings, memBefore, memAfter, laneKeysLeft, keysBefore, keysAfter, cost, workerCpuUs };
 }
 
 const ROUNDS = 5;
@@ -217,7 +307,38 @@ function percentile(sorted: number[], p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
 }
 
-export async function runBench(opts: { json: boolean; quick: boolean }): Promise<Figures> {
+/** What the charts draw: each round's figure, and every hand-off of the hot lease. */
+export interface BenchSamples {
+  lanesRounds: number[];
+  plainRounds: number[];
+  groupmqRounds: number[];
+  handoffsMs: number[];
+}
+
+/**
+ * Writes the figures as JSON and, next to it, an SVG of throughput per scenario (lanes and
+ * plain BullMQ with each round as a dot) over the hand-off latency distribution. Returns
+ * both paths.
+ */
+export function writeBenchFiles(figures: Figures, samples: BenchSamples, dir: string, stamp = new Date().toISOString().replace(/[:.]/g, '-')): { json: string; svg: string } {
+  mkdirSync(dir, { recursive: true });
+  const json = join(dir, `bench-${stamp}.json`);
+  const svg = join(dir, `bench-${stamp}.svg`);
+  writeFileSync(json, `${JSON.stringify({ ...figures, samples }, null, 2)}\n`);
+  const bars = barChartSvg('Throughput (operations or jobs per second)', '/s', [
+    { label: `lanes, ${figures.loads.leases} leases (median)`, value: figures.lanes_ops_per_s, samples: samples.lanesRounds },
+    { label: 'plain BullMQ, same jobs (median)', value: figures.plain_bullmq_jobs_per_s, samples: samples.plainRounds, colour: '#8a94a3' },
+    { label: 'groupmq, same jobs (median)', value: figures.groupmq_jobs_per_s, samples: samples.groupmqRounds, colour: '#b0a27a' },
+    { label: 'one hot lease', value: figures.hot_lease_ops_per_s },
+    { label: 'one hot lease, one worker process', value: figures.hot_lease_one_worker_ops_per_s },
+    { label: `${figures.loads.many_leases} leases, one op each`, value: figures.many_leases_ops_per_s },
+  ]);
+  const histogram = histogramSvg('Hand-off latency, one hot lease (end of one operation to start of the next)', samples.handoffsMs);
+  writeFileSync(svg, stackSvg([bars, histogram]));
+  return { json, svg };
+}
+
+export async function runBench(opts: { json: boolean; quick: boolean; out?: string }): Promise<Figures> {
   const scale = opts.quick ? 0.1 : 1;
   const loads = {
     jobs: Math.round(20_000 * scale),
@@ -225,18 +346,23 @@ export async function runBench(opts: { json: boolean; quick: boolean }): Promise
     hot_ops: Math.round(2_000 * scale),
     many_leases: Math.round(100_000 * scale),
   };
-  out(`bench: ${WORKERS} worker processes x concurrency ${CONCURRENCY}, Redis ${loadConfig().REDIS_URL}`);
+  out(`bench: ${WORKERS} worker processes x concurrency ${CONCURRENCY}, Redis ${maskUrl(loadConfig().REDIS_URL)}`);
+  const stopCleaningUp = exitEarlyOnSignals(cleanUpAfterSignal);
   // (a) and (b) alternate over several rounds and report medians: on a small shared machine
   // one round's figure drifts, the ratio of medians measured side by side much less.
   const plainRounds: number[] = [];
+  const groupmqRounds: number[] = [];
   const lanesRounds: LanesRun[] = [];
   for (let round = 1; round <= ROUNDS; round++) {
     out(`(b) plain BullMQ, the same ${loads.jobs} jobs, round ${round}/${ROUNDS} ...`);
-    plainRounds.push(await plainRun(loads.jobs, loads.leases));
+    plainRounds.push((await plainRun(loads.jobs, loads.leases)).jobsPerS);
+    out(`(b') groupmq, the same ${loads.jobs} jobs over ${loads.leases} groups, round ${round}/${ROUNDS} ...`);
+    groupmqRounds.push(await groupmqRun(loads.jobs, loads.leases));
     out(`(a) lanes, ${loads.jobs} operations over ${loads.leases} leases, round ${round}/${ROUNDS} ...`);
     lanesRounds.push(await lanesRun(loads.jobs, loads.leases));
   }
   const plain = median(plainRounds);
+  const groupmq = median(groupmqRounds);
   const lanes = lanesRounds.sort((x, y) => x.opsPerS - y.opsPerS)[Math.floor(ROUNDS / 2)]!;
   out(`(c) one hot lease, ${loads.hot_ops} operations ...`);
   const hot = await lanesRun(loads.hot_ops, 1, true);
@@ -256,6 +382,8 @@ export async function runBench(opts: { json: boolean; quick: boolean }): Promise
     lanes_ops_per_s: Math.round(lanes.opsPerS),
     plain_bullmq_jobs_per_s: Math.round(plain),
     ratio_vs_plain: Number((lanes.opsPerS / plain).toFixed(3)),
+    groupmq_jobs_per_s: Math.round(groupmq),
+    ratio_vs_groupmq: Number((lanes.opsPerS / groupmq).toFixed(3)),
     hot_lease_ops_per_s: Math.round(hot.opsPerS),
     hot_lease_one_worker_ops_per_s: Math.round(hotOne.opsPerS),
     handoff_one_worker_p50_ms: Number(percentile(handoffsOne, 50).toFixed(3)),
@@ -270,6 +398,9 @@ export async function runBench(opts: { json: boolean; quick: boolean }): Promise
     lane_keys_left: lanesRounds.reduce((n, r) => n + r.laneKeysLeft, 0) + hot.laneKeysLeft + hotOne.laneKeysLeft + many.laneKeysLeft,
     loads,
   };
+  stopCleaningUp();
+  const files = writeBenchFiles(figures, { lanesRounds: lanesRounds.map((r) => Math.round(r.opsPerS)), plainRounds: plainRounds.map(Math.round), groupmqRounds: groupmqRounds.map(Math.round), handoffsMs: handoffs }, opts.out ?? 'bench-results');
+  out(`bench: figures in ${files.json}, charts in ${files.svg}`);
   if (opts.json) {
     process.stdout.write(`${JSON.stringify(figures)}\n`);
   } else {
@@ -277,6 +408,8 @@ export async function runBench(opts: { json: boolean; quick: boolean }): Promise
       [`(a) lanes: ${loads.jobs} ops over ${loads.leases} leases (median of ${ROUNDS})`, `${figures.lanes_ops_per_s} ops/s`],
       [`(b) plain BullMQ: the same jobs and data, no lanes (median of ${ROUNDS})`, `${figures.plain_bullmq_jobs_per_s} jobs/s`],
       [`    ratio (a)/(b)`, `${figures.ratio_vs_plain}`],
+      [`(b') groupmq: the same jobs, each lease a group (median of ${ROUNDS})`, `${figures.groupmq_jobs_per_s} jobs/s`],
+      [`    ratio (a)/(b')`, `${figures.ratio_vs_groupmq}`],
       [`(c) one hot lease: ${loads.hot_ops} ops`, `${figures.hot_lease_ops_per_s} ops/s`],
       [`    hand-off p50 / p99`, `${figures.handoff_p50_ms} / ${figures.handoff_p99_ms} ms`],
       [`    same, one worker process`, `${figures.hot_lease_one_worker_ops_per_s} ops/s, hand-off p50 ${figures.handoff_one_worker_p50_ms} ms`],

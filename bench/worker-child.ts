@@ -1,14 +1,15 @@
-// A worker process for the benchmark: plain BullMQ or lease-ops lanes, no-op jobs.
+// A worker process for the benchmark: plain BullMQ, groupmq or lease-ops lanes, no-op jobs.
 // It connects, says 'ready', starts on 'go', and on 'report' sends its op timings.
 import { Worker } from 'bullmq';
+import { Redis } from 'ioredis';
 import { loadConfig } from '../src/config.ts';
 import { createLogger } from '../src/logger.ts';
 import { ProviderRegistry } from '../src/providers/registry.ts';
 import type { LeaseProvider } from '../src/providers/types.ts';
 import { createRedis } from '../src/queues/redis.ts';
-import { LeaseWorker } from '../src/queues/worker.ts';
+import { LeaseWorkers } from '../src/queues/partitioned-worker.ts';
 
-const mode = process.argv[2] as 'plain' | 'lanes';
+const mode = process.argv[2] as 'plain' | 'groupmq' | 'lanes';
 const config = loadConfig();
 const send = (msg: unknown) => process.send?.(msg);
 /** Start of every operation, in process.hrtime ns (one clock for all processes), when asked. */
@@ -61,8 +62,22 @@ if (mode === 'plain') {
     await worker.close();
     connection.disconnect();
   };
+} else if (mode === 'groupmq') {
+  // The peer with the same per-group guarantee (one job per group at a time, in order).
+  const { Queue: GroupQueue, Worker: GroupWorker } = await import('groupmq');
+  const redis = createRedis(config.REDIS_URL);
+  if (!(redis instanceof Redis)) throw new Error('groupmq takes a single Redis server');
+  const queue = new GroupQueue({ redis, namespace: config.LEASE_OPS_PREFIX, keepCompleted: 0 });
+  let worker: InstanceType<typeof GroupWorker> | null = null;
+  // A groupmq worker starts fetching when it is made.
+  run = () => void (worker ??= new GroupWorker({ queue, handler: async () => 'ok', concurrency: config.LEASE_OPS_CONCURRENCY }));
+  close = async () => {
+    await worker?.close();
+    await queue.close();
+    redis.disconnect();
+  };
 } else {
-  const worker = new LeaseWorker(config, new ProviderRegistry([noop]), createLogger({ level: 'warn' }));
+  const worker = new LeaseWorkers(config, new ProviderRegistry([noop]), createLogger({ level: 'warn' }));
   let started = false;
   run = () => {
     if (!started) void worker.start();
@@ -74,6 +89,7 @@ if (mode === 'plain') {
 process.on('message', async (msg: string) => {
   if (msg === 'go') run();
   if (msg === 'report') send({ timings });
+  if (msg === 'cpu') send({ cpu: process.cpuUsage() });
   if (msg === 'reset') timings.length = 0;
   if (msg === 'record') recording = true;
   if (msg === 'stop') {

@@ -1,5 +1,9 @@
 #!/usr/bin/env node
-// Runs the TypeScript CLI through tsx's loader, so there is no build step to forget.
-import { register } from 'tsx/esm/api';
-register();
-await import('../src/cli.ts');
+// Runs the compiled CLI (dist/, built by `npm run build`; `npm ci` in a checkout builds it too).
+try {
+  await import('../dist/cli.js');
+} catch (err) {
+  if (err?.code !== 'ERR_MODULE_NOT_FOUND' || !String(err.message).includes('dist/cli.js')) throw err;
+  process.stderr.write('lease-ops: dist/ is missing: run `npm run build` in this checkout\n');
+  process.exit(2);
+}

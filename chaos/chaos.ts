@@ -511,14 +511,20 @@ async function checkRecords(input: {
 type CloudCall = FakeCall & { cloud: 'daytona' | 'createos' };
 
 /** Lane attempts' calls of one period: overlaps between attempts, stale calls, each job's first call. */
-function laneCallChecks(calls: CloudCall[], note: (line: string) => void, jobs: Map<string, string>) {
+function laneCallChecks(calls: CloudCall[], note: (line: string) => void, jobs: Map<string, string>, earlierAttempts = new Set<string>()) {
   const laneCalls = calls.filter((c): c is CloudCall & { attempt: string; sandboxId: string } => !!c.attempt && !!c.sandboxId);
+  // An attempt of the Redis that lost its data has a token from a counter that started
+  // again: no call of its may start once Redis is back (its confirmation went with the loss).
+  let stale = 0;
+  for (const c of laneCalls.filter((x) => earlierAttempts.has(x.attempt))) {
+    stale++;
+    note(`stale call on ${c.sandboxId}: ${c.method} ${c.path} by ${c.attempt}, an attempt from before the data loss, after Redis was back`);
+  }
   const bySandbox = new Map<string, (FakeCall & { attempt: string })[]>();
-  for (const c of laneCalls) bySandbox.set(c.sandboxId, [...(bySandbox.get(c.sandboxId) ?? []), c]);
+  for (const c of laneCalls) if (!earlierAttempts.has(c.attempt)) bySandbox.set(c.sandboxId, [...(bySandbox.get(c.sandboxId) ?? []), c]);
   const jobOf = (attempt: string) => attempt.slice(0, attempt.lastIndexOf(':'));
   const fenceOf = (attempt: string) => Number(attempt.slice(attempt.lastIndexOf(':') + 1));
   let overlaps = 0;
-  let stale = 0;
   const firstCall = new Map<string, bigint>();
   const ms = (a: bigint, b: bigint) => Number((a - b) / 1_000_000n);
   for (const [sandbox, calls] of bySandbox) {
@@ -603,7 +609,8 @@ function checkCalls(input: {
 
   // Fencing tokens start again after the data loss: lane checks look at each side apart.
   const before = laneCallChecks(calls.filter((c) => c.start < lostAt), note, main.jobs);
-  const after = laneCallChecks(calls.filter((c) => c.start >= backAt), note, main.jobs);
+  const earlier = new Set(calls.filter((c) => c.start < lostAt && c.attempt).map((c) => c.attempt!));
+  const after = laneCallChecks(calls.filter((c) => c.start >= backAt), note, main.jobs, earlier);
   const all = sandboxCallOverlaps(calls, lostAt, backAt, note);
 
   // Order: the main campaign's operations of a lease first reached the cloud in accepted

@@ -1,5 +1,5 @@
 // A complete, small lease-ops provider: copy it, replace the Map with your cloud's API.
-// Run it with: LEASE_OPS_PROVIDERS=./examples/memory-provider.ts npx lease-ops worker
+// Run it with: NODE_OPTIONS='--import tsx' LEASE_OPS_PROVIDERS=./examples/memory-provider.ts node bin/lease-ops.js worker
 // Jobs reach it as lease.provider = "memory".
 import { randomUUID } from 'node:crypto';
 import { SettlingError, type LeaseProvider, type OperationContext, type ProviderFactory } from 'lease-ops';

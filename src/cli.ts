@@ -1,14 +1,20 @@
-import { Command } from 'commander';
+import { Command, CommanderError } from 'commander';
 import { ConfigError, loadConfig } from './config.ts';
-import { exitOnSignals, loggerFor, serveWorkerMetrics, startWorker } from './runtime.ts';
+import { RedisUnavailableError } from './errors.ts';
+import { LayoutError } from './queues/layout.ts';
+import { exitEarlyOnSignals, exitOnSignals, loggerFor, reportRedisTrouble, serveWorkerMetrics, startWorker } from './runtime.ts';
 
 import type { EnqueueCliOptions, StatusCliOptions } from './cli-commands.ts';
 import { OPERATIONS } from './operations.ts';
+import { VERSION } from './version.ts';
 
 const program = new Command()
   .name('lease-ops')
   .description('Runs sandbox lease lifecycles as BullMQ jobs: one operation at a time per lease, in order, across replicas.')
-  .showHelpAfterError();
+  .version(VERSION, '-V, --version', 'print the version')
+  .showHelpAfterError()
+  // Commander's own exits (a missing option, --help) go through the catch at the end.
+  .exitOverride();
 
 program
   .command('worker')
@@ -16,8 +22,10 @@ program
   .action(async () => {
     const config = loadConfig();
     const log = loggerFor(config, 'lease-ops-worker');
+    const handOver = exitEarlyOnSignals();
     const worker = await startWorker(config, log);
     const metrics = await serveWorkerMetrics(config, worker, log);
+    handOver();
     exitOnSignals(log, async () => {
       metrics?.close();
       await worker.close();
@@ -33,8 +41,11 @@ program
       throw new ConfigError('invalid configuration:\n  LEASE_OPS_API_TOKENS="": the API needs at least one token (comma-separated, 16+ characters)');
     }
     const log = loggerFor(config, 'lease-ops-api');
+    reportRedisTrouble(config, log);
     const { startApiServer } = await import('./api/server.ts');
+    const handOver = exitEarlyOnSignals();
     const api = await startApiServer(config, log);
+    handOver();
     process.stdout.write(`lease-ops API on ${api.url}/v1, Bull Board on ${api.url}/board, metrics on ${api.url}/metrics\n`);
     exitOnSignals(log, () => api.close());
   });
@@ -51,6 +62,7 @@ program
   .option('--deadline-ms <ms>', 'deadline in ms after acceptance')
   .option('--idempotency-key <key>', 'the same key returns the same operation for 24 h')
   .option('--wait [ms]', 'wait for the operation to end (default 60000 ms) and print it')
+  .option('--json', 'print one JSON document (the receipt, and with --wait the operation)')
   .action(async (op: string, opts: EnqueueCliOptions) => {
     const { runEnqueue } = await import('./cli-commands.ts');
     process.exitCode = await runEnqueue(op, opts);
@@ -70,6 +82,45 @@ program
   });
 
 program
+  .command('partitions')
+  .description("show the deployment's partition count and each partition's lanes, jobs and workers; --set changes the count once nothing runs (docs/scaling.md)")
+  .option('--set <count>', 'the new partition count (refused while any partition has workers, open lanes or jobs)')
+  .option('--json', 'print JSON instead of text')
+  .action(async (opts: { set?: string; json?: boolean }) => {
+    const { runPartitions } = await import('./cli-commands.ts');
+    process.exitCode = await runPartitions(opts);
+  });
+
+for (const action of ['cancel', 'rerun'] as const) {
+  program
+    .command(`${action} <jobId>`)
+    .description(
+      action === 'cancel'
+        ? 'cancel a queued or backing-off operation: it leaves its lane and fails with code cancelled (never one executing); exit 1 when refused'
+        : 'run a failed operation again, at the tail of its lane, with its original time budget from now; exit 1 when refused',
+    )
+    .option('--json', 'print JSON instead of text')
+    .action(async (jobId: string, opts: { json?: boolean }) => {
+      const { runOperatorAction } = await import('./cli-commands.ts');
+      process.exitCode = await runOperatorAction(action, jobId, opts);
+    });
+}
+for (const action of ['pause', 'unpause'] as const) {
+  program
+    .command(action)
+    .description(action === 'pause' ? "pause a lease's lane: the executing operation finishes, nothing new starts until unpause" : "unpause a lease's lane: its head goes to the workers")
+    .requiredOption('--provider <name>', 'provider key')
+    .requiredOption('--company <id>', 'company id')
+    .requiredOption('--environment <id>', 'environment id')
+    .requiredOption('--lease <id>', 'lease id')
+    .option('--json', 'print JSON instead of text')
+    .action(async (opts: StatusCliOptions) => {
+      const { runOperatorAction } = await import('./cli-commands.ts');
+      process.exitCode = await runOperatorAction(action, undefined, opts);
+    });
+}
+
+program
   .command('start')
   .description('all in one: worker, simulated cloud, HTTP API with Bull Board and metrics; plays a lease lifecycle over the API, then serves')
   .option('--once', 'exit after the demo lifecycle instead of serving')
@@ -82,9 +133,10 @@ program
   .command('demo')
   .description('replay the stuck-stop incident against the local Daytona fake, with and without the watchdog')
   .option('--quick', 'a tenth of the real timings (3 s budget instead of 30 s)')
-  .action(async (opts: { quick?: boolean }) => {
+  .option('--out <file>', 'where to write the two timelines as an HTML page (default: lease-ops-demo.html in the temporary directory)')
+  .action(async (opts: { quick?: boolean; out?: string }) => {
     const { runDemo } = await import('./demo.ts');
-    await runDemo({ quick: Boolean(opts.quick) });
+    await runDemo({ quick: Boolean(opts.quick), ...(opts.out ? { out: opts.out } : {}) });
   });
 
 program
@@ -106,17 +158,37 @@ program
   .description('measure lanes against plain BullMQ on this machine and print the figures')
   .option('--json', 'print one JSON object instead of a table')
   .option('--quick', 'smaller loads, for a fast look')
-  .action(async (opts: { json?: boolean; quick?: boolean }) => {
-    const { runBench } = await import('../bench/bench.ts');
-    await runBench({ json: Boolean(opts.json), quick: Boolean(opts.quick) });
+  .option('--out <dir>', 'where to write the figures (JSON) and their charts (SVG)', 'bench-results')
+  .option('--scale', 'measure scaling instead: by worker processes, partitions (on a local Redis Cluster) and open leases, with Redis CPU per operation')
+  .action(async (opts: { json?: boolean; quick?: boolean; out: string; scale?: boolean }) => {
+    // The bench lives beside the sources, not in the package: it needs a checkout and its dev dependencies.
+    const benchModule = opts.scale ? '../bench/scale.ts' : '../bench/bench.ts';
+    const missing = (err: { code?: string }) => (['ERR_MODULE_NOT_FOUND', 'ERR_UNKNOWN_FILE_EXTENSION'].includes(err.code ?? '') ? null : Promise.reject(err));
+    type Run = (opts: { json: boolean; quick: boolean; out: string }) => Promise<unknown>;
+    const bench = (await import(benchModule).catch(missing)) as { runBench?: Run; runScale?: Run } | null;
+    if (!bench) {
+      process.stderr.write('lease-ops: bench runs from a source checkout with its dev dependencies: git clone, npm ci, npm run bench\n');
+      process.exit(2);
+    }
+    await (bench.runScale ?? bench.runBench)!({ json: Boolean(opts.json), quick: Boolean(opts.quick), out: opts.out });
   });
 
+// Exit codes (README, Commands): 0 ok, 1 the operation failed, 2 bad input, 3 a wait ended
+// before the operation did, 4 Redis unavailable.
 try {
   await program.parseAsync(process.argv);
 } catch (err) {
-  if (err instanceof ConfigError) {
+  if (err instanceof CommanderError) {
+    // Commander printed what was wrong (or the help, or the version) already.
+    process.exit(['commander.helpDisplayed', 'commander.version', 'commander.help'].includes(err.code) ? 0 : 2);
+  }
+  if (err instanceof ConfigError || err instanceof LayoutError) {
     process.stderr.write(`lease-ops: ${err.message}\n`);
     process.exit(2);
+  }
+  if (err instanceof RedisUnavailableError) {
+    process.stderr.write(`lease-ops: ${err.message}\n`);
+    process.exit(4);
   }
   throw err;
 }

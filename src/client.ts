@@ -1,15 +1,19 @@
 import { Job, QueueEvents } from 'bullmq';
 import { z } from 'zod';
 import { loadConfig, type Config } from './config.ts';
-import { InvalidRequestError, OperationNotFoundError, WaitTimeoutError } from './errors.ts';
-import { LeaseIdentitySchema, type LeaseIdentity } from './lease.ts';
+import { InvalidRequestError, OperationNotFoundError, QueueFullError, RedisUnavailableError, WaitTimeoutError } from './errors.ts';
+import { LeaseIdentitySchema, laneIdOf, laneIdOfJobId, type LeaseIdentity } from './lease.ts';
+import { partitionOfLane, partitionPrefixes } from './partitions.ts';
+import { claimPartitionLayout, heldPartitionCount, LayoutError } from './queues/layout.ts';
 import type { OperationName, OperationParams } from './operations.ts';
-import { Inspector, type AttentionItem, type AttentionReason, type LeaseView, type OperationView, type QueueOverview } from './queues/inspect.ts';
+import { OperatorActions, type CancelResult, type PauseResult, type RerunResult } from './queues/operator-actions.ts';
+import { Inspector, type AttentionItem, type AttentionReason, type LeaseTimeline, type LeaseView, type OperationView, type QueueOverview } from './queues/inspect.ts';
 import { LeaseRecords } from './queues/lease-records.ts';
 import { OperationsQueue, type Enqueued } from './queues/operations-queue.ts';
-import { createRedis, type RedisClient } from './queues/redis.ts';
+import { createRedis, isRedisUnavailable, reportRedisError, type RedisClient } from './queues/redis.ts';
+import { maskUrl } from './secrets.ts';
 
-export { IdempotencyKeyReusedError, InvalidRequestError, LeaseOpsError, OperationNotFoundError, QueueFullError, WaitTimeoutError } from './errors.ts';
+export { IdempotencyKeyReusedError, InvalidRequestError, LeaseOpsError, OperationNotFoundError, QueueFullError, RedisUnavailableError, WaitTimeoutError } from './errors.ts';
 
 export interface OperationResult {
   jobId: string;
@@ -18,8 +22,6 @@ export interface OperationResult {
   error?: string;
 }
 
-/** How long a fail-fast client waits for Redis to answer one command. */
-const FAIL_FAST_TIMEOUT_MS = 2_000;
 
 export interface EnqueueOptions {
   /** The operation fails with deadline_exceeded if it has not succeeded this many ms after acceptance. */
@@ -34,28 +36,48 @@ export interface EnqueueOptions {
  * is written.
  */
 export class LeaseOpsClient {
-  readonly ops: OperationsQueue;
-  readonly inspector: Inspector;
-  private events: Promise<QueueEvents> | null = null;
-  private eventsConnection: RedisClient | null = null;
+  /** One per partition (LEASE_OPS_PARTITIONS), in order; a lease's lives in partitions[partitionOfLane(its lane)]. */
+  readonly partitions: ClientPartition[];
   private readonly connection: RedisClient;
+  private layoutClaimed: Promise<void> | null = null;
+  private layoutClaimedAt = 0;
+
+  /** How long a call waits for Redis before RedisUnavailableError (LEASE_OPS_REDIS_TIMEOUT_MS). */
+  private readonly timeoutMs: number;
+  private lastRedisError: unknown = undefined;
 
   constructor(
     private readonly settings: Config = loadConfig(),
+    /** failFast (the default): calls fail with RedisUnavailableError while Redis does not answer. */
     opts: { failFast?: boolean } = {},
   ) {
+    this.timeoutMs = settings.LEASE_OPS_REDIS_TIMEOUT_MS;
     this.connection = createRedis(
       settings.REDIS_URL,
       // Fail fast: while Redis is unreachable a call errors within the timeout instead of
       // waiting in ioredis' offline queue, where it would run late, after its caller gave up.
-      opts.failFast ? { enableOfflineQueue: false, commandTimeout: FAIL_FAST_TIMEOUT_MS, maxRetriesPerRequest: 0 } : {},
+      (opts.failFast ?? true) ? { enableOfflineQueue: false, commandTimeout: this.timeoutMs, maxRetriesPerRequest: 0 } : {},
     );
-    this.ops = new OperationsQueue(this.connection, settings);
-    this.inspector = new Inspector(this.ops, new LeaseRecords(this.connection, settings.LEASE_OPS_PREFIX), {
-      stuckStoppingMs: settings.LEASE_OPS_STUCK_STOPPING_MS,
-      // The sweep repairs a quiet lane within stale + interval; past twice that, it is news.
-      blockedAfterMs: 2 * (settings.LEASE_OPS_SWEEP_STALE_MS + settings.LEASE_OPS_SWEEP_INTERVAL_MS),
-    });
+    this.connection.on('error', (err: unknown) => (this.lastRedisError = err));
+    this.partitions = partitionPrefixes(settings.LEASE_OPS_PREFIX, settings.LEASE_OPS_PARTITIONS).map(
+      (prefix, index) => new ClientPartition(index, { ...settings, LEASE_OPS_PREFIX: prefix }, this.connection),
+    );
+  }
+
+  /** The first partition's queue: with one partition (the default), the whole deployment's. */
+  get ops(): OperationsQueue {
+    return this.partitions[0]!.ops;
+  }
+
+  /** The partition that holds a lane (a lease's, or a job's by its id; partition 0 for an id that names none). */
+  partitionOf(lane: LeaseIdentity | string): ClientPartition {
+    const laneId = typeof lane === 'string' ? (laneIdOfJobId(lane) ?? lane) : laneIdOf(lane);
+    return this.partitions[partitionOfLane(laneId, this.partitions.length)]!;
+  }
+
+  /** Whether Redis answers on the client's connection now. */
+  get redisReady(): boolean {
+    return this.connection.status === 'ready';
   }
 
   /** Resolves once the Redis connection is up (with failFast, calls before that fail). */
@@ -75,7 +97,20 @@ export class LeaseOpsClient {
     opts: EnqueueOptions = {},
   ): Promise<Enqueued> {
     try {
-      return await this.ops.enqueue({ op, lease, params, ...opts });
+      return await this.call(async () => {
+        const partition = this.partitionOf(lease);
+        const pin = this.partitions.length > 1 ? await partition.ops.pinIdempotencyKey({ op, lease, params, ...opts }, this.settings.LEASE_OPS_PREFIX) : null;
+        try {
+          const enqueued = await partition.ops.enqueue({ op, lease, params, ...opts });
+          await pin?.settled(true);
+          return enqueued;
+        } catch (err) {
+          // Refused for sure (nothing of it was kept): its pin goes after a moment. Any other
+          // error may have come after the operation was accepted: the pin stays.
+          if (err instanceof QueueFullError || err instanceof LayoutError) await pin?.settled(false);
+          throw err;
+        }
+      });
     } catch (err) {
       if (err instanceof z.ZodError) throw InvalidRequestError.fromZod(err);
       throw err;
@@ -87,7 +122,7 @@ export class LeaseOpsClient {
    * removed after its retention). With `waitMs`, waits up to that long for it to end first.
    */
   async getOperation(jobId: string, opts: { waitMs?: number } = {}): Promise<OperationView | null> {
-    const view = await this.inspector.operation(jobId);
+    const view = await this.call(() => this.partitionOf(jobId).inspector.operation(jobId));
     return view && opts.waitMs ? this.waitForEnd(view, opts.waitMs) : view;
   }
 
@@ -97,14 +132,15 @@ export class LeaseOpsClient {
    */
   async waitForEnd(view: OperationView, waitMs: number): Promise<OperationView | null> {
     if (view.state === 'completed' || view.state === 'failed') return view;
-    const job = await Job.fromId(this.ops.queue, view.jobId);
+    const partition = this.partitionOf(view.jobId);
+    const job = await this.call(() => Job.fromId(partition.ops.queue, view.jobId));
     if (!job) return null;
     try {
-      await job.waitUntilFinished(await this.queueEvents(), waitMs);
+      await job.waitUntilFinished(await partition.queueEvents(), waitMs);
     } catch {
       // Timed out, or the job failed: either way the view below tells which.
     }
-    return this.inspector.operation(view.jobId);
+    return this.call(() => partition.inspector.operation(view.jobId));
   }
 
   /** Waits for an operation to end, driven by BullMQ's event stream (no polling). */
@@ -120,38 +156,180 @@ export class LeaseOpsClient {
   async getLease(lease: LeaseIdentity): Promise<LeaseView> {
     const parsed = LeaseIdentitySchema.safeParse(lease);
     if (!parsed.success) throw InvalidRequestError.fromZod(parsed.error);
-    return this.inspector.lease(parsed.data);
+    return this.call(() => this.partitionOf(parsed.data).inspector.lease(parsed.data));
+  }
+
+  /** A lease's lane now, its recent events (accepted, attempts, what the provider said, backoffs, the watchdog) and their operations. */
+  async getLeaseTimeline(lease: LeaseIdentity): Promise<LeaseTimeline> {
+    const parsed = LeaseIdentitySchema.safeParse(lease);
+    if (!parsed.success) throw InvalidRequestError.fromZod(parsed.error);
+    return this.call(() => this.partitionOf(parsed.data).inspector.timeline(parsed.data));
+  }
+
+  /**
+   * Cancels a queued or backing-off operation: it leaves its lane and fails with `cancelled`.
+   * OperatorActionRefusedError when it executes or ended; null when there is no such operation.
+   */
+  cancelOperation(jobId: string, by = 'client'): Promise<CancelResult | null> {
+    return this.call(() => this.partitionOf(jobId).actions.cancel(jobId, by));
+  }
+
+  /** Runs a failed operation again, with its original time budget from now (OperatorActionRefusedError unless failed). */
+  rerunOperation(jobId: string, by = 'client'): Promise<RerunResult | null> {
+    return this.call(() => this.partitionOf(jobId).actions.rerun(jobId, by));
+  }
+
+  /** Pauses a lease's lane: its executing operation finishes, nothing new starts until unpauseLane. */
+  pauseLane(lease: LeaseIdentity, by = 'client'): Promise<PauseResult> {
+    const parsed = LeaseIdentitySchema.safeParse(lease);
+    if (!parsed.success) throw InvalidRequestError.fromZod(parsed.error);
+    return this.call(() => this.partitionOf(parsed.data).actions.pause(parsed.data, by));
+  }
+
+  unpauseLane(lease: LeaseIdentity, by = 'client'): Promise<PauseResult> {
+    const parsed = LeaseIdentitySchema.safeParse(lease);
+    if (!parsed.success) throw InvalidRequestError.fromZod(parsed.error);
+    return this.call(() => this.partitionOf(parsed.data).actions.unpause(parsed.data, by));
   }
 
   /** Leases stuck stopping, whose last operation failed, or whose lane is blocked. */
-  leasesNeedingAttention(limit = 200, visible?: (lease: LeaseIdentity | null) => boolean): Promise<AttentionItem[]> {
-    return this.inspector.attention(limit, visible);
+  async leasesNeedingAttention(limit = 200, visible?: (lease: LeaseIdentity | null) => boolean): Promise<AttentionItem[]> {
+    return (await this.attentionPage(0, limit, visible)).items;
+  }
+
+  /** A page of leasesNeedingAttention from `offset`, with the offset of the next page (null at the end). */
+  async attentionPage(offset: number, limit: number, visible?: (lease: LeaseIdentity | null) => boolean): Promise<{ items: AttentionItem[]; next: number | null }> {
+    if (this.partitions.length === 1) return this.call(() => this.partitions[0]!.inspector.attentionPage(offset, limit, visible));
+    // Each partition lists its items in the same order of reasons: the first offset + limit + 1
+    // of all of them are among each one's first offset + limit + 1.
+    const lists = await this.call(() => Promise.all(this.partitions.map((p) => p.inspector.attention(offset + limit + 1, visible))));
+    const all = mergeByReason(lists);
+    return { items: all.slice(offset, offset + limit), next: all.length > offset + limit ? offset + limit : null };
   }
 
   /** Leases needing attention, counted by reason (see Inspector.attentionCounts). */
-  attentionCounts(): Promise<Record<AttentionReason, number>> {
-    return this.inspector.attentionCounts();
+  async attentionCounts(): Promise<Record<AttentionReason, number>> {
+    const counts = await this.call(() => Promise.all(this.partitions.map((p) => p.inspector.attentionCounts())));
+    return sumRecords(counts);
   }
 
   /** The whole queue at a glance: operations by state, open lanes, leases needing attention. */
-  overview(): Promise<QueueOverview> {
-    return this.inspector.overview();
+  async overview(): Promise<QueueOverview> {
+    const views = await this.call(() => Promise.all(this.partitions.map((p) => p.inspector.overview())));
+    if (views.length === 1) return views[0]!;
+    return {
+      counts: sumRecords(views.map((v) => v.counts)),
+      openLanes: views.reduce((n, v) => n + v.openLanes, 0),
+      attention: mergeByReason(views.map((v) => v.attention)).slice(0, 200),
+    };
   }
 
-  /** BullMQ's event stream for this queue (active, completed, failed, delayed, ...). */
-  queueEventStream(): Promise<QueueEvents> {
-    return this.queueEvents();
+  /** Resolves once this client's partition count is the deployment's (LayoutError if not, RedisUnavailableError without Redis). */
+  async layoutChecked(): Promise<void> {
+    await this.call(async () => undefined);
   }
 
-  private queueEvents(): Promise<QueueEvents> {
+  /** The partition count Redis holds for this deployment (null before any process ran); no claim of this client's own. */
+  heldPartitionCount(): Promise<number | null> {
+    return this.call(() => heldPartitionCount(this.connection, this.settings.LEASE_OPS_PREFIX), false);
+  }
+
+  /**
+   * Runs a call once Redis answers: within LEASE_OPS_REDIS_TIMEOUT_MS, or RedisUnavailableError
+   * (with the URL masked and the connection's last error as the cause).
+   */
+  private async call<T>(run: () => Promise<T>, claimLayout = true): Promise<T> {
+    try {
+      if (this.connection.status !== 'ready') {
+        let timer: NodeJS.Timeout | undefined;
+        await Promise.race([
+          this.connected(),
+          new Promise((_, reject) => (timer = setTimeout(() => reject(this.unavailable(this.lastRedisError)), this.timeoutMs))),
+        ]).finally(() => clearTimeout(timer));
+      }
+      if (claimLayout) await this.claimLayout();
+      return await run();
+    } catch (err) {
+      if (err instanceof RedisUnavailableError) throw err;
+      if (isRedisUnavailable(err)) throw this.unavailable(err);
+      throw err;
+    }
+  }
+
+  /**
+   * A count that differs from the deployment's is refused before any use, and looked at again
+   * every 5 s: a long-lived client learns of a change of the count.
+   */
+  private claimLayout(): Promise<void> {
+    if (this.layoutClaimed === null || Date.now() - this.layoutClaimedAt > LAYOUT_RECHECK_MS) {
+      this.layoutClaimedAt = Date.now();
+      this.layoutClaimed = claimPartitionLayout(this.connection, this.settings).catch((err: unknown) => {
+        this.layoutClaimed = null;
+        throw err;
+      });
+    }
+    return this.layoutClaimed;
+  }
+
+  private unavailable(cause: unknown): RedisUnavailableError {
+    return new RedisUnavailableError(maskUrl(this.settings.REDIS_URL), this.timeoutMs, cause === undefined ? undefined : { cause }, refusesCredentials(cause));
+  }
+
+  /** BullMQ's event stream of a partition's queue (active, completed, failed, delayed, ...); the first partition's by default. */
+  queueEventStream(partition = 0): Promise<QueueEvents> {
+    return this.partitions[partition]!.queueEvents();
+  }
+
+  /** Closes the connections; with Redis gone, gives BullMQ LEASE_OPS_REDIS_TIMEOUT_MS to close, then cuts them. */
+  async close(): Promise<void> {
+    const closing = Promise.all(this.partitions.map((p) => p.close()));
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([closing.catch(() => undefined), new Promise((resolve) => (timer = setTimeout(resolve, this.timeoutMs)))]);
+    clearTimeout(timer);
+    for (const p of this.partitions) p.disconnect();
+    this.connection.disconnect();
+  }
+}
+
+/** One partition as a client sees it: its queue and lanes, their views, operator actions and event stream. */
+export class ClientPartition {
+  readonly ops: OperationsQueue;
+  readonly actions: OperatorActions;
+  readonly inspector: Inspector;
+  private events: Promise<QueueEvents> | null = null;
+  private eventsConnection: RedisClient | null = null;
+
+  constructor(
+    readonly index: number,
+    /** The settings with this partition's prefix. */
+    readonly settings: Config,
+    connection: RedisClient,
+  ) {
+    this.ops = new OperationsQueue(connection, settings);
+    // Each wait for an operation's end listens for the queue closing; many concurrent waits are normal here.
+    this.ops.queue.setMaxListeners(0);
+    this.actions = new OperatorActions(this.ops);
+    this.inspector = new Inspector(this.ops, new LeaseRecords(connection, settings.LEASE_OPS_PREFIX), {
+      stuckStoppingMs: settings.LEASE_OPS_STUCK_STOPPING_MS,
+      // The sweep repairs a quiet lane within stale + interval; past twice that, it is news.
+      blockedAfterMs: 2 * (settings.LEASE_OPS_SWEEP_STALE_MS + settings.LEASE_OPS_SWEEP_INTERVAL_MS),
+    });
+  }
+
+  queueEvents(): Promise<QueueEvents> {
     this.events ??= (async () => {
       this.eventsConnection = createRedis(this.settings.REDIS_URL);
+      // Read from the stream's end as it is now, not from wherever it ends when the reading
+      // starts: an operation that ends in between (after its caller looked) is not missed.
+      const [last] = await this.eventsConnection.xrevrange(this.ops.queue.keys.events!, '+', '-', 'COUNT', 1);
       const events = new QueueEvents(this.settings.LEASE_OPS_QUEUE, {
         connection: this.eventsConnection,
         prefix: this.settings.LEASE_OPS_PREFIX,
+        lastEventId: last?.[0] ?? '0-0',
       });
       // Every waiting caller adds a listener; many concurrent waits are normal here.
       events.setMaxListeners(0);
+      events.on('error', reportRedisError);
       await events.waitUntilReady();
       return events;
     })();
@@ -161,7 +339,30 @@ export class LeaseOpsClient {
   async close(): Promise<void> {
     if (this.events) await (await this.events).close();
     await this.ops.close();
-    this.eventsConnection?.disconnect();
-    this.connection.disconnect();
   }
+
+  disconnect(): void {
+    this.eventsConnection?.disconnect();
+  }
+}
+
+/** How often a client looks at the deployment's partition count again. */
+const LAYOUT_RECHECK_MS = 5_000;
+
+const REASON_ORDER: AttentionReason[] = ['stuck_stopping', 'last_operation_failed', 'blocked'];
+
+/** Attention lists of several partitions as one, in the order of reasons each keeps. */
+function mergeByReason(lists: AttentionItem[][]): AttentionItem[] {
+  return REASON_ORDER.flatMap((reason) => lists.flatMap((items) => items.filter((item) => item.reason === reason)));
+}
+
+function sumRecords<K extends string>(records: Record<K, number>[]): Record<K, number> {
+  const sum = { ...records[0]! };
+  for (const record of records.slice(1)) for (const key of Object.keys(record) as K[]) sum[key] = (sum[key] ?? 0) + record[key];
+  return sum;
+}
+
+/** Whether Redis answered, but refused the credentials (a wrong or missing password). */
+function refusesCredentials(err: unknown): boolean {
+  return /NOAUTH|WRONGPASS|invalid password|invalid username/i.test(String((err as Error | undefined)?.message));
 }

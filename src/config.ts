@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { OperationNameSchema } from './operations.ts';
+import { parsePartitionList } from './partitions.ts';
 import { isClusterUrl } from './queues/redis.ts';
 import { describeSetting } from './secrets.ts';
 
@@ -57,7 +58,17 @@ const apiTokens = z
       return z.NEVER;
     }
   })
-  .pipe(z.array(ApiTokenSchema));
+  .pipe(
+    z.array(ApiTokenSchema).superRefine((tokens, ctx) => {
+      // One token, one principal: listed twice, which entry applies would be a guess.
+      const seen = new Map<string, number>();
+      tokens.forEach(({ token }, i) => {
+        const first = seen.get(token);
+        if (first !== undefined) ctx.addIssue({ code: 'custom', message: `entries ${first + 1} and ${i + 1} hold the same token` });
+        else seen.set(token, i);
+      });
+    }),
+  );
 
 const perOperation = <T extends z.ZodType>(value: T) => z.partialRecord(OperationNameSchema, value);
 /** Default deadlines may also name lease-ops' own clean-up operation. */
@@ -75,6 +86,14 @@ export const EnvSchema = z.object({
       (url) => isClusterUrl(url) || (URL.canParse(url) && /^rediss?:$/.test(new URL(url).protocol)),
       'must be redis://host:port, rediss://host:port or redis+cluster://host:port,host:port',
     )
+    .refine(
+      (url) => isClusterUrl(url) || !URL.canParse(url) || /^\/?(\d|1[0-5])?$/.test(new URL(url).pathname),
+      'the path after the host names a database from 0 to 15 (redis://host:port/0), or is left out',
+    )
+    .refine(
+      (url) => !URL.canParse(url) || new URL(url).search === '',
+      'takes no ?options (ioredis would read them as connection settings); the database goes in the path',
+    )
     .default('redis://127.0.0.1:6379'),
   /** Key prefix for every key lease-ops and BullMQ write. Must hold a {hash tag} so one
    *  Redis Cluster slot owns the whole queue and its lanes (Lua scripts touch both). */
@@ -83,6 +102,11 @@ export const EnvSchema = z.object({
     .regex(/^[^{}]*\{[^{}]+\}[^{}]*$/, 'must contain exactly one {hash tag}, e.g. {lease-ops}')
     .default('{lease-ops}'),
   LEASE_OPS_QUEUE: z.string().regex(/^[A-Za-z0-9_-]+$/).default('ops'),
+  /** How many partitions the lanes are split over (see src/partitions.ts and docs/scaling.md).
+   *  Every process of a deployment uses the same number; Redis holds it and refuses another. */
+  LEASE_OPS_PARTITIONS: z.coerce.number().int().min(1).max(256).default(1),
+  /** The partitions this worker serves: `all`, or indices and ranges such as `0,2-3`. */
+  LEASE_OPS_WORKER_PARTITIONS: z.string().default('all'),
   LEASE_OPS_CONCURRENCY: int(50, 1),
   /** BullMQ lock: a job whose worker stops renewing it for this long is stalled and re-run. */
   LEASE_OPS_LOCK_MS: int(30_000, 1_000),
@@ -113,8 +137,25 @@ export const EnvSchema = z.object({
   LEASE_OPS_DEADLINES_MS: jsonEnv(perJobOperation(z.number().int().positive().max(7 * 24 * 3_600_000))),
   /** Enqueue refuses (HTTP 429) past these: operations queued in one lease's lane (force-stops
    *  are never refused), and operations waiting, parked or backing off in all. 0 = no limit. */
+  /** How long the client, the CLI and the API wait for Redis before answering that it is unavailable. */
+  LEASE_OPS_REDIS_TIMEOUT_MS: int(2_000, 100),
   LEASE_OPS_MAX_QUEUED_PER_LEASE: int(1_000, 0),
   LEASE_OPS_MAX_QUEUED: int(1_000_000, 0),
+  /** Operations one company's lanes may hold, and one environment's (0 = no limit of its
+   *  own). Past LEASE_OPS_MAX_QUEUED, a company under its fair share still gets in. */
+  LEASE_OPS_MAX_QUEUED_PER_COMPANY: int(100_000, 0),
+  LEASE_OPS_MAX_QUEUED_PER_ENVIRONMENT: int(0, 0),
+  /** Per-company overrides, e.g. {"acme":{"maxQueued":500000,"maxQueuedPerEnvironment":0,"environments":{"prod":400000}}}. */
+  LEASE_OPS_QUEUE_LIMITS: jsonEnv(
+    z.record(
+      z.string().min(1),
+      z.strictObject({
+        maxQueued: z.number().int().min(0).optional(),
+        maxQueuedPerEnvironment: z.number().int().min(0).optional(),
+        environments: z.record(z.string().min(1), z.number().int().min(0)).optional(),
+      }),
+    ),
+  ),
   LEASE_OPS_KEEP_COMPLETED_S: int(3_600, 0),
   LEASE_OPS_KEEP_FAILED_S: int(7 * 24 * 3_600, 0),
   /** Built-in provider names or module paths, comma separated (see README, providers). */
@@ -162,5 +203,32 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     });
     throw new ConfigError(`invalid configuration:\n${lines.join('\n')}`);
   }
+  const served = parsePartitionList(parsed.data.LEASE_OPS_WORKER_PARTITIONS, parsed.data.LEASE_OPS_PARTITIONS);
+  if (typeof served === 'string') throw new ConfigError(`invalid configuration:\n  LEASE_OPS_WORKER_PARTITIONS: ${served}`);
   return parsed.data;
+}
+
+/** LEASE_OPS_ variables read outside this schema (by the providers, the fault points, the tests and tools). */
+const READ_ELSEWHERE = ['LEASE_OPS_PROVIDERS_FILE', 'LEASE_OPS_SIMULATED_URL', 'LEASE_OPS_FAULT_POINTS', 'LEASE_OPS_CHAOS', 'LEASE_OPS_CHROMIUM', 'LEASE_OPS_FUZZ_REPORT', 'LEASE_OPS_TEST_BUILT'];
+
+/**
+ * LEASE_OPS_ variables set in `env` that lease-ops does not read (a misspelling, most
+ * likely), each with the known name closest to it: the commands warn about them.
+ */
+export function unknownSettings(env: NodeJS.ProcessEnv = process.env): { name: string; closest: string }[] {
+  const known = [...Object.keys(EnvSchema.shape), ...READ_ELSEWHERE];
+  return Object.keys(env)
+    .filter((name) => name.startsWith('LEASE_OPS_') && !known.includes(name))
+    .map((name) => ({ name, closest: known.reduce((best, k) => (editDistance(name, k) < editDistance(name, best) ? k : best)) }));
+}
+
+/** Levenshtein distance, one row at a time. */
+function editDistance(a: string, b: string): number {
+  let row = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const next = [i];
+    for (let j = 1; j <= b.length; j++) next[j] = Math.min(row[j]! + 1, next[j - 1]! + 1, row[j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1));
+    row = next;
+  }
+  return row[b.length]!;
 }

@@ -12,6 +12,30 @@ export class LeaseOpsError extends Error {
   }
 }
 
+/**
+ * Redis did not answer within LEASE_OPS_REDIS_TIMEOUT_MS: nothing was written, or what was
+ * sent may still run (an idempotency key makes a retry safe). `url` is shown masked.
+ */
+export class RedisUnavailableError extends LeaseOpsError {
+  override name = 'RedisUnavailableError';
+  constructor(
+    readonly url: string,
+    readonly timeoutMs: number,
+    options?: ErrorOptions,
+    /** Redis answered but refused the credentials in REDIS_URL. */
+    readonly credentialsRefused = false,
+  ) {
+    const code = (options?.cause as { code?: unknown } | undefined)?.code;
+    super(
+      'redis_unavailable',
+      credentialsRefused
+        ? `the Redis at ${url} refuses the credentials in REDIS_URL: fix them`
+        : `no Redis answered at ${url} within ${timeoutMs} ms${typeof code === 'string' ? ` (${code})` : ''}: start Redis there, or set REDIS_URL to one that runs`,
+      options,
+    );
+  }
+}
+
 /** The request does not validate; `issues` are zod's, with the path of each bad field. */
 export class InvalidRequestError extends LeaseOpsError {
   override name = 'InvalidRequestError';
@@ -44,20 +68,27 @@ export class WaitTimeoutError extends LeaseOpsError {
   }
 }
 
-/** The lease's lane, or the whole queue, holds as many operations as it may; try again later. */
+/** Where an operation was refused for room: its lease's lane, its environment, its company, or the whole queue. */
+export type QueueLimit = 'lease' | 'environment' | 'company' | 'queue';
+
+const QUEUE_LIMITS: Record<QueueLimit, { code: string; holder: string; setting: string }> = {
+  lease: { code: 'lease_queue_full', holder: 'the lease already has', setting: 'LEASE_OPS_MAX_QUEUED_PER_LEASE' },
+  environment: { code: 'environment_queue_full', holder: 'the environment already has', setting: 'LEASE_OPS_MAX_QUEUED_PER_ENVIRONMENT' },
+  company: { code: 'company_queue_full', holder: 'the company already has', setting: 'LEASE_OPS_MAX_QUEUED_PER_COMPANY' },
+  queue: { code: 'queue_full', holder: '', setting: 'LEASE_OPS_MAX_QUEUED' },
+};
+
+/** The lease's lane, its environment, its company or the whole queue holds as many operations as it may; try again later. */
 export class QueueFullError extends LeaseOpsError {
   override name = 'QueueFullError';
   constructor(
-    readonly limit: 'lease' | 'queue',
+    readonly limit: QueueLimit,
     readonly count: number,
     readonly retryAfterMs: number,
   ) {
-    super(
-      limit === 'lease' ? 'lease_queue_full' : 'queue_full',
-      limit === 'lease'
-        ? `the lease already has ${count} operations queued (LEASE_OPS_MAX_QUEUED_PER_LEASE)`
-        : `the queue already holds ${count} operations (LEASE_OPS_MAX_QUEUED)`,
-    );
+    const { code, holder, setting } = QUEUE_LIMITS[limit];
+    // The queue's count is every company's: a tenant is told the queue is full, not its size.
+    super(code, limit === 'queue' ? `the queue is full and the company holds at least its fair share of it (${setting})` : `${holder} ${count} operations queued (${setting})`);
   }
 }
 

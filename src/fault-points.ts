@@ -1,7 +1,7 @@
 import type { RedisClient } from './queues/redis.ts';
 
 /**
- * Named steps in an attempt's life (and one in an enqueue) where the crash tests stop or
+ * Named steps in an attempt's life (and one in an enqueue, one in a change of the partition count) where the crash tests stop or
  * break a process at exactly that step (test/attack/*): `LEASE_OPS_FAULT_POINTS="after-release=kill"`, several
  * comma separated, each optionally limited to its first N hits (`=kill*1`). Without that
  * variable every point is a no-op costing one boolean check. Not a setting for production.
@@ -22,8 +22,10 @@ export type FaultPoint =
   | 'before-provider-call'
   | 'after-provider-call'
   | 'lane-yield'
+  | 'after-lane-yield'
   | 'after-release'
-  | 'lane-park';
+  | 'lane-park'
+  | 'partitions-after-copies';
 
 type Action = 'kill' | 'pause' | 'redis-error' | 'stall';
 

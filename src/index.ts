@@ -1,7 +1,9 @@
 // The package's public surface for control planes written in TypeScript.
 export { LeaseOpsClient, type EnqueueOptions, type OperationResult } from './client.ts';
-export { IdempotencyKeyReusedError, InvalidRequestError, LeaseOpsError, OperationNotFoundError, QueueFullError, WaitTimeoutError } from './errors.ts';
-export type { AttentionItem, LeaseView, OperationState, OperationView, QueueOverview } from './queues/inspect.ts';
+export { IdempotencyKeyReusedError, InvalidRequestError, LeaseOpsError, OperationNotFoundError, QueueFullError, RedisUnavailableError, WaitTimeoutError } from './errors.ts';
+export type { AttentionItem, LeaseTimeline, LeaseView, OperationState, OperationView, QueueOverview } from './queues/inspect.ts';
+export type { HistoryEvent, HistoryEventKind } from './queues/lease-history.ts';
+export { OperatorActionRefusedError, type CancelResult, type PauseResult, type RerunResult } from './queues/operator-actions.ts';
 export type { Enqueued } from './queues/operations-queue.ts';
 export { loadConfig, ConfigError, type Config } from './config.ts';
 export { laneIdOf, LeaseIdentitySchema, type LeaseIdentity } from './lease.ts';

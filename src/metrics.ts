@@ -44,6 +44,30 @@ const retries = new Counter({
   registers: [registry],
 });
 
+const forceStops = new Counter({
+  name: 'lease_ops_force_stops_total',
+  help: "Force-stops by outcome: queued by the watchdog, succeeded, or refused by the provider (state_change_in_progress)",
+  labelNames: ['provider', 'outcome'] as const,
+  registers: [registry],
+});
+const stuckStopping = new Histogram({
+  name: 'lease_ops_stuck_stopping_seconds',
+  help: 'How long a sandbox had been stopping when the watchdog queued a force-stop for it',
+  labelNames: ['provider'] as const,
+  buckets: [5, 15, 30, 60, 120, 300, 600, 1800, 3600],
+  registers: [registry],
+});
+
+/** A force-stop was queued by the watchdog, succeeded, or was refused (see telemetry.forceStop). */
+export function forceStopCounted(provider: string, outcome: 'queued' | 'succeeded' | 'refused'): void {
+  forceStops.inc({ provider, outcome });
+}
+
+/** The watchdog queued a force-stop for a sandbox stopping this long. */
+export function stuckStoppingObserved(provider: string, seconds: number): void {
+  stuckStopping.observe({ provider }, seconds);
+}
+
 /** Called by the worker when an attempt ends. */
 export function attemptEnded(op: string, outcome: AttemptOutcome, seconds: number, retryKind?: string): void {
   attemptSeconds.observe({ op, outcome }, seconds);
@@ -83,11 +107,39 @@ export function queueMetrics(client: LeaseOpsClient, opts: { bullmqTotals: boole
     const [own, queue, bullmq] = await Promise.all([
       registry.metrics(),
       queueRegistry.metrics(),
-      client.ops.queue.exportPrometheusMetrics(),
+      client.partitions.length === 1
+        ? client.ops.queue.exportPrometheusMetrics()
+        : Promise.all(client.partitions.map((p) => p.ops.queue.exportPrometheusMetrics({ partition: String(p.index) }))).then(mergeExpositions),
     ]);
     // Without LEASE_OPS_BULLMQ_METRICS the workers keep no totals, and a counter stuck at 0
     // would mislead: leave those two out (lease_ops_operations_total has the same counts).
     const bullmqLines = opts.bullmqTotals ? bullmq : bullmq.split('\n').filter((l) => !/^(# (HELP|TYPE) )?bullmq_job_(completed|failed)_total/.test(l)).join('\n');
     return `${own}\n${queue}\n${bullmqLines}\n`;
   };
+}
+
+/**
+ * Several Prometheus expositions of the same metrics (one per partition, each sample labelled
+ * with its partition) as one: each metric's HELP and TYPE once, its samples together.
+ */
+export function mergeExpositions(texts: string[]): string {
+  const families = new Map<string, { meta: string[]; samples: string[] }>();
+  const family = (name: string) => {
+    let f = families.get(name);
+    if (!f) families.set(name, (f = { meta: [], samples: [] }));
+    return f;
+  };
+  for (const text of texts) {
+    for (const line of text.split('\n')) {
+      if (!line.trim()) continue;
+      const meta = /^# (HELP|TYPE) (\S+)/.exec(line);
+      if (meta) {
+        const f = family(meta[2]!);
+        if (!f.meta.some((m) => m.startsWith(`# ${meta[1]} `))) f.meta.push(line);
+      } else {
+        family(/^[^{\s]+/.exec(line)![0]).samples.push(line);
+      }
+    }
+  }
+  return [...families.values()].flatMap((f) => [...f.meta, ...f.samples]).join('\n');
 }

@@ -19,7 +19,9 @@ export const LeaseMetadataSchema = z.record(z.string().max(128), z.unknown()).su
   if (!jsonDepthWithin(m, MAX_JSON_DEPTH)) ctx.addIssue({ code: 'custom', message: `leaseMetadata must nest at most ${MAX_JSON_DEPTH} levels deep` });
   else if (JSON.stringify(m).length > 16_384) ctx.addIssue({ code: 'custom', message: 'leaseMetadata must serialise to at most 16 KiB' });
 });
-const leaseMetadata = LeaseMetadataSchema;
+const leaseMetadata = LeaseMetadataSchema.meta({
+  description: 'opaque; at most 16 KiB serialised as JSON and 32 levels deep (past either: 400 invalid_request)',
+});
 
 export const ResourceDispositionSchema = z.enum(['keep_running', 'stop_and_retain', 'destroy']);
 export type ResourceDisposition = z.infer<typeof ResourceDispositionSchema>;

@@ -4,18 +4,27 @@ import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
+import { ConfigError } from './config.ts';
 import { isClusterUrl } from './queues/redis.ts';
 import { maskUrl } from './secrets.ts';
 
 /** True when a Redis answers PING at the URL within a short time. */
 export async function redisAnswers(url: string, timeoutMs = 1_500): Promise<boolean> {
+  return (await probeRedis(url, timeoutMs)) === 'answers';
+}
+
+/** Whether a Redis answers at the URL, refuses its credentials, or is not there. */
+export async function probeRedis(url: string, timeoutMs = 1_500): Promise<'answers' | 'refuses-credentials' | 'absent'> {
   const client = new Redis(url, { lazyConnect: true, connectTimeout: timeoutMs, maxRetriesPerRequest: 0, retryStrategy: () => null });
-  client.on('error', () => undefined);
+  // A refused AUTH comes as an error event; connect() then rejects with "Connection is closed".
+  let lastError: unknown;
+  client.on('error', (err: unknown) => (lastError = err));
   try {
     await client.connect();
-    return (await client.ping()) === 'PONG';
-  } catch {
-    return false;
+    return (await client.ping()) === 'PONG' ? 'answers' : 'absent';
+  } catch (err) {
+    const said = `${String((err as Error)?.message)} ${String((lastError as Error | undefined)?.message)}`;
+    return /NOAUTH|WRONGPASS|invalid password|invalid username/i.test(said) ? 'refuses-credentials' : 'absent';
   } finally {
     client.disconnect();
   }
@@ -32,6 +41,13 @@ export async function freePort(): Promise<number> {
       server.close(() => resolve(port));
     });
   });
+}
+
+const livePrivateRedis = new Set<() => void>();
+
+/** Stops every private Redis this process started, even one not answering yet (a signal came). */
+export function stopPrivateRedis(): void {
+  for (const stop of [...livePrivateRedis]) stop();
 }
 
 export interface PrivateRedis {
@@ -51,10 +67,19 @@ export async function startPrivateRedis(): Promise<PrivateRedis | null> {
     stdio: 'ignore',
   });
   const url = `redis://127.0.0.1:${port}`;
+  let stopped = false;
   const stop = () => {
-    child.kill('SIGTERM');
+    if (stopped) return;
+    stopped = true;
+    livePrivateRedis.delete(stop);
+    // Nothing in it is kept (no persistence): killed, it is gone at once, even if this
+    // process exits right after.
+    child.kill('SIGKILL');
     rmSync(dir, { recursive: true, force: true });
   };
+  // On every way out the process sees (an error, process.exit, the end): not left running.
+  process.once('exit', stop);
+  livePrivateRedis.add(stop);
   for (let i = 0; i < 50; i++) {
     if (await redisAnswers(url, 200)) return { url, stop };
     await new Promise((r) => setTimeout(r, 100));
@@ -74,7 +99,12 @@ export class NoRedisError extends Error {
  */
 export async function redisOrPrivate(url: string, onPrivate: (privateUrl: string) => void): Promise<{ url: string; privateRedis: PrivateRedis | null }> {
   // A cluster is there on purpose: use it as it is.
-  if (isClusterUrl(url) || (await redisAnswers(url))) return { url, privateRedis: null };
+  if (isClusterUrl(url)) return { url, privateRedis: null };
+  const found = await probeRedis(url);
+  if (found === 'answers') return { url, privateRedis: null };
+  // A Redis that is there but refuses the credentials is a mistake to fix, not a reason to
+  // run somewhere else without saying so.
+  if (found === 'refuses-credentials') throw new ConfigError(`the Redis at ${maskUrl(url)} refuses the credentials in REDIS_URL: fix them (or unset REDIS_URL)`);
   const privateRedis = await startPrivateRedis();
   if (!privateRedis) {
     throw new NoRedisError(

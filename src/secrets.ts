@@ -8,7 +8,7 @@ const MASK = '***';
 /** Variables whose whole value is a secret (tokens, keys, passwords). */
 const SECRET_NAME = /(TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL)/i;
 /** Query parameters that carry credentials (`?access_token=`, `?api_key=`...). */
-const SECRET_PARAM = /(token|key|secret|password|auth|credential|signature)/i;
+const SECRET_PARAM = /(token|key|secret|pass|pwd|auth|credential|signature|bearer|jwt|session|code|sig$)/i;
 
 /** A URL with its password (and a user name that stands alone, as `redis://token@host`) masked. */
 export function maskUrl(url: string): string {
@@ -24,18 +24,28 @@ export function maskUrl(url: string): string {
   return parsed.toString().replaceAll(encodeURIComponent(MASK), MASK);
 }
 
-/** A request path with the values of credential-like query parameters masked. */
-export function redactQuery(path: string): string {
+/**
+ * A request target with the values of credential-like query parameters masked (parameters
+ * split on `&` or `;`, names read percent-decoded), and the credentials of an absolute-form
+ * target (`GET http://user:pass@host/...`) too.
+ */
+export function redactQuery(target: string): string {
+  // Absolute (scheme://) and protocol-relative (//host) targets may carry user info.
+  const path = /^[a-z][a-z0-9+.-]*:\/\//i.test(target) ? maskUrl(target) : target.replace(/^\/\/[^/@]*@/, `//${MASK}@`);
   const q = path.indexOf('?');
-  if (q < 0) return path;
-  const params = new URLSearchParams(path.slice(q + 1));
-  let changed = false;
-  for (const [name] of params) {
-    if (!SECRET_PARAM.test(name)) continue;
-    params.set(name, MASK);
-    changed = true;
+  const [pathPart, queryPart] = q < 0 ? [path, ''] : [path.slice(0, q), path.slice(q)];
+  const mask = (all: string, separator: string, name: string) => (SECRET_PARAM.test(decodedName(name)) ? `${separator}${name}=${MASK}` : all);
+  // Parameters in the path (`;name=value`, up to the next `/`), and in the query (up to the
+  // next `&`, `;` or a second `?`).
+  return pathPart.replace(/(;)([^=;/]*)=([^;/]*)/g, mask) + queryPart.replace(/([?&;])([^=&;?]*)=([^&;?]*)/g, mask);
+}
+
+function decodedName(name: string): string {
+  try {
+    return decodeURIComponent(name.replaceAll('+', ' '));
+  } catch {
+    return name;
   }
-  return changed ? `${path.slice(0, q)}?${params.toString().replaceAll(encodeURIComponent(MASK), MASK)}` : path;
 }
 
 /** A token shown with its first characters only, enough to tell which one it is. */
@@ -55,13 +65,22 @@ export function describeSetting(name: string, value: string | undefined): string
 }
 
 /**
- * A message for callers with the infrastructure taken out: URLs, IP addresses and ports,
- * and server file paths become placeholders. Operators read the original in the logs.
+ * A message for callers with the infrastructure taken out: URLs, IP addresses (v4 and v6)
+ * and ports, host names a lookup failed for, file paths (POSIX and Windows), and
+ * `name=value` pairs whose name says secret become placeholders. Operators read the
+ * original in the logs.
  */
 export function withoutInfrastructure(message: string): string {
   return message
     .replace(/\b[a-z][a-z0-9+.-]*:\/\/[^\s'"]+/gi, '<url>')
+    .replace(/\b(token|secret|password|passwd|api[_-]?key|key|authorization|credentials?)=[^\s&'"]+/gi, '$1=<hidden>')
     .replace(/\[[0-9a-f:.]+\](?::\d+)?/gi, '<address>')
     .replace(/\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b/g, '<address>')
-    .replace(/(?:[A-Za-z]:)?(?:[\\/][\w.@-]+){2,}\.(?:[cm]?[jt]s|lua)(?::\d+){0,2}/g, '<path>');
+    // IPv6 as Node prints it (::1, fd00::1234, 2001:db8::1:443): groups of hex with at least two colons.
+    .replace(/(?<![\w:])(?:[0-9a-f]{0,4}:){2,7}[0-9a-f]{0,4}(?::\d+)?(?![\w:])/gi, (m) => (/[0-9a-f]/i.test(m) && m.includes('::') || m.split(':').length >= 8 ? '<address>' : m))
+    // The host name of a failed lookup (getaddrinfo ENOTFOUND db.internal, EAI_AGAIN ...).
+    .replace(/\b(getaddrinfo|ENOTFOUND|EAI_AGAIN|EAI_FAIL)( [A-Z_]+)? ([\w.-]+\.[\w.-]+)/g, '$1$2 <host>')
+    // Absolute paths: POSIX (two segments or more) and Windows drive paths.
+    .replace(/[A-Za-z]:\\(?:[^\\\s'"]+\\)*[^\\\s'"]*/g, '<path>')
+    .replace(/(?<![\w.<>-])\/(?:[\w.@-]+\/)+[\w.@-]+(?::\d+){0,2}/g, '<path>');
 }

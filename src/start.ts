@@ -2,8 +2,8 @@ import { randomBytes } from 'node:crypto';
 import { startApiServer } from './api/server.ts';
 import { loadConfig } from './config.ts';
 import type { OperationView } from './queues/inspect.ts';
-import { NoRedisError, redisOrPrivate } from './redis-server.ts';
-import { exitOnSignals, loggerFor, startWorker } from './runtime.ts';
+import { NoRedisError, redisOrPrivate, stopPrivateRedis } from './redis-server.ts';
+import { exitEarlyOnSignals, exitOnSignals, loggerFor, startWorker } from './runtime.ts';
 import { maskToken, maskUrl } from './secrets.ts';
 
 const out = (line: string) => process.stdout.write(`${line}\n`);
@@ -15,6 +15,9 @@ const out = (line: string) => process.stdout.write(`${line}\n`);
  */
 export async function runStart(opts: { once: boolean }): Promise<void> {
   let config = loadConfig({ LEASE_OPS_LOG_LEVEL: 'warn', ...process.env });
+  // A signal before the graceful stop is in place still stops a private Redis, even one
+  // still starting.
+  const handOver = exitEarlyOnSignals(stopPrivateRedis);
   let redis;
   try {
     redis = await redisOrPrivate(config.REDIS_URL, (url) =>
@@ -23,7 +26,7 @@ export async function runStart(opts: { once: boolean }): Promise<void> {
   } catch (err) {
     if (!(err instanceof NoRedisError)) throw err;
     process.stderr.write(`lease-ops: ${err.message}\n`);
-    process.exitCode = 1;
+    process.exitCode = 4;
     return;
   }
   const privateRedis = redis.privateRedis;
@@ -38,13 +41,31 @@ export async function runStart(opts: { once: boolean }): Promise<void> {
     config = { ...config, LEASE_OPS_API_TOKENS: [...config.LEASE_OPS_API_TOKENS, { token, name: 'start' }] };
   }
   const log = loggerFor(config);
-  const worker = await startWorker(config, log);
-  const api = await startApiServer(config, log);
+  const worker = await startWorker(config, log).catch((err: unknown) => {
+    privateRedis?.stop();
+    throw err;
+  });
+  let api;
+  try {
+    api = await startApiServer(config, log);
+  } catch (err) {
+    await worker.close();
+    privateRedis?.stop();
+    if ((err as NodeJS.ErrnoException).code !== 'EADDRINUSE') throw err;
+    process.stderr.write(`lease-ops: port ${config.LEASE_OPS_API_PORT} on ${config.LEASE_OPS_API_HOST} is taken: set LEASE_OPS_API_PORT to a free port (0 picks any)\n`);
+    process.exitCode = 2;
+    return;
+  }
+  let stopping = false;
   const stop = async () => {
+    stopping = true;
     await api.close();
     await worker.close();
     privateRedis?.stop();
   };
+  // Ctrl-C while the lifecycle plays stops everything too.
+  handOver();
+  exitOnSignals(log, stop);
   out(`lease-ops: worker running against ${maskUrl(config.REDIS_URL)} (providers: ${config.LEASE_OPS_PROVIDERS})`);
   out(`lease-ops: API ${api.url}/v1  (OpenAPI: ${api.url}/v1/openapi.json)`);
   out(`lease-ops: Bull Board ${api.url}/board  (any user name, the token as password)`);
@@ -76,6 +97,8 @@ export async function runStart(opts: { once: boolean }): Promise<void> {
     out(`${stamp()}  lifecycle done: every operation ran in order through the lease's lane`);
     out(`         try: curl -H 'authorization: Bearer ${shownToken ?? token}' ${api.url}${leasePath(sandbox)}`);
   } catch (err) {
+    // Stopped by a signal meanwhile: the lifecycle's requests fail, and that is no error.
+    if (stopping) return;
     if (opts.once) await stop();
     throw err;
   }
@@ -84,5 +107,4 @@ export async function runStart(opts: { once: boolean }): Promise<void> {
     return;
   }
   out('lease-ops: serving; press Ctrl-C to stop');
-  exitOnSignals(log, stop);
 }

@@ -261,7 +261,12 @@ describe('HTTP API', () => {
       '/v1/attention',
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}',
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/operations',
+      '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/pause',
+      '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/timeline',
+      '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/unpause',
       '/v1/operations/{jobId}',
+      '/v1/operations/{jobId}/cancel',
+      '/v1/operations/{jobId}/rerun',
       '/v1/overview',
     ]);
     expect(Object.keys(doc.body.components.schemas)).toEqual(expect.arrayContaining(['EnqueueRequest', 'Operation', 'Lease', 'Error']));

@@ -1,25 +1,16 @@
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { createInterface } from 'node:readline';
-import { fileURLToPath } from 'node:url';
-import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freePort } from '../src/redis-server.ts';
+import { BIN, cli } from './helpers/cli.ts';
 import { TestBed, workerEnv } from './helpers/env.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
 
-const BIN = fileURLToPath(new URL('../bin/lease-ops.js', import.meta.url));
 const TOKEN = 'cli-test-token-0123456789';
 
-/** Runs `lease-ops ...args`; resolves with the exit code and output, never rejects. */
-async function cli(args: string[], env: Record<string, string>): Promise<{ code: number; stdout: string; stderr: string }> {
-  try {
-    const { stdout, stderr } = await promisify(execFile)(process.execPath, [BIN, ...args], { env: { ...process.env, ...env }, timeout: 60_000 });
-    return { code: 0, stdout, stderr };
-  } catch (err) {
-    const e = err as { code: number; stdout: string; stderr: string };
-    return { code: e.code, stdout: e.stdout, stderr: e.stderr };
-  }
-}
 
 describe('the lease-ops commands', () => {
   let bed: TestBed;
@@ -106,6 +97,20 @@ describe('the lease-ops commands', () => {
     const half = await cli(['status', '--provider', 'simulated'], env);
     expect(half.code).toBe(2);
     expect(half.stderr).toContain('--lease');
+  });
+
+  it('`demo --quick` prints the incident as a timeline and writes both runs as an HTML page', { timeout: 60_000 }, async () => {
+    const out = join(mkdtempSync(join(tmpdir(), 'lease-ops-demo-')), 'incident.html');
+    const r = await cli(['demo', '--quick', '--out', out], env);
+    expect(r.code).toBe(0);
+    // With the watchdog: the force-stop's row with its mark; without: the resume fails at its deadline.
+    expect(r.stdout).toMatch(/force-stop \(watchdog\) +\|[ ·]*◆/);
+    expect(r.stdout).toMatch(/resume +\|·+[░▒█]*✗\|/);
+    expect(r.stdout).toContain(`The two timelines, drawn: ${out}`);
+    const html = readFileSync(out, 'utf8');
+    expect(html.match(/<svg /g)).toHaveLength(2);
+    expect(html).toContain('data-op="force-stop"');
+    expect(html).toContain('class="mark-stuck"');
   });
 
   it('every command has --help', async () => {

@@ -3,7 +3,7 @@ import { readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { InvalidRequestError, LeaseOpsClient, LeaseOpsError, OperationNotFoundError, WaitTimeoutError } from '../src/index.ts';
+import { InvalidRequestError, LeaseOpsClient, LeaseOpsError, OperationNotFoundError, WaitTimeoutError, RedisUnavailableError } from '../src/index.ts';
 import { createLogger } from '../src/logger.ts';
 import { loadProviders } from '../src/providers/registry.ts';
 import { LeaseWorker } from '../src/queues/worker.ts';
@@ -67,7 +67,9 @@ describe('typed client', () => {
     };
     const first = await client.enqueue('destroy', lease('cut-short'), { providerLeaseId: 'cut-short' }, { idempotencyKey: 'cut-1' }).catch((e: unknown) => e);
     client.ops.lanes.push = push;
-    expect((first as Error).message).toMatch(/Connection is closed/);
+    // A connection error reaches the caller as RedisUnavailableError, with the error as its cause.
+    expect(first).toBeInstanceOf(RedisUnavailableError);
+    expect(((first as Error).cause as Error).message).toMatch(/Connection is closed/);
     const stored = await bed.ops.queue.getJobs(['delayed']);
     const orphan = stored.find((j) => (j.data as { lease: { leaseId: string } }).lease.leaseId === 'cut-short');
     expect(orphan).toBeDefined();

@@ -50,7 +50,12 @@ describe('queue limits', () => {
     expect(full.headers.get('retry-after')).toBe('5');
     expect(((await full.json()) as { error: { code: string } }).error.code).toBe('lease_queue_full');
     expect(await jobCount()).toBe(before);
-    expect(await scanKeys(bed.redis, `${bed.config.LEASE_OPS_PREFIX}:idem:*`)).toEqual([]);
+    // Its key holds the refusal for a second (concurrent retries get the same answer), then goes.
+    const keys = await scanKeys(bed.redis, `${bed.config.LEASE_OPS_PREFIX}:idem:*`);
+    expect(keys).toHaveLength(1);
+    expect(JSON.parse((await bed.redis.get(keys[0]!))!)).toMatchObject({ state: 'refused', limit: 'lease' });
+    expect(await bed.redis.pttl(keys[0]!)).toBeLessThanOrEqual(1_000);
+    expect((await enqueue('a', 'destroy', { providerLeaseId: 'a' }, { 'idempotency-key': 'refused-once' })).status).toBe(429);
     expect((await client.getLease(lease('a'))).queuedTotal).toBe(2);
 
     // A force-stop is never refused by the lease limit.
@@ -93,6 +98,8 @@ describe('queue limits', () => {
     hold.open();
     const all = (await bed.ops.queue.getJobs(['wait', 'delayed', 'active', 'prioritized'])).map((j) => j.id!);
     await bed.waitForAll(all, 20_000);
+    // (after the refusal the key held for a second has gone)
+    for (let i = 0; i < 40 && (await scanKeys(bed.redis, `${bed.config.LEASE_OPS_PREFIX}:idem:*`)).length > 0; i++) await new Promise((r) => setTimeout(r, 50));
     const again = await enqueue('a', 'destroy', { providerLeaseId: 'a' }, { 'idempotency-key': 'refused-once' });
     expect(again.status).toBe(202);
     const body = (await again.json()) as { deduplicated?: string };

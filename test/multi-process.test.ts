@@ -3,9 +3,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { OperationName } from '../src/operations.ts';
 import { lease, QUICK_RECOVERY, TestBed, workerEnv } from './helpers/env.ts';
-import { findOrderViolations, findOverlaps, readCallFile } from './helpers/invariants.ts';
+import { enqueueInOrder, findOrderViolations, findOverlaps, readCallFile, type MixedOperation } from './helpers/invariants.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
 
 // The CI run: 3 worker processes, 50 leases, 2,000 operations, one SIGKILL. `npm run
@@ -18,7 +17,7 @@ const KILLS = LONG ? 4 : 1;
 const PROVIDER = fileURLToPath(new URL('./helpers/recording-provider.ts', import.meta.url));
 // No force-stop here: it may go ahead of queued operations by design (tested on its own),
 // and this test checks plain accepted order.
-const MIX: { op: OperationName; params: (id: string) => unknown }[] = [
+const MIX: MixedOperation[] = [
   { op: 'stop', params: (id) => ({ providerLeaseId: id }) },
   { op: 'resume', params: (id) => ({ providerLeaseId: id, leaseMetadata: {} }) },
   { op: 'release', params: (id) => ({ providerLeaseId: id, leaseMetadata: {}, resourceDisposition: 'stop_and_retain' }) },
@@ -77,21 +76,11 @@ describe(`${OPERATIONS} operations on ${LEASES} leases across 3 worker processes
 
     // Enqueue concurrently across leases, one after another within a lease (that order is
     // the accepted order the lanes must keep).
-    const accepted = new Map<string, string[]>();
-    const ids: string[] = [];
-    const perLease = OPERATIONS / LEASES;
-    await Promise.all(
-      Array.from({ length: LEASES }, async (_, l) => {
-        const leaseId = `lease-${l}`;
-        const order: string[] = [];
-        accepted.set(leaseId, order);
-        for (let i = 0; i < perLease; i++) {
-          const kind = MIX[(l + i) % MIX.length]!;
-          const { jobId } = await bed.ops.enqueue({ op: kind.op, lease: lease(leaseId), params: kind.params(leaseId) });
-          order.push(jobId);
-          ids.push(jobId);
-        }
-      }),
+    const { accepted, ids } = await enqueueInOrder(
+      (op, leaseId, params) => bed.ops.enqueue({ op, lease: lease(leaseId), params }),
+      Array.from({ length: LEASES }, (_, l) => `lease-${l}`),
+      OPERATIONS / LEASES,
+      MIX,
     );
 
     const ended = await bed.waitForAll(ids, LONG ? 800_000 : 150_000);

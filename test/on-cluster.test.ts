@@ -1,5 +1,6 @@
 import { Cluster } from 'ioredis';
 import { describe, expect, it } from 'vitest';
+import { keySlot } from '../src/partitions.ts';
 import { lease, REDIS_URL, scanKeys, TestBed } from './helpers/env.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
 
@@ -19,6 +20,17 @@ describe('the cluster project', () => {
       expect(keys.length).toBeGreaterThan(3);
       const slots = new Set(await Promise.all(keys.map((k) => cluster.cluster('KEYSLOT', k))));
       expect(slots.size).toBe(1);
+    } finally {
+      await bed.close();
+    }
+  });
+
+  it('maps keys to slots as the cluster does (the partitions\' placement relies on it)', async () => {
+    const bed = await TestBed.create();
+    try {
+      const keys = Array.from({ length: 300 }, (_, i) => [`k${i}`, `{lease-ops:p${i}}:x`, `a{}{b${i}}`, `x{{y${i}}}`, `é${i}{ü}`][i % 5]!);
+      const slots = await Promise.all(keys.map((k) => (bed.redis as Cluster).cluster('KEYSLOT', k)));
+      expect(keys.map(keySlot)).toEqual(slots);
     } finally {
       await bed.close();
     }

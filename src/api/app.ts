@@ -1,19 +1,24 @@
 import { createBullBoard } from '@bull-board/api';
+import { LeaseOpsBoardAdapter } from './board-adapter.ts';
+import { actionPage, attentionPage, PAGE_CSP, timelinePage, timelinePath } from './pages.ts';
 import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import { ExpressAdapter } from '@bull-board/express';
 import type { Queue } from 'bullmq';
 import express, { type ErrorRequestHandler, type NextFunction, type Request, type Response } from 'express';
 import { pinoHttp } from 'pino-http';
 import { z } from 'zod';
-import type { LeaseOpsClient } from '../client.ts';
+import type { ClientPartition, LeaseOpsClient } from '../client.ts';
+import { LayoutError } from '../queues/layout.ts';
 import type { Config } from '../config.ts';
-import { IdempotencyKeyReusedError, InvalidRequestError, LeaseOpsError, QueueFullError } from '../errors.ts';
+import { IdempotencyKeyReusedError, InvalidRequestError, LeaseOpsError, QueueFullError, RedisUnavailableError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import { laneIdOfJobId } from '../lease.ts';
+import { isRedisUnavailable } from '../queues/redis.ts';
+import { OperatorActionRefusedError } from '../queues/operator-actions.ts';
 import { sweepEveryLane } from '../queues/sweep.ts';
 import { canSee, metricsAllowed, type Principal, TokenAuthority } from './auth.ts';
 import { openApiDocument } from './openapi.ts';
-import { EnqueueBodySchema, IdempotencyHeaderSchema, LeasePathSchema, OperationPathSchema, WaitQuerySchema } from './schemas.ts';
+import { AttentionQuerySchema, EnqueueBodySchema, IdempotencyHeaderSchema, LeasePathSchema, OperationPathSchema, WaitQuerySchema } from './schemas.ts';
 import { redactQuery } from '../secrets.ts';
 
 export interface ApiDeps {
@@ -21,7 +26,8 @@ export interface ApiDeps {
   client: LeaseOpsClient;
   log: Logger;
   /** Queues Bull Board shows besides the operations queue (the maintenance queue). */
-  boardQueues?: Queue[];
+  /** More queues for Bull Board (the maintenance queues), each with a prefix for its name there. */
+  boardQueues?: { queue: Queue; prefix?: string }[];
   /** Whether this deployment counts as ready: Redis answers and workers run. */
   readiness: () => Promise<{ ready: boolean; checks: Record<string, unknown> }>;
   /** The Prometheus exposition. */
@@ -75,7 +81,20 @@ function sameOriginWrites(req: Request, _res: Response, next: NextFunction): voi
  * Bull Board's routes (@bull-board/api routes.js): PUT queues/:queue/:jobId/clean removes
  * one job; PUT queues/:queue/clean/:status, .../empty and .../obliterate remove many.
  */
-function repairAfterBoardRemovals(ops: LeaseOpsClient['ops'], log: Logger) {
+/** A partition's name in Bull Board: the queue's own with one partition, else prefixed with its index. */
+export function boardQueueName(partition: ClientPartition, partitions: number): string {
+  return `${boardPrefix(partition, partitions)}${partition.ops.queue.name}`;
+}
+
+function boardPrefix(partition: ClientPartition, partitions: number): string {
+  return partitions === 1 ? '' : `p${partition.index}:`;
+}
+
+function partitionOnBoard(client: LeaseOpsClient, name: string): ClientPartition | undefined {
+  return client.partitions.find((p) => boardQueueName(p, client.partitions.length) === name);
+}
+
+function repairAfterBoardRemovals(client: LeaseOpsClient, log: Logger) {
   // As Bull Board's express router matches them: any case, a trailing slash or not.
   const one = /^\/api\/queues\/([^/]+)\/([^/]+)\/clean\/?$/i;
   const many = /^\/api\/queues\/([^/]+)\/(?:clean\/[^/]+|empty|obliterate)\/?$/i;
@@ -84,20 +103,66 @@ function repairAfterBoardRemovals(ops: LeaseOpsClient['ops'], log: Logger) {
     const path = req.path;
     const single = one.exec(path);
     const bulk = single ? null : many.exec(path);
-    const queueName = decodeURIComponent((single ?? bulk)?.[1] ?? '');
-    if (queueName !== ops.queue.name) return next();
+    const ops = partitionOnBoard(client, decodeURIComponent((single ?? bulk)?.[1] ?? ''))?.ops;
+    if (!ops) return next();
     res.on('finish', () => {
       if (res.statusCode >= 400) return;
-      const repaired = single ? repairLaneOfJob(ops, decodeURIComponent(single[2]!)) : sweepEveryLane(ops, log);
+      const repaired = single ? repairLaneOfJob(ops, decodeURIComponent(single[2]!)) : repairEveryLane(ops, log);
       repaired.catch((err: unknown) => log.warn({ err }, 'repairing lanes after a removal in Bull Board failed; the sweep will'));
     });
     next();
   };
 }
 
+/**
+ * Bull Board's retry of a failed operation is lease-ops' rerun: with its original time budget
+ * from now (BullMQ's own retry would keep a deadline long past and fail it again at once),
+ * its attempts counted from zero, and a mark on the lease's timeline. Route as in
+ * @bull-board/api routes.js: PUT queues/:queueName/:jobId/retry.
+ */
+function rerunOnBoardRetry(client: LeaseOpsClient, readOnly: boolean) {
+  const retry = /^\/api\/queues\/([^/]+)\/([^/]+)\/retry\/?$/i;
+  const retryAll = /^\/api\/queues\/([^/]+)\/retry\/failed\/?$/i;
+  return async (req: Request, res: Response, next: NextFunction): Promise<void> => {
+    const all = req.method === 'PUT' && !readOnly ? retryAll.exec(req.path) : null;
+    const allOf = all ? partitionOnBoard(client, decodeURIComponent(all[1]!))?.ops : undefined;
+    if (allOf) {
+      // "Retry all failed": each one a rerun (acquires are refused: skipped and counted).
+      const by = `${(res.locals.principal as Principal).name} (Bull Board)`;
+      let retried = 0;
+      let skipped = 0;
+      // The ids first (BullMQ's failed set), then each rerun: reruns leave the set as they go.
+      for (const id of await allOf.connection.zrange(allOf.queue.toKey('failed'), 0, -1)) {
+        const done = await client.rerunOperation(id, by).catch((err: unknown) => (err instanceof OperatorActionRefusedError ? null : Promise.reject(err)));
+        if (done) retried++;
+        else skipped++;
+      }
+      res.json({ retried, skipped });
+      return;
+    }
+    const match = req.method === 'PUT' && !readOnly ? retry.exec(req.path) : null;
+    const ops = match ? partitionOnBoard(client, decodeURIComponent(match[1]!))?.ops : undefined;
+    if (!match || !ops) return next();
+    const jobId = decodeURIComponent(match[2]!);
+    if ((await ops.queue.getJobState(jobId)) !== 'failed') return next();
+    await client.rerunOperation(jobId, `${(res.locals.principal as Principal).name} (Bull Board)`);
+    res.status(204).end();
+  };
+}
+
 async function repairLaneOfJob(ops: LeaseOpsClient['ops'], jobId: string): Promise<void> {
   const laneId = laneIdOfJobId(jobId);
-  if (laneId) await ops.lanes.repair(laneId);
+  if (!laneId) return;
+  // A waiting job leaves its lane (and the counts) now; a head is the repair's.
+  await ops.lanes.forgetRemoved(laneId, jobId);
+  ops.history.append(laneId, { kind: 'removed', jobId, message: 'removed by an operator in Bull Board' });
+  await ops.lanes.repair(laneId);
+}
+
+/** After a bulk removal: every lane's removed waiting jobs go, then every lane is repaired. */
+async function repairEveryLane(ops: LeaseOpsClient['ops'], log: Logger): Promise<void> {
+  for (const laneId of await ops.lanes.allLanes()) await ops.lanes.forgetRemoved(laneId);
+  await sweepEveryLane(ops, log);
 }
 
 /** The HTTP API, Bull Board and the operations endpoints, as one express 5 app. */
@@ -161,22 +226,63 @@ export function createApiApp(deps: ApiDeps): express.Express {
   const board = new ExpressAdapter();
   board.setBasePath('/board');
   createBullBoard({
-    queues: [client.ops.queue, ...(deps.boardQueues ?? [])].map(
-      (q) => new BullMQAdapter(q, { readOnlyMode: deps.config.LEASE_OPS_BOARD_READ_ONLY }),
-    ),
+    queues: [
+      ...client.partitions.map(
+        (p) =>
+          new LeaseOpsBoardAdapter(p.ops, {
+            readOnlyMode: deps.config.LEASE_OPS_BOARD_READ_ONLY,
+            ...(client.partitions.length > 1 ? { prefix: boardPrefix(p, client.partitions.length), displayName: `${p.ops.queue.name} · partition ${p.index}` } : {}),
+          }),
+      ),
+      ...(deps.boardQueues ?? []).map(({ queue, prefix }) => new BullMQAdapter(queue, { readOnlyMode: deps.config.LEASE_OPS_BOARD_READ_ONLY, ...(prefix ? { prefix } : {}) })),
+    ],
     serverAdapter: board,
     options: { uiConfig: { boardTitle: 'lease-ops' } },
   });
-  app.use('/board', sameOriginWrites, authenticate('Basic'), adminOnly, repairAfterBoardRemovals(client.ops, deps.log), board.getRouter() as express.Router);
+  app.use(
+    '/board',
+    sameOriginWrites,
+    authenticate('Basic'),
+    adminOnly,
+    // With another partition count than the deployment's, the board would show other queues.
+    (_req: Request, _res: Response, next: NextFunction) => void client.layoutChecked().then(() => next(), next),
+    repairAfterBoardRemovals(client, deps.log),
+    rerunOnBoardRetry(client, deps.config.LEASE_OPS_BOARD_READ_ONLY),
+    board.getRouter() as express.Router,
+  );
 
   const v1 = express.Router();
+  // No CORS here: OPTIONS is a method like any other the API does not serve (express would
+  // answer it with an Allow list).
+  v1.use((req, _res, next) => {
+    if (req.method === 'OPTIONS') throw new HttpError(404, 'not_found', `no route ${req.method} ${req.path}`);
+    next();
+  });
   v1.use(authenticate('Bearer'));
-  v1.use(express.json({ limit: BODY_LIMIT, strict: true }));
+  // The API listens whether or not Redis answers; while it does not, /v1 says so at once.
+  v1.use((_req, res, next) => {
+    if (client.redisReady) return next();
+    res.setHeader('Retry-After', '1');
+    throw new HttpError(503, 'redis_unavailable', 'Redis cannot be reached; retry later');
+  });
+  // Only the route that takes a body reads one: a body sent with a GET is ignored, so GETs
+  // answer exactly the statuses the OpenAPI document lists for them.
+  const jsonBody = express.json({ limit: BODY_LIMIT, strict: true });
 
-  v1.post('/leases/:provider/:companyId/:environmentId/:leaseId/operations', async (req, res) => {
-    if (!req.is('application/json')) throw new HttpError(415, 'unsupported_media_type', 'send the operation as application/json');
+  // The path and the token's scope are checked before the body is read: a lease out of
+  // scope answers 404 whatever the body holds.
+  const leaseInScope = (req: Request, res: Response, next: NextFunction): void => {
     const lease = parse(LeasePathSchema, req.params, 'path');
     if (!canSee(res.locals.principal as Principal, lease)) throw leaseNotFound();
+    next();
+  };
+
+  v1.post('/leases/:provider/:companyId/:environmentId/:leaseId/operations', leaseInScope, jsonBody, async (req, res) => {
+    const type = req.is('application/json');
+    // req.is says null when there is no body at all.
+    if (type === null || req.headers['content-length'] === '0') throw new HttpError(400, 'invalid_request', 'the request has no body: send the operation as JSON');
+    if (!type) throw new HttpError(415, 'unsupported_media_type', 'send the operation as application/json');
+    const lease = parse(LeasePathSchema, req.params, 'path');
     const body = parse(EnqueueBodySchema, req.body, 'body');
     const header = parse(IdempotencyHeaderSchema, { 'idempotency-key': req.get('idempotency-key') }, 'Idempotency-Key header');
     const idempotencyKey = body.idempotencyKey ?? header['idempotency-key'];
@@ -184,8 +290,9 @@ export function createApiApp(deps: ApiDeps): express.Express {
     // Until some worker said what it serves (none started yet, or Redis lost its data) there
     // is nothing to tell a typo by, and the request is taken; a request repeated under its
     // idempotency key gets its receipt whatever the workers say.
-    const providers = await client.ops.announcedProviders();
-    if (providers.length > 0 && !providers.includes(lease.provider) && !(idempotencyKey !== undefined && (await client.ops.idempotencyKeyUsed(lease, idempotencyKey)))) {
+    const ops = client.partitionOf(lease).ops;
+    const providers = await ops.announcedProviders();
+    if (providers.length > 0 && !providers.includes(lease.provider) && !(idempotencyKey !== undefined && (await ops.idempotencyKeyUsed(lease, idempotencyKey)))) {
       throw new HttpError(422, 'unknown_provider', `no worker serves provider "${lease.provider}" (served: ${providers.sort().join(', ')})`);
     }
     const enqueued = await client.enqueue(body.op, lease, body.params, {
@@ -204,6 +311,48 @@ export function createApiApp(deps: ApiDeps): express.Express {
     res.json(await client.getLease(lease));
   });
 
+  v1.get('/leases/:provider/:companyId/:environmentId/:leaseId/timeline', async (req, res) => {
+    const lease = parse(LeasePathSchema, req.params, 'path');
+    if (!canSee(res.locals.principal as Principal, lease)) throw leaseNotFound();
+    res.json(await client.getLeaseTimeline(lease));
+  });
+
+  // Operator actions: any token, on its own leases; each is recorded on the lease's timeline.
+  const actor = (principal: Principal) => `${principal.name} (API)`;
+  const operationInScope = async (jobId: string, principal: Principal) => {
+    const view = await client.getOperation(jobId);
+    if (!view || !canSee(principal, view.lease)) throw operationNotFound(jobId);
+  };
+  v1.post('/operations/:jobId/cancel', async (req, res) => {
+    const { jobId } = parse(OperationPathSchema, req.params, 'path');
+    const principal = res.locals.principal as Principal;
+    await operationInScope(jobId, principal);
+    const done = await client.cancelOperation(jobId, actor(principal));
+    if (!done) throw operationNotFound(jobId);
+    res.json(done);
+  });
+  v1.post('/operations/:jobId/rerun', async (req, res) => {
+    const { jobId } = parse(OperationPathSchema, req.params, 'path');
+    const principal = res.locals.principal as Principal;
+    await operationInScope(jobId, principal);
+    const done = await client.rerunOperation(jobId, actor(principal));
+    if (!done) throw operationNotFound(jobId);
+    const location = `/v1/operations/${encodeURIComponent(jobId)}`;
+    res.status(202).location(location).json({ ...done, location });
+  });
+  v1.post('/leases/:provider/:companyId/:environmentId/:leaseId/pause', async (req, res) => {
+    const lease = parse(LeasePathSchema, req.params, 'path');
+    const principal = res.locals.principal as Principal;
+    if (!canSee(principal, lease)) throw leaseNotFound();
+    res.json(await client.pauseLane(lease, actor(principal)));
+  });
+  v1.post('/leases/:provider/:companyId/:environmentId/:leaseId/unpause', async (req, res) => {
+    const lease = parse(LeasePathSchema, req.params, 'path');
+    const principal = res.locals.principal as Principal;
+    if (!canSee(principal, lease)) throw leaseNotFound();
+    res.json(await client.unpauseLane(lease, actor(principal)));
+  });
+
   v1.get('/operations/:jobId', async (req, res) => {
     const { jobId } = parse(OperationPathSchema, req.params, 'path');
     const { waitMs } = parse(WaitQuerySchema, req.query, 'query');
@@ -217,11 +366,11 @@ export function createApiApp(deps: ApiDeps): express.Express {
     res.json(view);
   });
 
-  v1.get('/attention', async (_req, res) => {
+  v1.get('/attention', async (req, res) => {
     const principal = res.locals.principal as Principal;
+    const { offset, limit } = parse(AttentionQuerySchema, req.query, 'query');
     // Read with the scope, not filtered after: another company's items never crowd a caller's out.
-    const items = await client.leasesNeedingAttention(200, (lease) => canSee(principal, lease));
-    res.json({ items });
+    res.json(await client.attentionPage(offset ?? 0, limit ?? 200, (lease) => canSee(principal, lease)));
   });
 
   v1.get('/overview', adminOnly, async (_req, res) => {
@@ -229,6 +378,73 @@ export function createApiApp(deps: ApiDeps): express.Express {
   });
 
   app.use('/v1', v1);
+
+  // The operator's pages: the same tokens as /v1, sent by a browser as Basic auth (any user
+  // name, the token as password); a scoped token sees only its own leases.
+  const ui = express.Router();
+  ui.use(authenticate('Basic'));
+  ui.use((_req, res, next) => {
+    // same-origin, not no-referrer: with no-referrer a browser's form post says `Origin: null`.
+    res.set({ 'content-security-policy': PAGE_CSP, 'x-content-type-options': 'nosniff', 'cache-control': 'no-store', 'referrer-policy': 'same-origin' });
+    if (client.redisReady) return next();
+    res.setHeader('Retry-After', '1');
+    throw new HttpError(503, 'redis_unavailable', 'Redis cannot be reached; retry later');
+  });
+  ui.get('/', (_req, res) => {
+    res.redirect(302, '/ui/attention');
+  });
+  ui.get('/attention', async (req, res) => {
+    const principal = res.locals.principal as Principal;
+    const { offset, limit } = parse(AttentionQuerySchema, req.query, 'query');
+    const page = await client.attentionPage(offset ?? 0, limit ?? 200, (lease) => canSee(principal, lease));
+    res.type('html').send(attentionPage(page.items, page.next, Date.now(), offset ?? 0));
+  });
+  ui.get('/leases/:provider/:companyId/:environmentId/:leaseId', async (req, res) => {
+    const lease = parse(LeasePathSchema, req.params, 'path');
+    if (!canSee(res.locals.principal as Principal, lease)) throw leaseNotFound();
+    res.type('html').send(timelinePage(await client.getLeaseTimeline(lease)));
+  });
+  // The pages' buttons. A browser sends Basic credentials with any request to this origin,
+  // a cross-site form's too: a change is taken only with an Origin header naming this host
+  // (browsers send it with every form post), never without one.
+  const samePageOrigin = (req: Request, _res: Response, next: NextFunction): void => {
+    const origin = req.headers.origin;
+    const site = req.headers['sec-fetch-site'];
+    if (origin === undefined || !URL.canParse(origin) || new URL(origin).host !== req.headers.host || (site !== undefined && site !== 'same-origin')) {
+      throw new HttpError(403, 'cross_site_request', 'these pages take changes only from their own forms; use /v1 from programs');
+    }
+    next();
+  };
+  const acted = (res: Response, back: string) => res.redirect(303, back);
+  const refused = (res: Response, err: unknown, back: string) => {
+    if (!(err instanceof OperatorActionRefusedError)) throw err;
+    res.status(409).type('html').send(actionPage('Refused', `${err.code}: ${err.message}`, back));
+  };
+  ui.post('/leases/:provider/:companyId/:environmentId/:leaseId/:action', samePageOrigin, async (req, res) => {
+    const { action, ...path } = req.params as Record<string, string>;
+    const lease = parse(LeasePathSchema, path, 'path');
+    const principal = res.locals.principal as Principal;
+    if (!canSee(principal, lease)) throw leaseNotFound();
+    if (action !== 'pause' && action !== 'unpause') throw new HttpError(404, 'not_found', `no action ${action}`);
+    await (action === 'pause' ? client.pauseLane(lease, `${principal.name} (page)`) : client.unpauseLane(lease, `${principal.name} (page)`));
+    acted(res, timelinePath(lease));
+  });
+  ui.post('/operations/:jobId/:action', samePageOrigin, async (req, res) => {
+    const { jobId } = parse(OperationPathSchema, { jobId: req.params.jobId }, 'path');
+    const action = req.params.action;
+    const principal = res.locals.principal as Principal;
+    const view = await client.getOperation(jobId);
+    if (!view?.lease || !canSee(principal, view.lease)) throw operationNotFound(jobId);
+    if (action !== 'cancel' && action !== 'rerun') throw new HttpError(404, 'not_found', `no action ${action}`);
+    const back = timelinePath(view.lease);
+    try {
+      await (action === 'cancel' ? client.cancelOperation(jobId, `${principal.name} (page)`) : client.rerunOperation(jobId, `${principal.name} (page)`));
+      acted(res, back);
+    } catch (err) {
+      refused(res, err, back);
+    }
+  });
+  app.use('/ui', ui);
   app.use((req, _res) => {
     throw new HttpError(404, 'not_found', `no route ${req.method} ${req.path}`);
   });
@@ -247,17 +463,6 @@ const operationNotFound = (jobId: string) => new HttpError(404, 'operation_not_f
 
 /** Idempotency keys are namespaced by who may use them. */
 
-/** True for errors that mean Redis cannot be reached right now. */
-function isRedisUnavailable(err: unknown): boolean {
-  if (!(err instanceof Error)) return false;
-  const code = (err as NodeJS.ErrnoException).code;
-  return (
-    ['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'ENOTFOUND', 'EHOSTUNREACH'].includes(code ?? '') ||
-    err.name === 'MaxRetriesPerRequestError' ||
-    /Connection is closed|Stream isn't writeable|max retries per request|Command timed out|LOADING|enableOfflineQueue/i.test(err.message)
-  );
-}
-
 function errorHandler(log: Logger): ErrorRequestHandler {
   return (err: unknown, req, res, _next) => {
     let status = 500;
@@ -271,29 +476,48 @@ function errorHandler(log: Logger): ErrorRequestHandler {
     } else if (err instanceof IdempotencyKeyReusedError) {
       status = 422;
       body = { code: err.code, message: err.message };
+    } else if (err instanceof OperatorActionRefusedError) {
+      status = 409;
+      body = { code: err.code, message: err.message };
     } else if (err instanceof QueueFullError) {
       status = 429;
       body = { code: err.code, message: err.message };
       res.setHeader('Retry-After', String(Math.ceil(err.retryAfterMs / 1000)));
+    } else if (err instanceof URIError) {
+      // The router could not percent-decode a path segment.
+      status = 400;
+      body = { code: 'invalid_request', message: 'the path is not valid percent-encoding' };
     } else if (isBodyParserError(err)) {
-      status = err.status;
+      // The parser's statuses, within what the document lists (a body that cannot be
+      // inflated comes with 400 and no type).
+      status = [400, 413, 415].includes(err.status) ? err.status : 400;
       body =
         err.type === 'entity.too.large'
           ? { code: 'payload_too_large', message: `the body is larger than ${BODY_LIMIT}` }
           : err.type === 'entity.parse.failed'
             ? { code: 'invalid_json', message: 'the body is not valid JSON' }
-            : { code: 'invalid_body', message: err.message };
-    } else if (isRedisUnavailable(err)) {
+            : err.status === 415
+              ? { code: 'unsupported_media_type', message: 'send the body as application/json in UTF-8' }
+              : { code: 'invalid_body', message: err.message };
+    } else if (err instanceof RedisUnavailableError || isRedisUnavailable(err)) {
       status = 503;
       body = { code: 'redis_unavailable', message: 'Redis cannot be reached; retry later' };
       res.setHeader('Retry-After', '1');
+    } else if (err instanceof LayoutError) {
+      // A deployment fault, not the caller's: the operator sees the detail in the log.
+      status = 503;
+      body = { code: err.code, message: 'this API is configured with another partition count than the deployment; retry later' };
     }
-    if (status >= 500) (req.log ?? log).error({ err }, 'request failed');
+    // A deployment fault is one line with what to do, not a stack per request.
+    if (err instanceof LayoutError) (req.log ?? log).error({ code: err.code }, err.message);
+    else if (status >= 500) (req.log ?? log).error({ err }, 'request failed');
     if (res.headersSent) return;
     res.status(status).json({ error: body });
   };
 }
 
-function isBodyParserError(err: unknown): err is { status: number; type: string; message: string } {
-  return typeof err === 'object' && err !== null && 'type' in err && 'status' in err && typeof (err as { status: unknown }).status === 'number';
+/** An error body-parser (or the zlib stream under it) raised for the client's body: a 4xx status. */
+function isBodyParserError(err: unknown): err is { status: number; type?: string; message: string } {
+  const status = typeof err === 'object' && err !== null ? (err as { status?: unknown }).status : undefined;
+  return typeof status === 'number' && status >= 400 && status < 500;
 }

@@ -2,11 +2,16 @@ import { z } from 'zod';
 import { createDocument } from 'zod-openapi';
 import {
   AttentionListSchema,
+  AttentionQuerySchema,
   EnqueueBodySchema,
   EnqueuedSchema,
   ErrorBodySchema,
   IdempotencyKeySchema,
   LeasePathSchema,
+  CancelResultSchema,
+  LeaseTimelineSchema,
+  PauseResultSchema,
+  RerunResultSchema,
   LeaseViewSchema,
   OperationPathSchema,
   OperationViewSchema,
@@ -17,15 +22,27 @@ import {
 const json = (schema: z.ZodType, description: string) => ({ description, content: { 'application/json': { schema } } });
 const errors = (...codes: string[]) =>
   Object.fromEntries(codes.map((status) => [status, json(ErrorBodySchema, ERROR_DESCRIPTIONS[status] ?? 'error')]));
+/** What Node's HTTP server answers itself (no JSON body), on any route. */
+const NODE_ANSWERS = {
+  '408': { description: 'the request took longer than LEASE_OPS_API_REQUEST_TIMEOUT_MS (headers: LEASE_OPS_API_HEADERS_TIMEOUT_MS)' },
+  '417': { description: 'an Expect header other than 100-continue' },
+  '431': { description: 'the request line or headers are larger than Node accepts (16 KiB)' },
+};
+/** Node's own 400 for a malformed request (bad chunked encoding, say), where a route lists no 400 of its own. */
+const NODE_BAD_REQUEST = { '400': { description: 'a malformed request, answered by Node (no body)' } };
 const ERROR_DESCRIPTIONS: Record<string, string> = {
-  '400': 'invalid_request (with zod details) or invalid_json',
+  '400':
+    'invalid_request (with zod details: a path, query, header or body field that does not validate, leaseMetadata over 16 KiB or nested deeper than 32 levels, a path that is not valid percent-encoding, no body), invalid_json or invalid_body (a body that cannot be read: bad gzip, say); Node answers a malformed request (bad chunked encoding) with 400 and no body',
   '401': 'unauthorized: no or unknown bearer token',
   '403': 'forbidden: the token is scoped to a company and this needs an admin',
   '404': 'not found (also for leases and operations outside the token scope)',
-  '413': 'payload_too_large',
+  '413': 'payload_too_large: bodies are capped at 64 KiB',
   '415': 'unsupported_media_type: send application/json',
   '422': 'idempotency_key_reused: the idempotency key came with a different request (lease, operation or parameters) before; unknown_provider: no worker has ever served the provider named in the path',
-  '429': 'lease_queue_full or queue_full, with Retry-After (LEASE_OPS_MAX_QUEUED_PER_LEASE, LEASE_OPS_MAX_QUEUED)',
+  '429':
+    'lease_queue_full, environment_queue_full, company_queue_full or queue_full, with Retry-After (LEASE_OPS_MAX_QUEUED_PER_LEASE, LEASE_OPS_MAX_QUEUED_PER_ENVIRONMENT, LEASE_OPS_MAX_QUEUED_PER_COMPANY, LEASE_OPS_MAX_QUEUED and a fair share)',
+  '409':
+    'operation_executing (it runs: an attempt in flight cannot be taken back), operation_ended (it completed or failed), operation_not_failed (only a failed operation runs again), operation_not_rerunnable (an acquire: enqueue a new one), operation_not_waiting (not in its lane any more)',
   '503': 'redis_unavailable',
 };
 
@@ -41,8 +58,9 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
     },
     // Relative: the document is served by the API it describes, wherever that listens.
     servers: [{ url: '/', description: 'the lease-ops API serving this document' }],
-    components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' } } },
-    security: [{ bearer: [] }],
+    // Basic (any user name, the token as password) is taken too: browsers send it to the board.
+    components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' }, basic: { type: 'http', scheme: 'basic' } } },
+    security: [{ bearer: [] }, { basic: [] }],
     paths: {
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/operations': {
         post: {
@@ -58,7 +76,7 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
               ...json(EnqueuedSchema, 'accepted; the Location header points at the operation'),
               headers: z.object({ Location: z.string() }),
             },
-            ...errors('400', '401', '404', '413', '415', '422', '429', '503'),
+            ...errors('400', '401', '404', '413', '415', '422', '429', '503'), ...NODE_ANSWERS,
           },
         },
       },
@@ -67,7 +85,47 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
           operationId: 'getLease',
           summary: "A lease's lane: executing, queued, backing off, last observed provider state and since when",
           requestParams: { path: LeasePathSchema },
-          responses: { '200': json(LeaseViewSchema, 'the lease'), ...errors('400', '401', '404', '503') },
+          responses: { '200': json(LeaseViewSchema, 'the lease'), ...errors('400', '401', '404', '503'), ...NODE_ANSWERS },
+        },
+      },
+      '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/timeline': {
+        get: {
+          operationId: 'getLeaseTimeline',
+          summary: "A lease's lane and its recent history: accepted, each attempt, what the provider said, backoffs, the watchdog's force-stops, the end",
+          requestParams: { path: LeasePathSchema },
+          responses: { '200': json(LeaseTimelineSchema, 'the lease and its events'), ...errors('400', '401', '404', '503'), ...NODE_ANSWERS },
+        },
+      },
+      '/v1/operations/{jobId}/cancel': {
+        post: {
+          operationId: 'cancelOperation',
+          summary: 'Cancel a queued or backing-off operation: it leaves its lane and fails with code cancelled (never one that executes); recorded on its lease timeline',
+          requestParams: { path: OperationPathSchema },
+          responses: { '200': json(CancelResultSchema, 'cancelled'), ...errors('400', '401', '404', '409', '503'), ...NODE_ANSWERS },
+        },
+      },
+      '/v1/operations/{jobId}/rerun': {
+        post: {
+          operationId: 'rerunOperation',
+          summary: 'Run a failed operation again: it joins its lane at the tail with its original time budget from now; recorded on its lease timeline',
+          requestParams: { path: OperationPathSchema },
+          responses: { '202': json(RerunResultSchema, 'queued again'), ...errors('400', '401', '404', '409', '503'), ...NODE_ANSWERS },
+        },
+      },
+      '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/pause': {
+        post: {
+          operationId: 'pauseLane',
+          summary: "Pause a lease's lane: the executing operation finishes, nothing new starts; operations are still accepted (and fail at their deadline)",
+          requestParams: { path: LeasePathSchema },
+          responses: { '200': json(PauseResultSchema, 'paused'), ...errors('400', '401', '404', '503'), ...NODE_ANSWERS },
+        },
+      },
+      '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/unpause': {
+        post: {
+          operationId: 'unpauseLane',
+          summary: "Unpause a lease's lane: its head goes to the workers",
+          requestParams: { path: LeasePathSchema },
+          responses: { '200': json(PauseResultSchema, 'unpaused'), ...errors('400', '401', '404', '503'), ...NODE_ANSWERS },
         },
       },
       '/v1/operations/{jobId}': {
@@ -75,21 +133,22 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
           operationId: 'getOperation',
           summary: "An operation's state, result or error; optionally waits for it to end",
           requestParams: { path: OperationPathSchema, query: WaitQuerySchema },
-          responses: { '200': json(OperationViewSchema, 'the operation'), ...errors('400', '401', '404', '503') },
+          responses: { '200': json(OperationViewSchema, 'the operation'), ...errors('400', '401', '404', '503'), ...NODE_ANSWERS },
         },
       },
       '/v1/attention': {
         get: {
           operationId: 'listLeasesNeedingAttention',
-          summary: 'Leases stuck stopping, whose last operation failed, or whose lane is blocked',
-          responses: { '200': json(AttentionListSchema, 'the leases, within the token scope'), ...errors('401', '503') },
+          summary: 'Leases stuck stopping, whose last operation failed, or whose lane is blocked, a page at a time',
+          requestParams: { query: AttentionQuerySchema },
+          responses: { '200': json(AttentionListSchema, 'the leases, within the token scope'), ...errors('400', '401', '503'), ...NODE_ANSWERS },
         },
       },
       '/v1/overview': {
         get: {
           operationId: 'getOverview',
           summary: 'The whole queue at a glance (admin tokens only)',
-          responses: { '200': json(OverviewSchema, 'operations by state, open lanes, attention'), ...errors('401', '403', '503') },
+          responses: { '200': json(OverviewSchema, 'operations by state, open lanes, attention'), ...NODE_BAD_REQUEST, ...errors('401', '403', '503'), ...NODE_ANSWERS },
         },
       },
     },

@@ -1,7 +1,8 @@
 import { z } from 'zod';
 import { LeaseIdentitySchema } from '../lease.ts';
 import { OPERATIONS, OperationParamsSchemas } from '../operations.ts';
-import type { AttentionItem, LeaseView, OperationView, QueueOverview } from '../queues/inspect.ts';
+import type { AttentionItem, LeaseTimeline, LeaseView, OperationView, QueueOverview } from '../queues/inspect.ts';
+import { HISTORY_EVENT_KINDS, type HistoryEvent } from '../queues/lease-history.ts';
 
 // The HTTP API's request and response shapes. Requests are validated with these schemas and
 // the OpenAPI document (openapi.ts) is generated from them, so the two cannot drift.
@@ -42,7 +43,10 @@ export const EnqueueBodySchema = z
     enqueueVariant('force-stop'),
     enqueueVariant('destroy'),
   ])
-  .meta({ id: 'EnqueueRequest', description: 'One lease operation and its parameters' });
+  .meta({
+    id: 'EnqueueRequest',
+    description: "One lease operation and its parameters; params.providerLeaseId, where an operation takes one, must be the path's leaseId (400 otherwise)",
+  });
 
 export const EnqueuedSchema = z
   .object({
@@ -105,11 +109,59 @@ export const LeaseViewSchema = z
         since: z.number(),
         observedAt: z.number(),
         forceStops: z.number().int(),
+        forceJob: z.string().nullable().meta({ description: 'the job of the last force-stop the watchdog queued in this stuck episode' }),
       })
       .nullable(),
     lastFailure: z.object({ jobId: z.string(), at: z.number(), code: z.string(), message: z.string() }).nullable(),
+    paused: z
+      .object({ by: z.string(), since: z.number() })
+      .nullable()
+      .meta({ description: 'an operator paused the lane: nothing new starts until it is unpaused' }),
   })
   .meta({ id: 'Lease' });
+
+export const HistoryEventSchema = z
+  .object({
+    at: z.number().meta({ description: "epoch ms, Redis' clock" }),
+    kind: z.enum(HISTORY_EVENT_KINDS),
+    jobId: z.string().nullable(),
+    op: z.string().optional(),
+    ahead: z.number().int().optional().meta({ description: 'accepted: operations ahead of it in the lane (0: it was the head)' }),
+    attempt: z.number().int().optional().meta({ description: '1 for the first attempt' }),
+    until: z.number().optional().meta({ description: 'backing-off: when the retry comes due (epoch ms)' }),
+    since: z.number().optional().meta({ description: 'stuck: since when the sandbox was stopping (epoch ms)' }),
+    by: z.string().optional(),
+    code: z.string().optional(),
+    message: z.string().optional(),
+    state: z.string().optional().meta({ description: 'observed: the state kind (running, stopped, transitioning, ...)' }),
+    providerState: z.string().optional().meta({ description: "observed: the provider's own word for it" }),
+    sandbox: z.string().optional(),
+  })
+  .meta({ id: 'HistoryEvent' });
+
+export const LeaseTimelineSchema = LeaseViewSchema.extend({
+  now: z.number().meta({ description: "Redis' clock when read (epoch ms)" }),
+  events: z.array(HistoryEventSchema).meta({ description: 'about the last 200 events, oldest first, kept a week past the last one' }),
+  operations: z.array(OperationViewSchema).meta({ description: 'the operations the events name, while BullMQ keeps them' }),
+}).meta({ id: 'LeaseTimeline' });
+
+export const CancelResultSchema = z.object({ jobId: z.string(), laneId: z.string(), cancelled: z.literal(true) }).meta({ id: 'Cancelled' });
+export const RerunResultSchema = z
+  .object({
+    jobId: z.string(),
+    laneId: z.string(),
+    deadlineAt: z.number().meta({ description: 'its new deadline: its original time budget, from now' }),
+    location: z.string(),
+  })
+  .meta({ id: 'RunAgain' });
+export const PauseResultSchema = z
+  .object({
+    laneId: z.string(),
+    paused: z.boolean(),
+    changed: z.boolean().meta({ description: 'false when the lane already was as asked' }),
+    since: z.number().nullable(),
+  })
+  .meta({ id: 'LanePause' });
 
 export const AttentionItemSchema = z
   .object({
@@ -121,7 +173,28 @@ export const AttentionItemSchema = z
   })
   .meta({ id: 'AttentionItem' });
 
-export const AttentionListSchema = z.object({ items: z.array(AttentionItemSchema) }).meta({ id: 'AttentionList' });
+export const AttentionListSchema = z
+  .object({
+    items: z.array(AttentionItemSchema),
+    next: z.number().int().nullable().meta({ description: 'the offset of the next page, null on the last one' }),
+  })
+  .meta({ id: 'AttentionList' });
+
+/** A whole number in decimal digits only: no `0x10`, no `1e3`, no empty value. */
+const decimal = (name: string, max: number) =>
+  z
+    .string()
+    .regex(/^\d{1,9}$/, `${name} is a whole number (decimal digits)`)
+    .transform(Number)
+    .pipe(z.number().max(max, `${name} is at most ${max}`));
+
+export const AttentionQuerySchema = z.strictObject({
+  offset: decimal('offset', 1_000_000).optional().meta({ description: 'where the page starts (next of the previous page); 0 by default' }),
+  limit: decimal('limit', 500)
+    .pipe(z.number().min(1, 'limit is at least 1'))
+    .optional()
+    .meta({ description: 'at most this many items (1 to 500; 200 by default)' }),
+});
 
 export const OverviewSchema = z
   .object({
@@ -141,11 +214,24 @@ export const ErrorBodySchema = z
   })
   .meta({ id: 'Error' });
 
-// Compile-time checks that the views the inspector builds match the published schemas.
+// Compile-time checks that the views the inspector builds match the published schemas, and
+// have no field the schemas leave out (their objects allow no other properties).
 type Assignable<T, U extends T> = U;
+type SameKeys<A, B> = [Exclude<keyof A, keyof B> | Exclude<keyof B, keyof A>] extends [never] ? true : false;
+type Holds<T extends true> = T;
+export type ViewsHaveNoOtherFields = [
+  Holds<SameKeys<z.input<typeof OperationViewSchema>, OperationView>>,
+  Holds<SameKeys<z.input<typeof LeaseViewSchema>, LeaseView>>,
+  Holds<SameKeys<NonNullable<z.input<typeof LeaseViewSchema>['observed']>, NonNullable<LeaseView['observed']>>>,
+  Holds<SameKeys<z.input<typeof AttentionItemSchema>, AttentionItem>>,
+  Holds<SameKeys<z.input<typeof OverviewSchema>, QueueOverview>>,
+  Holds<SameKeys<z.input<typeof LeaseTimelineSchema>, LeaseTimeline>>,
+  Holds<SameKeys<z.input<typeof HistoryEventSchema>, HistoryEvent>>,
+];
 export type ViewsMatchSchemas = [
   Assignable<z.input<typeof OperationViewSchema>, OperationView>,
   Assignable<z.input<typeof LeaseViewSchema>, LeaseView>,
   Assignable<z.input<typeof AttentionItemSchema>, AttentionItem>,
   Assignable<z.input<typeof OverviewSchema>, QueueOverview>,
+  Assignable<z.input<typeof LeaseTimelineSchema>, LeaseTimeline>,
 ];

@@ -1,5 +1,4 @@
 import { once } from 'node:events';
-import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Queue } from 'bullmq';
@@ -7,10 +6,10 @@ import { LeaseOpsClient } from '../client.ts';
 import type { Config } from '../config.ts';
 import type { Logger } from '../logger.ts';
 import { queueMetrics } from '../metrics.ts';
-import { pingWithin } from '../queues/redis.ts';
+import { pingWithin, reportRedisError } from '../queues/redis.ts';
 import { createApiApp } from './app.ts';
 
-export const VERSION = (JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }).version;
+import { VERSION } from '../version.ts';
 
 export interface ApiServer {
   url: string;
@@ -20,26 +19,34 @@ export interface ApiServer {
 
 /** Starts the HTTP API with Bull Board and the operations endpoints. */
 export async function startApiServer(config: Config, log: Logger): Promise<ApiServer> {
+  // Not waiting for Redis: the API listens at once, and answers 503 until Redis does.
   const client = new LeaseOpsClient(config, { failFast: true });
-  await client.connected();
-  // Bull Board also shows the maintenance queue (lane sweep, stuck-stop watchdog).
-  const maintenance = new Queue(`${config.LEASE_OPS_QUEUE}-maintenance`, { connection: client.ops.connection, prefix: config.LEASE_OPS_PREFIX });
+  // Bull Board also shows each partition's maintenance queue (lane sweep, stuck-stop watchdog).
+  const maintenance = client.partitions.map((p) => {
+    const queue = new Queue(`${config.LEASE_OPS_QUEUE}-maintenance`, { connection: client.ops.connection, prefix: p.settings.LEASE_OPS_PREFIX });
+    queue.on('error', reportRedisError);
+    return { queue, prefix: client.partitions.length > 1 ? `p${p.index}:` : '' };
+  });
   const app = createApiApp({
     config,
     client,
     log,
     version: VERSION,
-    boardQueues: [maintenance],
+    boardQueues: maintenance,
     metrics: queueMetrics(client, { bullmqTotals: config.LEASE_OPS_BULLMQ_METRICS }),
     readiness: async () => {
       try {
+        // A connection on its way up (at start, after an outage) gets its second to answer.
+        if (!client.redisReady) await within(client.connected(), 1_000);
         await pingWithin(client.ops.connection, 1_000);
       } catch (err) {
         // Anyone who reaches the port may read this: the error's code, not its address.
         return { ready: false, checks: { redis: `unreachable${errorCode(err)}`, workers: null } };
       }
-      const workers = await client.ops.queue.getWorkersCount();
-      return { ready: workers > 0, checks: { redis: 'ok', workers } };
+      // Ready when every partition has a worker: a partition no worker serves runs nothing.
+      const counts = await Promise.all(client.partitions.map((p) => p.ops.queue.getWorkersCount()));
+      const workers = counts.reduce((n, c) => n + c, 0);
+      return { ready: counts.every((c) => c > 0), checks: { redis: 'ok', workers } };
     },
   });
   const server = createServer(
@@ -54,11 +61,21 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
   );
   server.maxConnections = config.LEASE_OPS_API_MAX_CONNECTIONS;
   server.listen(config.LEASE_OPS_API_PORT, config.LEASE_OPS_API_HOST);
-  await once(server, 'listening');
+  try {
+    await once(server, 'listening');
+  } catch (err) {
+    // The port is taken, say: nothing this started may keep the process alive.
+    await Promise.all(maintenance.map(({ queue }) => queue.close()));
+    await client.close();
+    throw err;
+  }
   const { port } = server.address() as AddressInfo;
   const host = config.LEASE_OPS_API_HOST.includes(':') ? `[${config.LEASE_OPS_API_HOST}]` : config.LEASE_OPS_API_HOST;
   const url = `http://${host === '0.0.0.0' ? '127.0.0.1' : host}:${port}`;
   log.info({ url }, 'API listening');
+  // Listening already (answering 503 until Redis does); callers get it once Redis answers, or
+  // after LEASE_OPS_REDIS_TIMEOUT_MS without.
+  await within(client.connected(), config.LEASE_OPS_REDIS_TIMEOUT_MS).catch(() => undefined);
   return {
     url,
     client,
@@ -69,7 +86,7 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
       const cut = setTimeout(() => server.closeAllConnections(), 2_000);
       await closed;
       clearTimeout(cut);
-      await maintenance.close();
+      await Promise.all(maintenance.map(({ queue }) => queue.close()));
       await client.close();
     },
   };
@@ -79,4 +96,14 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
 function errorCode(err: unknown): string {
   const code = (err as { code?: unknown })?.code;
   return typeof code === 'string' && /^[A-Z_]+$/.test(code) ? ` (${code})` : '';
+}
+
+/** `promise`, or a rejection after `ms`. */
+async function within<T>(promise: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([promise, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`no answer within ${ms} ms`)), ms)))]);
+  } finally {
+    clearTimeout(timer);
+  }
 }

@@ -1,3 +1,4 @@
+import { ConfigError } from '../config.ts';
 import { isAbsolute, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { z } from 'zod';
@@ -12,12 +13,21 @@ export class ProviderRegistry {
   private readonly byName = new Map<string, LeaseProvider>();
   private readonly closers: (() => void | Promise<void>)[] = [];
 
-  constructor(providers: LeaseProvider[] = []) {
+  constructor(
+    providers: LeaseProvider[] = [],
+    /** Whether close() closes the providers (a shared view leaves that to its owner). */
+    private readonly owns = true,
+  ) {
     for (const p of providers) this.add(p);
   }
 
+  /** The same providers for one of several users (a partition's worker): its close() leaves them open. */
+  shared(): ProviderRegistry {
+    return new ProviderRegistry([...this.byName.values()], false);
+  }
+
   add(provider: LeaseProvider): void {
-    if (this.byName.has(provider.name)) throw new Error(`two providers are named "${provider.name}"`);
+    if (this.byName.has(provider.name)) throw new ConfigError(`two providers are named "${provider.name}"`);
     this.byName.set(provider.name, provider);
   }
 
@@ -35,6 +45,7 @@ export class ProviderRegistry {
   }
 
   async close(): Promise<void> {
+    if (!this.owns) return;
     await Promise.all([...this.byName.values()].map((p) => p.close?.()));
     await Promise.all(this.closers.map((fn) => fn()));
   }
@@ -43,7 +54,7 @@ export class ProviderRegistry {
 /** A required environment variable, with an error that names it (and never its value). */
 function required(env: NodeJS.ProcessEnv, variable: string, forWhat: string): string {
   const value = env[variable];
-  if (!value) throw new Error(`${forWhat} needs ${variable} to be set`);
+  if (!value) throw new ConfigError(`${forWhat} needs ${variable} to be set`);
   return value;
 }
 
@@ -52,7 +63,7 @@ function optional<T extends z.ZodType>(env: NodeJS.ProcessEnv, variable: string,
   const value = env[variable];
   if (value === undefined || value === '') return undefined;
   const parsed = schema.safeParse(value);
-  if (!parsed.success) throw new Error(`${variable}: ${parsed.error.issues.map((i) => i.message).join('; ')}`);
+  if (!parsed.success) throw new ConfigError(`${variable}: ${parsed.error.issues.map((i) => i.message).join('; ')}`);
   return parsed.data;
 }
 const positiveInt = z.coerce.number().int().positive();
@@ -165,8 +176,7 @@ const ProvidersFileSchema = z.array(
 export async function loadProviders(spec: string, env: NodeJS.ProcessEnv = process.env, services?: ProviderServices): Promise<ProviderRegistry> {
   const registry = new ProviderRegistry();
   if (env.LEASE_OPS_PROVIDERS_FILE) {
-    const { readFile } = await import('node:fs/promises');
-    const entries = ProvidersFileSchema.parse(JSON.parse(await readFile(env.LEASE_OPS_PROVIDERS_FILE, 'utf8')));
+    const entries = await readProvidersFile(env.LEASE_OPS_PROVIDERS_FILE);
     for (const entry of entries) {
       if (entry.type === 'module') {
         registry.add(await loadProviderModule(entry.path, env, services));
@@ -177,7 +187,9 @@ export async function loadProviders(spec: string, env: NodeJS.ProcessEnv = proce
       registry.add(type === 'createos' ? createCreateosProvider({ ...rest, apiKey }, limitersOf(services)) : createDaytonaProvider({ ...rest, apiKey }, limitersOf(services)));
     }
   }
-  for (const entry of spec.split(',').map((s) => s.trim()).filter(Boolean)) {
+  // A providers file replaces the default list (simulated); LEASE_OPS_PROVIDERS set as well adds to it.
+  const listed = env.LEASE_OPS_PROVIDERS_FILE && env.LEASE_OPS_PROVIDERS === undefined ? '' : spec;
+  for (const entry of listed.split(',').map((s) => s.trim()).filter(Boolean)) {
     const builtIn = BUILT_IN[entry];
     if (builtIn) {
       registry.add(await builtIn(env, services));
@@ -188,22 +200,42 @@ export async function loadProviders(spec: string, env: NodeJS.ProcessEnv = proce
   return registry;
 }
 
+/** The providers file, read and checked; what is wrong with it is a ConfigError naming the file. */
+async function readProvidersFile(path: string): Promise<z.infer<typeof ProvidersFileSchema>> {
+  const { readFile } = await import('node:fs/promises');
+  let text: string;
+  try {
+    text = await readFile(path, 'utf8');
+  } catch (err) {
+    throw new ConfigError(`LEASE_OPS_PROVIDERS_FILE=${path}: cannot read it (${(err as NodeJS.ErrnoException).code ?? 'error'})`);
+  }
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch {
+    throw new ConfigError(`LEASE_OPS_PROVIDERS_FILE=${path}: not JSON`);
+  }
+  const parsed = ProvidersFileSchema.safeParse(json);
+  if (!parsed.success) throw new ConfigError(`LEASE_OPS_PROVIDERS_FILE=${path}: ${parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ')}`);
+  return parsed.data;
+}
+
 export async function loadProviderModule(path: string, env: NodeJS.ProcessEnv, services?: ProviderServices): Promise<LeaseProvider> {
   const url = pathToFileURL(isAbsolute(path) ? path : resolve(process.cwd(), path)).href;
   let mod: Record<string, unknown>;
   try {
     mod = (await import(url)) as Record<string, unknown>;
   } catch (err) {
-    throw new Error(`cannot load provider module ${path}: ${(err as Error).message}`, { cause: err });
+    throw new ConfigError(`cannot load provider module ${path}: ${(err as Error).message}`, { cause: err });
   }
   const factory = (mod.default ?? mod.createProvider) as ProviderFactory | undefined;
   if (typeof factory !== 'function') {
-    throw new Error(`provider module ${path} must export a factory as default or as createProvider`);
+    throw new ConfigError(`provider module ${path} must export a factory as default or as createProvider`);
   }
   const provider = await factory(env, services ?? { rateLimiters: localRateLimiters });
   for (const method of ['acquire', 'resume', 'release', 'stop', 'forceStop', 'destroy', 'status'] as const) {
-    if (typeof provider?.[method] !== 'function') throw new Error(`provider from ${path} lacks ${method}()`);
+    if (typeof provider?.[method] !== 'function') throw new ConfigError(`provider from ${path} lacks ${method}()`);
   }
-  if (typeof provider.name !== 'string' || !provider.name) throw new Error(`provider from ${path} has no name`);
+  if (typeof provider.name !== 'string' || !provider.name) throw new ConfigError(`provider from ${path} has no name`);
   return provider;
 }

@@ -12,6 +12,7 @@ import type { LeaseProvider, OperationContext, SandboxState } from '../providers
 import * as telemetry from '../telemetry.ts';
 import { Attempt, type Fencing, StaleAttemptError } from './fencing.ts';
 import type { Lanes, LaneOutcome } from './lane.ts';
+import { historyEntry, type LeaseHistory } from './lease-history.ts';
 import { isStopping, type LeaseRecords } from './lease-records.ts';
 import { parkDelay, type OperationsQueue } from './operations-queue.ts';
 import type { RedisClient } from './redis.ts';
@@ -24,6 +25,8 @@ export interface AttemptDeps {
   releaseLanes: Lanes;
   fencing: Fencing;
   records: LeaseRecords;
+  /** Each lease's events, for its timeline (written without waiting). */
+  history: LeaseHistory;
   providers: ProviderRegistry;
   backoff: BackoffSettings;
   backoffByOp: Partial<Record<string, Partial<BackoffSettings>>>;
@@ -37,6 +40,8 @@ export interface AttemptDeps {
   coalesceWrites(): void;
   /** Whether this worker will fetch its next job right after completing this one (not closing, not paused). */
   fetchesNext(): boolean;
+  /** Whether a lane belongs to the partition this worker serves, as the deployment's partition count maps it. */
+  ownsLane(laneId: string): boolean;
   /** An operation saw a sandbox begin a stopping episode (see Watchdog); both times in Redis' clock. */
   stoppingBegan(laneId: string, since: number, now: number): void;
 }
@@ -65,6 +70,8 @@ class LaneUnavailableError extends RetryLaterError {
 export class AttemptLife {
   private readonly jobId: string;
   private readonly startedAt = performance.now();
+  /** When the attempt proper began (its provider call), for the history: null before. */
+  private ranFrom: number | null = null;
   private logger: Logger | undefined;
 
   constructor(
@@ -79,6 +86,9 @@ export class AttemptLife {
   async live(): Promise<unknown> {
     const laneId = laneIdOfJobId(this.jobId);
     if (!laneId) throw new UnrecoverableError(`no_lane: job ${this.jobId} has no lane: only lease-ops' enqueue may add jobs`);
+    // A job of the partition count before a change (run again by an operator, say): its lease
+    // has its lane in another partition now, and two lanes would run it beside that one.
+    if (!this.deps.ownsLane(laneId)) throw new UnrecoverableError(`wrong_partition: the partition count changed since this operation was accepted; its lease belongs to another partition now: enqueue it again`);
     const parsed = OperationJobDataSchema.safeParse(this.job.data);
 
     let fence = handedOffFence(this.job);
@@ -157,11 +167,14 @@ export class AttemptLife {
       },
       checkpoint: this.deps.checkpointOf(this.jobId),
     };
+    this.ranFrom = performance.now();
     let result: unknown;
     try {
       await faultPoint('before-provider-call');
       const spanAttributes = { 'lease.op': data.op, 'lease.provider': data.lease.provider, 'lease.job_id': this.jobId, 'lease.attempt': ctx.attempt };
-      result = data.op === 'force-stop' ? await telemetry.forceStopSpan(spanAttributes, () => runOperation(provider, ctx, data)) : await runOperation(provider, ctx, data);
+      result = await telemetry.processSpan(this.deps.ops.queue.name, this.jobId, spanAttributes, () =>
+        data.op === 'force-stop' ? telemetry.forceStopSpan(spanAttributes, () => runOperation(provider, ctx, data)) : runOperation(provider, ctx, data),
+      );
       if (data.op === 'force-stop') telemetry.forceStop('succeeded', { 'lease.provider': data.lease.provider });
       await faultPoint('after-provider-call');
     } catch (err) {
@@ -188,7 +201,8 @@ export class AttemptLife {
     this.deps.coalesceWrites();
     attemptEnded(data.op, 'completed', this.seconds());
     if (observed) await this.record(laneId, data.lease, observed, log);
-    const released = this.deps.releaseLanes.release(laneId, this.jobId, fence, { status: 'completed', result }, this.deps.fetchesNext(), data.op === 'acquire').then(
+    const entry = this.historyEntry({ kind: 'completed', jobId: this.jobId, op: data.op, attempt: this.job.attemptsMade + 1 });
+    const released = this.deps.releaseLanes.release(laneId, this.jobId, fence, { status: 'completed', result }, this.deps.fetchesNext(), data.op === 'acquire', entry).then(
       (r) => {
         if (r.kind === 'stale') log().warn('attempt was superseded while it ran; its result is discarded');
       },
@@ -230,19 +244,33 @@ export class AttemptLife {
         });
       }
       log().info({ err, delayMs: decision.delayMs }, 'operation will be retried');
+      const entry = this.historyEntry({
+        kind: 'backing-off',
+        jobId: this.jobId,
+        op: data.op,
+        attempt: this.job.attemptsMade + 1,
+        until: Date.now() + decision.delayMs,
+        code: errorCode(err),
+        message: messageOf(err),
+      });
       // A failed yield leaves this job the holder: its next attempt takes the lane again.
       await (async () => {
         await faultPoint('lane-yield', this.deps.redis);
-        await this.deps.ops.lanes.yield(laneId, this.jobId, fence, Date.now() + decision.delayMs);
+        await this.deps.ops.lanes.yield(laneId, this.jobId, fence, Date.now() + decision.delayMs, entry);
       })().catch((yieldErr: unknown) => log().warn({ err: yieldErr }, 'could not yield the lane before a retry'));
+      // A crash test stops the worker here: the lane yielded, BullMQ still holds the job active.
+      await faultPoint('after-lane-yield');
       attemptEnded(data.op, 'retry', this.seconds(), isProviderError(err) ? err.kind : 'unexpected');
       throw new RetryLaterError(decision.delayMs, err);
     }
-    const message = err instanceof Error ? err.message : String(err);
+    const message = messageOf(err);
     log().warn({ err, reason: decision.reason }, 'operation failed');
     // No replica served its provider before its deadline: that, not the deadline, is the news.
     if (decision.reason === 'deadline' && errorCode(err) !== 'unknown_provider') {
-      return this.failForGood(laneId, fence, data, 'deadline_exceeded', `last provider error: ${message}`, log);
+      // This attempt sent nothing (the deadline passed while it waited to send): the news is
+      // what the provider said last, which the previous attempt's failure kept.
+      const last = errorCode(err) === 'deadline_passed' && this.job.failedReason ? this.job.failedReason : message;
+      return this.failForGood(laneId, fence, data, 'deadline_exceeded', `last provider error: ${last}`, log);
     }
     return this.failForGood(laneId, fence, data, errorCode(err), message, log);
   }
@@ -272,7 +300,8 @@ export class AttemptLife {
     attemptEnded(op, 'failed', this.seconds());
     const err = code === 'deadline_exceeded' ? new DeadlineExceededError(message) : new OperationFailedError(code, message);
     if (code === 'deadline_exceeded') telemetry.deadlineFailure({ 'lease.op': op });
-    await this.laneStep(() => this.deps.releaseLanes.release(laneId, this.jobId, fence, { status: 'failed', code, error: err.message }, this.deps.fetchesNext()));
+    const entry = this.historyEntry({ kind: 'failed', jobId: this.jobId, op, attempt: this.job.attemptsMade + 1, code, message: err.message });
+    await this.laneStep(() => this.deps.releaseLanes.release(laneId, this.jobId, fence, { status: 'failed', code, error: err.message }, this.deps.fetchesNext(), false, entry));
     throw err;
   }
 
@@ -295,6 +324,7 @@ export class AttemptLife {
       const dropped = await this.laneStep(() => this.deps.ops.lanes.drop(laneId, this.jobId, outcome));
       if (dropped.kind !== 'executing') {
         telemetry.deadlineFailure({ 'lease.op': data.op });
+        this.deps.history.append(laneId, { kind: 'failed', jobId: this.jobId, op: data.op, code: 'deadline_exceeded', message: 'the deadline passed while it waited in its lane' });
         attemptEnded(data.op, 'failed', this.seconds());
         throw new DeadlineExceededError('the deadline passed while it waited in its lane');
       }
@@ -329,7 +359,7 @@ export class AttemptLife {
   private async record(laneId: string, lease: LeaseIdentity, observed: [string, SandboxState] | null, log: () => Logger): Promise<void> {
     if (!observed) return;
     try {
-      const { since, began, now } = await this.deps.records.observe(laneId, lease, observed[0], observed[1]);
+      const { since, began, now } = await this.deps.records.observe(laneId, lease, observed[0], observed[1], this.jobId);
       if (began && isStopping(observed[1])) this.deps.stoppingBegan(laneId, since, now);
     } catch (err) {
       log().warn({ err }, 'could not record the observed sandbox state');
@@ -345,6 +375,11 @@ export class AttemptLife {
       this.deps.log.warn({ err, jobId: this.jobId }, 'a lane step failed; the attempt will be retried');
       throw new LaneUnavailableError(Math.min(this.deps.backoff.capMs, this.deps.backoff.baseMs * 2 ** Math.min(10, this.job.attemptsMade)), err);
     }
+  }
+
+  /** The history entry of this attempt's end: with how long it ran, if it got as far as its provider call. */
+  private historyEntry(event: Parameters<typeof historyEntry>[0]): string {
+    return historyEntry(this.ranFrom === null ? event : { ...event, ran: performance.now() - this.ranFrom });
   }
 
   private seconds(): number {
@@ -375,7 +410,21 @@ function handedOffFence(job: Job): string | null {
   return null;
 }
 
+/** A provider's message, for people: bounded, as it is kept with the job and shown to callers. */
+export function messageOf(err: unknown): string {
+  const text = err instanceof Error ? err.message : String(err);
+  return text.length > MESSAGE_MAX ? `${text.slice(0, MESSAGE_MAX)}...` : text;
+}
+const MESSAGE_MAX = 1_000;
+
+/**
+ * The error's code as callers, the history and the lane's record see it: a provider's code
+ * is an identifier, so anything else in it goes, and it is at most 100 characters.
+ */
 function errorCode(err: unknown): string {
-  if (err && typeof err === 'object' && 'code' in err && typeof err.code === 'string') return err.code;
+  if (err && typeof err === 'object' && 'code' in err && typeof err.code === 'string') {
+    const code = err.code.replace(/[^\w.:-]+/g, '_').slice(0, 100);
+    if (code) return code;
+  }
   return 'provider_error';
 }

@@ -1,6 +1,6 @@
-import type { RedisClient } from './redis.ts';
 import type { Logger } from '../logger.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
+import { isRedisUnavailable, type RedisClient } from './redis.ts';
 
 /** A provider call refused because its attempt is no longer the lease's current one. */
 export class StaleAttemptError extends Error {
@@ -43,6 +43,11 @@ export class Attempt {
     this.freshUntil = lockMsLeft > 0 ? sentAt + lockMsLeft * 0.8 : Number.NEGATIVE_INFINITY;
   }
 
+  /** Forgets the last confirmation: the next request waits for a new check. */
+  unconfirmed(): void {
+    this.freshUntil = Number.NEGATIVE_INFINITY;
+  }
+
   /**
    * Synchronous: true while no successor can have started. A request sent while this holds
    * is not a stale one, even if the process was paused (SIGSTOP, a long GC, a starved event
@@ -73,6 +78,17 @@ export class Fencing {
   private readonly running = new Set<Attempt>();
   private timer: NodeJS.Timeout | null = null;
   private readonly fenceCheck: LuaCommand;
+  /**
+   * Bumped each time the connection closes. A confirmation holds only while the Redis that
+   * gave it is the one still there: a restart without persistence, or a failover to a
+   * replica that had not caught up, takes the lane's token and the lock with it, and a
+   * successor can start at once. Every connection that closes may have been such a Redis.
+   */
+  private connectionEpoch = 0;
+  private readonly connectionClosed = () => {
+    this.connectionEpoch++;
+    for (const attempt of this.running) attempt.unconfirmed();
+  };
 
   constructor(
     private readonly redis: RedisClient,
@@ -83,6 +99,9 @@ export class Fencing {
     private readonly intervalMs: number,
   ) {
     this.fenceCheck = luaCommand(redis, 'fence-check', 2);
+    redis.on('close', this.connectionClosed);
+    // A Cluster client says 'close' only when every node is gone; one node's restart is a '-node'.
+    redis.on('-node', this.connectionClosed);
   }
 
   start(): void {
@@ -93,6 +112,8 @@ export class Fencing {
   stop(): void {
     if (this.timer) clearInterval(this.timer);
     this.timer = null;
+    this.redis.off('close', this.connectionClosed);
+    this.redis.off('-node', this.connectionClosed);
   }
 
   track(attempt: Attempt): () => void {
@@ -118,14 +139,27 @@ export class Fencing {
 
   /** Throws StaleAttemptError unless the attempt still holds its lane. */
   async check(attempt: Attempt): Promise<void> {
-    if (!attempt.stale) {
+    while (!attempt.stale) {
       // Taken before sending: the answer holds from some moment after this one.
       const sentAt = performance.now();
-      const [current, lockMsLeft] = (await this.fenceCheck(this.execKey(attempt.laneId), this.lockKey(attempt.jobId), attempt.token, attempt.lockToken)) as [number, number];
+      const epoch = this.connectionEpoch;
+      let answer: [number, number];
+      try {
+        answer = (await this.fenceCheck(this.execKey(attempt.laneId), this.lockKey(attempt.jobId), attempt.token, attempt.lockToken)) as [number, number];
+      } catch (err) {
+        // The connection went while the check was out: ask whichever Redis answers now.
+        if (epoch !== this.connectionEpoch && isRedisUnavailable(err)) continue;
+        throw err;
+      }
+      const [current, lockMsLeft] = answer;
       if (current !== 1) attempt.markStale('a newer attempt holds the lease, or its lock is not its own');
-      else attempt.confirmed(sentAt, lockMsLeft);
+      // An answer from before a close came from a Redis that may be gone: ask again.
+      else if (epoch === this.connectionEpoch) {
+        attempt.confirmed(sentAt, lockMsLeft);
+        return;
+      }
     }
-    if (attempt.stale) throw attempt.staleError();
+    throw attempt.staleError();
   }
 
   private async sweep(): Promise<void> {

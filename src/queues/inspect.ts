@@ -1,6 +1,7 @@
 import { Job } from 'bullmq';
 import { laneIdOf, laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
 import { OperationJobDataSchema, type OperationName } from '../operations.ts';
+import type { HistoryEvent } from './lease-history.ts';
 import type { LeaseRecord, LeaseRecords } from './lease-records.ts';
 import type { OperationsQueue } from './operations-queue.ts';
 import { withoutInfrastructure } from '../secrets.ts';
@@ -47,6 +48,16 @@ export interface LeaseView {
   observed: Omit<LeaseRecord, 'lease'> | null;
   /** The lease's last operation failed for good (cleared by its next success). */
   lastFailure: { jobId: string; at: number; code: string; message: string } | null;
+  /** An operator paused the lane (nothing new starts): who, and since when. */
+  paused: { by: string; since: number } | null;
+}
+
+/** A lease's lane now, with its history and the operations the history names. */
+export interface LeaseTimeline extends LeaseView {
+  /** Redis' clock when read (ms): the events' clock. */
+  now: number;
+  events: HistoryEvent[];
+  operations: OperationView[];
 }
 
 export type AttentionReason = 'stuck_stopping' | 'last_operation_failed' | 'blocked';
@@ -145,10 +156,11 @@ export class Inspector {
 
   async lease(lease: LeaseIdentity, limit = 50): Promise<LeaseView> {
     const laneId = laneIdOf(lease);
-    const [lane, record, failure] = await Promise.all([
+    const [lane, record, failure, paused] = await Promise.all([
       this.ops.lanes.view(laneId),
       this.records.get(laneId),
       this.ops.lanes.lastFailure(laneId),
+      this.ops.lanes.pausedBy(laneId),
     ]);
     const views = (await Promise.all(lane.jobs.slice(0, limit + 1).map((jobId) => this.viewOf(jobId, laneId)))).filter(
       (v): v is OperationView => v !== null,
@@ -177,7 +189,26 @@ export class Inspector {
       queuedTotal: lane.jobs.length - (executing || backingOff ? 1 : 0),
       observed,
       lastFailure,
+      paused,
     };
+  }
+
+  /**
+   * A lease's story: its events (oldest first, about the last 200), its lane now, and a view
+   * of each operation the events name (the newest `limit`; the rest BullMQ may have removed).
+   */
+  async timeline(lease: LeaseIdentity, limit = 40): Promise<LeaseTimeline> {
+    const laneId = laneIdOf(lease);
+    const [now, events, view] = await Promise.all([this.records.now(), this.ops.history.read(laneId), this.lease(lease)]);
+    // An attempt's start is kept with its end (see LeaseHistory); a running one's is its job's.
+    const running = view.executing;
+    if (running?.state === 'running' && running.startedAt !== null) {
+      events.push({ at: running.startedAt, kind: 'started', jobId: running.jobId, op: running.op, attempt: running.attempts + 1 });
+      events.sort((a, b) => a.at - b.at);
+    }
+    const named = [...new Set(events.map((e) => e.jobId).filter((id): id is string => id !== null))].slice(-limit);
+    const views = await Promise.all(named.map((jobId) => this.viewOf(jobId, laneId)));
+    return { ...view, now, events, operations: views.filter((v): v is OperationView => v !== null) };
   }
 
   /**
@@ -189,6 +220,25 @@ export class Inspector {
    * items, however many, hide a caller's own.
    */
   async attention(limit = 200, visible: (lease: LeaseIdentity | null) => boolean = () => true): Promise<AttentionItem[]> {
+    return (await this.attentionPage(0, limit, visible)).items;
+  }
+
+  /**
+   * One page of `attention`: the items from `offset` on, at most `limit`, and the offset of
+   * the next page (null when there is none). Items come in a fixed order (stuck, failed,
+   * blocked), so paging walks every item a caller may see; a page costs a read of the items
+   * before it.
+   */
+  async attentionPage(
+    offset: number,
+    limit: number,
+    visible: (lease: LeaseIdentity | null) => boolean = () => true,
+  ): Promise<{ items: AttentionItem[]; next: number | null }> {
+    const all = await this.attentionUpTo(offset + limit + 1, visible);
+    return { items: all.slice(offset, offset + limit), next: all.length > offset + limit ? offset + limit : null };
+  }
+
+  private async attentionUpTo(limit: number, visible: (lease: LeaseIdentity | null) => boolean): Promise<AttentionItem[]> {
     const now = Date.now();
     // How long a sandbox has been stopping is counted in Redis' clock, the one it was recorded in.
     const redisNow = await this.records.now();
@@ -283,7 +333,11 @@ export class Inspector {
     if (head.state === 'ready' && now - (head.acceptedAt ?? now) > this.limits.blockedAfterMs) {
       return { laneId, lease, reason: 'blocked', since, detail: `${head.op} ${headId} is ready but no worker has picked it up` };
     }
-    if (head.state === 'queued') return { laneId, lease, reason: 'blocked', since, detail: `${head.op} ${headId} is at the head but still parked` };
+    if (head.state === 'queued') {
+      const paused = await this.ops.lanes.pausedBy(laneId);
+      if (paused) return { laneId, lease, reason: 'blocked', since: paused.since, detail: `the lane is paused (by ${paused.by}): ${head.op} ${headId} waits at its head` };
+      return { laneId, lease, reason: 'blocked', since, detail: `${head.op} ${headId} is at the head but still parked` };
+    }
     if (head.state === 'running' && head.deadlineAt !== null && now > head.deadlineAt) {
       return { laneId, lease, reason: 'blocked', since, detail: `${head.op} ${headId} is still running past its deadline` };
     }

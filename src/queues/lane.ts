@@ -1,16 +1,20 @@
+import { layoutKey } from './layout.ts';
+import { historyKey } from './lease-history.ts';
 import { luaCommand, luaCommandName, type LuaCommand } from './lua-scripts.ts';
 import type { RedisClient } from './redis.ts';
+import type { QueueLimit } from '../errors.ts';
 
-// Every lane script takes the lane key layout of includes/lane.lua (14 keys), and some
-// the job's hash (and the request's idempotency key) after it.
+// Every lane script takes the lane key layout of includes/lane.lua (18 keys), and some
+// the job's hash (and the request's idempotency key, and the lease's history) after it.
 const SCRIPTS = {
-  'lane-push': 16,
-  'lane-acquire': 15,
-  'lane-release': 16,
-  'lane-yield': 14,
-  'lane-repair': 14,
-  'lane-upgrade': 15,
-  'lane-drop': 15,
+  'lane-push': 22,
+  'lane-acquire': 19,
+  'lane-release': 21,
+  'lane-yield': 19,
+  'lane-repair': 18,
+  'lane-upgrade': 19,
+  'lane-drop': 19,
+  'lane-forget': 18,
 } as const;
 type ScriptName = keyof typeof SCRIPTS;
 
@@ -25,14 +29,28 @@ export type AcquireResult =
   | { kind: 'gone' };
 
 /** How a hand-off went: promoted to the wait list, or the job was already elsewhere. */
-export type HandOff = { jobId: string; result: 'promoted' | 'elsewhere' };
+export type HandOff = { jobId: string; result: 'promoted' | 'elsewhere' | 'held' };
 
 export type PushResult =
   | { kind: 'queued' }
   | { kind: 'present' }
+  | { kind: 'gone' }
   | { kind: 'next'; handOff: HandOff }
   | { kind: 'absorbed'; by: string }
-  | { kind: 'full'; limit: 'lease' | 'queue'; count: number };
+  | { kind: 'full'; limit: QueueLimit; count: number }
+  | { kind: 'layout'; held: number };
+
+/** The company and environment a lane belongs to: what its operations count against. */
+export type LaneScope = { companyId: string; environmentId: string };
+
+/** Most operations a lane, an environment, a company and the queue may hold (0: no limit). */
+export type QueueLimits = { perLane: number; perEnvironment: number; perCompany: number; queued: number };
+export const NO_LIMITS: QueueLimits = { perLane: 0, perEnvironment: 0, perCompany: 0, queued: 0 };
+
+function toQueueLimit(reply: string | undefined): QueueLimit {
+  if (reply === 'lease' || reply === 'environment' || reply === 'company') return reply;
+  return 'queue';
+}
 
 export type ReleaseResult = { kind: 'stale' } | { kind: 'next'; handOff: HandOff } | { kind: 'idle' };
 
@@ -59,6 +77,10 @@ export type RepairResult =
  *   <prefix>:failures          hash laneId -> "<ms> <jobId>" of leases whose last operation failed
  *   <prefix>:failures:at       zset laneId -> that ms (newest first, trimmed to BullMQ's retention)
  *   <prefix>:backing-off       zset jobId -> when its retry comes due
+ *   <prefix>:counted           hash laneId -> what the lane adds to the two counts below
+ *   <prefix>:queued:company    hash companyId -> operations in its lanes (executing ones included)
+ *   <prefix>:queued:environment hash "<companyId>\n<environmentId>" -> the same per environment
+ *   <prefix>:paused            hash laneId -> who paused the lane and since when (JSON)
  */
 export class Lanes {
   readonly lanesKey: string;
@@ -66,6 +88,11 @@ export class Lanes {
   readonly failuresKey: string;
   readonly failuresAtKey: string;
   readonly backingOffKey: string;
+  readonly countedKey: string;
+  readonly byCompanyKey: string;
+  readonly byEnvironmentKey: string;
+  /** Lanes an operator paused: nothing new starts there until unpaused. */
+  readonly pausedKey: string;
   /** Acquires that have not ended, with their lease (see OperationsQueue.reconcileAcquires). */
   readonly acquiresKey: string;
   /** Where a request without an idempotency key points lane-push's key slot (never written). */
@@ -82,12 +109,18 @@ export class Lanes {
     private readonly queueKeyPrefix: string,
     /** How long BullMQ keeps failed jobs (ms): failure entries older than that are trimmed. */
     private readonly keepFailedMs: number,
+    /** The deployment's partition count as this process has it (lane-push refuses another). */
+    private readonly partitions = 1,
   ) {
     this.lanesKey = `${prefix}:lanes`;
     this.fenceKey = `${prefix}:fence`;
     this.failuresKey = `${prefix}:failures`;
     this.failuresAtKey = `${prefix}:failures:at`;
     this.backingOffKey = `${prefix}:backing-off`;
+    this.countedKey = `${prefix}:counted`;
+    this.byCompanyKey = `${prefix}:queued:company`;
+    this.byEnvironmentKey = `${prefix}:queued:environment`;
+    this.pausedKey = `${prefix}:paused`;
     this.acquiresKey = `${prefix}:acquires`;
     this.noIdempotencyKey = `${prefix}:idem:-`;
     this.scripts = Object.fromEntries(
@@ -107,7 +140,7 @@ export class Lanes {
     return this.queueKeyPrefix + jobId;
   }
 
-  /** The 14 keys every lane script takes (includes/lane.lua), for one lane. */
+  /** The 18 keys every lane script takes (includes/lane.lua), for one lane. */
   private keys(laneId: string): string[] {
     const q = this.queueKeyPrefix;
     return [
@@ -125,6 +158,10 @@ export class Lanes {
       `${q}active`,
       `${q}marker`,
       `${q}events`,
+      this.countedKey,
+      this.byCompanyKey,
+      this.byEnvironmentKey,
+      this.pausedKey,
     ];
   }
 
@@ -142,7 +179,8 @@ export class Lanes {
     jobId: string,
     position: 'tail' | 'front' = 'tail',
     coalesceAs = '',
-    limits: { perLane: number; queued: number } = { perLane: 0, queued: 0 },
+    scope: LaneScope,
+    limits: QueueLimits = NO_LIMITS,
     adopt = false,
     idempotency: { key: string; fingerprint: string } | null = null,
   ): Promise<PushResult> {
@@ -151,6 +189,8 @@ export class Lanes {
       ...this.keys(laneId),
       this.jobKey(jobId),
       idempotency?.key ?? this.noIdempotencyKey,
+      historyKey(this.prefix, laneId),
+      layoutKey(this.prefix),
       jobId,
       laneId,
       Date.now(),
@@ -162,10 +202,17 @@ export class Lanes {
       adopt ? '1' : '0',
       idempotency?.fingerprint ?? '',
       idempotency ? '1' : '0',
+      scope.companyId,
+      scope.environmentId,
+      limits.perCompany,
+      limits.perEnvironment,
+      this.partitions,
     )) as string[];
+    if (r[0] === 'layout') return { kind: 'layout', held: Number(r[1]) };
     if (r[0] === 'present') return { kind: 'present' };
+    if (r[0] === 'gone') return { kind: 'gone' };
     if (r[0] === 'absorbed') return { kind: 'absorbed', by: String(r[1]) };
-    if (r[0] === 'full') return { kind: 'full', limit: r[1] === 'lease' ? 'lease' : 'queue', count: Number(r[2]) };
+    if (r[0] === 'full') return { kind: 'full', limit: toQueueLimit(r[1]), count: Number(r[2]) };
     return r[0] === 'next' ? { kind: 'next', handOff: toHandOff(r[1], r[2]) } : { kind: 'queued' };
   }
 
@@ -195,6 +242,14 @@ export class Lanes {
     return r[0] === 'none' ? null : String(r[1]);
   }
 
+  /**
+   * Takes jobs an operator removed from BullMQ out of the lane's waiting part (lane-forget.lua):
+   * the one named, or with none named every one. Returns how many.
+   */
+  async forgetRemoved(laneId: string, jobId = ''): Promise<number> {
+    return Number(await this.run('lane-forget', ...this.keys(laneId), laneId, this.queueKeyPrefix, jobId));
+  }
+
   async acquire(laneId: string, jobId: string): Promise<AcquireResult> {
     const r = (await this.run('lane-acquire', ...this.keys(laneId), this.jobKey(jobId), jobId, laneId, Date.now())) as [string, string?];
     switch (r[0]) {
@@ -214,13 +269,16 @@ export class Lanes {
   /**
    * Ends the holder's turn and hands off the next job. `fetchFollows`: this worker's own
    * fetch of its next job follows on the same connection (see handOff in includes/lane.lua).
+   * `historyEntry` (from historyEntry in lease-history.ts) goes into the lease's history in
+   * the same step.
    */
-  async release(laneId: string, jobId: string, token: string, outcome: LaneOutcome, fetchFollows = false, acquire = false): Promise<ReleaseResult> {
+  async release(laneId: string, jobId: string, token: string, outcome: LaneOutcome, fetchFollows = false, acquire = false, historyEntry = ''): Promise<ReleaseResult> {
     const r = (await this.run(
       'lane-release',
       ...this.keys(laneId),
       this.jobKey(jobId),
       this.acquiresKey,
+      historyKey(this.prefix, laneId),
       jobId,
       token,
       JSON.stringify(outcome),
@@ -231,19 +289,20 @@ export class Lanes {
       outcome.status === 'failed' ? '1' : '0',
       this.keepFailedMs,
       acquire && outcome.status === 'completed' ? '1' : '0',
+      historyEntry,
     )) as string[];
     if (r[0] === 'stale') return { kind: 'stale' };
     if (r[0] === 'next') return { kind: 'next', handOff: toHandOff(r[1], r[2]) };
     return { kind: 'idle' };
   }
 
-  /** Before a retry's backoff: keep the head, stop being the holder. False if stale. */
-  async yield(laneId: string, jobId: string, token: string, retryAt: number): Promise<boolean> {
-    return (await this.run('lane-yield', ...this.keys(laneId), jobId, token, this.queueKeyPrefix, retryAt, laneId, Date.now())) === 1;
+  /** Before a retry's backoff: keep the head, stop being the holder. False if stale. `historyEntry` as for release. */
+  async yield(laneId: string, jobId: string, token: string, retryAt: number, historyEntry = ''): Promise<boolean> {
+    return (await this.run('lane-yield', ...this.keys(laneId), historyKey(this.prefix, laneId), jobId, token, this.queueKeyPrefix, retryAt, laneId, Date.now(), historyEntry)) === 1;
   }
 
   /** Takes a job that is not executing out of its lane, recording the outcome the caller decided. */
-  async drop(laneId: string, jobId: string, outcome: LaneOutcome): Promise<DropResult> {
+  async drop(laneId: string, jobId: string, outcome: LaneOutcome, refuseActive = false): Promise<DropResult> {
     const r = (await this.run(
       'lane-drop',
       ...this.keys(laneId),
@@ -254,6 +313,7 @@ export class Lanes {
       this.queueKeyPrefix,
       JSON.stringify(outcome),
       this.keepFailedMs,
+      refuseActive ? '1' : '0',
     )) as string[];
     if (r[0] === 'executing') return { kind: 'executing' };
     if (r[0] === 'absent') return { kind: 'absent' };
@@ -295,6 +355,34 @@ export class Lanes {
   async view(laneId: string): Promise<{ jobs: string[]; holder: { job: string; token: string } | null }> {
     const [jobs, exec] = await Promise.all([this.client.lrange(this.listKey(laneId), 0, -1), this.client.hgetall(this.execKey(laneId))]);
     return { jobs, holder: exec.job && exec.token ? { job: exec.job, token: exec.token } : null };
+  }
+
+  /**
+   * Pauses a lane: the executing operation (if any) finishes, nothing new starts, and
+   * operations keep being accepted and queued (a queued one whose deadline passes fails as
+   * usual). False when it was paused already.
+   */
+  async pause(laneId: string, by: string, at: number): Promise<boolean> {
+    return (await this.client.hsetnx(this.pausedKey, laneId, JSON.stringify({ by, since: at }))) === 1;
+  }
+
+  /** Unpauses a lane and hands its head to the workers. False when it was not paused. */
+  async unpause(laneId: string): Promise<boolean> {
+    const was = (await this.client.hdel(this.pausedKey, laneId)) === 1;
+    await this.repair(laneId);
+    return was;
+  }
+
+  /** Who paused the lane and since when (epoch ms), or null. */
+  async pausedBy(laneId: string): Promise<{ by: string; since: number } | null> {
+    const text = await this.client.hget(this.pausedKey, laneId);
+    if (!text) return null;
+    try {
+      const parsed = JSON.parse(text) as { by?: unknown; since?: unknown };
+      return { by: typeof parsed.by === 'string' ? parsed.by : 'unknown', since: typeof parsed.since === 'number' ? parsed.since : 0 };
+    } catch {
+      return { by: 'unknown', since: 0 };
+    }
   }
 
   /** When the lane's last operation failed for good, and which job it was; null if it did not. */
@@ -347,5 +435,5 @@ function toRepairResult(r: string[]): RepairResult {
 }
 
 function toHandOff(jobId: unknown, result: unknown): HandOff {
-  return { jobId: String(jobId), result: result === 'promoted' ? 'promoted' : 'elsewhere' };
+  return { jobId: String(jobId), result: result === 'promoted' || result === 'held' ? result : 'elsewhere' };
 }

@@ -1,6 +1,7 @@
 import type { RedisClient } from './redis.ts';
 import type { LeaseIdentity } from '../lease.ts';
 import type { SandboxState } from '../providers/types.ts';
+import { historyKey, historyValue } from './lease-history.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 
 /**
@@ -44,7 +45,7 @@ export class LeaseRecords {
     private readonly prefix: string,
   ) {
     this.stoppingKey = `${prefix}:stopping`;
-    this.observeScript = luaCommand(redis, 'lease-observe', 2);
+    this.observeScript = luaCommand(redis, 'lease-observe', 3);
     this.forceScript = luaCommand(redis, 'lease-force', 1);
   }
 
@@ -56,11 +57,13 @@ export class LeaseRecords {
    * Records an observation; returns since when the sandbox has been in that state, and
    * whether this observation began it (a new stopping episode gets its own stuck check).
    */
-  async observe(laneId: string, lease: LeaseIdentity, providerLeaseId: string, state: SandboxState): Promise<{ since: number; began: boolean; now: number }> {
-    const providerState = 'providerState' in state ? state.providerState : state.kind;
+  async observe(laneId: string, lease: LeaseIdentity, providerLeaseId: string, state: SandboxState, jobId = ''): Promise<{ since: number; began: boolean; now: number }> {
+    // A provider's word for the state, bounded: it is kept per lease and shown to callers.
+    const providerState = historyValue(('providerState' in state ? state.providerState : state.kind).slice(0, 100));
     const [since, now] = (await this.observeScript(
       this.recordKey(laneId),
       this.stoppingKey,
+      historyKey(this.prefix, laneId),
       laneId,
       state.kind,
       providerState,
@@ -68,6 +71,7 @@ export class LeaseRecords {
       providerLeaseId,
       RECORD_TTL_S,
       isStopping(state) ? '1' : '0',
+      jobId,
     )) as [string, string];
     return { since: Number(since), began: since === now, now: Number(now) };
   }

@@ -1,7 +1,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { Job, Queue, type JobsOptions } from 'bullmq';
 import { z } from 'zod';
-import type { RedisClient } from './redis.ts';
+import { reportRedisError, type RedisClient } from './redis.ts';
 import type { Config } from '../config.ts';
 import { laneIdOf, laneIdOfJobId, LeaseIdentitySchema, type LeaseIdentity } from '../lease.ts';
 import {
@@ -12,10 +12,12 @@ import {
   type OperationName,
   OperationNameSchema,
 } from '../operations.ts';
-import { IdempotencyKeyReusedError, QueueFullError } from '../errors.ts';
+import { IdempotencyKeyReusedError, QueueFullError, type QueueLimit } from '../errors.ts';
 import { assertTestedBullmq } from './bullmq-version.ts';
 import { faultPoint } from '../fault-points.ts';
-import { Lanes, type LaneOutcome } from './lane.ts';
+import { PartitionLayoutError } from './layout.ts';
+import { LeaseHistory } from './lease-history.ts';
+import { Lanes, NO_LIMITS, type LaneOutcome, type QueueLimits } from './lane.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 
 /**
@@ -71,6 +73,10 @@ export type QueueSettings = Pick<
   | 'LEASE_OPS_DEADLINES_MS'
   | 'LEASE_OPS_MAX_QUEUED_PER_LEASE'
   | 'LEASE_OPS_MAX_QUEUED'
+  | 'LEASE_OPS_MAX_QUEUED_PER_COMPANY'
+  | 'LEASE_OPS_MAX_QUEUED_PER_ENVIRONMENT'
+  | 'LEASE_OPS_QUEUE_LIMITS'
+  | 'LEASE_OPS_PARTITIONS'
 >;
 
 /**
@@ -80,8 +86,11 @@ export type QueueSettings = Pick<
 export class OperationsQueue {
   readonly queue: Queue;
   readonly lanes: Lanes;
+  /** Each lease's events (the lane and record scripts write most; see lease-history.ts). */
+  readonly history: LeaseHistory;
   private readonly jobOptions: JobsOptions;
   private readonly deleteIfEqual: LuaCommand;
+  private readonly replaceIfEqual: LuaCommand;
   /** Acquires that have not ended: job id -> lease (JSON). */
   private readonly acquiresKey: string;
   /** Provider names some worker served, with when it last said so. */
@@ -96,8 +105,12 @@ export class OperationsQueue {
   ) {
     assertTestedBullmqOnce();
     this.queue = new Queue(settings.LEASE_OPS_QUEUE, { connection, prefix: settings.LEASE_OPS_PREFIX });
+    // BullMQ prints an error event nobody listens to: it goes to the same report as the connection's.
+    this.queue.on('error', reportRedisError);
     this.lanes = this.lanesOn(connection);
+    this.history = new LeaseHistory(connection, settings.LEASE_OPS_PREFIX);
     this.deleteIfEqual = luaCommand(connection, 'delete-if-equal', 1);
+    this.replaceIfEqual = luaCommand(connection, 'replace-if-equal', 1);
     this.acquiresKey = this.lanes.acquiresKey;
     this.providersKey = `${settings.LEASE_OPS_PREFIX}:providers`;
     this.jobOptions = {
@@ -124,6 +137,16 @@ export class OperationsQueue {
    * at most once, whoever gets there first.
    */
   async enqueue(request: EnqueueRequest): Promise<Enqueued> {
+    // Another request with the same idempotency key may take back the job this one meant to
+    // finish: then this one starts over (and, if that one was refused, is refused the same way).
+    for (;;) {
+      const enqueued = await this.enqueueOnce(request);
+      if (enqueued) return enqueued;
+    }
+  }
+
+  /** One try at enqueue; null when a request with the same key took the job back meanwhile. */
+  private async enqueueOnce(request: EnqueueRequest): Promise<Enqueued | null> {
     const now = Date.now();
     const data = buildJobData(request, now, this.settings.LEASE_OPS_DEADLINES_MS);
     const laneId = laneIdOf(data.lease);
@@ -136,12 +159,13 @@ export class OperationsQueue {
       if (claimed.kind === 'accepted') return { jobId: claimed.jobId, laneId: laneIdOfJobId(claimed.jobId) ?? laneId, deduplicated: 'idempotency-key' };
       if (claimed.kind === 'pending') {
         // An earlier request with this key was cut short before its job joined its lane:
-        // finish it, under its job id. Its job may exist already (then this is a no-op).
+        // finish it, under its job id. Its job may exist already (then it joins its lane here).
         jobId = claimed.jobId;
         const existing = await Job.fromId(this.queue, jobId);
         if (existing) {
-          await this.adopt(jobId, idem);
-          return { jobId, laneId, deduplicated: 'idempotency-key' };
+          // Its data is this request's: the key's fingerprint matched.
+          const adopted = await this.joinLane(laneId, jobId, data, '', idem, true);
+          return adopted && { ...adopted, deduplicated: 'idempotency-key' };
         }
       }
     }
@@ -156,20 +180,37 @@ export class OperationsQueue {
       }
     }
     await this.queue.add(data.op, data, { ...this.jobOptions, jobId, delay: parkDelay(data, now) });
+    return this.joinLane(laneId, jobId, data, coalesceAs, idem, false);
+  }
+
+  /**
+   * Puts a stored job into its lane, within the limits, and answers for it; refused, nothing
+   * of it stays behind. With an idempotency key, the job joins its lane only while the key
+   * still names it as pending (lane-push.lua), and a refusal takes the key back before the job:
+   * so of two requests with one key, either the job joined (and both answer with it) or it was
+   * taken back (and neither does). Null: another request took it back first.
+   */
+  private async joinLane(
+    laneId: string,
+    jobId: string,
+    data: OperationJobData,
+    coalesceAs: string,
+    idem: { key: string; fingerprint: string } | null,
+    adopt: boolean,
+  ): Promise<Enqueued | null> {
     // Until it ends, an acquire is known here with its lease: if its job vanishes (an operator
     // removed it), the sweep still knows what to clean up after it (reconcileAcquires).
     if (data.op === 'acquire') await this.connection.hset(this.acquiresKey, jobId, JSON.stringify(data.lease));
     // The sanctioned exception: a force-stop goes ahead of queued and backing-off
     // operations of its lease, never alongside an executing one.
-    const pushed = await this.lanes.push(
-      laneId,
-      jobId,
-      data.op === 'force-stop' ? 'front' : 'tail',
-      coalesceAs,
-      { perLane: this.settings.LEASE_OPS_MAX_QUEUED_PER_LEASE, queued: this.settings.LEASE_OPS_MAX_QUEUED },
-      false,
-      idem,
-    );
+    const pushed = await this.lanes.push(laneId, jobId, data.op === 'force-stop' ? 'front' : 'tail', coalesceAs, data.lease, this.limitsFor(data.lease), adopt, idem);
+    if (pushed.kind === 'gone') {
+      // Its key no longer names it: no request can put this job in a lane any more, and this
+      // request may have stored it again after the one that took it back removed it.
+      if (data.op === 'acquire') await this.connection.hdel(this.acquiresKey, jobId);
+      await this.queue.remove(jobId);
+      return null;
+    }
     if (pushed.kind === 'absorbed') {
       // An identical request got in first: ours never joined the lane, so drop its job
       // (forgotten as an acquire first: the sweep must never take it for one that vanished).
@@ -178,11 +219,26 @@ export class OperationsQueue {
       await this.queue.remove(jobId);
       return { jobId: pushed.by, laneId, deduplicated: 'coalesced' };
     }
-    if (pushed.kind === 'full') {
-      // Refused: nothing of this request may stay behind, neither its job nor its key.
+    if (pushed.kind === 'layout') {
+      // The partition count changed since this process started: nothing of it stays.
       if (data.op === 'acquire') await this.connection.hdel(this.acquiresKey, jobId);
       await this.queue.remove(jobId);
       if (idem) await this.deleteIfEqual(idem.key, pendingValue(jobId, idem.fingerprint));
+      throw new PartitionLayoutError(pushed.held, this.settings.LEASE_OPS_PARTITIONS, this.settings.LEASE_OPS_PREFIX);
+    }
+    if (pushed.kind === 'full') {
+      // The key becomes the refusal for a moment, so concurrent retries of this request get
+      // the same answer; then it goes, and a later retry is a new request.
+      const refusal = refusedValue(idem?.fingerprint ?? '', pushed.limit, pushed.count);
+      if (idem && (await this.replaceIfEqual(idem.key, pendingValue(jobId, idem.fingerprint), refusal, REFUSAL_KEPT_MS)) === 0) {
+        // The key no longer names this job as pending: another request with it got the job
+        // into its lane meanwhile (the key says accepted), or took it back.
+        const now = parseIdempotencyValue(await this.connection.get(idem.key));
+        if (now?.state === 'accepted') return { jobId: now.jobId, laneId: laneIdOfJobId(now.jobId) ?? laneId, deduplicated: 'idempotency-key' };
+      }
+      // Refused: nothing of this request may stay behind, neither its job nor its key.
+      if (data.op === 'acquire') await this.connection.hdel(this.acquiresKey, jobId);
+      await this.queue.remove(jobId);
       throw new QueueFullError(pushed.limit, pushed.count, FULL_RETRY_AFTER_MS);
     }
     return { jobId, laneId };
@@ -224,7 +280,7 @@ export class OperationsQueue {
     });
     const jobId = `${laneId}.${createHash('sha256').update(`abandon:${acquireJobId}`).digest('base64url').slice(0, 16)}`;
     await this.queue.add(data.op, data, { ...this.jobOptions, jobId, delay: parkDelay(data, now) });
-    const pushed = await this.lanes.push(laneId, jobId, 'front', '', { perLane: 0, queued: 0 }, true);
+    const pushed = await this.lanes.push(laneId, jobId, 'front', '', lease, NO_LIMITS, true);
     await this.connection.hdel(this.acquiresKey, acquireJobId);
     return { jobId, laneId, ...(pushed.kind === 'present' ? { deduplicated: 'idempotency-key' as const } : {}) };
   }
@@ -311,29 +367,61 @@ export class OperationsQueue {
       if (!earlier) continue; // it expired (or held junk) in between: take it now
       // A key written before requests were fingerprinted names its job only: taken as the same request.
       if (earlier.fingerprint && earlier.fingerprint !== fingerprint) throw new IdempotencyKeyReusedError(earlier.jobId);
+      if (earlier.state === 'refused') throw new QueueFullError(earlier.limit, earlier.count, FULL_RETRY_AFTER_MS);
       return { kind: earlier.state, jobId: earlier.jobId };
     }
   }
 
-  /** Puts a stored job into its lane if an interrupted enqueue never did (see lane-push.lua), and marks its key accepted. */
-  private async adopt(jobId: string, idem: { key: string; fingerprint: string }): Promise<void> {
-    const laneId = laneIdOfJobId(jobId);
-    const job = laneId ? await Job.fromId(this.queue, jobId) : undefined;
-    if (!laneId || !job) return;
-    // The cut-short request may have stopped before it listed its acquire (see reconcileAcquires).
-    if (job.name === 'acquire') await this.connection.hsetnx(this.acquiresKey, jobId, JSON.stringify((job.data as { lease: unknown }).lease));
-    await this.lanes.push(laneId, jobId, job.name === 'force-stop' ? 'front' : 'tail', '', { perLane: 0, queued: 0 }, true, idem);
+  /**
+   * The limits a request of this lease is held to (LEASE_OPS_QUEUE_LIMITS overrides the
+   * company's). A partition counts only its own lanes, so it holds each limit above one lane
+   * to its share (1/LEASE_OPS_PARTITIONS, rounded up): the partitions together stay within it.
+   */
+  limitsFor(lease: LeaseIdentity): QueueLimits {
+    const own = this.settings.LEASE_OPS_QUEUE_LIMITS[lease.companyId];
+    const share = (limit: number) => (limit === 0 ? 0 : Math.ceil(limit / this.settings.LEASE_OPS_PARTITIONS));
+    return {
+      perLane: this.settings.LEASE_OPS_MAX_QUEUED_PER_LEASE,
+      perEnvironment: share(own?.environments?.[lease.environmentId] ?? own?.maxQueuedPerEnvironment ?? this.settings.LEASE_OPS_MAX_QUEUED_PER_ENVIRONMENT),
+      perCompany: share(own?.maxQueued ?? this.settings.LEASE_OPS_MAX_QUEUED_PER_COMPANY),
+      queued: share(this.settings.LEASE_OPS_MAX_QUEUED),
+    };
   }
 
   /** One key per company, environment and caller's key: JSON keeps `acme:eu`+`k9` and `acme`+`eu:k9` apart. */
-  private idempotencyKey(lease: LeaseIdentity, key: string): string {
+  private idempotencyKey(lease: LeaseIdentity, key: string, prefix = this.settings.LEASE_OPS_PREFIX): string {
     const scoped = JSON.stringify([lease.companyId, lease.environmentId, key]);
-    return `${this.settings.LEASE_OPS_PREFIX}:idem:${createHash('sha256').update(scoped).digest('base64url')}`;
+    return `${prefix}:idem:${createHash('sha256').update(scoped).digest('base64url')}`;
+  }
+
+  /**
+   * With several partitions, a key's requests may name leases of different partitions, each
+   * of which keeps its own keys: the key is first pinned to its request's fingerprint under
+   * the deployment's prefix (for as long as keys last), and another request with it is
+   * refused there (IdempotencyKeyReusedError). The request itself then goes on as usual in
+   * its lease's partition, which answers a repeat with its job. The pin is `pending` until its
+   * request is accepted (`settled(true)`: kept its 24 h); refused (`settled(false)`: a full
+   * queue, say), a pending pin goes after a moment, as the partition's own key does.
+   */
+  async pinIdempotencyKey(request: EnqueueRequest, deploymentPrefix: string): Promise<{ settled(accepted: boolean): Promise<void> } | null> {
+    if (request.idempotencyKey === undefined) return null;
+    const data = buildJobData(request, Date.now(), this.settings.LEASE_OPS_DEADLINES_MS);
+    const fingerprint = fingerprintOf(data);
+    const key = this.idempotencyKey(data.lease, request.idempotencyKey, deploymentPrefix);
+    const pending = `${fingerprint} pending`;
+    const held = await this.connection.set(key, pending, 'EX', IDEMPOTENCY_TTL_S, 'NX', 'GET');
+    if (held !== null && held.split(' ')[0] !== fingerprint) throw new IdempotencyKeyReusedError('');
+    return {
+      settled: async (accepted) => {
+        if (accepted) await this.connection.set(key, `${fingerprint} accepted`, 'EX', IDEMPOTENCY_TTL_S);
+        else await this.replaceIfEqual(key, pending, pending, REFUSAL_KEPT_MS);
+      },
+    };
   }
 
   /** The lanes of this queue, spoken to over another connection. */
   lanesOn(connection: RedisClient): Lanes {
-    return new Lanes(connection, this.settings.LEASE_OPS_PREFIX, this.queue.toKey(''), this.settings.LEASE_OPS_KEEP_FAILED_S * 1_000);
+    return new Lanes(connection, this.settings.LEASE_OPS_PREFIX, this.queue.toKey(''), this.settings.LEASE_OPS_KEEP_FAILED_S * 1_000, this.settings.LEASE_OPS_PARTITIONS);
   }
 
   async close(): Promise<void> {
@@ -376,10 +464,17 @@ function completedAcquireAt(value: string): number | null {
   return m ? Number(m[1]) : null;
 }
 
-function parseIdempotencyValue(text: string | null): { jobId: string; fingerprint: string; state: 'pending' | 'accepted' } | null {
+type IdempotencyValue =
+  | { state: 'pending' | 'accepted'; jobId: string; fingerprint: string }
+  | { state: 'refused'; jobId: ''; fingerprint: string; limit: QueueLimit; count: number };
+
+function parseIdempotencyValue(text: string | null): IdempotencyValue | null {
   if (!text) return null;
   try {
-    const v = JSON.parse(text) as { jobId?: unknown; fingerprint?: unknown; state?: unknown };
+    const v = JSON.parse(text) as { jobId?: unknown; fingerprint?: unknown; state?: unknown; limit?: unknown; count?: unknown };
+    if (v.state === 'refused' && typeof v.fingerprint === 'string' && typeof v.count === 'number' && isQueueLimit(v.limit)) {
+      return { state: 'refused', jobId: '', fingerprint: v.fingerprint, limit: v.limit, count: v.count };
+    }
     if (typeof v.jobId === 'string' && typeof v.fingerprint === 'string' && (v.state === 'pending' || v.state === 'accepted')) {
       return { jobId: v.jobId, fingerprint: v.fingerprint, state: v.state };
     }
@@ -388,6 +483,16 @@ function parseIdempotencyValue(text: string | null): { jobId: string; fingerprin
   }
   return { jobId: text, fingerprint: '', state: 'accepted' };
 }
+
+function isQueueLimit(value: unknown): value is QueueLimit {
+  return value === 'lease' || value === 'environment' || value === 'company' || value === 'queue';
+}
+
+/** A refused request's key, for REFUSAL_KEPT_MS: its retries meanwhile get the same refusal. */
+function refusedValue(fingerprint: string, limit: QueueLimit, count: number): string {
+  return JSON.stringify({ state: 'refused', fingerprint, limit, count });
+}
+const REFUSAL_KEPT_MS = 1_000;
 
 let bullmqChecked = false;
 /** Producers, workers and the API all write BullMQ's keys through the lanes: each refuses an untested BullMQ. */

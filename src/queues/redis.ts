@@ -1,4 +1,6 @@
 import { Cluster, Redis, type RedisOptions } from 'ioredis';
+import type { Logger } from '../logger.ts';
+import { maskUrl } from '../secrets.ts';
 
 /** A Redis connection: one server, or a Redis Cluster (REDIS_URL=redis+cluster://host:port,...). */
 export type RedisClient = Redis | Cluster;
@@ -18,6 +20,66 @@ export function isClusterUrl(url: string): boolean {
  * nodes; every lease-ops key carries the prefix's {hash tag}, so one slot holds them all.
  */
 export function createRedis(url: string, opts: RedisOptions = {}): RedisClient {
+  const client = connect(url, opts);
+  // ioredis prints errors nobody listens to on stderr, four times a second while Redis is
+  // down: they go to whoever reportRedisErrorsTo named (a rate-limited pino logger), or nowhere.
+  client.on('error', (err: unknown) => redisReport.error(err));
+  client.on('ready', () => redisReport.ready());
+  return client;
+}
+
+let redisReport: { error: (err: unknown) => void; ready: () => void } = { error: () => undefined, ready: () => undefined };
+
+/** Hands an error of a connection lease-ops does not own (BullMQ's) to the same report. */
+export function reportRedisError(err: unknown): void {
+  redisReport.error(err);
+}
+
+/** Where the connections' errors go (the worker and the API name a rate-limited pino logger). */
+export function reportRedisErrorsTo(report: { error: (err: unknown) => void; ready: () => void }): void {
+  redisReport = report;
+}
+
+/**
+ * A report of Redis trouble through pino at most once per `everyMs` (how many were left
+ * out is counted), and a line when Redis answers again; the URL is masked.
+ */
+export function rateLimitedRedisReport(log: Logger, url: string, everyMs = 10_000): { error: (err: unknown) => void; ready: () => void } {
+  let last = 0;
+  let left = 0;
+  let troubled = false;
+  return {
+    error: (err) => {
+      troubled = true;
+      const now = Date.now();
+      if (now - last < everyMs) {
+        left++;
+        return;
+      }
+      log.warn({ redis: maskUrl(url), code: (err as { code?: unknown })?.code ?? (err as Error)?.message, alsoSince: left }, 'Redis does not answer; retrying');
+      last = now;
+      left = 0;
+    },
+    ready: () => {
+      if (!troubled) return;
+      troubled = false;
+      log.info({ redis: maskUrl(url) }, 'Redis answers again');
+    },
+  };
+}
+
+/** True for errors that mean Redis cannot be reached right now. */
+export function isRedisUnavailable(err: unknown): boolean {
+  if (!(err instanceof Error)) return false;
+  const code = (err as NodeJS.ErrnoException).code;
+  return (
+    ['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'ENOTFOUND', 'EHOSTUNREACH', 'EAI_AGAIN'].includes(code ?? '') ||
+    err.name === 'MaxRetriesPerRequestError' ||
+    /Connection is closed|Stream isn't writeable|max retries per request|Command timed out|LOADING|enableOfflineQueue/i.test(err.message)
+  );
+}
+
+function connect(url: string, opts: RedisOptions): RedisClient {
   const cluster = CLUSTER_SCHEME.exec(url);
   if (!cluster) return new Redis(url, { maxRetriesPerRequest: null, enableReadyCheck: true, ...opts });
   const [, scheme, hosts] = cluster;

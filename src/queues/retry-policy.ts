@@ -47,7 +47,9 @@ export class RetryLaterError extends Error {
     readonly delayMs: number,
     cause: unknown,
   ) {
-    super(cause instanceof Error ? cause.message : String(cause), { cause });
+    // Bounded: BullMQ keeps it (and a stack that starts with it) with the job.
+    const message = cause instanceof Error ? cause.message : String(cause);
+    super(message.length > 1_000 ? `${message.slice(0, 1_000)}...` : message, { cause });
   }
 }
 

@@ -1,6 +1,8 @@
 import type { Logger } from '../logger.ts';
 import * as telemetry from '../telemetry.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
+import { laneIdOf, laneIdOfJobId } from '../lease.ts';
+import type { LeaseHistory } from './lease-history.ts';
 import type { LeaseRecords } from './lease-records.ts';
 import type { OperationsQueue } from './operations-queue.ts';
 
@@ -45,6 +47,13 @@ export class Watchdog {
     private readonly providers: ProviderRegistry,
     private readonly settings: WatchdogSettings,
     private readonly log: Logger,
+    private readonly history: LeaseHistory | null = null,
+    /**
+     * The queue of the partition a lane belongs to: a record's sandbox may have its own lane
+     * in another partition than the record (an acquire's lane made it), and the force-stop
+     * goes through the sandbox's lane. One partition: this one.
+     */
+    private readonly queueOf: (laneId: string) => OperationsQueue = () => ops,
   ) {}
 
   /** Every lease stuck on its way to stopped, oldest first, a page at a time. */
@@ -76,8 +85,10 @@ export class Watchdog {
       log.debug({ stuckForMs: stuckFor }, 'sandbox stuck on its way to stopped, and its provider cannot force a stop');
       return report;
     }
+    const sandboxLease = { ...record.lease, leaseId: record.providerLeaseId };
+    const forceQueue = this.queueOf(laneIdOf(sandboxLease));
     if (record.forceJob) {
-      const state = await this.ops.queue.getJobState(record.forceJob);
+      const state = await forceQueue.queue.getJobState(record.forceJob);
       if (state !== 'completed' && state !== 'failed' && state !== 'unknown') {
         report.pending++;
         return report;
@@ -89,18 +100,32 @@ export class Watchdog {
       return report;
     }
     const n = record.forceStops + 1;
-    const { jobId } = await this.ops.enqueue({
+    const { jobId, deduplicated } = await forceQueue.enqueue({
       op: 'force-stop',
       // Through the sandbox's own lane (a record may have been made by an acquire's lane).
-      lease: { ...record.lease, leaseId: record.providerLeaseId },
+      lease: sandboxLease,
       params: { providerLeaseId: record.providerLeaseId, ifStoppingSince: record.since },
       idempotencyKey: `lease-ops:watchdog:${laneId}:${record.since}:${n}`,
     });
     if (!(await this.records.noteForceStop(laneId, record.since, n, jobId))) return report;
     report.queued++;
+    // A scan and the episode's own check may both get here; the one whose request queued the job tells.
+    const forceLane = deduplicated ? null : laneIdOfJobId(jobId);
+    if (forceLane) {
+      (forceQueue === this.ops ? this.history : forceQueue.history)?.append(forceLane, {
+        kind: 'stuck',
+        jobId,
+        op: 'force-stop',
+        since: record.since,
+        message: `"${record.providerState}" for ${tenths(stuckFor)} s (budget ${tenths(this.settings.stuckAfterMs)} s): force-stop ${n} of at most ${this.settings.maxForceStops} queued`,
+      });
+    }
     telemetry.forceStop('queued', { 'lease.provider': provider.name });
     telemetry.stuckStopping(stuckFor / 1000, { 'lease.provider': provider.name });
     log.warn({ jobId, stuckForMs: stuckFor, forceStop: n }, 'sandbox stuck on its way to stopped; force-stop queued');
     return report;
   }
 }
+
+/** Seconds to a tenth, without a trailing .0. */
+const tenths = (ms: number) => String(Math.round(ms / 100) / 10);

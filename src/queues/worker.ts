@@ -1,3 +1,4 @@
+import { partitionOfLane } from '../partitions.ts';
 import { MetricsTime, Queue, UnrecoverableError, Worker, type Job } from 'bullmq';
 import { Redis } from 'ioredis';
 import type { Config } from '../config.ts';
@@ -7,10 +8,11 @@ import type { OperationContext } from '../providers/types.ts';
 import { AttemptLife, type AttemptDeps } from './attempt-life.ts';
 import { Fencing } from './fencing.ts';
 import type { Lanes } from './lane.ts';
+import { LeaseHistory } from './lease-history.ts';
 import { LeaseRecords } from './lease-records.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 import { BACKOFF_TYPE, OperationsQueue } from './operations-queue.ts';
-import { createRedis, pingWithin, type RedisClient } from './redis.ts';
+import { createRedis, isRedisUnavailable, pingWithin, reportRedisError, type RedisClient } from './redis.ts';
 import { type BackoffSettings, DEFAULT_BACKOFF, RetryLaterError } from './retry-policy.ts';
 import { sweepLanes } from './sweep.ts';
 import { Watchdog } from './watchdog.ts';
@@ -47,6 +49,10 @@ export type WorkerSettings = Pick<
   | 'LEASE_OPS_BULLMQ_METRICS'
   | 'LEASE_OPS_MAX_QUEUED_PER_LEASE'
   | 'LEASE_OPS_MAX_QUEUED'
+  | 'LEASE_OPS_MAX_QUEUED_PER_COMPANY'
+  | 'LEASE_OPS_MAX_QUEUED_PER_ENVIRONMENT'
+  | 'LEASE_OPS_QUEUE_LIMITS'
+  | 'LEASE_OPS_PARTITIONS'
 >;
 
 /**
@@ -62,6 +68,7 @@ export class LeaseWorker {
   private readonly releaseLanes: Lanes;
   private readonly fencing: Fencing;
   readonly records: LeaseRecords;
+  readonly history: LeaseHistory;
   private readonly workerConnection: RedisClient;
   private writesHeld = false;
   /** Connections handed to BullMQ, which leaves closing them to their owner. */
@@ -78,6 +85,11 @@ export class LeaseWorker {
     private readonly settings: WorkerSettings,
     private readonly providers: ProviderRegistry,
     private readonly log: Logger,
+    /**
+     * Which partition of how many this worker serves (settings' prefix is that partition's),
+     * and the queue of each partition, for what it queues in other lanes (the watchdog).
+     */
+    private readonly partition: { index: number; count: number; queueOf?: (laneId: string) => OperationsQueue } = { index: 0, count: 1 },
   ) {
     this.backoff = { ...DEFAULT_BACKOFF, baseMs: settings.LEASE_OPS_BACKOFF_BASE_MS, capMs: settings.LEASE_OPS_BACKOFF_CAP_MS };
     this.connection = createRedis(settings.REDIS_URL);
@@ -88,6 +100,7 @@ export class LeaseWorker {
     };
     this.ops = new OperationsQueue(this.connection, settings);
     this.records = new LeaseRecords(this.connection, settings.LEASE_OPS_PREFIX);
+    this.history = new LeaseHistory(this.connection, settings.LEASE_OPS_PREFIX, log);
     this.writeCheckpoint = luaCommand(this.connection, 'job-checkpoint', 1);
     const prefix = settings.LEASE_OPS_PREFIX;
     const workerConnection = connect();
@@ -121,7 +134,7 @@ export class LeaseWorker {
           type === BACKOFF_TYPE && err instanceof RetryLaterError ? err.delayMs : -1,
       },
     });
-    this.worker.on('error', (err) => this.log.error({ err }, 'worker error'));
+    this.worker.on('error', (err) => (isRedisUnavailable(err) ? reportRedisError(err) : this.log.error({ err }, 'worker error')));
     // Fences are checked on the ops connection; the watcher runs a few times per lock period.
     this.fencing = new Fencing(
       this.connection,
@@ -136,6 +149,7 @@ export class LeaseWorker {
       releaseLanes: this.releaseLanes,
       fencing: this.fencing,
       records: this.records,
+      history: this.history,
       providers,
       backoff: this.backoff,
       backoffByOp: settings.LEASE_OPS_BACKOFF_BY_OP,
@@ -148,6 +162,7 @@ export class LeaseWorker {
       // A worker that closes or is paused fetches nothing after its completion: the next
       // job of the lane must then wake another worker (see handOff's lazy marker).
       fetchesNext: () => !this.closing && !this.worker.closing && !this.worker.isPaused(),
+      ownsLane: (laneId: string) => this.ownsLane(laneId),
       stoppingBegan: (laneId: string, since: number, now: number) => this.stuckCheck(laneId, since, now),
     };
 
@@ -157,10 +172,12 @@ export class LeaseWorker {
     // calls a provider: they read Redis and queue operations.
     const maintenanceName = `${settings.LEASE_OPS_QUEUE}-maintenance`;
     this.maintenanceQueue = new Queue(maintenanceName, { connection: this.connection, prefix });
+    this.maintenanceQueue.on('error', reportRedisError);
+    const queueOf = partition.queueOf;
     this.watchdog = new Watchdog(this.ops, this.records, providers, {
       stuckAfterMs: settings.LEASE_OPS_STUCK_STOPPING_MS,
       maxForceStops: settings.LEASE_OPS_WATCHDOG_MAX_FORCE,
-    }, log);
+    }, log, this.history, (laneId) => (queueOf && !this.ownsLane(laneId) ? queueOf(laneId) : this.ops));
     this.maintenanceWorker = new Worker(
       maintenanceName,
       async (job) => {
@@ -182,7 +199,7 @@ export class LeaseWorker {
       },
       { connection: connect(), prefix, concurrency: 4, autorun: false },
     );
-    this.maintenanceWorker.on('error', (err) => this.log.error({ err }, 'maintenance worker error'));
+    this.maintenanceWorker.on('error', (err) => (isRedisUnavailable(err) ? reportRedisError(err) : this.log.error({ err }, 'maintenance worker error')));
   }
 
   /** Starts processing; resolves once the workers are connected and the maintenance is scheduled. */
@@ -245,6 +262,11 @@ export class LeaseWorker {
       .catch((err: unknown) => this.log.warn({ err, laneId }, 'could not schedule the stuck check of a stopping sandbox; the watchdog scan will see it'));
   }
 
+  /** Whether a lane belongs to the partition this worker serves, as the deployment's partition count maps it. */
+  private ownsLane(laneId: string): boolean {
+    return partitionOfLane(laneId, this.partition.count) === this.partition.index;
+  }
+
   /** Running, not closing, its maintenance scheduled, and Redis answers within a second. */
   async ready(): Promise<boolean> {
     if (this.closing || !this.worker.isRunning() || this.schedulesMissing) return false;
@@ -259,12 +281,21 @@ export class LeaseWorker {
     this.closing ??= (async () => {
       if (this.scheduleCheck) clearInterval(this.scheduleCheck);
       await Promise.all([this.worker.close(), this.maintenanceWorker.close()]);
+      await this.wakeIdleWorkers();
       this.fencing.stop();
       await Promise.all([this.maintenanceQueue.close(), this.ops.close()]);
       await this.providers.close();
       for (const c of [this.connection, ...this.ownedConnections]) c.disconnect();
     })();
     return this.closing;
+  }
+
+  /** See wake-if-waiting.lua: a wake-up this worker's closing fetch may have swallowed is sent again. */
+  private async wakeIdleWorkers(): Promise<void> {
+    const k = this.ops.queue.keys;
+    await luaCommand(this.connection, 'wake-if-waiting', 4)(k.wait!, k.meta!, k.active!, k.marker!).catch((err: unknown) => {
+      this.log.warn({ err }, 'could not wake idle workers on close; the lane sweep will');
+    });
   }
 
   private process(job: Job, token: string | undefined): Promise<unknown> {

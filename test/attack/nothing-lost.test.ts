@@ -29,10 +29,10 @@ afterEach(async () => {
 });
 
 /** A worker process with the recording provider, optionally stopping itself at fault points. */
-async function worker(b: TestBed, callFile: string, extra: Record<string, string> = {}): Promise<WorkerProcess> {
+async function worker(b: TestBed, callFile: string, extra: Record<string, string> = {}, awaitReady = true): Promise<WorkerProcess> {
   const w = new WorkerProcess(workerEnv(b, { ...QUICK_RECOVERY, LEASE_OPS_PROVIDERS: PROVIDER, RECORDING_FILE: callFile, RECORDING_MAX_MS: '0', ...extra }));
   workers.push(w);
-  await w.ready;
+  if (awaitReady) await w.ready;
   return w;
 }
 
@@ -92,7 +92,8 @@ describe('scenario 2: a stall never turns a recorded outcome into another one, a
     const { bed, callFile } = await setUp();
     const { jobId } = await bed.ops.enqueue({ op: 'stop', lease: lease('s3'), params: { providerLeaseId: 's3' } });
     const next = await bed.ops.enqueue({ op: 'resume', lease: lease('s3'), params: { providerLeaseId: 's3' } });
-    for (let i = 0; i < 2; i++) await (await worker(bed, callFile, { LEASE_OPS_FAULT_POINTS: 'before-provider-call=kill' })).exited;
+    // Each may take the job and die before its "started" line is out: wait for its end only.
+    for (let i = 0; i < 2; i++) await (await worker(bed, callFile, { LEASE_OPS_FAULT_POINTS: 'before-provider-call=kill' }, false)).exited;
     await worker(bed, callFile);
     const ended = await bed.waitForAll([jobId, next.jobId], 30_000);
     expect(ended.get(jobId)).toBe('failed');

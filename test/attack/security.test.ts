@@ -15,7 +15,7 @@ import { ProviderRegistry } from '../../src/providers/registry.ts';
 import { LeaseWorker } from '../../src/queues/worker.ts';
 import { serveWorkerMetrics } from '../../src/runtime.ts';
 import { freePort } from '../../src/redis-server.ts';
-import { withoutInfrastructure } from '../../src/secrets.ts';
+import { redactQuery, withoutInfrastructure } from '../../src/secrets.ts';
 import { startTestApi } from '../helpers/api-server.ts';
 import { captureLog } from '../helpers/log-capture.ts';
 import { TestBed } from '../helpers/env.ts';
@@ -380,6 +380,22 @@ describe('issue 12, scenario 4: no company hides another\'s attention items', ()
       expect(seenByB.map((item) => item.lease.leaseId).sort()).toEqual(['b1', 'b2', 'b3']);
       const seenByAdmin = await attention(TOKEN);
       expect(seenByAdmin).toHaveLength(200); // a page
+      // Paged, an admin walks every item once; B's last page says there is no next.
+      const page = async (token: string, query: string) =>
+        (await (await fetch(`${api.base}/v1/attention?${query}`, { headers: { authorization: `Bearer ${token}` } })).json()) as {
+          items: { laneId: string; lease: { leaseId: string } }[];
+          next: number | null;
+        };
+      const walked: string[] = [];
+      for (let offset: number | null = 0; offset !== null; ) {
+        const { items, next }: Awaited<ReturnType<typeof page>> = await page(TOKEN, `offset=${offset}&limit=500`);
+        walked.push(...items.map((item) => item.laneId));
+        offset = next;
+      }
+      expect(walked).toHaveLength(1_603);
+      expect(new Set(walked).size).toBe(1_603);
+      expect((await page(B_TOKEN, 'limit=2')).next).toBe(2);
+      expect(await page(B_TOKEN, 'offset=2&limit=2')).toMatchObject({ next: null, items: [{}] });
     } finally {
       await api.close();
     }
@@ -399,6 +415,109 @@ describe('issue 12, scenario 14 (part): the OpenAPI document and the query integ
       const document = (await (await fetch(`${api.base}/v1/openapi.json`)).json()) as { servers?: unknown[]; info: { license?: { name: string } } };
       expect(document.servers?.length).toBeGreaterThan(0);
       expect(document.info.license?.name).toBe('MIT');
+    } finally {
+      await api.close();
+    }
+  });
+});
+
+describe('issue 12, scenario 1: idempotency keys belong to one company and environment, and to one request', () => {
+  it("staging reusing prod's key gets its own operation; `acme:eu`+`k9` and `acme`+`eu:k9` do not meet; another request under a used key is 422", async () => {
+    const PROD = 'acme_0123456789-prod-token';
+    const STAGING = 'acme_0123456789-staging-token';
+    bed = await TestBed.create({
+      LEASE_OPS_API_TOKENS: JSON.stringify([
+        { token: TOKEN },
+        { token: PROD, companyId: 'acme', environmentIds: ['prod'] },
+        { token: STAGING, companyId: 'acme', environmentIds: ['staging'] },
+      ]),
+    });
+    const api = await startTestApi(bed);
+    try {
+      const post = async (token: string, companyId: string, environmentId: string, leaseId: string, key: string, op = 'stop') => {
+        const res = await fetch(`${api.base}/v1/leases/recording/${encodeURIComponent(companyId)}/${environmentId}/${leaseId}/operations`, {
+          method: 'POST',
+          headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json', 'idempotency-key': key },
+          body: JSON.stringify({ op, params: { providerLeaseId: leaseId } }),
+        });
+        return { status: res.status, body: (await res.json()) as { jobId?: string; laneId?: string; deduplicated?: string; error?: { code: string } } };
+      };
+      const prod = await post(PROD, 'acme', 'prod', 'sb-1', 'k9');
+      const staging = await post(STAGING, 'acme', 'staging', 'sb-1', 'k9');
+      expect([prod.status, staging.status]).toEqual([202, 202]);
+      expect(staging.body.deduplicated).toBeUndefined();
+      expect(staging.body.jobId).not.toBe(prod.body.jobId);
+      expect((await bed.ops.queue.getJob(staging.body.jobId!))!.data.lease.environmentId).toBe('staging');
+
+      const colon = await post(TOKEN, 'acme:eu', 'prod', 'sb-2', 'k9');
+      const other = await post(TOKEN, 'acme', 'prod', 'sb-2', 'eu:k9');
+      expect([colon.status, other.status]).toEqual([202, 202]);
+      expect(other.body.jobId).not.toBe(colon.body.jobId);
+
+      // The same request again: the same job, and the lane id that job is in.
+      const again = await post(PROD, 'acme', 'prod', 'sb-1', 'k9');
+      expect(again).toMatchObject({ status: 202, body: { jobId: prod.body.jobId, laneId: prod.body.laneId, deduplicated: 'idempotency-key' } });
+      // Another request (lease, operation) under the used key: refused, nothing queued.
+      const before = await bed.ops.queue.count();
+      expect(await post(PROD, 'acme', 'prod', 'sb-9', 'k9')).toMatchObject({ status: 422, body: { error: { code: 'idempotency_key_reused' } } });
+      expect(await post(PROD, 'acme', 'prod', 'sb-1', 'k9', 'destroy')).toMatchObject({ status: 422, body: { error: { code: 'idempotency_key_reused' } } });
+      expect(await bed.ops.queue.count()).toBe(before);
+    } finally {
+      await api.close();
+    }
+  });
+});
+
+describe('issue 12, scenarios 6 and 8, what the attack on the change found', () => {
+  it('the request log masks credentials in every form a target carries them', () => {
+    expect(redactQuery('/v1/x?bearer=abc&jwt=e.y.z&x=1')).toBe('/v1/x?bearer=***&jwt=***&x=1');
+    expect(redactQuery('/v1/x?x=1;access_token=abc')).toBe('/v1/x?x=1;access_token=***');
+    expect(redactQuery('/v1/x?access%5Ftoken=abc&waitMs=10')).toBe('/v1/x?access%5Ftoken=***&waitMs=10');
+    expect(redactQuery(`http://u:${TOKEN}@host/v1/x?a=1`)).not.toContain(TOKEN);
+  });
+
+  it('a Redis URL naming no database number, and a token listed twice, are configuration errors that print no secret', () => {
+    const error = (env: Record<string, string>) => {
+      try {
+        loadConfig(env);
+        return '';
+      } catch (e) {
+        expect(e).toBeInstanceOf(ConfigError);
+        return (e as Error).message;
+      }
+    };
+    const db = error({ REDIS_URL: `redis://:${PASSWORD}@127.0.0.1:6390/abc` });
+    expect(db).toMatch(/REDIS_URL=.*names a database from 0 to 15/);
+    expect(db).not.toContain(PASSWORD);
+    expect(error({ REDIS_URL: 'redis://127.0.0.1:6379/2' })).toBe('');
+    const twice = error({ LEASE_OPS_API_TOKENS: JSON.stringify([{ token: TOKEN }, { token: TOKEN, companyId: 'acme' }]) });
+    expect(twice).toMatch(/LEASE_OPS_API_TOKENS.*entries 1 and 2 hold the same token/);
+    expect(twice).not.toContain(TOKEN);
+  });
+});
+
+describe('issue 12, what the second attack on the change found', () => {
+  it('the request log masks a second `?`, `;` parameters in the path, pwd and code, and a protocol-relative target', () => {
+    expect(redactQuery('/v1/x?waitMs=1?access_token=S1')).toBe('/v1/x?waitMs=1?access_token=***');
+    expect(redactQuery('/v1/x;access_token=S2/y')).toBe('/v1/x;access_token=***/y');
+    expect(redactQuery('/v1/x?pwd=S3&code=S4&waitMs=5')).toBe('/v1/x?pwd=***&code=***&waitMs=5');
+    expect(redactQuery('//u:S5@host/v1/x')).toBe('//***@host/v1/x');
+  });
+
+  it('REDIS_URL with ?options or a database past 15 is a configuration error (ioredis read ?db=abc and crashed; /99999 went to db 0)', () => {
+    for (const url of ['redis://127.0.0.1:6391/?db=abc', 'redis://127.0.0.1:6391?keyPrefix=zzz', 'redis://127.0.0.1:6391/99999']) {
+      expect(() => loadConfig({ REDIS_URL: url }), url).toThrow(ConfigError);
+    }
+    expect(loadConfig({ REDIS_URL: 'redis://127.0.0.1:6391/15' }).REDIS_URL).toBe('redis://127.0.0.1:6391/15');
+  });
+
+  it('a POST with no body is 400 invalid_request, not 415', async () => {
+    bed = await TestBed.create({ LEASE_OPS_API_TOKENS: TOKEN });
+    const api = await startTestApi(bed);
+    try {
+      const res = await fetch(`${api.base}/v1/leases/recording/co/env/l/operations`, { method: 'POST', headers: { authorization: `Bearer ${TOKEN}`, 'content-type': 'application/json' } });
+      expect(res.status).toBe(400);
+      expect(((await res.json()) as { error: { code: string; message: string } }).error).toEqual({ code: 'invalid_request', message: 'the request has no body: send the operation as JSON' });
     } finally {
       await api.close();
     }

@@ -1,8 +1,9 @@
-import { randomBytes } from 'node:crypto';
+import { randomBytes, randomInt } from 'node:crypto';
 import { QueueEvents, type Queue } from 'bullmq';
 import { Cluster } from 'ioredis';
 import { loadConfig, type Config } from '../../src/config.ts';
 import { createLogger } from '../../src/logger.ts';
+import { partitionPrefixes } from '../../src/partitions.ts';
 import { ProviderRegistry } from '../../src/providers/registry.ts';
 import type { LeaseProvider } from '../../src/providers/types.ts';
 import { OperationsQueue } from '../../src/queues/operations-queue.ts';
@@ -12,11 +13,16 @@ import type { LeaseIdentity } from '../../src/lease.ts';
 
 export const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
 
-/** Settings for one test: its own hash-tagged prefix, so tests never see each other's keys. */
+/**
+ * Settings for one test: its own hash-tagged prefix, so tests never see each other's keys. On
+ * the cluster, the prefix is one of six partitions' (chosen at random), so the suites there
+ * run in every partition's share of the slots, on every master, over the test files.
+ */
 export function testConfig(overrides: Record<string, string> = {}): Config {
+  const prefix = `{lo-test-${randomBytes(4).toString('hex')}}`;
   return loadConfig({
     REDIS_URL,
-    LEASE_OPS_PREFIX: `{lo-test-${randomBytes(4).toString('hex')}}`,
+    LEASE_OPS_PREFIX: REDIS_URL.startsWith('redis+cluster://') ? partitionPrefixes(prefix, 6)[randomInt(6)]! : prefix,
     LEASE_OPS_LOG_LEVEL: 'silent',
     LEASE_OPS_LOCK_MS: '2000',
     LEASE_OPS_STALLED_INTERVAL_MS: '1000',

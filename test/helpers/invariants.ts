@@ -1,4 +1,5 @@
 import { readFileSync } from 'node:fs';
+import type { OperationName } from '../../src/operations.ts';
 import type { CallRecord } from './recording-provider.ts';
 
 /** Joins the start and end records of each call; a call with no end never returned (its process died). */
@@ -83,4 +84,38 @@ export function findOrderViolations(calls: CallRecord[], accepted: Map<string, s
     }
   }
   return found;
+}
+
+/** An operation of a mix that `enqueueInOrder` cycles through, with its parameters for a lease. */
+export interface MixedOperation {
+  op: OperationName;
+  params: (leaseId: string) => Record<string, unknown>;
+}
+
+/**
+ * Enqueues `perLease` operations on each of `leaseIds`, concurrently across leases and one
+ * after another within a lease (the accepted order the lanes must keep). Returns that order
+ * per lease and every job id.
+ */
+export async function enqueueInOrder(
+  enqueue: (op: OperationName, leaseId: string, params: Record<string, unknown>) => Promise<{ jobId: string }>,
+  leaseIds: string[],
+  perLease: number,
+  mix: MixedOperation[],
+): Promise<{ accepted: Map<string, string[]>; ids: string[] }> {
+  const accepted = new Map<string, string[]>();
+  const ids: string[] = [];
+  await Promise.all(
+    leaseIds.map(async (leaseId, l) => {
+      const order: string[] = [];
+      accepted.set(leaseId, order);
+      for (let i = 0; i < perLease; i++) {
+        const kind = mix[(l + i) % mix.length]!;
+        const { jobId } = await enqueue(kind.op, leaseId, kind.params(leaseId));
+        order.push(jobId);
+        ids.push(jobId);
+      }
+    }),
+  );
+  return { accepted, ids };
 }

@@ -14,7 +14,9 @@ export class WorkerProcess {
   private readonly lineListeners = new Set<(line: string) => void>();
 
   constructor(env: Record<string, string>) {
-    this.child = spawn(process.execPath, [BIN, 'worker'], {
+    // The CLI runs compiled code; a provider module given as a .ts file (the tests' own) needs tsx's loader.
+    const tsProviders = (env.LEASE_OPS_PROVIDERS ?? '').split(',').some((name) => name.trim().endsWith('.ts'));
+    this.child = spawn(process.execPath, [...(tsProviders ? ['--import', 'tsx'] : []), BIN, 'worker'], {
       env: { ...process.env, LEASE_OPS_LOG_LEVEL: 'info', ...env },
       stdio: ['ignore', 'pipe', 'pipe'],
     });

@@ -5,8 +5,11 @@
   KEYS[1] lane list   KEYS[2] lane holder   KEYS[3] lane coalescing   KEYS[4] lanes index
   KEYS[5] fencing counter   KEYS[6] failures   KEYS[7] failures by time   KEYS[8] backing off
   KEYS[9] BullMQ delayed   KEYS[10] BullMQ wait   KEYS[11] BullMQ meta   KEYS[12] BullMQ active
-  KEYS[13] BullMQ marker   KEYS[14] BullMQ events   (see includes/lane.lua)
-  KEYS[15] the job's hash
+  KEYS[13] BullMQ marker   KEYS[14] BullMQ events
+  KEYS[15] counted lanes   KEYS[16] queued by company   KEYS[17] queued by environment
+  KEYS[18] paused lanes
+  (see includes/lane.lua)
+  KEYS[19] the job's hash
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)
 
   Returns one of
@@ -22,7 +25,7 @@
 local rcall = redis.call
 --- @include "lane"
 local k = laneKeys(KEYS)
-local jobKey = KEYS[15]
+local jobKey = KEYS[19]
 local jobId, laneId, now = ARGV[1], ARGV[2], ARGV[3]
 
 local function run()
@@ -54,6 +57,7 @@ if recorded[1] and recorded[2] == atm then
       advanceLane(k, string.sub(jobKey, 1, #jobKey - #jobId), laneId, false)
     end
   end
+  recount(k, laneId)
   return {'done', recorded[1]}
 end
 
@@ -61,6 +65,10 @@ local head = rcall('LINDEX', k.list, 0)
 if head == jobId then
   local holder = rcall('HGET', k.holder, 'job')
   if holder and holder ~= jobId then
+    return {'park'}
+  end
+  -- A paused lane starts nothing new (its holder, handed off before the pause, still runs).
+  if holder ~= jobId and rcall('HEXISTS', k.paused, laneId) == 1 then
     return {'park'}
   end
   return run()
@@ -73,7 +81,16 @@ if recorded[1] then
   -- BullMQ finished it and an operator retried it: it runs again, as a new request.
   rcall('HDEL', jobKey, 'lo:outcome', 'lo:released-atm', 'lo:front')
   rcall('ZADD', k.lanes, 'NX', now, laneId)
-  if rcall('RPUSH', k.list, jobId) == 1 then
+  local joined = rcall('RPUSH', k.list, jobId)
+  -- Counted under the scope its data names (an empty lane has no record to say it).
+  local ok, data = pcall(cjson.decode, rcall('HGET', jobKey, 'data') or '')
+  local lease = ok and type(data) == 'table' and type(data.lease) == 'table' and data.lease or {}
+  if type(lease.companyId) == 'string' and type(lease.environmentId) == 'string' then
+    recount(k, laneId, lease.companyId, lease.environmentId)
+  else
+    recount(k, laneId)
+  end
+  if joined == 1 and rcall('HEXISTS', k.paused, laneId) == 0 then
     return run()
   end
   return {'park'}

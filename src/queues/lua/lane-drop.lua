@@ -6,10 +6,17 @@
   KEYS[1] lane list   KEYS[2] lane holder   KEYS[3] lane coalescing   KEYS[4] lanes index
   KEYS[5] fencing counter   KEYS[6] failures   KEYS[7] failures by time   KEYS[8] backing off
   KEYS[9] BullMQ delayed   KEYS[10] BullMQ wait   KEYS[11] BullMQ meta   KEYS[12] BullMQ active
-  KEYS[13] BullMQ marker   KEYS[14] BullMQ events   (see includes/lane.lua)
-  KEYS[15] the job's hash
+  KEYS[13] BullMQ marker   KEYS[14] BullMQ events
+  KEYS[15] counted lanes   KEYS[16] queued by company   KEYS[17] queued by environment
+  KEYS[18] paused lanes
+  (see includes/lane.lua)
+  KEYS[19] the job's hash
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] BullMQ job key prefix
   ARGV[5] outcome (JSON)   ARGV[6] how long failed jobs are kept (ms)
+  ARGV[7] '1' to refuse a job BullMQ still holds active (an operator's cancel): between the
+  lane's yield before a retry and BullMQ's move to delayed the job is no longer the lane's
+  holder, yet BullMQ is about to count the attempt, and an outcome recorded then would read
+  as an operator's retry when the retry runs
 
   Returns {'executing'} (refused: it runs), {'absent'} (not in the lane), or
   {'dropped', ...advance} where advance is {'next', jobId, r}, {'idle'} or {'waiting'}.
@@ -17,7 +24,7 @@
 local rcall = redis.call
 --- @include "lane"
 local k = laneKeys(KEYS)
-local jobKey = KEYS[15]
+local jobKey = KEYS[19]
 local jobId, laneId, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
 local at = rcall('LPOS', k.list, jobId)
@@ -27,7 +34,11 @@ end
 if at == 0 and rcall('HGET', k.holder, 'job') == jobId then
   return {'executing'}
 end
+if ARGV[7] == '1' and rcall('LPOS', k.active, jobId) then
+  return {'executing'}
+end
 rcall('LREM', k.list, 1, jobId)
+recount(k, laneId)
 forgetCoalescing(k, jobId)
 rcall('HDEL', jobKey, 'lo:parked')
 recordOutcome(jobKey, ARGV[5])

@@ -6,8 +6,13 @@
   KEYS[1] lane list   KEYS[2] lane holder   KEYS[3] lane coalescing   KEYS[4] lanes index
   KEYS[5] fencing counter   KEYS[6] failures   KEYS[7] failures by time   KEYS[8] backing off
   KEYS[9] BullMQ delayed   KEYS[10] BullMQ wait   KEYS[11] BullMQ meta   KEYS[12] BullMQ active
-  KEYS[13] BullMQ marker   KEYS[14] BullMQ events   (see includes/lane.lua)
-  KEYS[15] the job's hash   KEYS[16] the request's idempotency key (a placeholder when it has none)
+  KEYS[13] BullMQ marker   KEYS[14] BullMQ events
+  KEYS[15] counted lanes   KEYS[16] queued by company   KEYS[17] queued by environment
+  KEYS[18] paused lanes
+  (see includes/lane.lua)
+  KEYS[19] the job's hash   KEYS[20] the request's idempotency key (a placeholder when it has none)
+  KEYS[21] the lease's history (see includes/history.lua)
+  KEYS[22] the partition's copy of the deployment's partition count (see layout.ts)
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] 'tail' | 'front'
   ARGV[5] BullMQ job key prefix
   ARGV[6] coalescing key ('' for none): an identical request queued last and not yet
@@ -18,20 +23,33 @@
   ARGV[9] '1' when the job was stored by an earlier request with the same idempotency key
           (a retry finishing an enqueue cut short)
   ARGV[10] the request's fingerprint (kept with its idempotency key)   ARGV[11] '1' when
-  the request has an idempotency key (KEYS[16] is then that key)
+  the request has an idempotency key (KEYS[20] is then that key)
+  ARGV[12] the lease's company   ARGV[13] its environment
+  ARGV[14] most operations a company's lanes may hold   ARGV[15] most an environment's may
+  hold (0: no limit; force-stops have room of their own above each)
+  ARGV[16] the partition count the caller maps leases with: refused ({'layout', held})
+  when the partition holds another, so a process that missed a change of the count never
+  puts a lease's operation in a partition other than the one its lane is in
   A job already in its lane, or one with an outcome, is left alone when either of ARGV[9] and
   ARGV[11] is set: two requests with one key may both get here (a retry while the first was
   slow), and the job must join its lane once.
 
   Returns {'queued'} when it waits behind others, {'next', jobId, handOffResult} when it was
-  handed to the workers, {'absorbed', existingJobId} or {'full', 'lease' | 'queue', count}
-  (in both cases the caller drops its own job), or {'present'} (already accepted).
+  handed to the workers, {'absorbed', existingJobId} or {'full', 'lease' | 'environment' | 'company' | 'queue', count}
+  (in both cases the caller drops its own job), {'present'} (already accepted), or {'gone'}
+  (its idempotency key no longer names it as pending: another request took it back).
 ]]
 local rcall = redis.call
 --- @include "lane"
+--- @include "history"
 local k = laneKeys(KEYS)
-local jobKey, idemKey = KEYS[15], KEYS[16]
+local jobKey, idemKey = KEYS[19], KEYS[20]
 local jobId, laneId, now, mode, jobPrefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+
+local layout = rcall('GET', KEYS[22])
+if layout and layout ~= ARGV[16] then
+  return {'layout', layout}
+end
 
 -- The idempotency key, once its request's job is in a lane (its own, or the one that absorbed it).
 local function accepted(acceptedJobId)
@@ -45,6 +63,15 @@ if (ARGV[9] == '1' or ARGV[11] == '1') and (rcall('LPOS', k.list, jobId) or rcal
   return {'present'}
 end
 
+-- With a key, the job joins only while the key still names it as pending: a refused request
+-- with the same key takes the key back before its job (operations-queue.ts, joinLane).
+if ARGV[11] == '1' then
+  local ok, held = pcall(cjson.decode, rcall('GET', idemKey) or '')
+  if not (ok and type(held) == 'table' and held.jobId == jobId and held.state == 'pending') then
+    return {'gone'}
+  end
+end
+
 local coalesceAs = ARGV[6]
 if coalesceAs ~= '' then
   -- Only the last queued request can absorb: one with other requests after it would
@@ -52,6 +79,7 @@ if coalesceAs ~= '' then
   local existing = rcall('HGET', k.coalesce, coalesceAs)
   if existing and rcall('LINDEX', k.list, -1) == existing then
     accepted(existing)
+    historyAppend(KEYS[21], {'e', 'absorbed', 'job', existing, 'op', rcall('HGET', jobKey, 'name') or ''})
     return {'absorbed', existing}
   end
 end
@@ -76,13 +104,37 @@ if maxPerLane > 0 and mode == 'front' then
     return {'full', 'lease', fronts}
   end
 end
+-- Room of their own above a limit for force-stops (a tenth of it, at least 100), so a backlog
+-- of other operations never keeps one out; past that room they are refused too.
+local front = mode == 'front'
+local function withRoom(limit)
+  return limit + math.max(100, math.floor(limit / 10))
+end
+local company, environment = ARGV[12], ARGV[13]
+local byCompany = tonumber(rcall('HGET', k.byCompany, company) or '0')
+local maxPerCompany, maxPerEnvironment = tonumber(ARGV[14]), tonumber(ARGV[15])
+if maxPerEnvironment > 0 then
+  local held = tonumber(rcall('HGET', k.byEnvironment, company .. '\n' .. environment) or '0')
+  if held >= (front and withRoom(maxPerEnvironment) or maxPerEnvironment) then
+    return {'full', 'environment', held}
+  end
+end
+if maxPerCompany > 0 and byCompany >= (front and withRoom(maxPerCompany) or maxPerCompany) then
+  return {'full', 'company', byCompany}
+end
 if maxQueued > 0 then
-  -- Force-stops have room of their own above the limit (a tenth of it, at least 100), so
-  -- a backlog of other operations never keeps one out; past that room they are refused too.
-  local limit = mode == 'front' and (maxQueued + math.max(100, math.floor(maxQueued / 10))) or maxQueued
+  -- Past the queue's limit, a company holding less than its fair share (the limit over the
+  -- companies with work queued) still gets in: one company's backlog, force-stops included,
+  -- never refuses another's operations (their own limits bound them). A company holding its
+  -- share is refused, but for force-stops, which have a room above the limit (a tenth of it,
+  -- at least 100) before they are refused too.
   local queued = rcall('ZCARD', k.delayed) + rcall('LLEN', k.wait)
-  if queued > limit then
-    return {'full', 'queue', queued - 1}
+  if queued > maxQueued then
+    local companies = rcall('HLEN', k.byCompany) + (byCompany == 0 and 1 or 0)
+    local overShare = byCompany >= math.floor(maxQueued / companies)
+    if overShare and (not front or queued > withRoom(maxQueued)) then
+      return {'full', 'queue', queued - 1}
+    end
   end
 end
 
@@ -98,6 +150,8 @@ if mode == 'front' then
 else
   waits = rcall('RPUSH', k.list, jobId) > 1
 end
+recount(k, laneId, company, environment)
+historyAppend(KEYS[21], {'e', 'accepted', 'job', jobId, 'op', rcall('HGET', jobKey, 'name') or '', 'ahead', rcall('LPOS', k.list, jobId) or 0})
 if waits then
   rcall('HSET', jobKey, 'lo:parked', '1')
   return {'queued'}
@@ -107,4 +161,4 @@ end
 if mode == 'front' then
   rcall('ZADD', k.lanes, 'XX', now, laneId)
 end
-return {'next', jobId, handOff(k, jobPrefix, jobId, false)}
+return {'next', jobId, handOff(k, jobPrefix, jobId, false, laneId)}

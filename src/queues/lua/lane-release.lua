@@ -9,24 +9,31 @@
   KEYS[1] lane list   KEYS[2] lane holder   KEYS[3] lane coalescing   KEYS[4] lanes index
   KEYS[5] fencing counter   KEYS[6] failures   KEYS[7] failures by time   KEYS[8] backing off
   KEYS[9] BullMQ delayed   KEYS[10] BullMQ wait   KEYS[11] BullMQ meta   KEYS[12] BullMQ active
-  KEYS[13] BullMQ marker   KEYS[14] BullMQ events   (see includes/lane.lua)
-  KEYS[15] the job's hash   KEYS[16] acquires not yet ended (an acquire leaves it here, in
+  KEYS[13] BullMQ marker   KEYS[14] BullMQ events
+  KEYS[15] counted lanes   KEYS[16] queued by company   KEYS[17] queued by environment
+  KEYS[18] paused lanes
+  (see includes/lane.lua)
+  KEYS[19] the job's hash   KEYS[20] acquires not yet ended (an acquire leaves it here, in
   the same step, so the sweep never takes an acquire BullMQ removed on completion for one
   that vanished)
   ARGV[1] job id   ARGV[2] token   ARGV[3] outcome (JSON)   ARGV[4] lane id   ARGV[5] now
   ARGV[6] BullMQ job key prefix   ARGV[7] '1' when this worker's own fetch of its next job
   follows on this connection (see handOff)   ARGV[8] '1' when the outcome is a failure
   ARGV[9] how long failed jobs are kept (ms): older failure entries are trimmed
-  ARGV[10] '1' when this is an acquire that completed: its entry in KEYS[16] then says so
+  ARGV[10] '1' when this is an acquire that completed: its entry in KEYS[20] then says so
   (with when) instead of going, so a clean-up queued for it by a crash or a stale attempt
   can tell, even once BullMQ removed the job (see OperationsQueue.acquireCompleted)
+  KEYS[21] the lease's history   ARGV[11] the end's history entry, its fields already joined
+  (see lease-history.ts), or '' for none: written here, so an attempt's end costs no round
+  trip of its own, and never for a stale attempt
 
   Returns {'stale'} | {'next', jobId, handOffResult} | {'idle'}
 ]]
 local rcall = redis.call
 --- @include "lane"
+--- @include "history"
 local k = laneKeys(KEYS)
-local jobKey = KEYS[15]
+local jobKey = KEYS[19]
 local jobId, token, outcome, laneId, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 
 local holder = rcall('HMGET', k.holder, 'job', 'token')
@@ -40,10 +47,13 @@ rcall('LPOP', k.list)
 rcall('DEL', k.holder)
 rcall('ZREM', k.backingOff, jobId)
 if ARGV[10] == '1' then
-  rcall('HSET', KEYS[16], jobId, 'completed ' .. ARGV[5])
+  rcall('HSET', KEYS[20], jobId, 'completed ' .. ARGV[5])
 else
-  rcall('HDEL', KEYS[16], jobId)
+  rcall('HDEL', KEYS[20], jobId)
 end
 recordOutcome(jobKey, outcome)
 noteFailure(k, laneId, jobId, now, ARGV[8] == '1', tonumber(ARGV[9]))
+if ARGV[11] ~= '' then
+  historyAppendJoined(KEYS[21], ARGV[11])
+end
 return advanceLane(k, ARGV[6], laneId, ARGV[7] == '1')

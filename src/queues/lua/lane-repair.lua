@@ -18,7 +18,10 @@
   KEYS[1] lane list   KEYS[2] lane holder   KEYS[3] lane coalescing   KEYS[4] lanes index
   KEYS[5] fencing counter   KEYS[6] failures   KEYS[7] failures by time   KEYS[8] backing off
   KEYS[9] BullMQ delayed   KEYS[10] BullMQ wait   KEYS[11] BullMQ meta   KEYS[12] BullMQ active
-  KEYS[13] BullMQ marker   KEYS[14] BullMQ events   (see includes/lane.lua)
+  KEYS[13] BullMQ marker   KEYS[14] BullMQ events
+  KEYS[15] counted lanes   KEYS[16] queued by company   KEYS[17] queued by environment
+  KEYS[18] paused lanes
+  (see includes/lane.lua)
   ARGV[1] lane id   ARGV[2] now (ms)   ARGV[3] BullMQ job key prefix
   ARGV[4] a job id to mark parked first ('' for none): a job that just parked itself
 
@@ -37,6 +40,7 @@ local head = rcall('LINDEX', k.list, 0)
 if not head then
   rcall('ZREM', k.lanes, laneId)
   rcall('DEL', k.holder)
+  recount(k, laneId)
   return {'forgotten'}
 end
 
@@ -67,7 +71,7 @@ local delayed = rcall('ZSCORE', k.delayed, head)
 local retryDue = delayed and rcall('ZSCORE', k.backingOff, head)
 if delayed and (rcall('HEXISTS', jobKey, 'lo:parked') == 1 or (not retryDue and rcall('HGET', k.holder, 'job') ~= head)) then
   rcall('ZADD', k.lanes, 'XX', now, laneId)
-  return {'handed', head, handOff(k, jobPrefix, head, false)}
+  return {'handed', head, handOff(k, jobPrefix, head, false, laneId)}
 end
 
 -- A head backing off shows progress when its retry comes due: the sweep passes it by till then.

@@ -7,8 +7,11 @@
   KEYS[1] lane list   KEYS[2] lane holder   KEYS[3] lane coalescing   KEYS[4] lanes index
   KEYS[5] fencing counter   KEYS[6] failures   KEYS[7] failures by time   KEYS[8] backing off
   KEYS[9] BullMQ delayed   KEYS[10] BullMQ wait   KEYS[11] BullMQ meta   KEYS[12] BullMQ active
-  KEYS[13] BullMQ marker   KEYS[14] BullMQ events   (see includes/lane.lua)
-  KEYS[15] the request's idempotency key (a placeholder when it has none)
+  KEYS[13] BullMQ marker   KEYS[14] BullMQ events
+  KEYS[15] counted lanes   KEYS[16] queued by company   KEYS[17] queued by environment
+  KEYS[18] paused lanes
+  (see includes/lane.lua)
+  KEYS[19] the request's idempotency key (a placeholder when it has none)
   ARGV[1] coalescing key of the stop   ARGV[2] the force-stop's job data (JSON)
   ARGV[3] lane id   ARGV[4] now (ms)   ARGV[5] BullMQ job key prefix
   ARGV[6] the force-stop's deadline (ms): a stop with a later one is not absorbed, its
@@ -36,7 +39,7 @@ end
 forgetCoalescing(k, stopJob)
 rcall('HSET', jobKey, 'data', ARGV[2], 'name', 'force-stop')
 if ARGV[8] == '1' then
-  rcall('SET', KEYS[15], cjson.encode({jobId = stopJob, fingerprint = ARGV[7], state = 'accepted'}), 'KEEPTTL')
+  rcall('SET', KEYS[19], cjson.encode({jobId = stopJob, fingerprint = ARGV[7], state = 'accepted'}), 'KEEPTTL')
 end
 rcall('LREM', k.list, 1, stopJob)
 rcall('ZADD', k.lanes, 'NX', ARGV[4], ARGV[3])
@@ -45,4 +48,4 @@ if queueFront(k, ARGV[5], stopJob) then
 end
 -- The head now, perhaps ahead of one backing off: the lane's progress is now.
 rcall('ZADD', k.lanes, 'XX', ARGV[4], ARGV[3])
-return {'next', stopJob, handOff(k, ARGV[5], stopJob, false)}
+return {'next', stopJob, handOff(k, ARGV[5], stopJob, false, ARGV[3])}

@@ -6,18 +6,24 @@
   KEYS[1] lane list   KEYS[2] lane holder   KEYS[3] lane coalescing   KEYS[4] lanes index
   KEYS[5] fencing counter   KEYS[6] failures   KEYS[7] failures by time   KEYS[8] backing off
   KEYS[9] BullMQ delayed   KEYS[10] BullMQ wait   KEYS[11] BullMQ meta   KEYS[12] BullMQ active
-  KEYS[13] BullMQ marker   KEYS[14] BullMQ events   (see includes/lane.lua)
+  KEYS[13] BullMQ marker   KEYS[14] BullMQ events
+  KEYS[15] counted lanes   KEYS[16] queued by company   KEYS[17] queued by environment
+  KEYS[18] paused lanes
+  (see includes/lane.lua)
   ARGV[1] job id   ARGV[2] token   ARGV[3] BullMQ job key prefix   ARGV[4] when its retry
   comes due (ms): it is listed as backing off until its next attempt starts
   ARGV[5] lane id: a lane waiting out a backoff shows progress due then, so the sweep (which
   reads lanes quiet since a while) passes it by until its retry is late; an operator's
   removal of the head is repaired by its event (LeaseWorker), not by the sweep
   ARGV[6] now (ms)
+  KEYS[19] the lease's history   ARGV[7] the backoff's history entry, its fields already joined
+  (see lease-history.ts), or '' for none
 
   Returns 1, or 0 for a stale attempt.
 ]]
 local rcall = redis.call
 --- @include "lane"
+--- @include "history"
 local k = laneKeys(KEYS)
 
 local holder = rcall('HMGET', k.holder, 'job', 'token')
@@ -26,6 +32,9 @@ if holder[1] ~= ARGV[1] or holder[2] ~= ARGV[2] then
 end
 rcall('DEL', k.holder)
 rcall('ZADD', k.backingOff, ARGV[4], ARGV[1])
+if ARGV[7] ~= '' then
+  historyAppendJoined(KEYS[19], ARGV[7])
+end
 -- A backing-off front job keeps its place: front jobs keep their order among themselves.
 if rcall('HEXISTS', ARGV[3] .. ARGV[1], 'lo:front') == 1 then
   rcall('ZADD', k.lanes, 'XX', ARGV[4], ARGV[5])

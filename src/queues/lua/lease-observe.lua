@@ -9,13 +9,16 @@
   on how long a sandbox has been stopping.
 
   KEYS[1] lease record hash   KEYS[2] stopping index (zset laneId -> since ms)
+  KEYS[3] the lease's history (a change of state is an event there)
   ARGV[1] lane id   ARGV[2] state kind   ARGV[3] provider state
   ARGV[4] lease identity (JSON)   ARGV[5] provider lease id   ARGV[6] ttl (s)
   ARGV[7] '1' when the state is a transition toward stopped
+  ARGV[8] the job whose attempt saw it ('' when none)
 
   Returns {since, now} in ms: the `since` of the recorded state, and Redis' time.
 ]]
 local rcall = redis.call
+--- @include "history"
 local recordKey, stoppingKey = KEYS[1], KEYS[2]
 local laneId, kind, providerState = ARGV[1], ARGV[2], ARGV[3]
 local time = rcall('TIME')
@@ -28,6 +31,7 @@ if previous[1] == kind and previous[2] == providerState and previous[3] then
 else
   -- A new state is a new episode: the watchdog's force-stops start again.
   rcall('HDEL', recordKey, 'forceStops', 'forceJob')
+  historyAppend(KEYS[3], {'e', 'observed', 'state', kind, 'providerState', providerState, 'sandbox', ARGV[5], 'job', ARGV[8]})
 end
 rcall('HSET', recordKey, 'kind', kind, 'providerState', providerState, 'since', since, 'observedAt', now,
   'lease', ARGV[4], 'providerLeaseId', ARGV[5])

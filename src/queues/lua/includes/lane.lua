@@ -15,6 +15,11 @@
     KEYS[12] BullMQ active         list of running job ids
     KEYS[13] BullMQ marker         zset whose members wake idle workers
     KEYS[14] BullMQ events         stream
+    KEYS[15] counted lanes         hash lane id -> '<n>\n<company>\n<environment>': what the
+                                   two counts below hold for this lane (see recount)
+    KEYS[16] queued by company     hash company -> operations in its lanes
+    KEYS[17] queued by environment hash '<company>\n<environment>' -> operations in its lanes
+    KEYS[18] paused lanes          hash laneId -> who paused it and when (JSON): nothing starts there
   Job hashes (`<queue key prefix><job id>`) are derived from the ids in the lane, as
   BullMQ's own scripts derive them. What each BullMQ key and field means to BullMQ is pinned
   by test/bullmq-contract.test.ts.
@@ -22,7 +27,42 @@
 local function laneKeys(keys)
   return { list = keys[1], holder = keys[2], coalesce = keys[3], lanes = keys[4], fence = keys[5], failures = keys[6],
     failuresAt = keys[7], backingOff = keys[8], delayed = keys[9], wait = keys[10], meta = keys[11], active = keys[12],
-    marker = keys[13], events = keys[14] }
+    marker = keys[13], events = keys[14], counted = keys[15], byCompany = keys[16], byEnvironment = keys[17],
+    paused = keys[18] }
+end
+
+--[[
+  Brings the company and environment counts in line with the lane's length, after anything
+  that may have changed it: each lane remembers what it added to them, so a count is the sum
+  of its lanes' lengths however a job left (ended, dropped, removed by an operator). Ids
+  cannot hold control characters, so '\n' separates them unambiguously. A lane with no record
+  is counted from the next call that names its scope (company, environment).
+]]
+local function recount(k, laneId, company, environment)
+  local n = rcall('LLEN', k.list)
+  local record = rcall('HGET', k.counted, laneId)
+  local was = 0
+  if record then
+    local i = string.find(record, '\n', 1, true)
+    local j = string.find(record, '\n', i + 1, true)
+    was = tonumber(string.sub(record, 1, i - 1))
+    company, environment = string.sub(record, i + 1, j - 1), string.sub(record, j + 1)
+  end
+  if not company or n == was then
+    return
+  end
+  local scope = company .. '\n' .. environment
+  if rcall('HINCRBY', k.byCompany, company, n - was) <= 0 then
+    rcall('HDEL', k.byCompany, company)
+  end
+  if rcall('HINCRBY', k.byEnvironment, scope, n - was) <= 0 then
+    rcall('HDEL', k.byEnvironment, scope)
+  end
+  if n == 0 then
+    rcall('HDEL', k.counted, laneId)
+  else
+    rcall('HSET', k.counted, laneId, n .. '\n' .. scope)
+  end
 end
 
 local function isQueuePausedOrMaxed(k)
@@ -50,10 +90,15 @@ end
   With lazyMarker (a release that this worker's own fetch of its next job follows on the
   same connection) the marker that wakes idle workers is left out when this job is the only
   one waiting: that fetch takes it, and waking another worker would only make it race.
-  Returns 'promoted', 'missing' (the job was removed), or 'elsewhere' (not parked: already
-  waiting, or active while it parks; it then asks the lane itself).
+  Returns 'promoted', 'missing' (the job was removed), 'elsewhere' (not parked: already
+  waiting, or active while it parks; it then asks the lane itself), or 'held' (the lane is
+  paused: nothing is handed off until it is unpaused).
 ]]
-local function handOff(k, jobPrefix, jobId, lazyMarker)
+local function handOff(k, jobPrefix, jobId, lazyMarker, laneId)
+  -- An operator paused the lane: the head stays parked until the lane is unpaused.
+  if rcall('HEXISTS', k.paused, laneId) == 1 then
+    return 'held'
+  end
   forgetCoalescing(k, jobId)
   local jobKey = jobPrefix .. jobId
   if rcall('ZREM', k.delayed, jobId) == 1 then
@@ -85,12 +130,14 @@ local function advanceLane(k, jobPrefix, laneId, lazyMarker)
     local nextJob = rcall('LINDEX', k.list, 0)
     if not nextJob then
       rcall('ZREM', k.lanes, laneId)
+      recount(k, laneId)
       return {'idle'}
     end
-    local r = handOff(k, jobPrefix, nextJob, lazyMarker)
+    local r = handOff(k, jobPrefix, nextJob, lazyMarker, laneId)
     if r ~= 'missing' then
       -- The lanes index is not touched on every hand-off: a busy lane only gets looked at
       -- by the sweep, which costs less than a write per operation.
+      recount(k, laneId)
       return {'next', nextJob, r}
     end
     rcall('LPOP', k.list)

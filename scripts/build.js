@@ -1,0 +1,26 @@
+#!/usr/bin/env node
+// Builds the package: dist/ holds the compiled JavaScript, its declarations and the Lua
+// scripts the lanes load at run time. `npm run build`; `npm ci` runs it too (prepare).
+import { execFileSync } from 'node:child_process';
+import { cpSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const root = fileURLToPath(new URL('..', import.meta.url));
+const dist = join(root, 'dist');
+rmSync(dist, { recursive: true, force: true });
+const tsc = createRequire(import.meta.url).resolve('typescript/bin/tsc');
+execFileSync(process.execPath, [tsc, '-p', join(root, 'tsconfig.build.json')], { stdio: 'inherit' });
+cpSync(join(root, 'src', 'queues', 'lua'), join(dist, 'queues', 'lua'), { recursive: true });
+
+// tsc rewrites `./x.ts` to `./x.js` in the JavaScript it emits, not in declarations: a
+// consumer's compiler would look for sources that are not shipped.
+const relativeTs = /(from\s+|import\s*\(\s*)(['"])(\.{1,2}\/[^'"]+)\.ts\2/g;
+for (const entry of readdirSync(dist, { recursive: true, withFileTypes: true })) {
+  if (!entry.isFile() || !entry.name.endsWith('.d.ts')) continue;
+  const path = join(entry.parentPath, entry.name);
+  const text = readFileSync(path, 'utf8');
+  const rewritten = text.replace(relativeTs, (_all, lead, quote, stem) => `${lead}${quote}${stem}.js${quote}`);
+  if (rewritten !== text) writeFileSync(path, rewritten);
+}

@@ -1,0 +1,152 @@
+import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
+import type { Job } from 'bullmq';
+import { laneIdOfJobId } from '../lease.ts';
+import { OperationJobDataSchema } from '../operations.ts';
+import type { OperationsQueue } from '../queues/operations-queue.ts';
+import { withoutInfrastructure } from '../secrets.ts';
+import { timelinePath } from './pages.ts';
+
+type Options = ConstructorParameters<typeof BullMQAdapter>[1];
+
+/** Where a job stands in its lane, read in one round trip for a page of jobs. */
+interface Place {
+  parked: boolean;
+  outcome: string | null;
+  position: number | null;
+  holder: string | null;
+  retryAt: number | null;
+  head: string | null;
+}
+
+/** The lane's recorded outcome of a finished job ('completed' or 'failed'), if it is readable. */
+function outcomeStatus(text: string | null): string | null {
+  if (!text) return null;
+  try {
+    const status = (JSON.parse(text) as { status?: unknown }).status;
+    return status === 'completed' || status === 'failed' ? status : null;
+  } catch {
+    return null;
+  }
+}
+
+const clock = (ms: number) => new Date(ms).toISOString().slice(11, 19);
+
+/**
+ * Bull Board's view of the operations queue, told the way lease-ops runs it. BullMQ keeps an
+ * operation that waits its turn in its lane as a delayed job (parked until its deadline), so
+ * the board would say "Will run at" a day away: here a queued job shows no delay and its
+ * name says where it stands (queued behind N, next, executing, backing off until T with the
+ * last error). Names read `stop · acme/prod/<lease> · ...`; failed jobs show their code and
+ * message without stack traces or server paths; each job links to its lease's timeline.
+ * Only what the board displays changes: the Job objects actions run on are BullMQ's own.
+ */
+export class LeaseOpsBoardAdapter extends BullMQAdapter {
+  constructor(
+    private readonly ops: OperationsQueue,
+    options: Options = {},
+  ) {
+    super(ops.queue, {
+      ...options,
+      // A finished operation's retry is a rerun of a failed one (the API's); a completed one is
+      // not run again. (Bull Board reads this option, its types leave it out.)
+      ...({ allowCompletedRetries: false } as object),
+      description:
+        'Operations of every lease. BullMQ lists an operation waiting its turn in its lane as delayed; each name says where it stands: queued behind N, next, executing, or backing off until a time.',
+      externalJobUrl: (job) => {
+        const parsed = OperationJobDataSchema.safeParse(job.data);
+        return parsed.success ? { href: timelinePath(parsed.data.lease), displayText: 'lease timeline' } : { href: '/ui/attention', displayText: 'attention' };
+      },
+    });
+  }
+
+  override async getJobs(...args: Parameters<BullMQAdapter['getJobs']>): ReturnType<BullMQAdapter['getJobs']> {
+    const jobs = await super.getJobs(...args);
+    await this.tell(jobs as unknown as Job[]);
+    return jobs;
+  }
+
+  override async getJob(...args: Parameters<BullMQAdapter['getJob']>): ReturnType<BullMQAdapter['getJob']> {
+    const job = await super.getJob(...args);
+    if (job) await this.tell([job as unknown as Job]);
+    return job;
+  }
+
+  /** Gives each job a toJSON that says where it stands (the board formats jobs from toJSON). */
+  private async tell(jobs: Job[]): Promise<void> {
+    const places = await this.places(jobs);
+    jobs.forEach((job, i) => {
+      const place = places[i];
+      if (!place) return;
+      const own = job.toJSON.bind(job);
+      const told = () => this.told(job, own(), place);
+      Object.defineProperty(job, 'toJSON', { value: told, configurable: true });
+    });
+  }
+
+  private async places(jobs: Job[]): Promise<(Place | null)[]> {
+    const lanes = this.ops.lanes;
+    const pipeline = this.ops.connection.pipeline();
+    const laneIds = jobs.map((job) => (job.id ? laneIdOfJobId(job.id) : null));
+    jobs.forEach((job, i) => {
+      const laneId = laneIds[i];
+      if (!job.id || !laneId) return;
+      pipeline
+        .hmget(this.ops.queue.toKey(job.id), 'lo:parked', 'lo:outcome')
+        .lpos(lanes.listKey(laneId), job.id)
+        .hget(lanes.execKey(laneId), 'job')
+        .zscore(lanes.backingOffKey, job.id)
+        .lindex(lanes.listKey(laneId), 0);
+    });
+    const results = (await pipeline.exec()) ?? [];
+    let at = 0;
+    return jobs.map((job, i) => {
+      if (!job.id || !laneIds[i]) return null;
+      const [hash, position, holder, retryAt, head] = results.slice(at, (at += 5)).map(([err, value]) => (err ? null : value));
+      const [parked, outcome] = (hash as (string | null)[] | null) ?? [null, null];
+      return {
+        parked: parked === '1',
+        outcome: outcome ?? null,
+        position: typeof position === 'number' ? position : null,
+        holder: (holder as string | null) ?? null,
+        retryAt: retryAt === null || retryAt === undefined ? null : Number(retryAt),
+        head: (head as string | null) ?? null,
+      };
+    });
+  }
+
+  private told(job: Job, json: ReturnType<Job['toJSON']>, place: Place): ReturnType<Job['toJSON']> {
+    const parsed = OperationJobDataSchema.safeParse(job.data);
+    const who = parsed.success ? `${parsed.data.op} · ${parsed.data.lease.companyId}/${parsed.data.lease.environmentId}/${parsed.data.lease.leaseId}` : json.name;
+    const told = { ...json, opts: { ...json.opts } };
+    const lastError = json.failedReason ? withoutInfrastructure(json.failedReason) : null;
+    let where: string;
+    if (json.finishedOn) {
+      where = outcomeStatus(place.outcome) ?? (json.returnvalue === null || json.returnvalue === undefined ? 'failed' : 'completed');
+    } else if (place.holder === job.id) {
+      where = `executing, attempt ${json.attemptsMade + 1}`;
+    } else if (place.retryAt !== null) {
+      where = `backing off until ${clock(place.retryAt)} UTC${lastError ? `: ${lastError}` : ''}`;
+      // The board says "Will run at" accepted time + delay: the retry's time, not the park's.
+      told.delay = Math.max(0, place.retryAt - json.timestamp);
+      told.opts.delay = told.delay;
+    } else if (place.position !== null && place.position > 0) {
+      where = `queued behind ${place.position}`;
+      // Waiting its turn, not delayed: nothing "will run at" a time.
+      told.delay = 0;
+      told.opts.delay = 0;
+    } else if (place.position === 0 || place.head === job.id) {
+      where = 'next: waiting for a worker';
+      told.delay = 0;
+      told.opts.delay = 0;
+    } else {
+      where = place.parked ? 'waiting outside its lane (the sweep repairs it)' : 'not in its lane';
+    }
+    told.name = `${who} · ${where}`;
+    if (json.failedReason) {
+      // Code and message only: stack traces carry the server's paths.
+      told.failedReason = lastError ?? '';
+      told.stacktrace = [];
+    }
+    return told;
+  }
+}

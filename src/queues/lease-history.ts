@@ -1,0 +1,156 @@
+import { z } from 'zod';
+import type { Logger } from '../logger.ts';
+import { withoutInfrastructure } from '../secrets.ts';
+import { luaCommand, type LuaCommand } from './lua-scripts.ts';
+import type { RedisClient } from './redis.ts';
+
+/** A lease's history: a list of its last events (includes/history.lua keeps 200, for a week). */
+export function historyKey(prefix: string, laneId: string): string {
+  return `${prefix}:history:${laneId}`;
+}
+
+/**
+ * What happened to a lease, one event at a time:
+ *   accepted     an operation joined the lane, `ahead` of it (0: it is the head)
+ *   absorbed     an identical request was answered with a queued one (`by`)
+ *   started      an attempt began (`attempt`, 1 for the first); not stored on its own: an
+ *                attempt's end carries how long it ran (`ran`, ms), and reading gives it back
+ *                as a start that long before (a running attempt's start comes from its job)
+ *   observed     an attempt saw the sandbox in a new state
+ *   backing-off  the attempt ended with a settling or transient error; retry at `until`
+ *   completed / failed   the operation ended
+ *   stuck        the watchdog found the sandbox stopping too long and queued a force-stop (`job`)
+ *   removed      an operator removed a waiting operation (Bull Board)
+ *   cancelled / rerun   an operator cancelled a waiting operation, or ran a failed one again
+ *   paused / unpaused   an operator paused the lane (nothing new starts), or unpaused it
+ */
+export const HISTORY_EVENT_KINDS = [
+  'accepted',
+  'absorbed',
+  'started',
+  'observed',
+  'backing-off',
+  'completed',
+  'failed',
+  'stuck',
+  'removed',
+  'cancelled',
+  'rerun',
+  'paused',
+  'unpaused',
+] as const;
+export type HistoryEventKind = (typeof HISTORY_EVENT_KINDS)[number];
+
+const optionalNumber = z.coerce.number().int().optional();
+const FieldsSchema = z.object({
+  e: z.enum(HISTORY_EVENT_KINDS),
+  job: z.string().optional(),
+  op: z.string().optional(),
+  ahead: optionalNumber,
+  attempt: optionalNumber,
+  until: optionalNumber,
+  since: optionalNumber,
+  by: z.string().optional(),
+  code: z.string().optional(),
+  message: z.string().optional(),
+  state: z.string().optional(),
+  providerState: z.string().optional(),
+  sandbox: z.string().optional(),
+  ran: optionalNumber,
+});
+
+export interface HistoryEvent {
+  /** Epoch ms, Redis' clock. */
+  at: number;
+  kind: HistoryEventKind;
+  jobId: string | null;
+  op?: string;
+  ahead?: number;
+  attempt?: number;
+  until?: number;
+  since?: number;
+  by?: string;
+  code?: string;
+  message?: string;
+  state?: string;
+  providerState?: string;
+  sandbox?: string;
+}
+
+type EventInput = { kind: Exclude<HistoryEventKind, 'accepted' | 'absorbed' | 'observed' | 'started'>; jobId: string } & Partial<
+  Pick<HistoryEvent, 'op' | 'attempt' | 'until' | 'since' | 'code' | 'message'>
+> & {
+  /** How long the attempt that ends here ran (ms): its start is read back from this. */
+  ran?: number;
+};
+
+/**
+ * An event as one history entry holds it (without the time, which Redis adds): the pairs
+ * joined by the separator, values bounded and without it. The lane scripts write an
+ * attempt's end with the lane step it belongs to (lane-release, lane-yield).
+ */
+export function historyEntry(event: EventInput): string {
+  const fields: string[] = ['e', event.kind, 'job', historyValue(event.jobId)];
+  for (const name of ['op', 'attempt', 'until', 'since', 'code'] as const) {
+    const value = event[name];
+    if (value !== undefined) fields.push(name, historyValue(String(value)));
+  }
+  if (event.ran !== undefined) fields.push('ran', String(Math.max(0, Math.round(event.ran))));
+  // Callers read messages: no addresses or paths of the infrastructure in them.
+  if (event.message !== undefined) fields.push('message', historyValue(withoutInfrastructure(event.message).slice(0, 500)));
+  return fields.join(SEPARATOR);
+}
+
+/** Reads and appends a lease's history (accepted, absorbed and observed are written by the lane and record scripts). */
+export class LeaseHistory {
+  private readonly appendScript: LuaCommand;
+
+  constructor(
+    private readonly redis: RedisClient,
+    private readonly prefix: string,
+    private readonly log: Logger | null = null,
+  ) {
+    this.appendScript = luaCommand(redis, 'history-append', 1);
+  }
+
+  /**
+   * Sent without waiting for the answer: the history explains, it decides nothing, and an
+   * attempt must not wait a round trip for it. A failed append is logged and forgotten.
+   */
+  append(laneId: string, event: EventInput): void {
+    this.appendScript(historyKey(this.prefix, laneId), historyEntry(event)).catch((err: unknown) => this.log?.debug({ err, laneId }, 'history append failed'));
+  }
+
+  /** The last `limit` events, oldest first; entries this version cannot read are skipped. */
+  async read(laneId: string, limit = 200): Promise<HistoryEvent[]> {
+    const entries = await this.redis.lrange(historyKey(this.prefix, laneId), -limit, -1);
+    const events: HistoryEvent[] = [];
+    for (const entry of entries) {
+      const [at, ...flat] = entry.split(SEPARATOR);
+      const record: Record<string, string> = {};
+      for (let i = 0; i + 1 < flat.length; i += 2) record[flat[i]!] = flat[i + 1]!;
+      const parsed = FieldsSchema.safeParse(record);
+      if (!parsed.success || !/^\d+$/.test(at ?? '')) continue;
+      const { e, job, ran, ...rest } = parsed.data;
+      const event: HistoryEvent = { at: Number(at), kind: e, jobId: job || null };
+      for (const [name, value] of Object.entries(rest)) if (value !== undefined && value !== '') (event as unknown as Record<string, unknown>)[name] = value;
+      if (ran !== undefined) {
+        const started: HistoryEvent = { at: event.at - ran, kind: 'started', jobId: event.jobId };
+        if (event.op !== undefined) started.op = event.op;
+        if (event.attempt !== undefined) started.attempt = event.attempt;
+        events.push(started);
+      }
+      events.push(event);
+    }
+    // A start read back from its end goes before what the attempt saw meanwhile (stable sort).
+    return events.sort((a, b) => a.at - b.at);
+  }
+}
+
+/** What separates an entry's parts (includes/history.lua): the unit separator. */
+const SEPARATOR = '\x1f';
+
+/** A value as an entry holds it: without the separator. */
+export function historyValue(value: string): string {
+  return value.includes(SEPARATOR) ? value.replaceAll(SEPARATOR, ' ') : value;
+}

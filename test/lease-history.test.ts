@@ -1,0 +1,72 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Inspector } from '../src/queues/inspect.ts';
+import { historyEntry } from '../src/queues/lease-history.ts';
+import { LeaseRecords } from '../src/queues/lease-records.ts';
+import { gate, lease, TestBed } from './helpers/env.ts';
+import { createRecordingProvider } from './helpers/recording-provider.ts';
+
+// An attempt's start is not stored on its own: its end, written in the lane step that ends
+// it, says how long it ran, and reading gives the start back.
+describe('a lease history', () => {
+  let bed: TestBed;
+  let inspector: Inspector;
+  beforeAll(async () => {
+    bed = await TestBed.create({ LEASE_OPS_BACKOFF_BASE_MS: '50', LEASE_OPS_BACKOFF_CAP_MS: '100' });
+    inspector = new Inspector(bed.ops, new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX), { stuckStoppingMs: 60_000, blockedAfterMs: 60_000 });
+  });
+  afterAll(() => bed.close());
+
+  it('shows each attempt started, then what it saw, then how it ended, in time order', async () => {
+    const held = gate();
+    let calls = 0;
+    const provider = createRecordingProvider({
+      behaviour: async ({ ctx }) => {
+        ctx.observe('h1', { kind: 'running' });
+        if (++calls === 1) return 'settling';
+        await held.promise;
+        return 'ok';
+      },
+    }).provider;
+    await bed.startWorker(provider);
+    const op = await bed.ops.enqueue({ op: 'stop', lease: lease('h1'), params: { providerLeaseId: 'h1' } });
+    // The second attempt runs: its start comes from its job, as no end says it yet.
+    await expect.poll(async () => (await inspector.timeline(lease('h1'))).events.filter((e) => e.kind === 'started').length, { timeout: 10_000 }).toBe(2);
+    const running = (await inspector.timeline(lease('h1'))).events;
+    expect(running.map((e) => [e.kind, e.attempt ?? null])).toEqual([
+      ['accepted', null],
+      ['started', 1],
+      ['observed', null],
+      ['backing-off', 1],
+      ['started', 2],
+    ]);
+    held.open();
+    expect((await bed.waitForAll([op.jobId])).get(op.jobId)).toBe('completed');
+    const events = (await inspector.timeline(lease('h1'))).events;
+    expect(events.map((e) => [e.kind, e.attempt ?? null])).toEqual([
+      ['accepted', null],
+      ['started', 1],
+      ['observed', null],
+      ['backing-off', 1],
+      ['started', 2],
+      ['completed', 2],
+    ]);
+    expect(events.every((e, i) => i === 0 || events[i - 1]!.at <= e.at)).toBe(true);
+    expect(events.filter((e) => e.kind === 'started').every((e) => e.jobId === op.jobId && e.op === 'stop')).toBe(true);
+  });
+
+  it('keeps no end of a stale attempt: the lane refuses its release, and its entry with it', async () => {
+    const first = await bed.ops.enqueue({ op: 'destroy', lease: lease('h2'), params: { providerLeaseId: 'h2' } });
+    const acquired = await bed.ops.lanes.acquire(first.laneId, first.jobId);
+    const newer = await bed.ops.lanes.acquire(first.laneId, first.jobId);
+    if (acquired.kind !== 'run' || newer.kind !== 'run') throw new Error('expected to run');
+    // Ran 0 ms: released at once after its acceptance, a longer run would date its start before that.
+    const entry = historyEntry({ kind: 'completed', jobId: first.jobId, op: 'destroy', attempt: 1, ran: 0 });
+    expect(await bed.ops.lanes.release(first.laneId, first.jobId, acquired.token, { status: 'completed', result: null }, false, false, entry)).toEqual({ kind: 'stale' });
+    expect((await bed.ops.history.read(first.laneId)).map((e) => e.kind)).toEqual(['accepted']);
+    expect(await bed.ops.lanes.release(first.laneId, first.jobId, newer.token, { status: 'completed', result: null }, false, false, entry)).toEqual({ kind: 'idle' });
+    const events = await bed.ops.history.read(first.laneId);
+    expect(events.map((e) => e.kind)).toEqual(['accepted', 'started', 'completed']);
+    expect(events[2]!.at - events[1]!.at).toBe(0);
+    expect(events[1]).toMatchObject({ kind: 'started', jobId: first.jobId, op: 'destroy', attempt: 1 });
+  });
+});

@@ -1,0 +1,120 @@
+// Issue 13, part 1: lease-ops as a package. The tarball `npm pack` makes is installed into an
+// empty consumer that already uses bullmq and ioredis (an older patch of it than lease-ops was
+// tested with), and used the ways a control plane would.
+import { execFile } from 'node:child_process';
+import { mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+const run = promisify(execFile);
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+const TSC = createRequire(import.meta.url).resolve('typescript/bin/tsc');
+const { version } = createRequire(import.meta.url)('../package.json') as { version: string };
+
+/** Every directory under node_modules that holds the package `name` (nested copies included). */
+async function copiesOf(nodeModules: string, name: string): Promise<string[]> {
+  const found: string[] = [];
+  for (const entry of await readdir(nodeModules, { recursive: true, withFileTypes: true })) {
+    if (entry.isDirectory() && entry.name === name && entry.parentPath.endsWith('node_modules')) found.push(join(entry.parentPath, entry.name));
+  }
+  return found;
+}
+
+describe('the packed package, installed into a consumer', () => {
+  let work: string;
+  let consumer: string;
+  let files: string[];
+
+  beforeAll(async () => {
+    work = await mkdtemp(join(tmpdir(), 'lease-ops-pack-'));
+    // `npm pack` builds first (prepare), so the tarball holds what the sources say now.
+    const { stdout } = await run('npm', ['pack', '--json', '--pack-destination', work], { cwd: ROOT, maxBuffer: 16 * 1024 * 1024 });
+    const [packed] = JSON.parse(stdout.slice(stdout.indexOf('['))) as { filename: string; files: { path: string }[] }[];
+    files = packed!.files.map((f) => f.path);
+    consumer = join(work, 'consumer');
+    await run('mkdir', ['-p', consumer]);
+    await writeFile(join(consumer, 'package.json'), JSON.stringify({ name: 'consumer', private: true, type: 'module', dependencies: { bullmq: '6.7.0', ioredis: '5.9.2' } }));
+    // From npm's cache where it can (npm ci filled it), else the registry.
+    await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund', '--loglevel=error', join(work, packed!.filename), '@types/node@20'], {
+      cwd: consumer,
+      maxBuffer: 16 * 1024 * 1024,
+    });
+  }, 300_000);
+
+  afterAll(async () => {
+    if (work) await rm(work, { recursive: true, force: true });
+  });
+
+  it('holds only what a user runs: compiled code, declarations, the Lua scripts, the CLI, README and LICENSE', () => {
+    expect(files).toContain('dist/index.js');
+    expect(files).toContain('dist/index.d.ts');
+    expect(files).toContain('dist/queues/lua/lane-push.lua');
+    expect(files).toContain('bin/lease-ops.js');
+    expect(files).toContain('LICENSE');
+    const outside = files.filter((f) => !/^(dist\/|bin\/lease-ops\.js$|LICENSE$|README\.md$|package\.json$)/.test(f));
+    expect(outside).toEqual([]);
+    expect(files.filter((f) => f.endsWith('.ts') && !f.endsWith('.d.ts'))).toEqual([]);
+  });
+
+  it('imports from plain node as ESM, and with require where this Node allows require(esm)', async () => {
+    const esm = await run(process.execPath, ['--input-type=module', '-e', "import { LeaseOpsClient, QueueFullError } from 'lease-ops'; console.log(typeof LeaseOpsClient, typeof QueueFullError)"], { cwd: consumer });
+    expect(esm.stdout.trim()).toBe('function function');
+    const requireEsm = (process.features as { require_module?: boolean }).require_module === true;
+    if (requireEsm) {
+      const cjs = await run(process.execPath, ['--input-type=commonjs', '-e', "const m = require('lease-ops'); console.log(typeof m.LeaseOpsClient)"], { cwd: consumer });
+      expect(cjs.stdout.trim()).toBe('function');
+    }
+  });
+
+  it('compiles a strict TypeScript consumer (NodeNext, exactOptionalPropertyTypes, library declarations checked)', async () => {
+    await writeFile(
+      join(consumer, 'tsconfig.json'),
+      JSON.stringify({
+        compilerOptions: { target: 'ES2022', module: 'NodeNext', moduleResolution: 'NodeNext', strict: true, exactOptionalPropertyTypes: true, noEmit: true, skipLibCheck: false, types: ['node'] },
+        include: ['main.ts'],
+      }),
+    );
+    await writeFile(
+      join(consumer, 'main.ts'),
+      [
+        "import { LeaseOpsClient, loadConfig, QueueFullError, type Enqueued, type OperationView } from 'lease-ops';",
+        "const client = new LeaseOpsClient(loadConfig({ REDIS_URL: 'redis://127.0.0.1:6379' }));",
+        "const lease = { provider: 'daytona', companyId: 'acme', environmentId: 'prod', leaseId: 'sb-1' };",
+        "const enqueued: Enqueued = await client.enqueue('stop', lease, { providerLeaseId: 'sb-1' }, { idempotencyKey: 'k1' });",
+        'const view: OperationView | null = await client.getOperation(enqueued.jobId);',
+        "export const seen: string = view?.state ?? (new QueueFullError('queue', 0, 1) as Error).message;",
+        'await client.close();',
+      ].join('\n'),
+    );
+    const compiled = await run(process.execPath, [TSC, '-p', consumer], { cwd: consumer }).catch((err: { stdout: string }) => err);
+    expect(compiled.stdout).toBe('');
+  });
+
+  it('runs `npx lease-ops --version`', async () => {
+    const { stdout } = await run('npx', ['--no-install', 'lease-ops', '--version'], { cwd: consumer });
+    expect(stdout.trim()).toBe(version);
+  });
+
+  it('gives a host that already uses bullmq and ioredis no second copy of either', async () => {
+    const nodeModules = join(consumer, 'node_modules');
+    expect(await copiesOf(nodeModules, 'bullmq')).toEqual([join(nodeModules, 'bullmq')]);
+    expect(await copiesOf(nodeModules, 'ioredis')).toEqual([join(nodeModules, 'ioredis')]);
+  });
+});
+
+describe('provider errors across copies of lease-ops', () => {
+  it("an error a provider module raised with the compiled package's classes is told apart by the sources' classes, and the other way round", async () => {
+    const src = await import('../src/providers/errors.ts');
+    const dist = (await import(new URL('../dist/providers/errors.js', import.meta.url).href)) as typeof src;
+    const fromDist = new dist.SettlingError('sandbox_stopping', 'still stopping');
+    expect(fromDist instanceof src.SettlingError).toBe(true);
+    expect(fromDist instanceof src.ProviderError).toBe(true);
+    expect(fromDist instanceof src.PermanentError).toBe(false);
+    expect(new src.PermanentError('refused', 'no') instanceof dist.PermanentError).toBe(true);
+    expect(new Error('plain') instanceof src.ProviderError).toBe(false);
+  });
+});

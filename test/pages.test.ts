@@ -1,0 +1,229 @@
+import { existsSync, mkdirSync, mkdtempSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { chromium, type Browser } from 'playwright-core';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { LeaseOpsClient } from '../src/client.ts';
+import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
+import type { LeaseIdentity } from '../src/lease.ts';
+import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
+import type { LeaseTimeline } from '../src/queues/inspect.ts';
+import { startTestApi, type TestApi } from './helpers/api-server.ts';
+import { TestBed } from './helpers/env.ts';
+
+// Debian's chromium, installed by .ci/run (apt-get), driven by playwright-core: no browser download.
+const CHROMIUM = process.env.LEASE_OPS_CHROMIUM ?? '/usr/bin/chromium';
+const haveChromium = existsSync(CHROMIUM);
+if (!haveChromium && process.env.CI) throw new Error(`${CHROMIUM} is missing; .ci/run installs Debian's chromium package`);
+
+// The README shows these pictures: `LEASE_OPS_SCREENSHOTS=docs/images npx vitest run test/pages.test.ts`
+// writes them there; otherwise they go to a temporary directory (and are still taken).
+const SHOTS = process.env.LEASE_OPS_SCREENSHOTS ?? mkdtempSync(join(tmpdir(), 'lease-ops-shots-'));
+
+const ADMIN = 'pages-admin-token-0123456789';
+const ACME = 'pages-acme-token-0123456789';
+const GLOBEX = 'pages-globex-token-0123456789';
+
+describe.skipIf(!haveChromium)('the operator pages in a real browser: the stuck-stop incident on a lease timeline', () => {
+  let bed: TestBed;
+  let client: LeaseOpsClient;
+  let api: TestApi;
+  let fake: DaytonaFake;
+  let browser: Browser;
+  let lane: LeaseIdentity;
+  let timeline: LeaseTimeline;
+  let failedLease: LeaseIdentity;
+
+  beforeAll(async () => {
+    bed = await TestBed.create({
+      LEASE_OPS_API_TOKENS: JSON.stringify([{ token: ADMIN }, { token: ACME, companyId: 'acme' }, { token: GLOBEX, companyId: 'globex' }]),
+      LEASE_OPS_KEEP_COMPLETED_S: '600',
+      LEASE_OPS_STUCK_STOPPING_MS: '1500',
+      LEASE_OPS_WATCHDOG_INTERVAL_MS: '250',
+    });
+    fake = new DaytonaFake({ apiKey: 'pages', timings: { create: 20, start: 150, stop: 150, forceStop: 80, destroy: 20 } });
+    await bed.startWorker(createDaytonaProvider({ name: 'daytona', apiUrl: await fake.listen(), apiKey: 'pages' }));
+    api = await startTestApi(bed);
+    client = api.client;
+
+    // The incident of the brief: a stop whose process ignores SIGTERM, a resume queued behind it.
+    const lease: LeaseIdentity = { provider: 'daytona', companyId: 'acme', environmentId: 'prod', leaseId: 'new' };
+    const acquired = await client.enqueue('acquire', lease, { runId: 'pages' });
+    const sandbox = ((await client.waitForResult(acquired.jobId, 15_000)).result as { providerLeaseId: string }).providerLeaseId;
+    fake.control(sandbox, { stuckStoppingMs: 30 * 60_000 });
+    lane = { ...lease, leaseId: sandbox };
+    await client.enqueue('stop', lane, { providerLeaseId: sandbox }, { deadlineMs: 20_000 });
+    const resume = await client.enqueue('resume', lane, { providerLeaseId: sandbox, leaseMetadata: {} }, { deadlineMs: 20_000 });
+    expect((await client.waitForResult(resume.jobId, 30_000)).state).toBe('completed');
+    timeline = await client.getLeaseTimeline(lane);
+
+    // A lease whose last operation failed, for the attention page.
+    const other = await client.enqueue('acquire', { ...lease, leaseId: 'broken' }, { runId: 'pages-broken' });
+    const broken = ((await client.waitForResult(other.jobId, 15_000)).result as { providerLeaseId: string }).providerLeaseId;
+    fake.control(broken, { error: { recoverable: false, reason: 'disk quota exceeded' } });
+    failedLease = { ...lease, leaseId: broken };
+    const failed = await client.enqueue('resume', failedLease, { providerLeaseId: broken, leaseMetadata: {} }, { deadlineMs: 5_000 });
+    expect((await client.waitForResult(failed.jobId, 15_000)).state).toBe('failed');
+
+    browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'] });
+    mkdirSync(SHOTS, { recursive: true });
+  }, 90_000);
+
+  afterAll(async () => {
+    await browser?.close();
+    await api?.close();
+    await bed?.close();
+    await fake?.close();
+  });
+
+  it('records the incident as events: the stop backing off while stopping, the watchdog, the force-stop, the resume', () => {
+    const kinds = timeline.events.map((e) => `${e.kind}${e.op ? ` ${e.op}` : ''}`);
+    // One watchdog event for its one force-stop, however many of its checks saw the sandbox stuck.
+    expect(kinds.filter((k) => k === 'stuck force-stop')).toHaveLength(1);
+    expect(kinds).toContain('accepted stop');
+    expect(kinds).toContain('accepted resume');
+    expect(kinds).toContain('backing-off stop');
+    expect(kinds).toContain('stuck force-stop');
+    expect(kinds).toContain('completed force-stop');
+    expect(kinds).toContain('completed resume');
+    // The resume waited behind the stop; the provider's "stopping" was seen, then "stopped", then "started".
+    expect(timeline.events.find((e) => e.kind === 'accepted' && e.op === 'resume')?.ahead).toBeGreaterThanOrEqual(1);
+    const states = timeline.events.filter((e) => e.kind === 'observed').map((e) => e.providerState);
+    expect(states).toEqual(expect.arrayContaining(['stopping', 'stopped', 'running']));
+    expect(states.indexOf('stopping')).toBeLessThan(states.lastIndexOf('running'));
+    // Events come in Redis' time order.
+    const times = timeline.events.map((e) => e.at);
+    expect([...times].sort((a, b) => a - b)).toEqual(times);
+  });
+
+  it('draws the timeline with the watchdog force-stop visible, for an admin', async () => {
+    const context = await browser.newContext({ httpCredentials: { username: 'operator', password: ADMIN }, viewport: { width: 1280, height: 900 } });
+    const page = await context.newPage();
+    const response = await page.goto(`${api.base}/ui/leases/daytona/acme/prod/${encodeURIComponent(lane.leaseId)}`);
+    expect(response?.status()).toBe(200);
+    expect(response?.headers()['content-security-policy']).toContain("default-src 'none'");
+    await page.locator('svg[aria-label="lease timeline"]').waitFor();
+    // One row per operation; the force-stop's row carries the watchdog's mark and an attempt that completed.
+    // (The watchdog may queue a second force-stop as the first ends; the first carries its mark.)
+    const force = page.locator('svg g[data-op="force-stop"]:has(.mark-stuck)');
+    await expect.poll(() => force.count()).toBe(1);
+    expect(await force.locator('.mark-stuck').count()).toBe(1);
+    expect(await force.locator('.mark-completed').count()).toBe(1);
+    expect(await page.locator('svg g[data-op="stop"] .span-backoff').count()).toBeGreaterThan(0);
+    expect(await page.locator('svg g[data-op="resume"] .span-waiting').count()).toBe(1);
+    const body = await page.locator('body').innerText();
+    expect(body).toContain('watchdog');
+    expect(body).toMatch(/"stopping" for [\d.]+ s \(budget 1\.5 s\): force-stop 1 of at most/);
+    expect(body).toContain(lane.leaseId);
+    // The events table says the same, row by row.
+    expect(await page.locator('tr[data-kind="stuck"]').count()).toBe(1);
+    expect(await page.locator('tr[data-kind="observed"]').count()).toBeGreaterThanOrEqual(3);
+    await page.screenshot({ path: join(SHOTS, 'timeline.png'), fullPage: true });
+    await context.close();
+  });
+
+  it('lists what needs attention, linked to each lease timeline', async () => {
+    const context = await browser.newContext({ httpCredentials: { username: 'operator', password: ACME }, viewport: { width: 1280, height: 520 } });
+    const page = await context.newPage();
+    const response = await page.goto(`${api.base}/ui/`);
+    expect(response?.status()).toBe(200);
+    expect(new URL(page.url()).pathname).toBe('/ui/attention');
+    const row = page.locator('tr[data-reason="last_operation_failed"]');
+    await expect.poll(() => row.count()).toBe(1);
+    expect(await row.innerText()).toContain(failedLease.leaseId);
+    await page.screenshot({ path: join(SHOTS, 'attention.png'), fullPage: true });
+    await row.locator('a').click();
+    await page.waitForURL((url) => url.pathname === `/ui/leases/daytona/acme/prod/${encodeURIComponent(failedLease.leaseId)}`);
+    expect(await page.locator('tr[data-kind="failed"]').count()).toBe(1);
+    await context.close();
+  });
+
+  it('keeps a scoped token to its own company: another company cannot open the lease, nor list it', async () => {
+    const path = `/ui/leases/daytona/acme/prod/${encodeURIComponent(lane.leaseId)}`;
+    const as = async (token: string, url: string) => {
+      const context = await browser.newContext({ httpCredentials: { username: 'operator', password: token } });
+      try {
+        const page = await context.newPage();
+        const response = await page.goto(`${api.base}${url}`);
+        return { status: response?.status(), text: await page.locator('body').innerText() };
+      } finally {
+        await context.close();
+      }
+    };
+    const globex = await as(GLOBEX, path);
+    expect(globex.status).toBe(404);
+    expect(globex.text).not.toContain(lane.leaseId.slice(3));
+    expect((await as(ACME, path)).status).toBe(200);
+    const list = await as(GLOBEX, '/ui/attention');
+    expect(list.status).toBe(200);
+    expect(list.text).not.toContain(failedLease.leaseId);
+    expect(list.text).toContain('Nothing needs attention');
+    // The JSON behind it keeps the same scope.
+    const json = await fetch(`${api.base}/v1/leases/daytona/acme/prod/${encodeURIComponent(lane.leaseId)}/timeline`, { headers: { authorization: `Bearer ${GLOBEX}` } });
+    expect(json.status).toBe(404);
+  });
+
+  it('pauses and unpauses the lane from its page; refuses a change from another site or without an Origin', async () => {
+    const path = `/ui/leases/daytona/acme/prod/${encodeURIComponent(lane.leaseId)}`;
+    const context = await browser.newContext({ httpCredentials: { username: 'operator', password: ADMIN } });
+    const page = await context.newPage();
+    await page.goto(`${api.base}${path}`);
+    await page.getByRole('button', { name: 'Pause lane' }).click();
+    await page.waitForURL((url) => url.pathname === path);
+    expect(await page.locator('.facts').innerText()).toMatch(/paused by admin-1 \(page\)/);
+    expect(await page.locator('tr[data-kind="paused"]').count()).toBe(1);
+    expect((await client.getLease(lane)).paused?.by).toBe('admin-1 (page)');
+    await page.getByRole('button', { name: 'Unpause lane' }).click();
+    await page.waitForURL((url) => url.pathname === path);
+    expect(await page.locator('tr[data-kind="unpaused"]').count()).toBe(1);
+    expect((await client.getLease(lane)).paused).toBeNull();
+    await context.close();
+
+    const basic = (token: string) => `Basic ${Buffer.from(`x:${token}`).toString('base64')}`;
+    const attempt = (headers: Record<string, string>) => fetch(`${api.base}${path}/pause`, { method: 'POST', headers, redirect: 'manual' });
+    expect((await attempt({ authorization: basic(ADMIN), origin: 'https://evil.example' })).status).toBe(403);
+    expect((await attempt({ authorization: basic(ADMIN) })).status).toBe(403);
+    expect((await attempt({ authorization: basic(GLOBEX), origin: api.base })).status).toBe(404);
+    expect((await client.getLease(lane)).paused).toBeNull();
+    expect((await attempt({ authorization: basic(ACME), origin: api.base })).status).toBe(303);
+    await client.unpauseLane(lane);
+  });
+
+  it("the Grafana dashboard queries only series /metrics exports, with the labels and values it filters on", async () => {
+    const dashboard = JSON.parse(readFileSync(new URL('../docs/grafana/lease-ops.json', import.meta.url), 'utf8')) as {
+      title: string;
+      panels: { title: string; datasource: { uid: string }; targets: { expr: string }[] }[];
+      templating: { list: { name: string; definition?: string }[] };
+    };
+    const metrics = await (await fetch(`${api.base}/metrics`)).text();
+    const samples = metrics.split('\n').filter((line) => line && !line.startsWith('#'));
+    const exprs = [...dashboard.panels.flatMap((p) => p.targets.map((t) => t.expr)), ...dashboard.templating.list.flatMap((v) => (v.definition ? [v.definition] : []))];
+    expect(dashboard.panels.map((p) => p.title)).toEqual(
+      expect.arrayContaining(['Operations by outcome', 'Retries by kind', 'Queue depth by state', 'Leases needing attention', 'Stuck in stopping before a force-stop', 'Force-stops (last hour)']),
+    );
+    for (const panel of dashboard.panels) expect(panel.datasource.uid).toBe('${datasource}');
+    const missing: string[] = [];
+    for (const expr of exprs) {
+      const names = [...new Set(expr.match(/\b(?:lease_ops|bullmq)_[a-z0-9_]+/g) ?? [])];
+      expect(names.length, expr).toBeGreaterThan(0);
+      const lines = samples.filter((line) => names.some((name) => line.startsWith(`${name}{`) || line.startsWith(`${name} `)));
+      for (const name of names) if (!lines.some((line) => line.startsWith(`${name}{`) || line.startsWith(`${name} `))) missing.push(`${name} (in ${expr})`);
+      // Labels it groups by (Prometheus adds job and instance at scrape time; le is the buckets').
+      for (const group of expr.matchAll(/by \(([^)]+)\)/g)) {
+        for (const label of group[1]!.split(',').map((l) => l.trim())) {
+          if (['job', 'instance', 'le'].includes(label)) continue;
+          if (!lines.some((line) => line.includes(`${label}="`))) missing.push(`label ${label} (in ${expr})`);
+        }
+      }
+      // Values it filters on.
+      for (const [, label, values] of expr.matchAll(/(\w+)=~?"([^"$]+)"/g)) {
+        for (const value of values!.split('|')) if (!lines.some((line) => line.includes(`${label}="${value}"`))) missing.push(`${label}="${value}" (in ${expr})`);
+      }
+    }
+    expect(missing).toEqual([]);
+  });
+
+  it('took its screenshots where it was told', () => {
+    for (const name of ['timeline.png', 'attention.png']) expect(existsSync(join(SHOTS, name))).toBe(true);
+  });
+});
