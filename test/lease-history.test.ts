@@ -1,4 +1,5 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
+import type { SandboxState } from '../src/providers/types.ts';
 import { Inspector } from '../src/queues/inspect.ts';
 import { historyEntry } from '../src/queues/lease-history.ts';
 import { LeaseRecords } from '../src/queues/lease-records.ts';
@@ -10,9 +11,11 @@ import { createRecordingProvider } from './helpers/recording-provider.ts';
 describe('a lease history', () => {
   let bed: TestBed;
   let inspector: Inspector;
+  let records: LeaseRecords;
   beforeAll(async () => {
     bed = await TestBed.create({ LEASE_OPS_BACKOFF_BASE_MS: '50', LEASE_OPS_BACKOFF_CAP_MS: '100' });
-    inspector = new Inspector(bed.ops, new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX), { stuckStoppingMs: 60_000, blockedAfterMs: 60_000 });
+    records = new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX);
+    inspector = new Inspector(bed.ops, records, { stuckStoppingMs: 60_000, blockedAfterMs: 60_000 });
   });
   afterAll(() => bed.close());
 
@@ -29,6 +32,8 @@ describe('a lease history', () => {
     }).provider;
     await bed.startWorker(provider);
     const op = await bed.ops.enqueue({ op: 'stop', lease: lease('h1'), params: { providerLeaseId: 'h1' } });
+    // A failure below must not leave the worker held: closing the bed would wait for it.
+    onTestFinished(() => held.open());
     // The second attempt runs: its start comes from its job, as no end says it yet.
     await expect.poll(async () => (await inspector.timeline(lease('h1'))).events.filter((e) => e.kind === 'started').length, { timeout: 10_000 }).toBe(2);
     const running = (await inspector.timeline(lease('h1'))).events;
@@ -68,5 +73,40 @@ describe('a lease history', () => {
     expect(events.map((e) => e.kind)).toEqual(['accepted', 'started', 'completed']);
     expect(events[2]!.at - events[1]!.at).toBe(0);
     expect(events[1]).toMatchObject({ kind: 'started', jobId: first.jobId, op: 'destroy', attempt: 1 });
+  });
+
+  // The end's `ran` is measured on the worker before its lane step is sent, and its time is
+  // Redis' when the step runs: the start read back lands that send later than it was, which
+  // on a fast provider is after what the attempt saw. The lane runs one attempt at a time,
+  // so the order is known: the start goes before what its attempt saw.
+  it('puts a start read back late before what its attempt saw, and after the attempt before it', async () => {
+    const first = await bed.ops.enqueue({ op: 'stop', lease: lease('h3'), params: { providerLeaseId: 'h3' } });
+    for (let attempt = 1; attempt <= 2; attempt++) {
+      const acquired = await bed.ops.lanes.acquire(first.laneId, first.jobId);
+      if (acquired.kind !== 'run') throw new Error('expected to run');
+      const ranFrom = performance.now();
+      // A history keeps a change of state: each attempt sees another.
+      const state: SandboxState = attempt === 1 ? { kind: 'transitioning', providerState: 'stopping', toward: 'stopped' } : { kind: 'stopped', providerState: 'stopped' };
+      await records.observe(first.laneId, lease('h3'), 'h3', state, first.jobId);
+      // What the worker measures, then the time its step takes to reach Redis (a busy link).
+      const ran = performance.now() - ranFrom;
+      await new Promise((resolve) => setTimeout(resolve, 25));
+      const end =
+        attempt === 1
+          ? bed.ops.lanes.yield(first.laneId, first.jobId, acquired.token, Date.now(), historyEntry({ kind: 'backing-off', jobId: first.jobId, op: 'stop', attempt, until: Date.now(), ran }))
+          : bed.ops.lanes.release(first.laneId, first.jobId, acquired.token, { status: 'completed', result: null }, false, false, historyEntry({ kind: 'completed', jobId: first.jobId, op: 'stop', attempt, ran }));
+      await end;
+    }
+    const events = await bed.ops.history.read(first.laneId);
+    expect(events.map((e) => [e.kind, e.attempt ?? null])).toEqual([
+      ['accepted', null],
+      ['started', 1],
+      ['observed', null],
+      ['backing-off', 1],
+      ['started', 2],
+      ['observed', null],
+      ['completed', 2],
+    ]);
+    expect(events.every((e, i) => i === 0 || events[i - 1]!.at <= e.at)).toBe(true);
   });
 });

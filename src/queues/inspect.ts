@@ -1,7 +1,7 @@
 import { Job } from 'bullmq';
 import { laneIdOf, laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
 import { OperationJobDataSchema, type OperationName } from '../operations.ts';
-import type { HistoryEvent } from './lease-history.ts';
+import { type HistoryEvent, placeStart } from './lease-history.ts';
 import type { LeaseRecord, LeaseRecords } from './lease-records.ts';
 import type { OperationsQueue } from './operations-queue.ts';
 import { withoutInfrastructure } from '../secrets.ts';
@@ -203,7 +203,7 @@ export class Inspector {
     // An attempt's start is kept with its end (see LeaseHistory); a running one's is its job's.
     const running = view.executing;
     if (running?.state === 'running' && running.startedAt !== null) {
-      events.push({ at: running.startedAt, kind: 'started', jobId: running.jobId, op: running.op, attempt: running.attempts + 1 });
+      placeStart(events, { at: running.startedAt, kind: 'started', jobId: running.jobId, op: running.op, attempt: running.attempts + 1 });
       events.sort((a, b) => a.at - b.at);
     }
     const named = [...new Set(events.map((e) => e.jobId).filter((id): id is string => id !== null))].slice(-limit);

@@ -138,13 +138,36 @@ export class LeaseHistory {
         const started: HistoryEvent = { at: event.at - ran, kind: 'started', jobId: event.jobId };
         if (event.op !== undefined) started.op = event.op;
         if (event.attempt !== undefined) started.attempt = event.attempt;
-        events.push(started);
+        placeStart(events, started);
       }
       events.push(event);
     }
-    // A start read back from its end goes before what the attempt saw meanwhile (stable sort).
     return events.sort((a, b) => a.at - b.at);
   }
+}
+
+/** The kinds that end an attempt (the lane runs one attempt at a time). */
+const ATTEMPT_ENDS: ReadonlySet<HistoryEventKind> = new Set(['backing-off', 'completed', 'failed']);
+
+/**
+ * Puts an attempt's start into `events` (oldest first) after the attempt before it ended and
+ * before the first thing this attempt saw. A start read back from its end's `ran` lands late
+ * by the time the end's lane step took to reach Redis (`ran` is measured before it is sent),
+ * and a running attempt's start is its worker's clock: neither may put the start after what
+ * the attempt observed. The caller sorts by time afterwards, which keeps this order (stable,
+ * and the start is never later than that observation).
+ */
+export function placeStart(events: HistoryEvent[], started: HistoryEvent): void {
+  let from = events.length;
+  while (from > 0 && !ATTEMPT_ENDS.has(events[from - 1]!.kind)) from--;
+  if (from > 0) started.at = Math.max(started.at, events[from - 1]!.at);
+  const seen = events.findIndex((e, i) => i >= from && e.kind === 'observed');
+  if (seen === -1) {
+    events.push(started);
+    return;
+  }
+  started.at = Math.min(started.at, events[seen]!.at);
+  events.splice(seen, 0, started);
 }
 
 /** What separates an entry's parts (includes/history.lua): the unit separator. */
