@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { gate, lease, TestBed } from '../helpers/env.ts';
 import { createRecordingProvider } from '../helpers/recording-provider.ts';
 
@@ -64,16 +64,22 @@ describe('a closing worker whose blocked fetch Redis has not yet seen close', ()
     // Under load Redis can serve the release's wake-up marker to a closing worker's blocked
     // BZPOPMIN whose socket is already closed on the client's side (seen in CI: 10 s, one
     // idle worker's block timeout). A client blocked ahead of the other worker stands in for it.
+    // Other test files' workers block on this Redis too: this bed's workers' fetches are
+    // told apart by the name BullMQ gives their connections (<prefix>:<base64 queue name>).
+    const fetchName = `name=${bed.config.LEASE_OPS_PREFIX}:${Buffer.from(bed.config.LEASE_OPS_QUEUE).toString('base64')} `;
     const clients = async () =>
       String(await bed.redis.client('LIST'))
         .split('\n')
         .filter(Boolean)
-        .map((line) => ({ id: /^id=(\d+) /.exec(line)![1]!, blocked: line.includes('cmd=bzpopmin') }));
+        .map((line) => ({ id: /^id=(\d+) /.exec(line)![1]!, blocked: line.includes('cmd=bzpopmin'), ours: line.includes(fetchName) }));
     const blockedIds = async () => (await clients()).filter((c) => c.blocked).map((c) => c.id);
-    const before = new Set((await clients()).map((c) => c.id)); // other processes' clients may block on their own queues
     const { held, w1, first, next } = await stopHeldWithNextQueued(bed, 'eaten');
     const marker = `${bed.config.LEASE_OPS_PREFIX}:${bed.config.LEASE_OPS_QUEUE}:marker`;
-    const firstWorkersFetches = (await blockedIds()).filter((id) => !before.has(id)); // the closing worker's own, which must go first
+    // The closing worker's own fetches (the only worker of this bed so far), which must go first.
+    const ownFetches = async () => (await clients()).filter((c) => c.blocked && c.ours).map((c) => c.id);
+    await expect.poll(async () => (await ownFetches()).length).toBeGreaterThan(0);
+    const firstWorkersFetches = await ownFetches();
+    onTestFinished(() => held.open()); // a failure must not leave the bed's close waiting for it
     const departing = bed.redis.duplicate();
     const blocked = async (): Promise<void> => {
       // Wait until it is blocked, then let it take markers until it takes a wake-up (score 0).
