@@ -157,6 +157,23 @@ describe('BullMQ, as lease-ops relies on it', () => {
     expect(await redis.hmget(key(job.id!), 'lo:outcome', 'lo:parked')).toEqual(['{"status":"completed"}', '1']);
   });
 
+  it('stores every job with its name in its hash, from its add to its end (the lane scripts read a missing name as a removed job)', async () => {
+    const { queue, events, key, startWorker } = await fresh('named');
+    const seen: (string | null)[] = [];
+    await startWorker(async (job) => {
+      seen.push(await redis.hget(key(job.id!), 'name'));
+      return 'ok';
+    });
+    const delayed = await queue.add('named', {}, { jobId: 'named-1', delay: 3_600_000 });
+    expect(await redis.hget(key(delayed.id!), 'name')).toBe('named');
+    const waiting = await queue.add('named', {}, { jobId: 'named-2' });
+    await waitForJobs(events, queue, [waiting.id!], 10_000);
+    expect(seen).toEqual(['named']);
+    expect(await redis.hget(key(waiting.id!), 'name')).toBe('named');
+    await delayed.remove();
+    expect(await redis.hget(key(delayed.id!), 'name')).toBeNull();
+  });
+
   it('leaves a job delayed (not failed) when its processor moved it there and threw DelayedError; fails an UnrecoverableError at once', async () => {
     const { queue, events, key, startWorker } = await fresh('park');
     await startWorker(async (job, token) => {

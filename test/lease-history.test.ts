@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import type { SandboxState } from '../src/providers/types.ts';
 import { Inspector } from '../src/queues/inspect.ts';
-import { historyEntry } from '../src/queues/lease-history.ts';
+import { historyEntry, historyKey } from '../src/queues/lease-history.ts';
 import { LeaseRecords } from '../src/queues/lease-records.ts';
 import { gate, lease, TestBed } from './helpers/env.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
@@ -108,5 +108,18 @@ describe('a lease history', () => {
       ['completed', 2],
     ]);
     expect(events.every((e, i) => i === 0 || events[i - 1]!.at <= e.at)).toBe(true);
+  });
+
+  it('keeps a lease\'s last 200 events, for a week after the last one', async () => {
+    const laneId = (await bed.ops.enqueue({ op: 'destroy', lease: lease('h4'), params: { providerLeaseId: 'h4' } })).laneId;
+    for (let i = 1; i <= 250; i++) bed.ops.history.append(laneId, { kind: 'paused', jobId: `j${i}` });
+    const key = historyKey(bed.config.LEASE_OPS_PREFIX, laneId);
+    // The appends are sent without waiting, on this connection: a read behind them sees them all.
+    expect(await bed.redis.llen(key)).toBe(200);
+    const events = await bed.ops.history.read(laneId);
+    expect(events.map((e) => e.jobId)).toEqual(Array.from({ length: 200 }, (_, i) => `j${i + 51}`));
+    const ttl = await bed.redis.pttl(key);
+    expect(ttl).toBeGreaterThan(7 * 86_400_000 - 60_000);
+    expect(ttl).toBeLessThanOrEqual(7 * 86_400_000);
   });
 });

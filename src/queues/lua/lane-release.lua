@@ -43,9 +43,10 @@ end
 
 -- The holder is always the head: only release, drop and repair remove a head, and force-
 -- stops never go before an executing one.
+-- Not in the backing-off index: a job leaves it in the step that makes it the holder (lane-
+-- acquire, handOff), and one that backs off stops being the holder (lane-yield).
 rcall('LPOP', k.list)
 rcall('DEL', k.holder)
-rcall('ZREM', k.backingOff, jobId)
 if ARGV[10] == '1' then
   rcall('HSET', KEYS[20], jobId, 'completed ' .. ARGV[5])
 else

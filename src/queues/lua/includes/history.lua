@@ -8,8 +8,9 @@
 local function historyAppendJoined(key, joined)
   local time = rcall('TIME')
   local ms = tostring(tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000))
-  rcall('RPUSH', key, ms .. '\31' .. joined)
-  rcall('LTRIM', key, -200, -1)
+  if rcall('RPUSH', key, ms .. '\31' .. joined) > 200 then
+    rcall('LTRIM', key, -200, -1)
+  end
   rcall('PEXPIRE', key, 604800000)
 end
 

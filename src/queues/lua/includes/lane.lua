@@ -202,8 +202,8 @@ local function noteFailure(k, laneId, jobId, now, failed, keepMs)
       rcall('HDEL', k.failures, old[i])
       rcall('ZREM', k.failuresAt, old[i])
     end
-  else
-    rcall('HDEL', k.failures, laneId)
+  elseif rcall('HDEL', k.failures, laneId) == 1 then
+    -- The two are written together, here only: a lane missing from one is in neither.
     rcall('ZREM', k.failuresAt, laneId)
   end
 end
@@ -212,7 +212,9 @@ end
 -- this job repeats the outcome while that count is unchanged (BullMQ never finished the job:
 -- a crash came first), and runs again once BullMQ finished it and an operator retried it.
 local function recordOutcome(jobKey, outcome)
-  if rcall('EXISTS', jobKey) == 1 then
-    rcall('HSET', jobKey, 'lo:outcome', outcome, 'lo:released-atm', rcall('HGET', jobKey, 'atm') or '0')
+  -- Every BullMQ job hash has a name: without one the job was removed, and nothing is written.
+  local job = rcall('HMGET', jobKey, 'name', 'atm')
+  if job[1] then
+    rcall('HSET', jobKey, 'lo:outcome', outcome, 'lo:released-atm', job[2] or '0')
   end
 end
