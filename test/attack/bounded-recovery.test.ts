@@ -124,11 +124,13 @@ describe('scenario 7: attention names blocked lanes, and only those', () => {
   let bed: TestBed;
   let client: LeaseOpsClient;
   const held = gate();
+  const stopSent = gate();
   beforeAll(async () => {
     bed = await TestBed.create({ LEASE_OPS_SWEEP_INTERVAL_MS: '200', LEASE_OPS_SWEEP_STALE_MS: '200', LEASE_OPS_BACKOFF_BASE_MS: '60000', LEASE_OPS_BACKOFF_CAP_MS: '60000' });
     client = new LeaseOpsClient(bed.config);
     // Stops hang (a provider call that ignores its deadline); destroys back off for long.
-    await bed.startWorker(createRecordingProvider({ behaviour: async ({ op }) => (op === 'stop' ? (await held.promise, 'ok' as const) : 'settling') }).provider);
+    const behaviour = async ({ op }: { op: string }) => (op === 'stop' ? (stopSent.open(), await held.promise, 'ok' as const) : 'settling' as const);
+    await bed.startWorker(createRecordingProvider({ behaviour }).provider);
   });
   afterAll(async () => {
     held.open();
@@ -137,9 +139,12 @@ describe('scenario 7: attention names blocked lanes, and only those', () => {
   });
 
   it('a head running past its deadline is listed as blocked; 300 lanes quietly backing off are not', async () => {
+    // The stop goes first and is waited for at its provider call: a stop picked up after its
+    // deadline fails at once instead of running past it (a loaded machine took > 300 ms). The
+    // waits below (every destroy backing off, then 2 s) take it past its deadline.
+    const overdue = await bed.ops.enqueue({ op: 'stop', lease: lease('overdue'), params: target('overdue'), deadlineMs: 2_000 });
+    await stopSent.promise;
     const quiet = await Promise.all(Array.from({ length: 300 }, (_, i) => bed.ops.enqueue({ op: 'destroy', lease: lease(`backing-off-${i}`), params: target(`backing-off-${i}`), deadlineMs: 600_000 })));
-    const overdue = await bed.ops.enqueue({ op: 'stop', lease: lease('overdue'), params: target('overdue'), deadlineMs: 300 });
-    await readUntil(async () => (await bed.ops.queue.getJobState(overdue.jobId)) === 'active', 10_000, 'the stop running');
     await readUntil(async () => Promise.all(quiet.map((q) => backingOff(bed, q.jobId))).then((all) => all.every(Boolean)), 10_000, 'every destroy backing off');
     // Long past twice the sweep bound (2 × (stale + interval) = 800 ms), every lane here is
     // quiet: the backing-off ones are healthy, and the sweep keeps marking them seen.
