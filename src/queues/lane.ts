@@ -35,6 +35,7 @@ export type PushResult =
   | { kind: 'queued' }
   | { kind: 'present' }
   | { kind: 'gone' }
+  | { kind: 'removed' }
   | { kind: 'next'; handOff: HandOff }
   | { kind: 'absorbed'; by: string }
   | { kind: 'full'; limit: QueueLimit; count: number }
@@ -211,6 +212,7 @@ export class Lanes {
     if (r[0] === 'layout') return { kind: 'layout', held: Number(r[1]) };
     if (r[0] === 'present') return { kind: 'present' };
     if (r[0] === 'gone') return { kind: 'gone' };
+    if (r[0] === 'removed') return { kind: 'removed' };
     if (r[0] === 'absorbed') return { kind: 'absorbed', by: String(r[1]) };
     if (r[0] === 'full') return { kind: 'full', limit: toQueueLimit(r[1]), count: Number(r[2]) };
     return r[0] === 'next' ? { kind: 'next', handOff: toHandOff(r[1], r[2]) } : { kind: 'queued' };

@@ -211,6 +211,11 @@ export class OperationsQueue {
       await this.queue.remove(jobId);
       return null;
     }
+    if (pushed.kind === 'removed') {
+      // An operator removed the job before it joined its lane: accepted, then removed.
+      if (data.op === 'acquire') await this.connection.hdel(this.acquiresKey, jobId);
+      return { jobId, laneId };
+    }
     if (pushed.kind === 'absorbed') {
       // An identical request got in first: ours never joined the lane, so drop its job
       // (forgotten as an acquire first: the sweep must never take it for one that vanished).

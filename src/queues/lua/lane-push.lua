@@ -35,7 +35,8 @@
   slow), and the job must join its lane once.
 
   Returns {'queued'} when it waits behind others, {'next', jobId, handOffResult} when it was
-  handed to the workers, {'absorbed', existingJobId} or {'full', 'lease' | 'environment' | 'company' | 'queue', count}
+  handed to the workers, {'removed'} (its job was removed before it joined its lane),
+  {'absorbed', existingJobId} or {'full', 'lease' | 'environment' | 'company' | 'queue', count}
   (in both cases the caller drops its own job), {'present'} (already accepted), or {'gone'}
   (its idempotency key no longer names it as pending: another request took it back).
 ]]
@@ -70,6 +71,15 @@ if ARGV[11] == '1' then
   if not (ok and type(held) == 'table' and held.jobId == jobId and held.state == 'pending') then
     return {'gone'}
   end
+end
+
+-- Removed (an operator, Bull Board) after it was stored and before it got here: it never joins
+-- its lane, which would otherwise name a job that does not exist and wait on it. Answered as
+-- accepted and then removed, as a removal a moment later would be.
+if rcall('EXISTS', jobKey) == 0 then
+  accepted(jobId)
+  historyAppend(KEYS[21], {'e', 'removed', 'job', jobId, 'message', 'removed before it joined its lane'})
+  return {'removed'}
 end
 
 local coalesceAs = ARGV[6]
