@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
-import { gate, lease, TestBed } from '../helpers/env.ts';
+import { gate, lease, readUntil, TestBed } from '../helpers/env.ts';
 import { createRecordingProvider } from '../helpers/recording-provider.ts';
 
 /** A worker whose stop holds (until `held.open()`) runs the first operation of `leaseId`'s lane; the next is queued behind it. */
@@ -64,10 +64,7 @@ describe('a closing worker whose blocked fetch Redis has not yet seen close', ()
   });
   afterAll(() => bed.close());
 
-  // Skipped under CI: in full-suite runs (other files' workers on the same Redis) it hung
-  // past its 60 s timeout three times, at a step not found yet; alone it passes. The fix it
-  // covers (wake-if-waiting.lua on close) stays; run it with `npx vitest run test/attack/no-blocked-lane.test.ts`.
-  it.skipIf(process.env.CI === 'true')('does not take the wake-up of the next job with it: another worker starts it within a second', async () => {
+  it('does not take the wake-up of the next job with it: another worker starts it within a second', async () => {
     // Under load Redis can serve the release's wake-up marker to a closing worker's blocked
     // BZPOPMIN whose socket is already closed on the client's side (seen in CI: 10 s, one
     // idle worker's block timeout). A client blocked ahead of the other worker stands in for it.
@@ -84,29 +81,34 @@ describe('a closing worker whose blocked fetch Redis has not yet seen close', ()
     const marker = `${bed.config.LEASE_OPS_PREFIX}:${bed.config.LEASE_OPS_QUEUE}:marker`;
     // The closing worker's own fetches (the only worker of this bed so far), which must go first.
     const ownFetches = async () => (await clients()).filter((c) => c.blocked && c.ours).map((c) => c.id);
-    await expect.poll(async () => (await ownFetches()).length).toBeGreaterThan(0);
-    const firstWorkersFetches = await ownFetches();
+    const firstWorkersFetches = await readUntil(async () => (await ownFetches()).length > 0 && ownFetches(), 20_000, "the first worker's fetch blocking");
     onTestFinished(() => held.open()); // a failure must not leave the bed's close waiting for it
     const departing = bed.redis.duplicate();
+    onTestFinished(() => departing.disconnect());
     let started = false;
+    let released = false;
     const blocked = async (): Promise<void> => {
-      // Let it take markers until it takes a wake-up (score 0). BullMQ re-adds the parked
-      // job's delay marker now and then, and a stand-in that took one queues behind the other
-      // worker: the wake-up then goes there, so it stops once the next job started.
+      // Let it take markers until it takes the release's wake-up (score 0). A wake-up left
+      // over from the first job's hand-off (its fetch got the job without popping it, which a
+      // loaded run does) is taken before the release and does not count: it blocks again.
+      // BullMQ re-adds the parked job's delay marker now and then, and a stand-in that took
+      // one queues behind the other worker: the wake-up then goes there, so it stops once the
+      // next job started.
       for (let tries = 0; tries < 30 && !started; tries++) {
         const popped = await departing.bzpopmin(marker, 1);
-        if (popped && popped[2] === '0') return;
+        if (popped && popped[2] === '0' && released) return;
       }
     };
     const id = String(await departing.client('ID'));
     const eaten = blocked();
-    while (!(await blockedIds()).includes(id)) await new Promise((r) => setImmediate(r));
+    await readUntil(async () => (await blockedIds()).includes(id), 20_000, 'the stand-in blocking');
     await bed.startWorker(createRecordingProvider().provider);
     const gap = gapToNextStart(bed, first.jobId, next.jobId);
     void gap.then(() => (started = true));
     const closed = w1.close();
     // Only the stand-in may take the release's wake-up: the closing worker's fetches go first.
-    while ((await blockedIds()).some((blocked) => firstWorkersFetches.includes(blocked))) await new Promise((r) => setImmediate(r));
+    await readUntil(async () => !(await blockedIds()).some((blocked) => firstWorkersFetches.includes(blocked)), 20_000, "the closing worker's fetches ending");
+    released = true;
     held.open();
     await eaten;
     departing.disconnect();
