@@ -69,9 +69,20 @@ export class WorkerProcess {
     return process.hrtime.bigint();
   }
 
-  /** SIGTERM: graceful stop; resolves with the exit code. */
-  async terminate(): Promise<number | null> {
+  /**
+   * SIGTERM: graceful stop; resolves with the exit code. A worker still running `timeoutMs`
+   * later is killed, and this rejects with its last lines: a stop that hangs fails its test
+   * with what the worker was doing, not as a hook's timeout.
+   */
+  async terminate(timeoutMs = 20_000): Promise<number | null> {
+    if (this.child.exitCode !== null || this.child.signalCode !== null) return this.exited;
     this.child.kill('SIGTERM');
-    return this.exited;
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), timeoutMs)));
+    const code = await Promise.race([this.exited, late]).finally(() => clearTimeout(timer));
+    if (code !== 'late') return code;
+    this.child.kill('SIGKILL');
+    await this.exited;
+    throw new Error(`worker ${this.pid} did not stop within ${timeoutMs} ms of SIGTERM; its last lines:\n${this.logs.slice(-30).join('\n')}`);
   }
 }
