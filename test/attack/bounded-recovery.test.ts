@@ -102,6 +102,9 @@ describe('scenario 7: a lane whose head an operator removes in Bull Board goes o
     expect(await board.remove(api, ADMIN, bed.config.LEASE_OPS_QUEUE, head.jobId)).toBe(204);
     expect((await bed.waitForAll([next.jobId], 5_000)).get(next.jobId)).toBe('completed');
     expect(Date.now() - removedAt).toBeLessThan(1_000);
+    // The removal is on the lease's timeline (appended without waiting: read until it lands).
+    const removal = await readUntil(async () => (await bed.ops.history.read(head.laneId)).find((e) => e.kind === 'removed'), 5_000, 'the removal recorded');
+    expect(removal).toMatchObject({ jobId: head.jobId, message: 'removed by an operator in Bull Board' });
   });
 
   it('delayed jobs cleaned in bulk (a backing-off head and the one parked behind it): a new operation of that lease runs within a second', async () => {

@@ -221,6 +221,27 @@ describe('issue 12, scenario 11: slow clients are bounded', () => {
     }
   });
 
+  it('an idle keep-alive connection is closed at the keep-alive timeout after its last reply', { timeout: 30_000 }, async () => {
+    bed = await TestBed.create({ LEASE_OPS_API_TOKENS: TOKEN, LEASE_OPS_API_PORT: '0', LEASE_OPS_API_KEEPALIVE_TIMEOUT_MS: '1200' });
+    const api = await startApiServer(bed.config, createLogger({ level: 'silent' }));
+    try {
+      const idle = connect(api.url);
+      await idle.ready;
+      let repliedAt = 0;
+      idle.socket.on('data', () => (repliedAt = Date.now()));
+      idle.socket.write('GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n');
+      const { reply } = await idle.closed;
+      const closedAt = Date.now();
+      expect(reply).toMatch(/^HTTP\/1\.1 200/);
+      expect(reply).toMatch(/keep-alive: timeout=1/i);
+      // Node closes it at the timeout (checked on its own timer, so a little later at most).
+      expect(closedAt - repliedAt).toBeGreaterThanOrEqual(1_100);
+      expect(closedAt - repliedAt).toBeLessThan(1_200 + 2_000);
+    } finally {
+      await api.close();
+    }
+  });
+
   it('connections past LEASE_OPS_API_MAX_CONNECTIONS are closed as they arrive, and the API answers again once some close', { timeout: 30_000 }, async () => {
     bed = await TestBed.create({ LEASE_OPS_API_TOKENS: TOKEN, LEASE_OPS_API_PORT: '0', LEASE_OPS_API_MAX_CONNECTIONS: '3' });
     const api = await startApiServer(bed.config, createLogger({ level: 'silent' }));
