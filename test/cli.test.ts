@@ -86,6 +86,15 @@ describe('the lease-ops commands', () => {
     expect(apiMetrics).not.toContain('bullmq_job_completed_total');
   });
 
+  it('`enqueue --wait --json` of an operation that fails exits 1 with one JSON document naming its error', async () => {
+    const lease = ['--provider', 'simulated', '--company', 'cli-co', '--environment', 'cli-env', '--lease', 'cli-fails'];
+    // The simulated cloud cannot promise an expiry: refused for good before anything is created.
+    const params = JSON.stringify({ runId: 'cli', requestedExpiresAt: new Date(Date.now() + 3_600_000).toISOString() });
+    const failed = await cli(['enqueue', 'acquire', ...lease, '--params', params, '--wait', '20000', '--json'], env);
+    expect(failed.code).toBe(1);
+    expect(JSON.parse(failed.stdout)).toMatchObject({ operation: { op: 'acquire', state: 'failed', error: { code: 'expiry_unsupported' } } });
+  });
+
   it('`status` shows the queue or one lease, and refuses half a lease', async () => {
     const queue = await cli(['status', '--json'], env);
     expect(queue.code).toBe(0);
