@@ -20,6 +20,7 @@ import { lease, QUICK_RECOVERY, REDIS_URL, scanKeys, TestBed, testConfig } from 
 import { createRecordingProvider } from './helpers/recording-provider.ts';
 import { enqueueInOrder, findOrderViolations, findOverlaps, readCallFile, type MixedOperation } from './helpers/invariants.ts';
 import { cli } from './helpers/cli.ts';
+import { startApiServer } from '../src/api/server.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
 
 const PROVIDER = fileURLToPath(new URL('./helpers/recording-provider.ts', import.meta.url));
@@ -161,6 +162,25 @@ describe(`${N} partitions${ON_CLUSTER ? ' on a 3-master cluster' : ' on one Redi
     } finally {
       await other.close();
     }
+    // The API listens, and answers /v1, the pages and the board with 503 and the code; the
+    // detail (both counts, what to do) goes to its log, not to callers.
+    const token = 'layout-admin-token-0123456789';
+    const api = await startApiServer(testConfig({ LEASE_OPS_PREFIX: config.LEASE_OPS_PREFIX, LEASE_OPS_PARTITIONS: '2', LEASE_OPS_API_TOKENS: token, LEASE_OPS_API_PORT: '0' }), createLogger({ level: 'silent' }));
+    try {
+      const bearer = { authorization: `Bearer ${token}` };
+      const basic = { authorization: `Basic ${Buffer.from(`x:${token}`).toString('base64')}` };
+      const answers = await Promise.all([
+        fetch(`${api.url}/v1/leases/simulated/co/env/x/operations`, { method: 'POST', headers: { ...bearer, 'content-type': 'application/json' }, body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 'x' } }) }),
+        fetch(`${api.url}/v1/attention`, { headers: bearer }),
+        fetch(`${api.url}/ui/attention`, { headers: basic }),
+        fetch(`${api.url}/board/api/queues`, { headers: basic }),
+      ]);
+      expect(answers.map((r) => r.status)).toEqual([503, 503, 503, 503]);
+      for (const r of answers) expect(await r.json()).toEqual({ error: { code: 'partition_layout_mismatch', message: expect.not.stringContaining('LEASE_OPS_PARTITIONS') } });
+    } finally {
+      await api.close();
+    }
+    expect(await client.partitionOf(lease('x')).ops.queue.getJobCounts('wait', 'delayed')).toEqual({ wait: 0, delayed: 0 });
     const worker = new WorkerProcess({ REDIS_URL: config.REDIS_URL, LEASE_OPS_PREFIX: config.LEASE_OPS_PREFIX, LEASE_OPS_PARTITIONS: '2' });
     expect(await worker.exited).toBe(2);
     expect(worker.logs.join('\n')).toMatch(/LEASE_OPS_PARTITIONS=2/);
