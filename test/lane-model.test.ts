@@ -150,7 +150,9 @@ class Admit extends Step {
       const early = mayStart(model, op);
       if (early) model.violations.push(early);
       const view = await real.bed.ops.lanes.view(op.jobId.slice(0, 22));
-      if (!op.removed && view.jobs[0] !== op.jobId || view.holder?.job !== op.jobId || view.holder.token !== r.token) {
+      // A removed one's lane may have dropped it already (an enqueue or a repair drops a head
+      // that is gone) and moved on: its run is refused at the fence instead (see Call).
+      if (!op.removed && (view.jobs[0] !== op.jobId || view.holder?.job !== op.jobId || view.holder.token !== r.token)) {
         model.violations.push(`${op.jobId} was given a run, but its lane's head is ${view.jobs[0]} held by ${view.holder?.job}:${view.holder?.token}`);
       }
       Object.assign(a, { fence: r.token, phase: 'running' });

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { gate, lease, TestBed } from '../helpers/env.ts';
-import { createRecordingProvider } from '../helpers/recording-provider.ts';
+import { gate, lease, readUntil, TestBed } from '../helpers/env.ts';
+import { createRecordingProvider, type CallRecord } from '../helpers/recording-provider.ts';
 
 /**
  * An enqueue stores its job in BullMQ first and puts it in its lane in a second step. An
@@ -67,5 +67,104 @@ describe('a job removed between its BullMQ add and its lane push', () => {
     expect(retried).toEqual({ jobId: removed.jobId, laneId: removed.laneId, deduplicated: 'idempotency-key' });
     expect(await jobHashExists(removed.jobId)).toBe(0);
     expect((await bed.ops.lanes.view(removed.laneId)).jobs).toEqual([]);
+  });
+});
+
+/**
+ * Jobs removed through BullMQ's own API (`queue.remove`, a clean), which tells lease-ops
+ * nothing (Bull Board's removal goes through lease-ops and repairs the lane at once). An
+ * operation accepted afterwards must neither be answered with the removed job nor wait for
+ * it; found by an attack on the change above.
+ */
+describe('operations accepted after a job of their lease was removed behind lease-ops\' back', () => {
+  let bed: TestBed;
+  const held = gate();
+  let calls: CallRecord[];
+  beforeAll(async () => {
+    // Resumes of `backing-*` leases settle (and back off 15 s); resumes of `held-*` hold.
+    bed = await TestBed.create({ LEASE_OPS_BACKOFF_BASE_MS: '15000', LEASE_OPS_BACKOFF_CAP_MS: '15000', LEASE_OPS_CONCURRENCY: '2' });
+    const recording = createRecordingProvider({
+      behaviour: async ({ ctx, op }) => {
+        if (op === 'resume' && ctx.lease.leaseId.startsWith('backing-')) return 'settling';
+        if (op === 'resume' && ctx.lease.leaseId.startsWith('held-')) await held.promise;
+        return 'ok';
+      },
+    });
+    calls = recording.calls;
+    await bed.startWorker(recording.provider);
+  });
+  afterAll(async () => {
+    held.open();
+    await bed.close();
+  });
+
+  const started = (jobId: string) => readUntil(async () => calls.find((c) => c.jobId === jobId), 10_000, `${jobId} calling its provider`);
+
+  it('an identical stop is not absorbed by a queued stop that was removed: it joins the lane and runs', async () => {
+    const head = await bed.ops.enqueue({ op: 'resume', lease: lease('held-coalesce'), params: { providerLeaseId: 'held-coalesce' } });
+    await started(head.jobId);
+    const removed = await bed.ops.enqueue({ op: 'stop', lease: lease('held-coalesce'), params: { providerLeaseId: 'held-coalesce' } });
+    expect(await bed.ops.queue.remove(removed.jobId)).toBe(1);
+    const again = await bed.ops.enqueue({ op: 'stop', lease: lease('held-coalesce'), params: { providerLeaseId: 'held-coalesce' }, idempotencyKey: 'stop-again' });
+    expect(again).toEqual({ jobId: expect.not.stringMatching(removed.jobId), laneId: head.laneId });
+    held.open();
+    expect(Object.fromEntries(await bed.waitForAll([head.jobId, again.jobId], 10_000))).toEqual({ [head.jobId]: 'completed', [again.jobId]: 'completed' });
+    expect(calls.filter((c) => c.leaseId === 'held-coalesce' && c.end).map((c) => c.op)).toEqual(['resume', 'stop']);
+  });
+
+  it('a force-stop goes ahead of a backing-off head that was removed, at once, not at its retry time', async () => {
+    const head = await bed.ops.enqueue({ op: 'resume', lease: lease('backing-removed'), params: { providerLeaseId: 'backing-removed' } });
+    await readUntil(async () => (await bed.redis.zscore(bed.ops.lanes.backingOffKey, head.jobId)) !== null, 10_000, 'the resume backing off');
+    expect(await bed.ops.queue.remove(head.jobId)).toBe(1);
+    const acceptedAt = Date.now();
+    const force = await bed.ops.enqueue({ op: 'force-stop', lease: lease('backing-removed'), params: { providerLeaseId: 'backing-removed' } });
+    expect((await bed.waitForAll([force.jobId], 5_000)).get(force.jobId)).toBe('completed');
+    expect(Date.now() - acceptedAt).toBeLessThan(2_000);
+  });
+
+  it('a stop queued behind a backing-off head that was removed runs at once, while a live backing-off head keeps its place', async () => {
+    const removedHead = await bed.ops.enqueue({ op: 'resume', lease: lease('backing-tail'), params: { providerLeaseId: 'backing-tail' } });
+    const liveHead = await bed.ops.enqueue({ op: 'resume', lease: lease('backing-live'), params: { providerLeaseId: 'backing-live' } });
+    await readUntil(async () => (await Promise.all([removedHead, liveHead].map((h) => bed.redis.zscore(bed.ops.lanes.backingOffKey, h.jobId)))).every((s) => s !== null), 10_000, 'both resumes backing off');
+    expect(await bed.ops.queue.remove(removedHead.jobId)).toBe(1);
+    const acceptedAt = Date.now();
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: lease('backing-tail'), params: { providerLeaseId: 'backing-tail' } });
+    const behindLive = await bed.ops.enqueue({ op: 'stop', lease: lease('backing-live'), params: { providerLeaseId: 'backing-live' } });
+    expect((await bed.waitForAll([stop.jobId], 5_000)).get(stop.jobId)).toBe('completed');
+    expect(Date.now() - acceptedAt).toBeLessThan(2_000);
+    // The live one still waits out its backoff, with the stop behind it.
+    expect(await bed.ops.queue.getJobState(behindLive.jobId)).toBe('delayed');
+    expect((await bed.ops.lanes.view(liveHead.laneId)).jobs).toEqual([liveHead.jobId, behindLive.jobId]);
+  });
+});
+
+describe('a clean-up stored again under its id after its handed-off job was removed', () => {
+  let bed: TestBed;
+  const busy = gate();
+  beforeAll(async () => {
+    // One slot, held by another lease's resume: the clean-up waits in BullMQ's wait list.
+    bed = await TestBed.create({ LEASE_OPS_CONCURRENCY: '1' });
+    await bed.startWorker(createRecordingProvider({ behaviour: async ({ ctx }) => (ctx.lease.leaseId === 'busy' ? (await busy.promise, 'ok' as const) : ('ok' as const)) }).provider);
+  });
+  afterAll(async () => {
+    busy.open();
+    await bed.close();
+  });
+
+  it('does not hold its lane: the sweep hands it off again, and the next operation runs within the sweep bound', async () => {
+    const blocker = await bed.ops.enqueue({ op: 'resume', lease: lease('busy'), params: { providerLeaseId: 'busy' } });
+    await readUntil(async () => (await bed.ops.queue.getJobState(blocker.jobId)) === 'active', 10_000, 'the slot taken');
+    const first = await bed.ops.enqueueAbandon(lease('abandoned'), 'acquire-1', null);
+    expect(await bed.ops.queue.getJobState(first.jobId)).toBe('waiting');
+    expect(await bed.ops.queue.remove(first.jobId)).toBe(1);
+    // A repeat (after a crash, or from a second replica's sweep): the same id, stored again.
+    const again = await bed.ops.enqueueAbandon(lease('abandoned'), 'acquire-1', null);
+    expect(again.jobId).toBe(first.jobId);
+    const next = await bed.ops.enqueue({ op: 'resume', lease: lease('abandoned'), params: { providerLeaseId: 'abandoned' } });
+    busy.open();
+    const acceptedAt = Date.now();
+    expect(Object.fromEntries(await bed.waitForAll([again.jobId, next.jobId], 10_000))).toEqual({ [again.jobId]: 'completed', [next.jobId]: 'completed' });
+    // Sweep interval and quiet time (300 + 300 ms in tests), twice at most, and the runs.
+    expect(Date.now() - acceptedAt).toBeLessThan(2_500);
   });
 });

@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
+import { readdirSync, readFileSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 
@@ -81,8 +82,18 @@ export class WorkerProcess {
     const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), timeoutMs)));
     const code = await Promise.race([this.exited, late]).finally(() => clearTimeout(timer));
     if (code !== 'late') return code;
+    // What the process was doing: stopped, sleeping in the kernel, or running (a busy loop).
+    const state = (() => {
+      try {
+        const status = readFileSync(`/proc/${this.pid}/status`, 'utf8');
+        const threads = readdirSync(`/proc/${this.pid}/task`).map((t) => `${t}:${/^State:\s+(.*)$/m.exec(readFileSync(`/proc/${this.pid}/task/${t}/status`, 'utf8'))?.[1]}`);
+        return `${/^State:\s+(.*)$/m.exec(status)?.[1]}; SigPnd ${/^ShdPnd:\s+(.*)$/m.exec(status)?.[1]}; SigCgt ${/^SigCgt:\s+(.*)$/m.exec(status)?.[1]}; threads ${threads.join(' ')}`;
+      } catch {
+        return 'unknown';
+      }
+    })();
     this.child.kill('SIGKILL');
     await this.exited;
-    throw new Error(`worker ${this.pid} did not stop within ${timeoutMs} ms of SIGTERM; its last lines:\n${this.logs.slice(-30).join('\n')}`);
+    throw new Error(`worker ${this.pid} did not stop within ${timeoutMs} ms of SIGTERM (state: ${state}); its last lines:\n${this.logs.slice(-30).join('\n')}`);
   }
 }

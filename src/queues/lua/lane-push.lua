@@ -82,11 +82,20 @@ if rcall('EXISTS', jobKey) == 0 then
   return {'removed'}
 end
 
+-- Heads removed through BullMQ's own API go first: this operation must not wait behind them
+-- (one backing off would hold the lane till its retry time, when the sweep looks again).
+local dropped = dropRemovedHeads(k, jobPrefix)
+
 local coalesceAs = ARGV[6]
 if coalesceAs ~= '' then
   -- Only the last queued request can absorb: one with other requests after it would
   -- change what the lease ends up in (stop, resume, stop is not stop, resume).
   local existing = rcall('HGET', k.coalesce, coalesceAs)
+  if existing and rcall('EXISTS', jobPrefix .. existing) == 0 then
+    -- Removed through BullMQ's own API: it will never run, so it absorbs nothing.
+    forgetCoalescing(k, existing)
+    existing = nil
+  end
   if existing and rcall('LINDEX', k.list, -1) == existing then
     accepted(existing)
     historyAppend(KEYS[21], {'e', 'absorbed', 'job', existing, 'op', rcall('HGET', jobKey, 'name') or ''})
@@ -164,6 +173,11 @@ recount(k, laneId, company, environment)
 historyAppend(KEYS[21], {'e', 'accepted', 'job', jobId, 'op', rcall('HGET', jobKey, 'name') or '', 'ahead', rcall('LPOS', k.list, jobId) or 0})
 if waits then
   rcall('HSET', jobKey, 'lo:parked', '1')
+  -- The head the drop exposed, if it was parked behind the removed one, runs now.
+  local head = dropped and rcall('LINDEX', k.list, 0)
+  if head and head ~= jobId and rcall('HEXISTS', k.holder, 'job') == 0 and rcall('HEXISTS', jobPrefix .. head, 'lo:parked') == 1 then
+    handOff(k, jobPrefix, head, false, laneId)
+  end
   return {'queued'}
 end
 -- It is the head now: if it went ahead of a head backing off, the lane's progress (dated

@@ -66,10 +66,13 @@ if data and not pcall(cjson.decode, data) then
 end
 
 -- A delayed head is backing off (lane-yield listed it) or parked: marked so, or not listed
--- as backing off and not the holder (a job stored again under the id of one that ended).
+-- as backing off and either not the holder (a job stored again under the id of one that
+-- ended) or never started (the holder is left from a hand-off whose job was removed through
+-- BullMQ's own API, and the job stored again under its id: a handed-off job is never delayed
+-- before it has run).
 local delayed = rcall('ZSCORE', k.delayed, head)
 local retryDue = delayed and rcall('ZSCORE', k.backingOff, head)
-if delayed and (rcall('HEXISTS', jobKey, 'lo:parked') == 1 or (not retryDue and rcall('HGET', k.holder, 'job') ~= head)) then
+if delayed and (rcall('HEXISTS', jobKey, 'lo:parked') == 1 or (not retryDue and (rcall('HGET', k.holder, 'job') ~= head or rcall('HEXISTS', jobKey, 'processedOn') == 0))) then
   rcall('ZADD', k.lanes, 'XX', now, laneId)
   return {'handed', head, handOff(k, jobPrefix, head, false, laneId)}
 end

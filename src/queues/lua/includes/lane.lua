@@ -81,6 +81,28 @@ local function forgetCoalescing(k, jobId)
 end
 
 --[[
+  Drops the lane's leading jobs that no longer exist: removed through BullMQ's own API
+  (queue.remove, a clean), which tells lease-ops nothing. An active job cannot be removed
+  that way (BullMQ refuses while it is locked), so none of them is executing. Returns true
+  when it dropped any; the caller hands off the head this exposes, if it should run now.
+]]
+local function dropRemovedHeads(k, jobPrefix)
+  local dropped = false
+  local head = rcall('LINDEX', k.list, 0)
+  while head and rcall('EXISTS', jobPrefix .. head) == 0 do
+    rcall('LPOP', k.list)
+    rcall('ZREM', k.backingOff, head)
+    forgetCoalescing(k, head)
+    if rcall('HGET', k.holder, 'job') == head then
+      rcall('DEL', k.holder)
+    end
+    dropped = true
+    head = rcall('LINDEX', k.list, 0)
+  end
+  return dropped
+end
+
+--[[
   Hands a lane's new head to the workers, in the same atomic step that made it the head:
   moves it from BullMQ's delayed set to the wait list exactly as BullMQ's promote does (wait
   list, marker, event, delay field), names it the lane's holder with a fresh fencing token,
