@@ -46,12 +46,7 @@ end
 
 local jobKey = jobPrefix .. head
 if rcall('EXISTS', jobKey) == 0 or rcall('HEXISTS', jobKey, 'finishedOn') == 1 then
-  rcall('LPOP', k.list)
-  rcall('ZREM', k.backingOff, head)
-  forgetCoalescing(k, head)
-  if rcall('HGET', k.holder, 'job') == head then
-    rcall('DEL', k.holder)
-  end
+  dropHead(k, head)
   local advanced = advanceLane(k, jobPrefix, laneId, false)
   rcall('ZADD', k.lanes, 'XX', now, laneId)
   return {'dropped', head, advanced[1], advanced[2], advanced[3]}

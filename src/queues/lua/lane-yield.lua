@@ -14,7 +14,9 @@
   comes due (ms): it is listed as backing off until its next attempt starts
   ARGV[5] lane id: a lane waiting out a backoff shows progress due then, so the sweep (which
   reads lanes quiet since a while) passes it by until its retry is late; an operator's
-  removal of the head is repaired by its event (LeaseWorker), not by the sweep
+  removal of the head in Bull Board is repaired by the API at once, one through BullMQ's own
+  API by the lease's next enqueue (lane-push drops removed heads) or the sweep once the
+  retry is late
   ARGV[6] now (ms)
   KEYS[19] the lease's history   ARGV[7] the backoff's history entry, its fields already joined
   (see lease-history.ts), or '' for none

@@ -80,22 +80,28 @@ local function forgetCoalescing(k, jobId)
   end
 end
 
+-- Takes a head that will never run (gone, or finished without the lane hearing of it) out of its lane.
+local function dropHead(k, head)
+  rcall('LPOP', k.list)
+  rcall('ZREM', k.backingOff, head)
+  forgetCoalescing(k, head)
+  if rcall('HGET', k.holder, 'job') == head then
+    rcall('DEL', k.holder)
+  end
+end
+
 --[[
   Drops the lane's leading jobs that no longer exist: removed through BullMQ's own API
-  (queue.remove, a clean), which tells lease-ops nothing. An active job cannot be removed
-  that way (BullMQ refuses while it is locked), so none of them is executing. Returns true
-  when it dropped any; the caller hands off the head this exposes, if it should run now.
+  (queue.remove, a clean), which tells lease-ops nothing. BullMQ refuses to remove a job
+  while its lock is held, so none of them runs with its lock: an attempt that lost it (its
+  worker froze) is refused at the fence. Returns true when it dropped any; the caller hands
+  off the head this exposes, if it should run now.
 ]]
 local function dropRemovedHeads(k, jobPrefix)
   local dropped = false
   local head = rcall('LINDEX', k.list, 0)
   while head and rcall('EXISTS', jobPrefix .. head) == 0 do
-    rcall('LPOP', k.list)
-    rcall('ZREM', k.backingOff, head)
-    forgetCoalescing(k, head)
-    if rcall('HGET', k.holder, 'job') == head then
-      rcall('DEL', k.holder)
-    end
+    dropHead(k, head)
     dropped = true
     head = rcall('LINDEX', k.list, 0)
   end
