@@ -99,6 +99,8 @@ describe('operations accepted after a job of their lease was removed behind leas
   });
 
   const started = (jobId: string) => readUntil(async () => calls.find((c) => c.jobId === jobId), 10_000, `${jobId} calling its provider`);
+  // Listed as backing off by its lane, and moved to BullMQ's delayed set (lock released: removable).
+  const backingOff = async (jobId: string) => (await bed.redis.zscore(bed.ops.lanes.backingOffKey, jobId)) !== null && (await bed.ops.queue.getJobState(jobId)) === 'delayed';
 
   it('an identical stop is not absorbed by a queued stop that was removed: it joins the lane and runs', async () => {
     const head = await bed.ops.enqueue({ op: 'resume', lease: lease('held-coalesce'), params: { providerLeaseId: 'held-coalesce' } });
@@ -114,7 +116,7 @@ describe('operations accepted after a job of their lease was removed behind leas
 
   it('a force-stop goes ahead of a backing-off head that was removed, at once, not at its retry time', async () => {
     const head = await bed.ops.enqueue({ op: 'resume', lease: lease('backing-removed'), params: { providerLeaseId: 'backing-removed' } });
-    await readUntil(async () => (await bed.redis.zscore(bed.ops.lanes.backingOffKey, head.jobId)) !== null, 10_000, 'the resume backing off');
+    await readUntil(() => backingOff(head.jobId), 10_000, 'the resume backing off');
     expect(await bed.ops.queue.remove(head.jobId)).toBe(1);
     const acceptedAt = Date.now();
     const force = await bed.ops.enqueue({ op: 'force-stop', lease: lease('backing-removed'), params: { providerLeaseId: 'backing-removed' } });
@@ -125,7 +127,7 @@ describe('operations accepted after a job of their lease was removed behind leas
   it('a stop queued behind a backing-off head that was removed runs at once, while a live backing-off head keeps its place', async () => {
     const removedHead = await bed.ops.enqueue({ op: 'resume', lease: lease('backing-tail'), params: { providerLeaseId: 'backing-tail' } });
     const liveHead = await bed.ops.enqueue({ op: 'resume', lease: lease('backing-live'), params: { providerLeaseId: 'backing-live' } });
-    await readUntil(async () => (await Promise.all([removedHead, liveHead].map((h) => bed.redis.zscore(bed.ops.lanes.backingOffKey, h.jobId)))).every((s) => s !== null), 10_000, 'both resumes backing off');
+    await readUntil(async () => (await Promise.all([removedHead, liveHead].map((h) => backingOff(h.jobId)))).every(Boolean), 10_000, 'both resumes backing off');
     expect(await bed.ops.queue.remove(removedHead.jobId)).toBe(1);
     const acceptedAt = Date.now();
     const stop = await bed.ops.enqueue({ op: 'stop', lease: lease('backing-tail'), params: { providerLeaseId: 'backing-tail' } });
@@ -135,6 +137,32 @@ describe('operations accepted after a job of their lease was removed behind leas
     // The live one still waits out its backoff, with the stop behind it.
     expect(await bed.ops.queue.getJobState(behindLive.jobId)).toBe('delayed');
     expect((await bed.ops.lanes.view(liveHead.laneId)).jobs).toEqual([liveHead.jobId, behindLive.jobId]);
+  });
+
+  /** A resume backing off 15 s at the head, with a stop queued behind it; then the resume is removed. */
+  const stopBehindRemovedBackoff = async (leaseId: string) => {
+    const head = await bed.ops.enqueue({ op: 'resume', lease: lease(leaseId), params: { providerLeaseId: leaseId } });
+    await readUntil(() => backingOff(head.jobId), 10_000, 'the resume backing off');
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: lease(leaseId), params: { providerLeaseId: leaseId } });
+    expect(await bed.ops.queue.remove(head.jobId)).toBe(1);
+    return stop;
+  };
+
+  it('an identical stop absorbed by the stop behind the removed head: that stop runs at once', async () => {
+    const stop = await stopBehindRemovedBackoff('backing-absorbed');
+    const acceptedAt = Date.now();
+    expect(await bed.ops.enqueue({ op: 'stop', lease: lease('backing-absorbed'), params: { providerLeaseId: 'backing-absorbed' } })).toEqual({ jobId: stop.jobId, laneId: stop.laneId, deduplicated: 'coalesced' });
+    expect((await bed.waitForAll([stop.jobId], 5_000)).get(stop.jobId)).toBe('completed');
+    expect(Date.now() - acceptedAt).toBeLessThan(2_000);
+  });
+
+  it('a force-stop that absorbs the stop behind the removed head runs at once', async () => {
+    const stop = await stopBehindRemovedBackoff('backing-upgraded');
+    const acceptedAt = Date.now();
+    expect(await bed.ops.enqueue({ op: 'force-stop', lease: lease('backing-upgraded'), params: { providerLeaseId: 'backing-upgraded' } })).toEqual({ jobId: stop.jobId, laneId: stop.laneId, deduplicated: 'absorbed-stop' });
+    expect((await bed.waitForAll([stop.jobId], 5_000)).get(stop.jobId)).toBe('completed');
+    expect(Date.now() - acceptedAt).toBeLessThan(2_000);
+    expect(calls.filter((c) => c.jobId === stop.jobId && c.end).map((c) => c.op)).toEqual(['force-stop']);
   });
 });
 
@@ -166,5 +194,38 @@ describe('a clean-up stored again under its id after its handed-off job was remo
     expect(Object.fromEntries(await bed.waitForAll([again.jobId, next.jobId], 10_000))).toEqual({ [again.jobId]: 'completed', [next.jobId]: 'completed' });
     // Sweep interval and quiet time (300 + 300 ms in tests), twice at most, and the runs.
     expect(Date.now() - acceptedAt).toBeLessThan(2_500);
+  });
+});
+
+describe('the tenant counts after an enqueue dropped a removed head (no worker: handed-off jobs stay waiting)', () => {
+  let bed: TestBed;
+  beforeAll(async () => {
+    bed = await TestBed.create({ LEASE_OPS_MAX_QUEUED_PER_COMPANY: '2' });
+  });
+  afterAll(() => bed.close());
+
+  it('count what the lanes hold before the limits are checked: the company at its limit only by a removed job is not refused', async () => {
+    const head = await bed.ops.enqueue({ op: 'resume', lease: lease('counted'), params: { providerLeaseId: 'counted' } });
+    const parked = await bed.ops.enqueue({ op: 'stop', lease: lease('counted'), params: { providerLeaseId: 'counted' } });
+    expect(await bed.ops.queue.getJobState(head.jobId)).toBe('waiting');
+    expect(await bed.ops.queue.remove(head.jobId)).toBe(1);
+    const next = await bed.ops.enqueue({ op: 'destroy', lease: lease('counted'), params: { providerLeaseId: 'counted' } });
+    expect((await bed.ops.lanes.view(head.laneId)).jobs).toEqual([parked.jobId, next.jobId]);
+    expect(await bed.redis.hget(bed.ops.lanes.byCompanyKey, 'co')).toBe('2');
+    // The stop the drop exposed is handed to the workers; the destroy waits behind it.
+    expect(await bed.ops.queue.getJobState(parked.jobId)).toBe('waiting');
+    expect(await bed.ops.queue.getJobState(next.jobId)).toBe('delayed');
+  });
+
+  it('dates the lane now for the sweep, not at the removed head\'s retry', async () => {
+    const dated = lease('dated', 'co-dated');
+    const head = await bed.ops.enqueue({ op: 'resume', lease: dated, params: { providerLeaseId: 'dated' } });
+    const parked = await bed.ops.enqueue({ op: 'stop', lease: dated, params: { providerLeaseId: 'dated' } });
+    // As lane-yield leaves a lane whose head backs off: dated when its retry comes due.
+    await bed.redis.zadd(bed.ops.lanes.lanesKey, 'XX', Date.now() + 60_000, head.laneId);
+    expect(await bed.ops.queue.remove(head.jobId)).toBe(1);
+    await bed.ops.enqueue({ op: 'destroy', lease: dated, params: { providerLeaseId: 'dated' } });
+    expect((await bed.ops.lanes.view(head.laneId)).jobs[0]).toBe(parked.jobId);
+    expect(Number(await bed.redis.zscore(bed.ops.lanes.lanesKey, head.laneId))).toBeLessThanOrEqual(Date.now());
   });
 });

@@ -85,6 +85,16 @@ end
 -- Heads removed through BullMQ's own API go first: this operation must not wait behind them
 -- (one backing off would hold the lane till its retry time, when the sweep looks again).
 local dropped = dropRemovedHeads(k, jobPrefix)
+if dropped then
+  afterDrop(k, laneId, now)
+end
+-- Every answer but this job's own hand-off first hands off a parked head the drop exposed.
+local function answer(reply)
+  if dropped then
+    handOffExposed(k, jobPrefix, laneId)
+  end
+  return reply
+end
 
 local coalesceAs = ARGV[6]
 if coalesceAs ~= '' then
@@ -99,7 +109,7 @@ if coalesceAs ~= '' then
   if existing and rcall('LINDEX', k.list, -1) == existing then
     accepted(existing)
     historyAppend(KEYS[21], {'e', 'absorbed', 'job', existing, 'op', rcall('HGET', jobKey, 'name') or ''})
-    return {'absorbed', existing}
+    return answer({'absorbed', existing})
   end
 end
 
@@ -108,7 +118,7 @@ local maxPerLane, maxQueued = tonumber(ARGV[7]), tonumber(ARGV[8])
 if maxPerLane > 0 and mode ~= 'front' then
   local inLane = rcall('LLEN', k.list)
   if inLane >= maxPerLane then
-    return {'full', 'lease', inLane}
+    return answer({'full', 'lease', inLane})
   end
 end
 if maxPerLane > 0 and mode == 'front' then
@@ -120,7 +130,7 @@ if maxPerLane > 0 and mode == 'front' then
   local last = frontBlockEnd(k, jobPrefix, from)
   local fronts = last and (rcall('LPOS', k.list, last) + 1 - from) or 0
   if fronts >= maxPerLane then
-    return {'full', 'lease', fronts}
+    return answer({'full', 'lease', fronts})
   end
 end
 -- Room of their own above a limit for force-stops (a tenth of it, at least 100), so a backlog
@@ -135,11 +145,11 @@ local maxPerCompany, maxPerEnvironment = tonumber(ARGV[14]), tonumber(ARGV[15])
 if maxPerEnvironment > 0 then
   local held = tonumber(rcall('HGET', k.byEnvironment, company .. '\n' .. environment) or '0')
   if held >= (front and withRoom(maxPerEnvironment) or maxPerEnvironment) then
-    return {'full', 'environment', held}
+    return answer({'full', 'environment', held})
   end
 end
 if maxPerCompany > 0 and byCompany >= (front and withRoom(maxPerCompany) or maxPerCompany) then
-  return {'full', 'company', byCompany}
+  return answer({'full', 'company', byCompany})
 end
 if maxQueued > 0 then
   -- Past the queue's limit, a company holding less than its fair share (the limit over the
@@ -152,7 +162,7 @@ if maxQueued > 0 then
     local companies = rcall('HLEN', k.byCompany) + (byCompany == 0 and 1 or 0)
     local overShare = byCompany >= math.floor(maxQueued / companies)
     if overShare and (not front or queued > withRoom(maxQueued)) then
-      return {'full', 'queue', queued - 1}
+      return answer({'full', 'queue', queued - 1})
     end
   end
 end
@@ -173,12 +183,7 @@ recount(k, laneId, company, environment)
 historyAppend(KEYS[21], {'e', 'accepted', 'job', jobId, 'op', rcall('HGET', jobKey, 'name') or '', 'ahead', rcall('LPOS', k.list, jobId) or 0})
 if waits then
   rcall('HSET', jobKey, 'lo:parked', '1')
-  -- The head the drop exposed, if it was parked behind the removed one, runs now.
-  local head = dropped and rcall('LINDEX', k.list, 0)
-  if head and head ~= jobId and rcall('HEXISTS', k.holder, 'job') == 0 and rcall('HEXISTS', jobPrefix .. head, 'lo:parked') == 1 then
-    handOff(k, jobPrefix, head, false, laneId)
-  end
-  return {'queued'}
+  return answer({'queued'})
 end
 -- It is the head now: if it went ahead of a head backing off, the lane's progress (dated
 -- when that retry comes due) is now.

@@ -24,6 +24,14 @@ local rcall = redis.call
 --- @include "lane"
 local k = laneKeys(KEYS)
 
+-- Heads removed through BullMQ's own API go first, as in lane-push: the force-stop must not
+-- queue behind them. (On {'none'}, a parked head this exposes is left for the force-stop's
+-- own push to go ahead of; the lane is dated now, so the sweep looks soon if it does not.)
+local dropped = dropRemovedHeads(k, ARGV[5])
+if dropped then
+  afterDrop(k, ARGV[3], ARGV[4])
+end
+
 local stopJob = rcall('HGET', k.coalesce, ARGV[1])
 if not stopJob or not rcall('LPOS', k.list, stopJob) then
   return {'none'}
@@ -44,6 +52,9 @@ end
 rcall('LREM', k.list, 1, stopJob)
 rcall('ZADD', k.lanes, 'NX', ARGV[4], ARGV[3])
 if queueFront(k, ARGV[5], stopJob) then
+  if dropped then
+    handOffExposed(k, ARGV[5], ARGV[3])
+  end
   return {'queued', stopJob}
 end
 -- The head now, perhaps ahead of one backing off: the lane's progress is now.

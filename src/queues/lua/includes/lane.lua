@@ -150,6 +150,24 @@ local function handOff(k, jobPrefix, jobId, lazyMarker, laneId)
 end
 
 --[[
+  After dropRemovedHeads dropped any: the lane's progress is now (a removed head's retry date
+  no longer holds it back from the sweep), and its counts follow its new length, before any
+  limit is checked against them.
+]]
+local function afterDrop(k, laneId, now)
+  rcall('ZADD', k.lanes, 'XX', now, laneId)
+  recount(k, laneId)
+end
+
+-- A parked head that a drop exposed, with nothing holding the lane: its turn is now.
+local function handOffExposed(k, jobPrefix, laneId)
+  local head = rcall('LINDEX', k.list, 0)
+  if head and rcall('HEXISTS', k.holder, 'job') == 0 and rcall('HEXISTS', jobPrefix .. head, 'lo:parked') == 1 then
+    handOff(k, jobPrefix, head, false, laneId)
+  end
+end
+
+--[[
   After a lane's head was removed: hand off the next job, skipping jobs that were removed
   while they waited. Returns {'next', jobId, handOffResult} or {'idle'}.
 ]]
