@@ -229,3 +229,39 @@ describe('the tenant counts after an enqueue dropped a removed head (no worker: 
     expect(Number(await bed.redis.zscore(bed.ops.lanes.lanesKey, head.laneId))).toBeLessThanOrEqual(Date.now());
   });
 });
+
+describe('a failed acquire retried through BullMQ\'s own API (job.retry), not lease-ops\' rerun', () => {
+  let bed: TestBed;
+  let calls: CallRecord[];
+  beforeAll(async () => {
+    bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '3600' });
+    const recording = createRecordingProvider({ behaviour: ({ op }) => (op === 'acquire' ? 'permanent' : 'ok') });
+    calls = recording.calls;
+    await bed.startWorker(recording.provider);
+  });
+  afterAll(() => bed.close());
+
+  it('fails again with operation_not_rerunnable and creates nothing: its clean-up already ran and would not run twice', async () => {
+    const acquire = await bed.ops.enqueue({ op: 'acquire', lease: lease('raw-retry'), params: { runId: 'r1' } });
+    expect((await bed.waitForAll([acquire.jobId], 10_000)).get(acquire.jobId)).toBe('failed');
+    // Its clean-up ran (it is kept: LEASE_OPS_KEEP_COMPLETED_S).
+    await readUntil(async () => (await bed.ops.queue.getCompleted()).find((j) => j.name === 'abandon-acquire'), 10_000, 'the clean-up completed');
+    const job = (await bed.ops.queue.getJob(acquire.jobId))!;
+    const ended = new Promise<{ failedReason?: string; returnvalue?: string }>((resolve) => {
+      const on = (e: { jobId: string; failedReason?: string; returnvalue?: string }) => {
+        if (e.jobId !== acquire.jobId) return;
+        bed.events.off('failed', on);
+        bed.events.off('completed', on);
+        resolve(e);
+      };
+      bed.events.on('failed', on);
+      bed.events.on('completed', on);
+    });
+    await job.retry('failed');
+    expect((await ended).failedReason).toMatch(/^operation_not_rerunnable: /);
+    expect(calls.filter((c) => c.op === 'acquire' && !c.end)).toHaveLength(1);
+    // The lease goes on.
+    const next = await bed.ops.enqueue({ op: 'destroy', lease: lease('raw-retry'), params: { providerLeaseId: 'raw-retry' } });
+    expect((await bed.waitForAll([next.jobId], 5_000)).get(next.jobId)).toBe('completed');
+  });
+});

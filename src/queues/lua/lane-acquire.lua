@@ -20,7 +20,8 @@
     {'orphan'}         the job is in no lane and has no outcome: its enqueue never finished
     {'gone'}           the job was removed (its lane's repair drops it)
   A job BullMQ had finished that runs again (an operator retried it) re-enters its lane at
-  the tail, like a new request: {'run', token} if that makes it the head, else {'park'}.
+  the tail, like a new request: {'run', token} if that makes it the head, else {'park'};
+  a failed acquire does not: {'done', a failure with code operation_not_rerunnable}.
 ]]
 local rcall = redis.call
 --- @include "lane"
@@ -78,7 +79,14 @@ if head and rcall('LPOS', k.list, jobId) then
 end
 
 if recorded[1] then
-  -- BullMQ finished it and an operator retried it: it runs again, as a new request.
+  -- BullMQ finished it and an operator retried it: it runs again, as a new request. But not a
+  -- failed acquire (a raw BullMQ retry; lease-ops' own rerun refuses it): its clean-up ran,
+  -- under an id made from the acquire's, so a second sandbox would have none. Failed again.
+  local ok, outcome = pcall(cjson.decode, recorded[1])
+  if ok and type(outcome) == 'table' and outcome.status == 'failed' and rcall('HGET', jobKey, 'name') == 'acquire' then
+    return {'done', cjson.encode({status = 'failed', code = 'operation_not_rerunnable',
+      error = 'operation_not_rerunnable: a failed acquire was cleaned up after; enqueue a new acquire instead'})}
+  end
   rcall('HDEL', jobKey, 'lo:outcome', 'lo:released-atm', 'lo:front')
   rcall('ZADD', k.lanes, 'NX', now, laneId)
   local joined = rcall('RPUSH', k.list, jobId)
