@@ -55,10 +55,11 @@ describe(`${N} partitions${ON_CLUSTER ? ' on a 3-master cluster' : ' on one Redi
     for (const prefix of [config.LEASE_OPS_PREFIX, ...partitionPrefixes(config.LEASE_OPS_PREFIX, N)]) await deleteKeysUnder(redis, prefix);
     redis.disconnect();
     rmSync(dir, { recursive: true, force: true });
-    // A worker that did not stop within 20 s of SIGTERM was killed. Seen twice in loaded full
-    // runs (cluster project, the worker started last, not yet understood: it logged nothing
-    // after SIGTERM); the graceful stop itself is tested in worker-process.test.ts, so the
-    // teardown reports it with the process's state and goes on rather than fail the suite.
+    // A worker that did not stop within 20 s of SIGTERM was killed. Seen in loaded runs of the
+    // cluster project (the worker started last): it was idle (4 % CPU over its life), had
+    // taken SIGTERM (handled, not pending) and logged nothing after it; not understood yet.
+    // The graceful stop itself is tested in worker-process.test.ts, so the teardown reports
+    // it with the process's state and report and goes on rather than fail the suite.
     for (const s of stopped) if (s.status === 'rejected') console.error(`partitioned.test.ts teardown: ${String(s.reason)}`);
   }, 60_000);
 
@@ -166,14 +167,15 @@ describe(`${N} partitions${ON_CLUSTER ? ' on a 3-master cluster' : ' on one Redi
       await other.close();
     }
     // The API listens, and answers /v1, the pages and the board with 503 and the code; the
-    // detail (both counts, what to do) goes to its log, not to callers.
+    // detail (both counts, what to do) goes to its log, not to callers. (An enqueue's own
+    // refusal in the lane script is covered above, through the client.)
     const token = 'layout-admin-token-0123456789';
     const api = await startApiServer(testConfig({ LEASE_OPS_PREFIX: config.LEASE_OPS_PREFIX, LEASE_OPS_PARTITIONS: '2', LEASE_OPS_API_TOKENS: token, LEASE_OPS_API_PORT: '0' }), createLogger({ level: 'silent' }));
     try {
       const bearer = { authorization: `Bearer ${token}` };
       const basic = { authorization: `Basic ${Buffer.from(`x:${token}`).toString('base64')}` };
       const answers = await Promise.all([
-        fetch(`${api.url}/v1/leases/simulated/co/env/x/operations`, { method: 'POST', headers: { ...bearer, 'content-type': 'application/json' }, body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 'x' } }) }),
+        fetch(`${api.url}/v1/leases/recording/co/env/x`, { headers: bearer }),
         fetch(`${api.url}/v1/attention`, { headers: bearer }),
         fetch(`${api.url}/ui/attention`, { headers: basic }),
         fetch(`${api.url}/board/api/queues`, { headers: basic }),
@@ -183,7 +185,6 @@ describe(`${N} partitions${ON_CLUSTER ? ' on a 3-master cluster' : ' on one Redi
     } finally {
       await api.close();
     }
-    expect(await client.partitionOf(lease('x')).ops.queue.getJobCounts('wait', 'delayed')).toEqual({ wait: 0, delayed: 0 });
     const worker = new WorkerProcess({ REDIS_URL: config.REDIS_URL, LEASE_OPS_PREFIX: config.LEASE_OPS_PREFIX, LEASE_OPS_PARTITIONS: '2' });
     expect(await worker.exited).toBe(2);
     expect(worker.logs.join('\n')).toMatch(/LEASE_OPS_PARTITIONS=2/);

@@ -1,6 +1,8 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { readdirSync, readFileSync } from 'node:fs';
+import { copyFileSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 
@@ -12,16 +14,24 @@ export class WorkerProcess {
   readonly ready: Promise<void>;
   readonly exited: Promise<number | null>;
   readonly logs: string[] = [];
+  private readonly reports: string;
   private readonly lineListeners = new Set<(line: string) => void>();
 
   constructor(env: Record<string, string>) {
     // The CLI runs compiled code; a provider module given as a .ts file (the tests' own) needs tsx's loader.
     const tsProviders = (env.LEASE_OPS_PROVIDERS ?? '').split(',').some((name) => name.trim().endsWith('.ts'));
-    this.child = spawn(process.execPath, [...(tsProviders ? ['--import', 'tsx'] : []), BIN, 'worker'], {
+    // A diagnostic report on SIGUSR2 (it interrupts even a busy loop): terminate() asks for one
+    // when the worker does not stop, and shows its JavaScript stack.
+    this.reports = mkdtempSync(join(tmpdir(), 'lease-ops-worker-report-'));
+    const report = ['--report-on-signal', '--report-signal=SIGUSR2', `--report-directory=${this.reports}`];
+    this.child = spawn(process.execPath, [...report, ...(tsProviders ? ['--import', 'tsx'] : []), BIN, 'worker'], {
       env: { ...process.env, LEASE_OPS_LOG_LEVEL: 'info', ...env },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
-    this.exited = once(this.child, 'exit').then(([code]) => code as number | null);
+    this.exited = once(this.child, 'exit').then(([code]) => {
+      rmSync(this.reports, { recursive: true, force: true });
+      return code as number | null;
+    });
     let onReady!: () => void;
     this.ready = new Promise((resolve, reject) => {
       onReady = resolve;
@@ -72,8 +82,9 @@ export class WorkerProcess {
 
   /**
    * SIGTERM: graceful stop; resolves with the exit code. A worker still running `timeoutMs`
-   * later is killed, and this rejects with its last lines: a stop that hangs fails its test
-   * with what the worker was doing, not as a hook's timeout.
+   * later is killed, and this rejects with what it was doing (each thread's state, a
+   * diagnostic report's stacks, kept in the temporary directory) and its last lines: a stop
+   * that hangs fails its test with that, not as a hook's timeout.
    */
   async terminate(timeoutMs = 20_000): Promise<number | null> {
     if (this.child.exitCode !== null || this.child.signalCode !== null) return this.exited;
@@ -86,14 +97,30 @@ export class WorkerProcess {
     const state = (() => {
       try {
         const status = readFileSync(`/proc/${this.pid}/status`, 'utf8');
-        const threads = readdirSync(`/proc/${this.pid}/task`).map((t) => `${t}:${/^State:\s+(.*)$/m.exec(readFileSync(`/proc/${this.pid}/task/${t}/status`, 'utf8'))?.[1]}`);
+        const threads = readdirSync(`/proc/${this.pid}/task`).map((t) => `${t}:${/^State:\s+(\S+)/m.exec(readFileSync(`/proc/${this.pid}/task/${t}/status`, 'utf8'))?.[1]}/${readFileSync(`/proc/${this.pid}/task/${t}/wchan`, 'utf8')}`);
         return `${/^State:\s+(.*)$/m.exec(status)?.[1]}; SigPnd ${/^ShdPnd:\s+(.*)$/m.exec(status)?.[1]}; SigCgt ${/^SigCgt:\s+(.*)$/m.exec(status)?.[1]}; threads ${threads.join(' ')}`;
       } catch {
         return 'unknown';
       }
     })();
+    this.child.kill('SIGUSR2');
+    const kept = join(tmpdir(), `lease-ops-worker-report-${this.pid}.json`);
+    let stack = 'no report';
+    for (let i = 0; i < 30 && stack === 'no report'; i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      const file = readdirSync(this.reports).find((f) => f.endsWith('.json'));
+      try {
+        if (file) {
+          copyFileSync(join(this.reports, file), kept);
+          const r = JSON.parse(readFileSync(join(this.reports, file), 'utf8')) as { javascriptStack?: { message?: string; stack?: string[] }; nativeStack?: { symbol?: string }[] };
+          stack = [r.javascriptStack?.message, ...(r.javascriptStack?.stack ?? []).slice(0, 25), 'native:', ...(r.nativeStack ?? []).slice(0, 25).map((f) => f.symbol)].join('\n');
+        }
+      } catch {
+        // Still being written.
+      }
+    }
     this.child.kill('SIGKILL');
     await this.exited;
-    throw new Error(`worker ${this.pid} did not stop within ${timeoutMs} ms of SIGTERM (state: ${state}); its last lines:\n${this.logs.slice(-30).join('\n')}`);
+    throw new Error(`worker ${this.pid} did not stop within ${timeoutMs} ms of SIGTERM (state: ${state}); its stacks (whole report: ${kept}):\n${stack}\nits last lines:\n${this.logs.slice(-30).join('\n')}`);
   }
 }
