@@ -148,21 +148,23 @@ describe('operations accepted after a job of their lease was removed behind leas
     return stop;
   };
 
-  it('an identical stop absorbed by the stop behind the removed head: that stop runs at once', async () => {
-    const stop = await stopBehindRemovedBackoff('backing-absorbed');
+  /** `request` (to the same lease) is absorbed by that stop, which then runs at once; returns the stop's job id. */
+  const absorbedAndRunAtOnce = async (leaseId: string, op: 'stop' | 'force-stop', deduplicated: string) => {
+    const stop = await stopBehindRemovedBackoff(leaseId);
     const acceptedAt = Date.now();
-    expect(await bed.ops.enqueue({ op: 'stop', lease: lease('backing-absorbed'), params: { providerLeaseId: 'backing-absorbed' } })).toEqual({ jobId: stop.jobId, laneId: stop.laneId, deduplicated: 'coalesced' });
+    expect(await bed.ops.enqueue({ op, lease: lease(leaseId), params: { providerLeaseId: leaseId } })).toEqual({ jobId: stop.jobId, laneId: stop.laneId, deduplicated });
     expect((await bed.waitForAll([stop.jobId], 5_000)).get(stop.jobId)).toBe('completed');
     expect(Date.now() - acceptedAt).toBeLessThan(2_000);
+    return stop.jobId;
+  };
+
+  it('an identical stop absorbed by the stop behind the removed head: that stop runs at once', async () => {
+    await absorbedAndRunAtOnce('backing-absorbed', 'stop', 'coalesced');
   });
 
   it('a force-stop that absorbs the stop behind the removed head runs at once', async () => {
-    const stop = await stopBehindRemovedBackoff('backing-upgraded');
-    const acceptedAt = Date.now();
-    expect(await bed.ops.enqueue({ op: 'force-stop', lease: lease('backing-upgraded'), params: { providerLeaseId: 'backing-upgraded' } })).toEqual({ jobId: stop.jobId, laneId: stop.laneId, deduplicated: 'absorbed-stop' });
-    expect((await bed.waitForAll([stop.jobId], 5_000)).get(stop.jobId)).toBe('completed');
-    expect(Date.now() - acceptedAt).toBeLessThan(2_000);
-    expect(calls.filter((c) => c.jobId === stop.jobId && c.end).map((c) => c.op)).toEqual(['force-stop']);
+    const stopJobId = await absorbedAndRunAtOnce('backing-upgraded', 'force-stop', 'absorbed-stop');
+    expect(calls.filter((c) => c.jobId === stopJobId && c.end).map((c) => c.op)).toEqual(['force-stop']);
   });
 });
 

@@ -20,8 +20,8 @@ export class WorkerProcess {
   constructor(env: Record<string, string>) {
     // The CLI runs compiled code; a provider module given as a .ts file (the tests' own) needs tsx's loader.
     const tsProviders = (env.LEASE_OPS_PROVIDERS ?? '').split(',').some((name) => name.trim().endsWith('.ts'));
-    // A diagnostic report on SIGUSR2 (it interrupts even a busy loop): terminate() asks for one
-    // when the worker does not stop, and shows its JavaScript stack.
+    // A diagnostic report on SIGUSR2 (written by Node's own signal listener, so only while the
+    // event loop turns): terminate() asks for one when the worker does not stop, and shows its stacks.
     this.reports = mkdtempSync(join(tmpdir(), 'lease-ops-worker-report-'));
     const report = ['--report-on-signal', '--report-signal=SIGUSR2', `--report-directory=${this.reports}`];
     this.child = spawn(process.execPath, [...report, ...(tsProviders ? ['--import', 'tsx'] : []), BIN, 'worker'], {

@@ -84,10 +84,7 @@ end
 
 -- Heads removed through BullMQ's own API go first: this operation must not wait behind them
 -- (one backing off would hold the lane till its retry time, when the sweep looks again).
-local dropped = dropRemovedHeads(k, jobPrefix)
-if dropped then
-  afterDrop(k, laneId, now)
-end
+local dropped = dropRemovedHeads(k, jobPrefix, laneId, now)
 -- Every answer but this job's own hand-off first hands off a parked head the drop exposed.
 local function answer(reply)
   if dropped then

@@ -27,10 +27,7 @@ local k = laneKeys(KEYS)
 -- Heads removed through BullMQ's own API go first, as in lane-push: the force-stop must not
 -- queue behind them. (On {'none'}, a parked head this exposes is left for the force-stop's
 -- own push to go ahead of; the lane is dated now, so the sweep looks soon if it does not.)
-local dropped = dropRemovedHeads(k, ARGV[5])
-if dropped then
-  afterDrop(k, ARGV[3], ARGV[4])
-end
+local dropped = dropRemovedHeads(k, ARGV[5], ARGV[3], ARGV[4])
 
 local stopJob = rcall('HGET', k.coalesce, ARGV[1])
 if not stopJob or not rcall('LPOS', k.list, stopJob) then

@@ -94,16 +94,22 @@ end
   Drops the lane's leading jobs that no longer exist: removed through BullMQ's own API
   (queue.remove, a clean), which tells lease-ops nothing. BullMQ refuses to remove a job
   while its lock is held, so none of them runs with its lock: an attempt that lost it (its
-  worker froze) is refused at the fence. Returns true when it dropped any; the caller hands
-  off the head this exposes, if it should run now.
+  worker froze) is refused at the fence. After a drop the lane's progress is now (a removed
+  head's retry date no longer holds it back from the sweep) and its counts follow its new
+  length, before any limit is checked against them. Returns true when it dropped any; the
+  caller hands off the head this exposes (handOffExposed), if it should run now.
 ]]
-local function dropRemovedHeads(k, jobPrefix)
+local function dropRemovedHeads(k, jobPrefix, laneId, now)
   local dropped = false
   local head = rcall('LINDEX', k.list, 0)
   while head and rcall('EXISTS', jobPrefix .. head) == 0 do
     dropHead(k, head)
     dropped = true
     head = rcall('LINDEX', k.list, 0)
+  end
+  if dropped then
+    rcall('ZADD', k.lanes, 'XX', now, laneId)
+    recount(k, laneId)
   end
   return dropped
 end
@@ -147,16 +153,6 @@ local function handOff(k, jobPrefix, jobId, lazyMarker, laneId)
     return 'missing'
   end
   return 'elsewhere'
-end
-
---[[
-  After dropRemovedHeads dropped any: the lane's progress is now (a removed head's retry date
-  no longer holds it back from the sweep), and its counts follow its new length, before any
-  limit is checked against them.
-]]
-local function afterDrop(k, laneId, now)
-  rcall('ZADD', k.lanes, 'XX', now, laneId)
-  recount(k, laneId)
 end
 
 -- A parked head that a drop exposed, with nothing holding the lane: its turn is now.
