@@ -1,26 +1,19 @@
-import { randomBytes } from 'node:crypto';
 import { DelayedError, Job, Queue, QueueEvents, UnrecoverableError, Worker, type Processor, type WorkerOptions } from 'bullmq';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { BULLMQ_TESTED_RANGE, checkBullmqVersion } from '../src/queues/bullmq-version.ts';
+import { bullmqFetchingScripts } from '../src/queues/quiet-fetch.ts';
 import { createRedis, type RedisClient } from '../src/queues/redis.ts';
-import { gate, REDIS_URL, scanKeys, waitForJobs } from './helpers/env.ts';
+import { gate, REDIS_URL, scratchRedis, waitForJobs } from './helpers/env.ts';
 
 // What lease-ops relies on inside BullMQ, pinned: the lane scripts write BullMQ's keys and
 // fields (delayed set, wait list, marker, events, a job's delay and progress), and the worker
 // reads its counters (attempts made and started, stalls). An upgrade that changes any of
 // these fails here, by name, before it can quietly break a lane.
 describe('BullMQ, as lease-ops relies on it', () => {
-  const prefix = `{bullmq-contract-${randomBytes(4).toString('hex')}}`;
+  const { prefix, closers, redis: scratch } = scratchRedis('bullmq-contract');
   let redis: RedisClient;
-  const closers: (() => Promise<void> | void)[] = [];
-
   beforeAll(() => {
-    redis = createRedis(REDIS_URL);
-  });
-  afterAll(async () => {
-    for (const close of closers.reverse()) await close();
-    for (const k of await scanKeys(redis, `${prefix}*`)) await redis.unlink(k);
-    redis.disconnect();
+    redis = scratch();
   });
 
   /** A queue of its own for one test, so no test's worker takes another's jobs. */
@@ -91,6 +84,27 @@ describe('BullMQ, as lease-ops relies on it', () => {
     const started = Date.now();
     expect(await ran.promise).toBe('hand-off-1');
     expect(Date.now() - started).toBeLessThan(2_000);
+  });
+
+  it('marks the queue after every fetch, even of the last waiting job (what the quiet fetch changes), in both fetching scripts alike', async () => {
+    const { queue, key } = await fresh('fetch-marker');
+    const connection = createRedis(REDIS_URL);
+    const w = new Worker('fetch-marker', null, { connection, prefix, autorun: false });
+    closers.push(async () => {
+      await w.close();
+      connection.disconnect();
+    });
+    await queue.add('only', {}, { jobId: 'fetch-marker-1' });
+    await redis.del(key('marker'));
+    const job = await w.getNextJob('token-1', { block: false });
+    expect(job?.id).toBe('fetch-marker-1');
+    expect(await redis.llen(key('wait'))).toBe(0);
+    expect(await redis.zscore(key('marker'), '0')).toBe('0');
+    // The text the quiet fetch rewrites, once in each script, and the keys it reads.
+    for (const script of bullmqFetchingScripts()) {
+      expect(script.content.split('addBaseMarkerIfNeeded(markerKey, false)').length, script.name).toBe(2);
+      expect(script.content, script.name).toMatch(/KEYS\[1\] wait key\s+KEYS\[2\] active key\s+KEYS\[3\] prioritized key/);
+    }
   });
 
   it('promote itself writes what the hand-off writes, so the two stay the same', async () => {

@@ -11,6 +11,7 @@ import type { Lanes } from './lane.ts';
 import { LeaseHistory } from './lease-history.ts';
 import { LeaseRecords } from './lease-records.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
+import { defineQuietFetch } from './quiet-fetch.ts';
 import { BACKOFF_TYPE, OperationsQueue } from './operations-queue.ts';
 import { createRedis, isRedisUnavailable, pingWithin, reportRedisError, type RedisClient } from './redis.ts';
 import { type BackoffSettings, DEFAULT_BACKOFF, RetryLaterError } from './retry-policy.ts';
@@ -109,6 +110,8 @@ export class LeaseWorker {
     // commands in order, so the release (which hands off the next job) always lands just
     // before BullMQ's completion of the same job, whose fetch-next then finds that job.
     this.releaseLanes = this.ops.lanesOn(workerConnection);
+    // Before the Worker is made: it then fetches with these (see quiet-fetch.ts).
+    if (!defineQuietFetch(workerConnection)) log.warn('BullMQ\'s fetch scripts are not the ones lease-ops patches; running them as shipped (an idle worker wakes once per operation for nothing)');
     // Two parameters on purpose: BullMQ gives a processor that takes a third one an
     // AbortController per job, which costs more than a no-op operation; the attempt makes
     // its own signal only when a provider asks for it.

@@ -1,6 +1,7 @@
 import { randomBytes, randomInt } from 'node:crypto';
 import { QueueEvents, type Queue } from 'bullmq';
 import { Cluster } from 'ioredis';
+import { afterAll, beforeAll } from 'vitest';
 import { loadConfig, type Config } from '../../src/config.ts';
 import { createLogger } from '../../src/logger.ts';
 import { partitionPrefixes } from '../../src/partitions.ts';
@@ -182,4 +183,23 @@ export async function readUntil<T>(read: () => Promise<T | null | undefined | fa
     if (Date.now() > until) throw new Error(`${what} did not hold within ${timeoutMs} ms`);
     await new Promise((r) => setImmediate(r));
   }
+}
+
+/**
+ * For a describe block that works with BullMQ directly: a prefix of its own, a connection, and
+ * closers run (last first) after its tests, before its keys are deleted.
+ */
+export function scratchRedis(name: string): { prefix: string; redis: () => RedisClient; closers: (() => Promise<void> | void)[] } {
+  const prefix = `{${name}-${randomBytes(4).toString('hex')}}`;
+  let redis: RedisClient | undefined;
+  const closers: (() => Promise<void> | void)[] = [];
+  beforeAll(() => {
+    redis = createRedis(REDIS_URL);
+  });
+  afterAll(async () => {
+    for (const close of closers.reverse()) await close();
+    for (const k of await scanKeys(redis!, `${prefix}*`)) await redis!.unlink(k);
+    redis!.disconnect();
+  });
+  return { prefix, redis: () => redis!, closers };
 }
