@@ -79,6 +79,7 @@ describe('a job removed between its BullMQ add and its lane push', () => {
 describe('operations accepted after a job of their lease was removed behind lease-ops\' back', () => {
   let bed: TestBed;
   const held = gate();
+  const forceHeld = gate();
   let calls: CallRecord[];
   beforeAll(async () => {
     // Resumes of `backing-*` leases settle (and back off 15 s); resumes of `held-*` hold.
@@ -87,6 +88,7 @@ describe('operations accepted after a job of their lease was removed behind leas
       behaviour: async ({ ctx, op }) => {
         if (op === 'resume' && ctx.lease.leaseId.startsWith('backing-')) return 'settling';
         if (op === 'resume' && ctx.lease.leaseId.startsWith('held-')) await held.promise;
+        if (op === 'force-stop' && ctx.lease.leaseId.endsWith('-held')) await forceHeld.promise;
         return 'ok';
       },
     });
@@ -95,6 +97,7 @@ describe('operations accepted after a job of their lease was removed behind leas
   });
   afterAll(async () => {
     held.open();
+    forceHeld.open();
     await bed.close();
   });
 
@@ -137,6 +140,19 @@ describe('operations accepted after a job of their lease was removed behind leas
     // The live one still waits out its backoff, with the stop behind it.
     expect(await bed.ops.queue.getJobState(behindLive.jobId)).toBe('delayed');
     expect((await bed.ops.lanes.view(liveHead.laneId)).jobs).toEqual([liveHead.jobId, behindLive.jobId]);
+  });
+
+  it('a backing-off head removed while a force-stop runs ahead of it is no longer listed as backing off once the lane moves past it', async () => {
+    const head = await bed.ops.enqueue({ op: 'resume', lease: lease('backing-passed-held'), params: { providerLeaseId: 'backing-passed-held' } });
+    await readUntil(() => backingOff(head.jobId), 10_000, 'the resume backing off');
+    // Held at its provider call, so the removal lands while it runs ahead of the resume.
+    const force = await bed.ops.enqueue({ op: 'force-stop', lease: lease('backing-passed-held'), params: { providerLeaseId: 'backing-passed-held' } });
+    await started(force.jobId);
+    expect(await bed.ops.queue.remove(head.jobId)).toBe(1);
+    forceHeld.open();
+    expect((await bed.waitForAll([force.jobId], 5_000)).get(force.jobId)).toBe('completed');
+    expect((await bed.ops.lanes.view(head.laneId)).jobs).toEqual([]);
+    expect(await bed.redis.zscore(bed.ops.lanes.backingOffKey, head.jobId)).toBeNull();
   });
 
   /** A resume backing off 15 s at the head, with a stop queued behind it; then the resume is removed. */

@@ -182,8 +182,8 @@ local function advanceLane(k, jobPrefix, laneId, lazyMarker)
       recount(k, laneId)
       return {'next', nextJob, r}
     end
-    rcall('LPOP', k.list)
-    forgetCoalescing(k, nextJob)
+    -- Removed while it waited, perhaps backing off: it leaves the backing-off index too.
+    dropHead(k, nextJob)
   end
 end
 
