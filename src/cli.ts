@@ -2,7 +2,7 @@ import { Command, CommanderError } from 'commander';
 import { ConfigError, loadConfig } from './config.ts';
 import { RedisUnavailableError } from './errors.ts';
 import { LayoutError } from './queues/layout.ts';
-import { exitEarlyOnSignals, exitOnSignals, loggerFor, reportRedisTrouble, serveWorkerMetrics, startWorker } from './runtime.ts';
+import { exitEarlyOnSignals, loggerFor, reportRedisTrouble, serveWorkerMetrics, startWorker } from './runtime.ts';
 
 import type { EnqueueCliOptions, StatusCliOptions } from './cli-commands.ts';
 import { OPERATIONS } from './operations.ts';
@@ -25,10 +25,12 @@ program
     const handOver = exitEarlyOnSignals();
     const worker = await startWorker(config, log);
     const metrics = await serveWorkerMetrics(config, worker, log);
-    handOver();
-    exitOnSignals(log, async () => {
-      metrics?.close();
-      await worker.close();
+    handOver({
+      log,
+      stop: async () => {
+        metrics?.close();
+        await worker.close();
+      },
     });
   });
 
@@ -45,9 +47,8 @@ program
     const { startApiServer } = await import('./api/server.ts');
     const handOver = exitEarlyOnSignals();
     const api = await startApiServer(config, log);
-    handOver();
     process.stdout.write(`lease-ops API on ${api.url}/v1, Bull Board on ${api.url}/board, metrics on ${api.url}/metrics\n`);
-    exitOnSignals(log, () => api.close());
+    handOver({ log, stop: () => api.close() });
   });
 
 program

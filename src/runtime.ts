@@ -127,15 +127,14 @@ export async function serveWorkerMetrics(config: Config, worker: Pick<LeaseWorke
 }
 
 /**
- * SIGTERM and SIGINT stop gracefully: no new jobs, running ones finish, then exit.
- * A second signal exits at once; BullMQ's stalled-job handling then recovers the jobs.
- */
-/**
  * Until a command's graceful stop is in place (starting waits for Redis, say), SIGINT or
- * SIGTERM ends the process at once (130, 143), after `cleanUp`. Returns the hand-over:
- * call it just before exitOnSignals.
+ * SIGTERM ends the process at once (130, 143), after `cleanUp`. Returns the hand-over: with
+ * `next`, the graceful stop (exitOnSignals) is put in place first and only then are these
+ * listeners removed. In the other order a signal that came just before would be lost: when a
+ * signal's last listener goes, Node closes its watcher and drops what that watcher had
+ * caught and not yet dispatched, and the process would run on as if never signalled.
  */
-export function exitEarlyOnSignals(cleanUp: (signal: NodeJS.Signals) => void | Promise<void> = () => undefined): () => void {
+export function exitEarlyOnSignals(cleanUp: (signal: NodeJS.Signals) => void | Promise<void> = () => undefined): (next?: { log: Logger; stop: () => Promise<void> }) => void {
   const onSignal = (signal: NodeJS.Signals) => {
     // A clean-up that returns a promise (deleting keys, say) is waited for; a failed one still exits.
     void Promise.resolve()
@@ -145,12 +144,17 @@ export function exitEarlyOnSignals(cleanUp: (signal: NodeJS.Signals) => void | P
   };
   process.once('SIGINT', onSignal);
   process.once('SIGTERM', onSignal);
-  return () => {
+  return (next) => {
+    if (next) exitOnSignals(next.log, next.stop);
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
   };
 }
 
+/**
+ * SIGTERM and SIGINT stop gracefully: no new jobs, running ones finish, then exit.
+ * A second signal exits at once; BullMQ's stalled-job handling then recovers the jobs.
+ */
 export function exitOnSignals(log: Logger, stop: () => Promise<void>): void {
   let stopping = false;
   const onSignal = (signal: NodeJS.Signals) => {

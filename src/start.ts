@@ -3,7 +3,7 @@ import { startApiServer } from './api/server.ts';
 import { loadConfig } from './config.ts';
 import type { OperationView } from './queues/inspect.ts';
 import { NoRedisError, redisOrPrivate, stopPrivateRedis } from './redis-server.ts';
-import { exitEarlyOnSignals, exitOnSignals, loggerFor, startWorker } from './runtime.ts';
+import { exitEarlyOnSignals, loggerFor, startWorker } from './runtime.ts';
 import { maskToken, maskUrl } from './secrets.ts';
 
 const out = (line: string) => process.stdout.write(`${line}\n`);
@@ -64,8 +64,7 @@ export async function runStart(opts: { once: boolean }): Promise<void> {
     privateRedis?.stop();
   };
   // Ctrl-C while the lifecycle plays stops everything too.
-  handOver();
-  exitOnSignals(log, stop);
+  handOver({ log, stop });
   out(`lease-ops: worker running against ${maskUrl(config.REDIS_URL)} (providers: ${config.LEASE_OPS_PROVIDERS})`);
   out(`lease-ops: API ${api.url}/v1  (OpenAPI: ${api.url}/v1/openapi.json)`);
   out(`lease-ops: Bull Board ${api.url}/board  (any user name, the token as password)`);
