@@ -1,7 +1,7 @@
 import { DelayedError, Job, Queue, QueueEvents, UnrecoverableError, Worker, type Processor, type WorkerOptions } from 'bullmq';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { BULLMQ_TESTED_RANGE, checkBullmqVersion } from '../src/queues/bullmq-version.ts';
-import { bullmqFetchingScripts } from '../src/queues/quiet-fetch.ts';
+import { bullmqFetchingScripts, FETCHING_SCRIPTS, quietScript } from '../src/queues/quiet-fetch.ts';
 import { createRedis, type RedisClient } from '../src/queues/redis.ts';
 import { gate, REDIS_URL, scratchRedis, waitForJobs } from './helpers/env.ts';
 
@@ -27,7 +27,7 @@ describe('BullMQ, as lease-ops relies on it', () => {
       eventsConnection.disconnect();
     });
     const key = (suffix: string) => `${prefix}:${name}:${suffix}`;
-    const startWorker = async (processor: Processor, opts: Partial<WorkerOptions> = {}) => {
+    const startWorker = async (processor: Processor | null, opts: Partial<WorkerOptions> = {}) => {
       const connection = createRedis(REDIS_URL);
       const w = new Worker(name, processor, { connection, prefix, ...opts });
       closers.push(async () => {
@@ -87,24 +87,49 @@ describe('BullMQ, as lease-ops relies on it', () => {
   });
 
   it('marks the queue after every fetch, even of the last waiting job (what the quiet fetch changes), in both fetching scripts alike', async () => {
-    const { queue, key } = await fresh('fetch-marker');
-    const connection = createRedis(REDIS_URL);
-    const w = new Worker('fetch-marker', null, { connection, prefix, autorun: false });
-    closers.push(async () => {
-      await w.close();
-      connection.disconnect();
-    });
+    const { queue, key, startWorker } = await fresh('fetch-marker');
+    const w = await startWorker(null, { autorun: false });
     await queue.add('only', {}, { jobId: 'fetch-marker-1' });
     await redis.del(key('marker'));
     const job = await w.getNextJob('token-1', { block: false });
     expect(job?.id).toBe('fetch-marker-1');
     expect(await redis.llen(key('wait'))).toBe(0);
     expect(await redis.zscore(key('marker'), '0')).toBe('0');
-    // The text the quiet fetch rewrites, once in each script, and the keys it reads.
-    for (const script of bullmqFetchingScripts()) {
-      expect(script.content.split('addBaseMarkerIfNeeded(markerKey, false)').length, script.name).toBe(2);
-      expect(script.content, script.name).toMatch(/KEYS\[1\] wait key\s+KEYS\[2\] active key\s+KEYS\[3\] prioritized key/);
-    }
+    // The texts the quiet fetch rewrites, each once in its script, and the keys it reads there.
+    bullmqFetchingScripts().forEach((script, i) => {
+      const quiet = quietScript(script, FETCHING_SCRIPTS[i]!.rewrites);
+      expect(quiet, script.name).not.toBeNull();
+      const [, wait, prioritized] = /rcall\("LLEN", KEYS\[(\d+)\]\) > 0 or rcall\("ZCARD", KEYS\[(\d+)\]\)/.exec(quiet!.content)!;
+      expect(script.content, script.name).toContain(`KEYS[${wait}] wait key`);
+      expect(script.content, script.name).toContain(`KEYS[${prioritized}] prioritized key`);
+      for (const [, delayed] of quiet!.content.matchAll(/getNextDelayedTimestamp\(KEYS\[(\d+)\]\)/g)) expect(script.content, script.name).toContain(`KEYS[${delayed}] delayed key`);
+    });
+  });
+
+  it('replies "no due time" to a fetch that took a job, and [] (read as a fetch that knows of no delayed job) to a retry step that took none', async () => {
+    const { queue, startWorker } = await fresh('due-replies');
+    const w = await startWorker(null, { autorun: false });
+    await queue.add('later', {}, { jobId: 'due-replies-later', delay: 60_000 });
+    await queue.add('retried', {}, { jobId: 'due-replies-1', attempts: 2, backoff: { type: 'fixed', delay: 30_000 } });
+    const backend = (w as unknown as { backend: { moveToActive(token: string, name?: string): Promise<unknown[]> } }).backend;
+    const fetched = await backend.moveToActive('token-1');
+    expect([fetched[1], fetched[3]]).toEqual(['due-replies-1', 0]);
+    const job = (await Job.fromId(w as unknown as Queue, 'due-replies-1'))!;
+    // BullMQ's worker passes this reply's 3rd and 4th items to updateDelays, resetting its due time.
+    expect(await job.moveToFailed(new Error('settling'), 'token-1', true)).toEqual([]);
+  });
+
+  it('does not mark a retry\'s due time when the retry\'s own step (moveToDelayed) fetched the next job (what the quiet fetch adds)', async () => {
+    const { queue, key, startWorker } = await fresh('retry-marker');
+    const w = await startWorker(null, { autorun: false });
+    await queue.add('retried', {}, { jobId: 'retry-marker-1', attempts: 2, backoff: { type: 'fixed', delay: 60_000 } });
+    await queue.add('next', {}, { jobId: 'retry-marker-2' });
+    const job = (await w.getNextJob('token-1', { block: false }))!;
+    await redis.del(key('marker'));
+    const next = (await job.moveToFailed(new Error('settling'), 'token-1', true)) as unknown[];
+    expect(next[1]).toBe('retry-marker-2');
+    expect(await queue.getJobState('retry-marker-1')).toBe('delayed');
+    expect(await redis.zscore(key('marker'), '1')).toBeNull();
   });
 
   it('promote itself writes what the hand-off writes, so the two stay the same', async () => {

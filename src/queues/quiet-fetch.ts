@@ -2,18 +2,37 @@ import { createRequire } from 'node:module';
 import type { RedisClient } from './redis.ts';
 
 /**
- * BullMQ's fetch (moveToActive, and the fetch of the next job inside moveToFinished) adds the
- * queue's base marker after every job it takes, whether or not another one waits. Each marker
- * wakes an idle worker's blocking fetch, which then finds nothing: on a lane, where only the
- * head is ever waiting, that is one wasted wake-up and fetch per operation. The quiet fetch is
- * BullMQ's own script with that one step made conditional: the marker is added only while
- * jobs are left to fetch (in the wait list or the prioritized set). Every other marker
- * (adds, promotions, retries, stalls, lane hand-offs) is BullMQ's as before.
+ * BullMQ's fetching scripts (moveToActive, and the fetch of the next job inside moveToFinished
+ * and moveToDelayed), rewritten in two ways; everything else they do is BullMQ's.
+ *
+ * Quiet: BullMQ adds the queue's base marker after every job it takes, whether or not another
+ * one waits, and each marker wakes an idle worker's blocking fetch, which then finds nothing.
+ * On a lane, where only the head is ever waiting, that is a wasted wake-up and fetch per
+ * operation. The marker is now added only while jobs are left to fetch (in the wait list or
+ * the prioritized set). Every other marker (adds, promotions, stalls, hand-offs) is BullMQ's.
+ *
+ * Due times kept: a worker blocks until the next delayed job is due, as its fetches' replies
+ * tell it, else for its block timeout. Three replies said "no delayed job" when there was
+ * one: a fetch that took a job, a retry step (moveToDelayed, a backoff) that took one, and a
+ * retry step that took none (it replies 0, which BullMQ's worker reads as an empty fetch). The
+ * worker then forgot the due time it knew, often that very retry's, which ran up to the block
+ * timeout late. Each now names the next due time; a retry step that took a job also marks the
+ * retry's due time, as it does when it takes none, so an idle worker hears of it.
  */
 const MARKER_STEP = 'addBaseMarkerIfNeeded(markerKey, false)';
-/** KEYS[1] and KEYS[3] are the wait list and the prioritized set in both scripts (pinned by test/bullmq-contract.test.ts). */
-const QUIET_MARKER_STEP =
-  'if rcall("LLEN", KEYS[1]) > 0 or rcall("ZCARD", KEYS[3]) > 0 then addBaseMarkerIfNeeded(markerKey, false) end';
+const quietMarkerStep = (wait: string, prioritized: string) =>
+  `if rcall("LLEN", ${wait}) > 0 or rcall("ZCARD", ${prioritized}) > 0 then addBaseMarkerIfNeeded(markerKey, false) end`;
+const FETCHED_JOB_RETURN = 'return {rcall("HGETALL", jobKey), jobId, 0, 0} -- get job data';
+const fetchedJobReturnWithDue = (delayed: string) => `return {rcall("HGETALL", jobKey), jobId, 0, getNextDelayedTimestamp(${delayed}) or 0} -- get job data`;
+const DELAYED_NO_FETCH_RETURN = `    addDelayMarkerIfNeeded(markerKey, delayedKey)
+    return 0`;
+const DELAYED_NO_FETCH_RETURN_WITH_DUE = `    addDelayMarkerIfNeeded(markerKey, delayedKey)
+    return {0, 0, 0, getNextDelayedTimestamp(delayedKey) or 0}`;
+const DELAYED_FETCH_RETURN = `        if result and type(result[1]) == "table" then
+            return result`;
+const DELAYED_FETCH_RETURN_MARKED = `        if result and type(result[1]) == "table" then
+            addDelayMarkerIfNeeded(markerKey, delayedKey)
+            return result`;
 
 interface BullmqScript {
   name: string;
@@ -21,22 +40,40 @@ interface BullmqScript {
   keys: number;
 }
 
-const FETCHING_SCRIPTS = [
-  ['moveToActive-11', 'moveToActive'],
-  ['moveToFinished-14', 'moveToFinished'],
+/**
+ * Each script BullMQ fetches in, and its rewrites: each text must occur exactly once. The keys
+ * are named as each script's header lists them (pinned by test/bullmq-contract.test.ts).
+ */
+export const FETCHING_SCRIPTS = [
+  { file: 'moveToActive-11', name: 'moveToActive', rewrites: [[MARKER_STEP, quietMarkerStep('KEYS[1]', 'KEYS[3]')], [FETCHED_JOB_RETURN, fetchedJobReturnWithDue('KEYS[7]')]] },
+  { file: 'moveToFinished-14', name: 'moveToFinished', rewrites: [[MARKER_STEP, quietMarkerStep('KEYS[1]', 'KEYS[3]')], [FETCHED_JOB_RETURN, fetchedJobReturnWithDue('KEYS[7]')]] },
+  {
+    file: 'moveToDelayed-11',
+    name: 'moveToDelayed',
+    rewrites: [
+      [MARKER_STEP, quietMarkerStep('KEYS[9]', 'KEYS[3]')],
+      [FETCHED_JOB_RETURN, fetchedJobReturnWithDue('KEYS[4]')],
+      [DELAYED_FETCH_RETURN, DELAYED_FETCH_RETURN_MARKED],
+      [DELAYED_NO_FETCH_RETURN, DELAYED_NO_FETCH_RETURN_WITH_DUE],
+    ],
+  },
 ] as const;
 
-/** BullMQ's script with the quiet marker step, or null when its text is not the one this was written against. */
-export function quietScript(script: BullmqScript): BullmqScript | null {
-  const at = script.content.indexOf(MARKER_STEP);
-  if (at < 0 || script.content.indexOf(MARKER_STEP, at + 1) >= 0) return null;
-  return { ...script, content: script.content.replace(MARKER_STEP, QUIET_MARKER_STEP) };
+/** BullMQ's script rewritten, or null when its text is not the one the rewrites were written against. */
+export function quietScript(script: BullmqScript, rewrites: readonly (readonly [string, string])[]): BullmqScript | null {
+  let content = script.content;
+  for (const [text, replacement] of rewrites) {
+    const at = content.indexOf(text);
+    if (at < 0 || content.indexOf(text, at + 1) >= 0) return null;
+    content = content.slice(0, at) + replacement + content.slice(at + text.length);
+  }
+  return { ...script, content };
 }
 
-/** BullMQ's own fetching scripts, as it ships them. */
+/** BullMQ's own fetching scripts, as it ships them, in the order of FETCHING_SCRIPTS. */
 export function bullmqFetchingScripts(): BullmqScript[] {
   const require = createRequire(import.meta.url);
-  return FETCHING_SCRIPTS.map(([file, name]) => (require(`bullmq/dist/cjs/scripts/${file}.js`) as Record<string, BullmqScript>)[name]!);
+  return FETCHING_SCRIPTS.map(({ file, name }) => (require(`bullmq/dist/cjs/scripts/${file}.js`) as Record<string, BullmqScript>)[name]!);
 }
 
 /**
@@ -44,10 +81,10 @@ export function bullmqFetchingScripts(): BullmqScript[] {
  * defines its scripts on a connection only where none of the same name is defined, so this
  * Worker runs these. Returns false (and registers nothing) when the installed BullMQ's
  * scripts are not the ones expected: the Worker then runs BullMQ's own, correct but with the
- * wasted wake-ups.
+ * wasted wake-ups and the late retries.
  */
 export function defineQuietFetch(connection: RedisClient): boolean {
-  const scripts = bullmqFetchingScripts().map(quietScript);
+  const scripts = bullmqFetchingScripts().map((script, i) => quietScript(script, FETCHING_SCRIPTS[i]!.rewrites));
   // BullMQ names its commands `<script>:<its version>` (RedisConnection.loadCommands).
   const { version } = createRequire(import.meta.url)('bullmq/dist/cjs/version.js') as { version: string };
   const commands = scripts.map((s) => s && `${s.name}:${version}`);

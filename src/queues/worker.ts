@@ -124,9 +124,12 @@ export class LeaseWorker {
       // lease-ops counts stalls itself (see process): BullMQ's own limit would fail a job
       // without running it, even one whose outcome the lane already recorded.
       maxStalledCount: BULLMQ_STALLS_UNLIMITED,
-      // An idle worker's blocking fetch gives up after 1 s (BullMQ's default is 5 s). With
-      // two idle processes a backoff retry was seen waiting out the whole block timeout
-      // before a worker looked again; this bounds that wait. Root cause not found yet.
+      // An idle worker's blocking fetch gives up after 1 s (BullMQ's default is 5 s): a backoff
+      // retry can wait out the whole block timeout before a worker looks again, and this bounds
+      // that wait. Two causes were seen: BullMQ's retry step did not mark the retry's due time
+      // when it also fetched a job (fixed in quiet-fetch.ts), and a worker that was told the due
+      // time can lose it (BullMQ resets it when a later fetch reports none) and block for the
+      // full timeout; the second one is left to this bound.
       drainDelay: 1,
       autorun: false,
       // BullMQ's per-minute completed/failed counts, exported with the API's /metrics.
