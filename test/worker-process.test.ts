@@ -7,6 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 import { lease, REDIS_URL, TestBed } from './helpers/env.ts';
 import { readCallFile } from './helpers/invariants.ts';
+import { RedisProcess } from './helpers/redis-process.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
 
 const PROVIDER = fileURLToPath(new URL('./helpers/recording-provider.ts', import.meta.url));
@@ -55,6 +56,24 @@ describe('the worker process', () => {
     // The call was in flight when SIGTERM came, and ran to its end.
     expect(BigInt(calls[0]!.start)).toBeLessThan(termAt);
     expect(BigInt(calls[0]!.end!)).toBeGreaterThan(termAt);
+  });
+
+  it('on SIGTERM with its Redis gone, stops at once instead of waiting for a connection that never ends', async () => {
+    // BullMQ's graceful close waits for its blocking connection to end, which a connection
+    // reconnecting to a Redis that is gone never does: the worker used to run on until killed.
+    const server = await RedisProcess.start();
+    dir = mkdtempSync(join(tmpdir(), 'lease-ops-gone-'));
+    try {
+      const worker = new WorkerProcess({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-gone}', LEASE_OPS_PROVIDERS: PROVIDER, RECORDING_FILE: join(dir, 'calls.jsonl') });
+      await worker.ready;
+      await server.crash();
+      await worker.waitForLog('Redis does not answer');
+      expect(await worker.terminate(10_000)).toBe(0);
+      expect(worker.logs.some((l) => l.includes('"msg":"stopping gracefully"'))).toBe(true);
+      expect(worker.logs.some((l) => l.includes('closing without waiting for running jobs'))).toBe(true);
+    } finally {
+      await server.stop();
+    }
   });
 
   it('refuses a bad environment with a message naming the variable', async () => {

@@ -19,6 +19,8 @@ import { sweepLanes } from './sweep.ts';
 import { Watchdog } from './watchdog.ts';
 
 const SWEEP_SCHEDULER_ID = 'lane-sweep';
+/** How long a closing worker waits for Redis to answer before it closes without waiting for its jobs. */
+const CLOSE_PING_MS = 2_000;
 /** BullMQ's stall limit, set out of reach: lease-ops applies LEASE_OPS_MAX_STALLED itself. */
 const BULLMQ_STALLS_UNLIMITED = 1_000_000_000;
 const WATCHDOG_SCHEDULER_ID = 'stuck-stop-watchdog';
@@ -282,12 +284,22 @@ export class LeaseWorker {
     );
   }
 
-  /** Graceful stop: take no new jobs, let running ones finish, then disconnect. */
+  /**
+   * Graceful stop: take no new jobs, let running ones finish, then disconnect. With Redis out
+   * of reach it does not wait: BullMQ's graceful close waits for its blocking connection to
+   * end, which one that is reconnecting never does, and a running job could not end without
+   * Redis anyway (its lock lapses and it runs again elsewhere, as after a crash).
+   */
   close(): Promise<void> {
     this.closing ??= (async () => {
       if (this.scheduleCheck) clearInterval(this.scheduleCheck);
-      await Promise.all([this.worker.close(), this.maintenanceWorker.close()]);
-      await this.wakeIdleWorkers();
+      const reachable = await pingWithin(this.connection, CLOSE_PING_MS).then(
+        () => true,
+        () => false,
+      );
+      if (!reachable) this.log.warn('Redis does not answer: closing without waiting for running jobs (their locks lapse and they run again elsewhere)');
+      await Promise.all([this.worker.close(!reachable), this.maintenanceWorker.close(!reachable)]);
+      if (reachable) await this.wakeIdleWorkers();
       this.fencing.stop();
       await Promise.all([this.maintenanceQueue.close(), this.ops.close()]);
       await this.providers.close();
