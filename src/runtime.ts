@@ -9,7 +9,7 @@ import { loadProviders } from './providers/registry.ts';
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import { luaCommand } from './queues/lua-scripts.ts';
-import { createRedis, rateLimitedRedisReport, reportRedisErrorsTo, type RedisClient } from './queues/redis.ts';
+import { answerWithin, createRedis, rateLimitedRedisReport, reportRedisErrorsTo, type RedisClient } from './queues/redis.ts';
 import { LeaseWorkers } from './queues/partitioned-worker.ts';
 
 /** Redis errors go through pino, at most one line per 10 s, and a line when Redis answers again. */
@@ -82,7 +82,8 @@ async function claimEmbeddedCloud(redis: RedisClient, prefix: string): Promise<(
   const deleteIfEqual = luaCommand(redis, 'delete-if-equal', 1);
   return async () => {
     clearInterval(refresh);
-    await deleteIfEqual(key, me).catch(() => undefined);
+    // Bounded, so a stop with Redis out of reach does not wait on it; the claim then lapses in 30 s.
+    await answerWithin(deleteIfEqual(key, me), 2_000).catch(() => undefined);
   };
 }
 

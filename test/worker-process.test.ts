@@ -58,13 +58,17 @@ describe('the worker process', () => {
     expect(BigInt(calls[0]!.end!)).toBeGreaterThan(termAt);
   });
 
-  it('on SIGTERM with its Redis gone, stops at once instead of waiting for a connection that never ends', async () => {
+  // The simulated provider's embedded cloud also releases its claim in Redis on the way out.
+  it.each([
+    ['a test provider', { LEASE_OPS_PROVIDERS: PROVIDER }],
+    ['the default embedded simulated cloud', { LEASE_OPS_PROVIDERS: 'simulated' }],
+  ])('on SIGTERM with its Redis gone, stops at once instead of waiting for Redis (%s)', async (_name, providers) => {
     // BullMQ's graceful close waits for its blocking connection to end, which a connection
     // reconnecting to a Redis that is gone never does: the worker used to run on until killed.
     const server = await RedisProcess.start();
     dir = mkdtempSync(join(tmpdir(), 'lease-ops-gone-'));
     try {
-      const worker = new WorkerProcess({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-gone}', LEASE_OPS_PROVIDERS: PROVIDER, RECORDING_FILE: join(dir, 'calls.jsonl') });
+      const worker = new WorkerProcess({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-gone}', RECORDING_FILE: join(dir, 'calls.jsonl'), ...providers });
       await worker.ready;
       await server.crash();
       await worker.waitForLog('Redis does not answer');

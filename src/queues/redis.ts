@@ -104,12 +104,18 @@ function connect(url: string, opts: RedisOptions): RedisClient {
 
 /** Resolves when Redis answers PING, or rejects after `ms` (a down Redis must not hang a probe). */
 export async function pingWithin(redis: RedisClient, ms: number): Promise<void> {
+  await answerWithin(redis.ping(), ms);
+}
+
+/**
+ * A command's reply, or an error after `ms`: while Redis is out of reach a command waits in
+ * the client's offline queue for as long as that lasts, and one queued while the client is
+ * between reconnect attempts is never answered if the client is then disconnected.
+ */
+export async function answerWithin<T>(reply: Promise<T>, ms: number): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   try {
-    await Promise.race([
-      redis.ping(),
-      new Promise((_, reject) => (timer = setTimeout(() => reject(new Error(`no answer within ${ms} ms`)), ms))),
-    ]);
+    return await Promise.race([reply, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`no answer within ${ms} ms`)), ms)))]);
   } finally {
     clearTimeout(timer);
   }
