@@ -148,7 +148,7 @@ describe('the quiet fetch', () => {
       for (let k = 0; k < 30; k++) {
         for (let l = 0; l < 2; l++) ids.push((await bed.ops.enqueue({ op: 'acquire', lease: lease(`retries-${l}`), params: { runId: `r${k}` } })).jobId);
       }
-      expect([...(await bed.waitForAll(ids, 120_000)).values()].every((s) => s === 'completed')).toBe(true);
+      expect([...(await bed.waitForAll(ids, 30_000)).values()].every((s) => s === 'completed')).toBe(true);
       const calls = recording.calls.filter((c) => c.end).sort((a, b) => (BigInt(a.start) < BigInt(b.start) ? -1 : 1));
       const retryGaps: number[] = [];
       for (const c of calls) {
@@ -177,7 +177,7 @@ describe('the quiet fetch', () => {
       await bed.startWorker(provider);
       await bed.startWorker(provider);
       await bed.redis.config('RESETSTAT');
-      const ended = bed.waitForAll(ids, 60_000);
+      const ended = bed.waitForAll(ids, 30_000);
       await bed.ops.queue.resume();
       const states = await ended;
       expect([...states.values()].every((s) => s === 'completed')).toBe(true);
