@@ -156,7 +156,7 @@ export function exitEarlyOnSignals(cleanUp: (signal: NodeJS.Signals) => void | P
  * SIGTERM and SIGINT stop gracefully: no new jobs, running ones finish, then exit.
  * A second signal exits at once; BullMQ's stalled-job handling then recovers the jobs.
  */
-export function exitOnSignals(log: Logger, stop: () => Promise<void>): void {
+function exitOnSignals(log: Logger, stop: () => Promise<void>): void {
   let stopping = false;
   const onSignal = (signal: NodeJS.Signals) => {
     if (stopping) {

@@ -113,7 +113,7 @@ export class LeaseWorker {
     // before BullMQ's completion of the same job, whose fetch-next then finds that job.
     this.releaseLanes = this.ops.lanesOn(workerConnection);
     // Before the Worker is made: it then fetches with these (see quiet-fetch.ts).
-    if (!defineQuietFetch(workerConnection)) log.warn('BullMQ\'s fetch scripts are not the ones lease-ops patches; running them as shipped (an idle worker wakes once per operation for nothing)');
+    if (!defineQuietFetch(workerConnection)) log.warn('BullMQ\'s fetch scripts are not the ones lease-ops patches; running them as shipped (an idle worker wakes once per operation for nothing, and a backoff retry can start up to 1 s late)');
     // Two parameters on purpose: BullMQ gives a processor that takes a third one an
     // AbortController per job, which costs more than a no-op operation; the attempt makes
     // its own signal only when a provider asks for it.
@@ -126,12 +126,9 @@ export class LeaseWorker {
       // lease-ops counts stalls itself (see process): BullMQ's own limit would fail a job
       // without running it, even one whose outcome the lane already recorded.
       maxStalledCount: BULLMQ_STALLS_UNLIMITED,
-      // An idle worker's blocking fetch gives up after 1 s (BullMQ's default is 5 s): a backoff
-      // retry can wait out the whole block timeout before a worker looks again, and this bounds
-      // that wait. Two causes were seen: BullMQ's retry step did not mark the retry's due time
-      // when it also fetched a job (fixed in quiet-fetch.ts), and a worker that was told the due
-      // time can lose it (BullMQ resets it when a later fetch reports none) and block for the
-      // full timeout; the second one is left to this bound.
+      // An idle worker's blocking fetch gives up after 1 s (BullMQ's default is 5 s). Backoff
+      // retries used to wait out the whole block timeout when no worker knew their due time;
+      // quiet-fetch.ts keeps the due times, and this bound stays for any wake-up still missed.
       drainDelay: 1,
       autorun: false,
       // BullMQ's per-minute completed/failed counts, exported with the API's /metrics.
@@ -278,7 +275,11 @@ export class LeaseWorker {
   /** Running, not closing, its maintenance scheduled, and Redis answers within a second. */
   async ready(): Promise<boolean> {
     if (this.closing || !this.worker.isRunning() || this.schedulesMissing) return false;
-    return pingWithin(this.connection, 1_000).then(
+    return this.redisAnswersWithin(1_000);
+  }
+
+  private redisAnswersWithin(ms: number): Promise<boolean> {
+    return pingWithin(this.connection, ms).then(
       () => true,
       () => false,
     );
@@ -293,10 +294,7 @@ export class LeaseWorker {
   close(): Promise<void> {
     this.closing ??= (async () => {
       if (this.scheduleCheck) clearInterval(this.scheduleCheck);
-      const reachable = await pingWithin(this.connection, CLOSE_PING_MS).then(
-        () => true,
-        () => false,
-      );
+      const reachable = await this.redisAnswersWithin(CLOSE_PING_MS);
       if (!reachable) this.log.warn('Redis does not answer: closing without waiting for running jobs (their locks lapse and they run again elsewhere)');
       await Promise.all([this.worker.close(!reachable), this.maintenanceWorker.close(!reachable)]);
       if (reachable) await this.wakeIdleWorkers();
