@@ -7,9 +7,10 @@
 // workers but one paused past their lock, then that one as it takes their jobs). Then, on the campaign's own
 // redis-server, the phases of chaos/phases.ts: Redis loses its data mid-run, sandboxes stuck
 // for good beside a newly stuck one, many open lanes beside a blocked one. `npm run chaos`
-// runs it; test/chaos.test.ts a short one.
+// runs it; test/chaos.test.ts a short one. With CHAOS_LOGS=<dir>, a campaign that left work
+// behind writes its workers' logs there.
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { QueueEvents } from 'bullmq';
@@ -143,6 +144,7 @@ export interface ChaosReport {
 }
 
 const LOCK_MS = 2_000;
+const DOUBLE_STALL_SLOW_MS = 500;
 /**
  * Each lease gets its operations in one burst, and on two shared cores a long lane can take
  * longer than the default resume deadline (60 s) to reach its last ones: the campaign is
@@ -282,8 +284,12 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
         if (kind === 3) {
           // Every available worker but one paused past its lock: their jobs stall and move
           // to the one left. The moment it starts one of them, it is paused too (the others
-          // wake), and that job stalls a second time.
+          // wake), and that job stalls a second time. The clouds answer late meanwhile, so
+          // the paused workers are caught with jobs in hand and the last one is paused before
+          // its stalled job could end (with 30 ms calls, a run sometimes had no double stall);
+          // later than the lock, a paused worker's call could overlap its job's re-run.
           counts.double_stalls++;
+          await cloud.slow(DOUBLE_STALL_SLOW_MS);
           const paused = workers.splice(1);
           const last = workers.splice(0)[0]!;
           for (const w of paused) w.child.kill('SIGSTOP');
@@ -302,6 +308,7 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
           inFlight.push(
             tookStalled.then(async () => {
               last.child.kill('SIGSTOP');
+              await cloud.slow(0);
               for (const w of paused) w.child.kill('SIGCONT');
               workers.push(...paused);
               await pastLock();
@@ -375,6 +382,13 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
     while ((await ops.lanes.openLaneCount()) > 0 && Date.now() < drainDeadline) await new Promise((r) => setTimeout(r, 100));
     // The main campaign is checked from BullMQ's job records now: the data loss takes them.
     const main = await checkRecords({ ops, redis, prefix, acceptedAll, acceptedOrder });
+    // Where to keep the workers' logs of a campaign that left work behind (for whoever looks into it).
+    const logsDir = process.env.CHAOS_LOGS;
+    if (logsDir && main.lost + main.leftover_keys + main.blocked_lanes > 0) {
+      mkdirSync(logsDir, { recursive: true });
+      for (const [i, w] of all.entries()) writeFileSync(join(logsDir, `worker-${i}.log`), w.logs.join('\n'));
+      say(`chaos: work was left behind; the workers' logs are in ${logsDir}`);
+    }
 
     // The API, for Bull Board: operators remove jobs there.
     const admin = randomBytes(18).toString('base64url');
@@ -448,7 +462,8 @@ async function checkRecords(input: {
 }): Promise<MainRecords> {
   const { ops, acceptedAll } = input;
   const examples: string[] = [];
-  const note = (line: string) => examples.length < 10 && examples.push(line);
+  const note = (line: string) => examples.length < 40 && examples.push(line);
+  const described = new Set<string>();
   const owned = new Set<string>();
   const jobs = new Map<string, string>();
   const failedByReason: Record<string, number> = {};
@@ -480,6 +495,11 @@ async function checkRecords(input: {
     } else {
       lost++;
       note(`lost: ${id} is still ${state}`);
+      const laneId = id.slice(0, id.indexOf('.'));
+      if (!described.has(laneId)) {
+        described.add(laneId);
+        for (const line of await describeLane(input, laneId)) note(`  ${line}`);
+      }
     }
   }
   const blocked = await ops.lanes.openLaneCount();
@@ -490,6 +510,11 @@ async function checkRecords(input: {
     if ((await input.redis.pttl(key)) >= 0) continue;
     leftover++;
     note(`left behind: ${key}`);
+    const laneId = key.slice(`${input.prefix}:lane:`.length).replace(/:x$/, '');
+    if (!described.has(laneId)) {
+      described.add(laneId);
+      for (const line of await describeLane(input, laneId)) note(`  ${line}`);
+    }
   }
   return {
     accepted: acceptedAll.length,
@@ -506,6 +531,30 @@ async function checkRecords(input: {
     acceptedOrder: input.acceptedOrder,
     examples,
   };
+}
+
+/**
+ * A lane as Redis holds it, for whoever has to find out why it did not move: its list, its
+ * holder, its progress, and each of its first jobs' own fields and queue state.
+ */
+async function describeLane(input: { ops: OperationsQueue; redis: ReturnType<typeof createRedis>; prefix: string }, laneId: string): Promise<string[]> {
+  const { ops, redis, prefix } = input;
+  const now = Date.now();
+  const list = await redis.lrange(`${prefix}:lane:${laneId}`, 0, 5);
+  const lines = [
+    `lane ${laneId}: ${await redis.llen(`${prefix}:lane:${laneId}`)} jobs, holder ${JSON.stringify(await redis.hgetall(`${prefix}:lane:${laneId}:x`))}, progress ${Number(await redis.zscore(`${prefix}:lanes`, laneId)) - now} ms from now, paused ${await redis.hexists(`${prefix}:paused`, laneId)}`,
+  ];
+  for (const id of list) {
+    const fields = ['name', 'delay', 'timestamp', 'processedOn', 'finishedOn', 'atm', 'ats', 'stc', 'progress', 'lo:parked', 'lo:front', 'lo:released-atm'];
+    const values = await redis.hmget(ops.queue.toKey(id), ...fields);
+    const own = fields.map((f, i) => (values[i] === null ? '' : `${f}=${/On$|^timestamp$/.test(f) ? Number(values[i]) - now : values[i]}`)).filter(Boolean).join(' ');
+    const delayed = await redis.zscore(ops.queue.toKey('delayed'), id);
+    const backingOff = await redis.zscore(`${prefix}:backing-off`, id);
+    lines.push(
+      `${id}: ${await ops.queue.getJobState(id)}; ${own || 'no hash'}${delayed === null ? '' : `; due ${Math.floor(Number(delayed) / 4096) - now} ms from now`}${backingOff === null ? '' : `; backing off till ${Number(backingOff) - now} ms from now`}`,
+    );
+  }
+  return lines;
 }
 
 type CloudCall = FakeCall & { cloud: 'daytona' | 'createos' };
@@ -708,6 +757,8 @@ async function startCloud(seed: number, faults: Omit<DaytonaFaults, 'seed'>) {
   return {
     ...urls,
     control: ((cloud: 'daytona' | 'createos', id: string, controls: SandboxControls | CreateosControls) => ask<null>({ type: 'control', cloud, id2: id, controls })) as PhaseContext['control'],
+    /** Every reply of both clouds this much later, from the next request on (0: as usual). */
+    slow: (ms: number) => ask<null>({ type: 'slow', ms }),
     report: async () => {
       const r = await ask<{ calls: WireCall[]; live: string[] }>({ type: 'report' });
       return { calls: r.calls.map((c) => ({ ...c, start: BigInt(c.start), end: BigInt(c.end) })), live: r.live };

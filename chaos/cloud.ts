@@ -9,6 +9,7 @@ import type { FakeCall } from '../src/fakes/http-fake.ts';
 export type CloudRequest =
   | { id: number; type: 'control'; cloud: 'daytona'; id2: string; controls: SandboxControls }
   | { id: number; type: 'control'; cloud: 'createos'; id2: string; controls: CreateosControls }
+  | { id: number; type: 'slow'; ms: number }
   | { id: number; type: 'report' }
   | { id: number; type: 'close' };
 
@@ -34,6 +35,9 @@ process.on('message', (req: CloudRequest) => {
     case 'control':
       if (req.cloud === 'createos') createos.control(req.id2, req.controls);
       else daytona.control(req.id2, req.controls);
+      return answer(null);
+    case 'slow':
+      daytona.http.slowRepliesMs = createos.http.slowRepliesMs = req.ms;
       return answer(null);
     case 'report':
       return answer({ calls: [...daytona.calls.map(wire('daytona')), ...createos.calls.map(wire('createos'))], live: [...daytona.ids(), ...createos.live()] });

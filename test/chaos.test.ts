@@ -11,31 +11,32 @@ describe('chaos campaign, short', () => {
   it('ends with every violation count at zero', { timeout: 240_000 }, async () => {
     const report = await runChaos(SHORT);
     const table = formatReport(report);
-    expect({ violations: violations(report), table }).toEqual({ violations: 0, table });
-    expect(report.lost).toBe(0);
-    expect(report.completed + report.failed).toBe(report.accepted);
+    // Each check shows the whole report when it fails.
+    expect(violations(report), table).toBe(0);
+    expect(report.lost, table).toBe(0);
+    expect(report.completed + report.failed, table).toBe(report.accepted);
     // The campaign did what it says: chaos happened and faults were injected and survived.
-    expect(report.kills).toBeGreaterThanOrEqual(3);
-    expect(report.sigkill).toBeGreaterThan(0);
-    expect(report.sigstop).toBeGreaterThan(0);
-    expect(report.sigterm).toBeGreaterThan(0);
-    expect(report.injected_faults).toBeGreaterThan(20);
-    expect(report.forced_stops).toBeGreaterThan(0);
+    expect(report.kills, table).toBeGreaterThanOrEqual(3);
+    expect(report.sigkill, table).toBeGreaterThan(0);
+    expect(report.sigstop, table).toBeGreaterThan(0);
+    expect(report.sigterm, table).toBeGreaterThan(0);
+    expect(report.injected_faults, table).toBeGreaterThan(20);
+    expect(report.forced_stops, table).toBeGreaterThan(0);
     // Both clouds took part, with their real reply shapes, and no sandbox outlived its lease.
-    expect(report.createos_calls).toBeGreaterThan(100);
-    expect(report.provider_calls - report.createos_calls).toBeGreaterThan(100);
-    expect(report.orphaned_sandboxes).toBe(0);
+    expect(report.createos_calls, table).toBeGreaterThan(100);
+    expect(report.provider_calls - report.createos_calls, table).toBeGreaterThan(100);
+    expect(report.orphaned_sandboxes, table).toBe(0);
     // Jobs stalled twice; Redis lost operations in flight, and those accepted after ran.
-    expect(report.stalled_twice).toBeGreaterThan(0);
-    expect(report.data_loss.accepted_before).toBeGreaterThan(0);
-    expect(report.data_loss.accepted_after).toBeGreaterThan(0);
-    expect(report.data_loss.lost_after).toBe(0);
-    expect(report.data_loss.schedules_recreated).toBe(true);
+    expect(report.stalled_twice, table).toBeGreaterThan(0);
+    expect(report.data_loss.accepted_before, table).toBeGreaterThan(0);
+    expect(report.data_loss.accepted_after, table).toBeGreaterThan(0);
+    expect(report.data_loss.lost_after, table).toBe(0);
+    expect(report.data_loss.schedules_recreated, table).toBe(true);
     // Bounds that do not grow with what else is stuck or open.
-    expect(report.stuck_for_good).toBe(SHORT.stuckForGood);
-    expect(report.max_stuck_unforced_s).toBeLessThanOrEqual(report.stuck_unforced_bound_s);
-    expect(report.open_lanes).toBe(SHORT.openLanes);
-    expect(report.max_blocked_lane_s).toBeLessThanOrEqual(report.blocked_lane_bound_s);
-    expect(report.sandbox_call_overlaps).toBe(0);
+    expect(report.stuck_for_good, table).toBe(SHORT.stuckForGood);
+    expect(report.max_stuck_unforced_s, table).toBeLessThanOrEqual(report.stuck_unforced_bound_s);
+    expect(report.open_lanes, table).toBe(SHORT.openLanes);
+    expect(report.max_blocked_lane_s, table).toBeLessThanOrEqual(report.blocked_lane_bound_s);
+    expect(report.sandbox_call_overlaps, table).toBe(0);
   });
 });

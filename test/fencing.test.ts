@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
-import { lease, TestBed, workerEnv } from './helpers/env.ts';
+import { lease, QUICK_RECOVERY, TestBed, workerEnv } from './helpers/env.ts';
 import { readCallFile } from './helpers/invariants.ts';
 import { waitForCall } from './helpers/watch-file.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
@@ -64,5 +64,50 @@ describe('fencing', () => {
     // The successor made both of its calls; the stale attempt only its first.
     expect(calls.filter((c) => c.pid === second.pid)).toHaveLength(2);
     expect(calls.filter((c) => c.pid === first.pid)).toHaveLength(1);
+  });
+
+  // Found in the chaos campaign (a lane left holding a completed job): a worker frozen between
+  // BullMQ handing it a job and its lane step. Its lock lapsed and a second worker ran the job;
+  // when the first woke, the lane gave it a fresh token anyway, which made the running attempt
+  // stale: its result was discarded by the lane while BullMQ completed the job, and the lease's
+  // next operation waited for the sweep. The lane must ask whose BullMQ lock it is.
+  it('a start whose worker froze before its lane step, after another worker took the job, gets no token: the running attempt keeps its lane and releases it, and the next operation follows at once', { timeout: 60_000 }, async () => {
+    bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '3600' });
+    dir = mkdtempSync(join(tmpdir(), 'lease-ops-stale-start-'));
+    const callFile = join(dir, 'calls.jsonl');
+    // The sweep is kept out of it: it would repair a lane left behind, and hide the fault.
+    const env = workerEnv(bed, { ...QUICK_RECOVERY, LEASE_OPS_SWEEP_STALE_MS: '120000', LEASE_OPS_PROVIDERS: PROVIDER, RECORDING_FILE: callFile });
+    // The first worker's first attempt settles, so its retry asks the lane; the worker
+    // freezes right there, holding BullMQ's lock.
+    const frozen = new WorkerProcess({ ...env, RECORDING_MAX_MS: '0', RECORDING_SETTLE_FIRST: '1', LEASE_OPS_FAULT_POINTS: 'lane-acquire=pause*1' });
+    workers.push(frozen);
+    await frozen.ready;
+    const first = await bed.ops.enqueue({ op: 'stop', lease: lease('frozen'), params: { providerLeaseId: 'frozen' } });
+    const next = await bed.ops.enqueue({ op: 'resume', lease: lease('frozen'), params: { providerLeaseId: 'frozen' } });
+    await frozen.waitForLog('lease-ops fault point lane-acquire: pause');
+
+    // Its lock lapses; a second worker, whose calls take 1.5 s, runs the job.
+    const runner = new WorkerProcess({ ...env, RECORDING_MIN_MS: '1500', RECORDING_MAX_MS: '1501' });
+    workers.push(runner);
+    await runner.ready;
+    await waitForCall(callFile, (c) => c.jobId === first.jobId && c.pid === runner.pid && !c.end);
+    // The frozen worker wakes while that call runs, and takes its lane step.
+    frozen.child.kill('SIGCONT');
+
+    const ended = await bed.waitForAll([first.jobId, next.jobId], 15_000);
+    expect([...ended.values()]).toEqual(['completed', 'completed']);
+    // The lane heard how the operation ended, from the attempt that ran it.
+    const job = (await bed.ops.queue.getJob(first.jobId))!;
+    expect(await bed.redis.hget(bed.ops.queue.toKey(first.jobId), 'lo:outcome')).toContain('"completed"');
+    expect(job.returnvalue).toEqual({ providerLeaseId: 'frozen', state: 'stopped' });
+    expect(runner.logs.some((l) => l.includes('superseded while it ran'))).toBe(false);
+    await frozen.waitForLog('attempt started after its lock lapsed', 1_000);
+    // The woken worker made no call: its attempt was stale from the start.
+    const calls = readCallFile(callFile).filter((c) => c.jobId === first.jobId && c.end);
+    expect(calls.map((c) => [c.pid === runner.pid ? 'runner' : 'frozen', c.attempt, c.outcome])).toEqual([
+      ['frozen', 1, 'settling'],
+      ['runner', 2, 'ok'],
+    ]);
+    expect(await bed.laneKeys()).toEqual([]);
   });
 });

@@ -32,13 +32,18 @@ describe('lane scripts', () => {
     const a = await enqueueParked(bed, 'x');
     await enqueueParked(bed, 'x');
     const first = (await bed.ops.lanes.view(a.laneId)).holder!.token;
-    const again = await bed.ops.lanes.acquire(a.laneId, a.jobId); // a newer attempt of the same job
+    const again = await bed.laneAcquire(a.laneId, a.jobId); // a newer attempt of the same job
     expect(again.kind).toBe('run');
     const second = again.kind === 'run' ? again.token : '';
     expect(BigInt(second)).toBeGreaterThan(BigInt(first));
     expect(await bed.ops.lanes.yield(a.laneId, a.jobId, first, Date.now() + 1_000)).toBe(false);
     expect(await bed.ops.lanes.release(a.laneId, a.jobId, first, { status: 'completed', result: 1 })).toEqual({ kind: 'stale' });
     expect((await bed.ops.lanes.view(a.laneId)).jobs[0]).toBe(a.jobId);
+    // A start that no longer holds the job's lock (its worker froze past it, and another took
+    // the job) gets no token: the current attempt keeps the lane.
+    await bed.redis.set(`${bed.ops.queue.toKey(a.jobId)}:lock`, 'the-next-worker');
+    expect(await bed.ops.lanes.acquire(a.laneId, a.jobId, 'test-lock')).toEqual({ kind: 'stale' });
+    expect((await bed.ops.lanes.view(a.laneId)).holder).toEqual({ job: a.jobId, token: second });
   });
 
   it('replays the recorded outcome for a re-run after release, and calls a job outside any lane an orphan', async () => {
@@ -48,11 +53,11 @@ describe('lane scripts', () => {
     const token = (await bed.ops.lanes.view(a.laneId)).holder!.token;
     const released = await bed.ops.lanes.release(a.laneId, a.jobId, token, { status: 'completed', result: { ok: 1 } });
     expect(released).toEqual({ kind: 'next', handOff: { jobId: b.jobId, result: 'promoted' } });
-    expect(await bed.ops.lanes.acquire(a.laneId, a.jobId)).toEqual({ kind: 'done', outcome: { status: 'completed', result: { ok: 1 } } });
+    expect(await bed.laneAcquire(a.laneId, a.jobId)).toEqual({ kind: 'done', outcome: { status: 'completed', result: { ok: 1 } } });
 
     await bed.ops.queue.add('stop', {}, { jobId: `${a.laneId}.stray`, delay: 60_000 });
-    expect(await bed.ops.lanes.acquire(a.laneId, `${a.laneId}.stray`)).toEqual({ kind: 'orphan' });
-    expect(await bed.ops.lanes.acquire(a.laneId, b.jobId)).toMatchObject({ kind: 'run' });
+    expect(await bed.laneAcquire(a.laneId, `${a.laneId}.stray`)).toEqual({ kind: 'orphan' });
+    expect(await bed.laneAcquire(a.laneId, b.jobId)).toMatchObject({ kind: 'run' });
   });
 
   it('repairs: drops a removed head and hands off the next; hands off a head left parked; leaves a healthy lane be', async () => {

@@ -30,10 +30,14 @@ describe('a lease history', () => {
         return 'ok';
       },
     }).provider;
-    await bed.startWorker(provider);
+    const worker = await bed.startWorker(provider);
     const op = await bed.ops.enqueue({ op: 'stop', lease: lease('h1'), params: { providerLeaseId: 'h1' } });
-    // A failure below must not leave the worker held: closing the bed would wait for it.
-    onTestFinished(() => held.open());
+    // A failure below must not leave the worker held: closing it would wait. The tests after
+    // this one play attempts by hand, with no worker to take their jobs.
+    onTestFinished(async () => {
+      held.open();
+      await worker.close();
+    });
     // The second attempt runs: its start comes from its job, as no end says it yet.
     await expect.poll(async () => (await inspector.timeline(lease('h1'))).events.filter((e) => e.kind === 'started').length, { timeout: 10_000 }).toBe(2);
     const running = (await inspector.timeline(lease('h1'))).events;
@@ -61,8 +65,8 @@ describe('a lease history', () => {
 
   it('keeps no end of a stale attempt: the lane refuses its release, and its entry with it', async () => {
     const first = await bed.ops.enqueue({ op: 'destroy', lease: lease('h2'), params: { providerLeaseId: 'h2' } });
-    const acquired = await bed.ops.lanes.acquire(first.laneId, first.jobId);
-    const newer = await bed.ops.lanes.acquire(first.laneId, first.jobId);
+    const acquired = await bed.laneAcquire(first.laneId, first.jobId);
+    const newer = await bed.laneAcquire(first.laneId, first.jobId);
     if (acquired.kind !== 'run' || newer.kind !== 'run') throw new Error('expected to run');
     // Ran 0 ms: released at once after its acceptance, a longer run would date its start before that.
     const entry = historyEntry({ kind: 'completed', jobId: first.jobId, op: 'destroy', attempt: 1, ran: 0 });
@@ -82,7 +86,7 @@ describe('a lease history', () => {
   it('puts a start read back late before what its attempt saw, and after the attempt before it', async () => {
     const first = await bed.ops.enqueue({ op: 'stop', lease: lease('h3'), params: { providerLeaseId: 'h3' } });
     for (let attempt = 1; attempt <= 2; attempt++) {
-      const acquired = await bed.ops.lanes.acquire(first.laneId, first.jobId);
+      const acquired = await bed.laneAcquire(first.laneId, first.jobId);
       if (acquired.kind !== 'run') throw new Error('expected to run');
       const ranFrom = performance.now();
       // A history keeps a change of state: each attempt sees another.

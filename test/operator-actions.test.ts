@@ -162,6 +162,31 @@ describe('operator actions keep the lane guarantees: cancel, run again, pause an
     expect([ended.get(a.jobId), ended.get(b.jobId)]).toEqual(['completed', 'completed']);
   });
 
+  // Found by the lane model: a rerun force-stop joined at the tail, as a plain operation, so a
+  // force-stop accepted after it went ahead of it.
+  it('runs a failed force-stop again as a force-stop: ahead of queued operations, behind the force-stops before it and ahead of those after', { timeout: 30_000 }, async () => {
+    failOnce.add('f1');
+    const first = await client.enqueue('force-stop', lease('f1'), { providerLeaseId: 'f1' });
+    expect((await bed.waitForAll([first.jobId], 10_000)).get(first.jobId)).toBe('failed');
+    const g = gate();
+    gates.set('f1:resume', g);
+    const executing = await client.enqueue('resume', lease('f1'), { providerLeaseId: 'f1', leaseMetadata: {} });
+    await running(executing.jobId);
+    const queued = await client.enqueue('resume', lease('f1'), { providerLeaseId: 'f1', leaseMetadata: {} });
+    expect((await post(`/v1/operations/${encodeURIComponent(first.jobId)}/rerun`)).status).toBe(202);
+    // The rerun asked its lane and waits there, behind the executing head.
+    await expect.poll(async () => (await bed.ops.lanes.view(laneIdOf(lease('f1')))).jobs, { timeout: 10_000 }).toContain(first.jobId);
+    const later = await client.enqueue('force-stop', lease('f1'), { providerLeaseId: 'f1' });
+    expect((await bed.ops.lanes.view(laneIdOf(lease('f1')))).jobs).toEqual([executing.jobId, first.jobId, later.jobId, queued.jobId]);
+    g.open();
+    const ids = [executing.jobId, first.jobId, later.jobId, queued.jobId];
+    const ended = await bed.waitForAll(ids, 10_000);
+    expect(ids.map((id) => ended.get(id))).toEqual(['completed', 'completed', 'completed', 'completed']);
+    // Called in that order (the rerun's call is the force-stop's last).
+    const lastCall = (jobId: string) => BigInt(calls.filter((c) => c.jobId === jobId).at(-1)!.start);
+    expect(ids.map(lastCall).every((start, i, all) => i === 0 || start > all[i - 1]!)).toBe(true);
+  });
+
   it('pauses a lane: the executing operation finishes, nothing new starts (not by the sweep, not by a promote) until unpause, then in order', { timeout: 30_000 }, async () => {
     const g = gate();
     gates.set('p1:resume', g);

@@ -106,6 +106,10 @@ export class HttpFake extends EventEmitter {
     return found;
   }
 
+  /** Added to every reply's delay, as a congested API answers everything late; a request
+   *  takes the value it finds when it arrives. */
+  slowRepliesMs = 0;
+
   /** Requests being handled now (a delayed reply counts until it is sent): the call log is complete when 0. */
   get inFlight(): number {
     return this.handling;
@@ -123,6 +127,7 @@ export class HttpFake extends EventEmitter {
 
   private async handleOne(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const start = process.hrtime.bigint();
+    const slowBy = this.slowRepliesMs;
     const url = new URL(req.url ?? '/', 'http://fake');
     let raw = '';
     for await (const chunk of req) raw += chunk;
@@ -143,7 +148,8 @@ export class HttpFake extends EventEmitter {
       result = { sandboxId: null, reply: { status: 400, body: { message: `bad request: ${(err as Error).message}` } } };
     }
     const { reply } = result;
-    if (reply.delayMs) await new Promise((r) => setTimeout(r, reply.delayMs));
+    const delayMs = (reply.delayMs ?? 0) + slowBy;
+    if (delayMs) await new Promise((r) => setTimeout(r, delayMs));
     if (reply.hold) await reply.hold.catch(() => undefined);
     const text = reply.raw ?? (reply.body === undefined ? '' : JSON.stringify(reply.body));
     if (!res.destroyed) {

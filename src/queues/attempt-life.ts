@@ -95,9 +95,14 @@ export class AttemptLife {
     if (fence === null) {
       const acquired = await this.laneStep(async () => {
         await faultPoint('lane-acquire', this.deps.redis);
-        return this.deps.ops.lanes.acquire(laneId, this.jobId);
+        return this.deps.ops.lanes.acquire(laneId, this.jobId, this.lockToken);
       });
       switch (acquired.kind) {
+        case 'stale':
+          // Its worker froze past its lock and another took the job: leave the job to it.
+          this.deps.log.warn({ jobId: this.jobId }, 'attempt started after its lock lapsed; the job is left to the worker that holds it now');
+          attemptEnded(parsed.success ? parsed.data.op : 'unknown', 'stale', this.seconds());
+          throw staleEnd(new StaleAttemptError(`attempt of ${this.jobId} is stale: it no longer holds the job's lock`), this.deps.backoff.baseMs);
         case 'park':
           return this.park(laneId, parsed.success ? parsed.data : null);
         case 'done':

@@ -8,7 +8,7 @@ import type { QueueLimit } from '../errors.ts';
 // the job's hash (and the request's idempotency key, and the lease's history) after it.
 const SCRIPTS = {
   'lane-push': 22,
-  'lane-acquire': 19,
+  'lane-acquire': 20,
   'lane-release': 21,
   'lane-yield': 19,
   'lane-repair': 18,
@@ -26,7 +26,8 @@ export type AcquireResult =
   | { kind: 'park' }
   | { kind: 'done'; outcome: LaneOutcome }
   | { kind: 'orphan' }
-  | { kind: 'gone' };
+  | { kind: 'gone' }
+  | { kind: 'stale' };
 
 /** How a hand-off went: promoted to the wait list, or the job was already elsewhere. */
 export type HandOff = { jobId: string; result: 'promoted' | 'elsewhere' | 'held' };
@@ -252,8 +253,9 @@ export class Lanes {
     return Number(await this.run('lane-forget', ...this.keys(laneId), laneId, this.queueKeyPrefix, jobId));
   }
 
-  async acquire(laneId: string, jobId: string): Promise<AcquireResult> {
-    const r = (await this.run('lane-acquire', ...this.keys(laneId), this.jobKey(jobId), jobId, laneId, Date.now())) as [string, string?];
+  /** An attempt asks to start; `lockToken` is the BullMQ lock it holds the job with. */
+  async acquire(laneId: string, jobId: string, lockToken: string): Promise<AcquireResult> {
+    const r = (await this.run('lane-acquire', ...this.keys(laneId), this.jobKey(jobId), `${this.jobKey(jobId)}:lock`, jobId, laneId, Date.now(), lockToken)) as [string, string?];
     switch (r[0]) {
       case 'run':
         return { kind: 'run', token: String(r[1]) };
@@ -263,6 +265,8 @@ export class Lanes {
         return { kind: 'done', outcome: JSON.parse(String(r[1])) as LaneOutcome };
       case 'gone':
         return { kind: 'gone' };
+      case 'stale':
+        return { kind: 'stale' };
       default:
         return { kind: 'orphan' };
     }

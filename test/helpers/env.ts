@@ -94,6 +94,15 @@ export class TestBed {
     return waitForJobs(this.events, this.ops.queue, jobIds, timeoutMs);
   }
 
+  /**
+   * An attempt's lane step, as a worker that holds the job takes it: the job's BullMQ lock is
+   * set to `lock` first (the lane refuses a start whose lock is not the job's).
+   */
+  async laneAcquire(laneId: string, jobId: string, lock = 'test-lock'): ReturnType<OperationsQueue['lanes']['acquire']> {
+    await this.redis.set(`${this.ops.queue.toKey(jobId)}:lock`, lock);
+    return this.ops.lanes.acquire(laneId, jobId, lock);
+  }
+
   /** Keys left under this test's prefix that belong to lanes. */
   async laneKeys(): Promise<string[]> {
     return scanKeys(this.redis, `${this.config.LEASE_OPS_PREFIX}:lane*`);

@@ -9,8 +9,8 @@
   KEYS[15] counted lanes   KEYS[16] queued by company   KEYS[17] queued by environment
   KEYS[18] paused lanes
   (see includes/lane.lua)
-  KEYS[19] the job's hash
-  ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)
+  KEYS[19] the job's hash   KEYS[20] the job's BullMQ lock
+  ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] the attempt's BullMQ lock token
 
   Returns one of
     {'run', token}     the job is the head: execute it
@@ -19,8 +19,11 @@
                        (a crash between release and completion): repeat that outcome
     {'orphan'}         the job is in no lane and has no outcome: its enqueue never finished
     {'gone'}           the job was removed (its lane's repair drops it)
-  A job BullMQ had finished that runs again (an operator retried it) re-enters its lane at
-  the tail, like a new request: {'run', token} if that makes it the head, else {'park'};
+    {'stale'}          the attempt no longer holds the job's BullMQ lock: its worker froze
+                       past the lock, and another may be running the job
+  A job BullMQ had finished that runs again (an operator retried it) re-enters its lane like
+  a new request (at the tail; a force-stop after the force-stops at the front): {'run',
+  token} if that makes it the head, else {'park'};
   a failed acquire does not: {'done', a failure with code operation_not_rerunnable}.
 ]]
 local rcall = redis.call
@@ -41,6 +44,14 @@ end
 -- Removed by an operator after a worker fetched it (its lock had lapsed): it never starts.
 if rcall('EXISTS', jobKey) == 0 then
   return {'gone'}
+end
+
+-- Only the attempt that holds the job's lock asks on: a worker that froze between BullMQ
+-- handing it the job and this step wakes after another worker took the job, and a token
+-- for it would make the running attempt stale (its end refused while BullMQ completes the
+-- job). Nothing changes for it here: not the holder, not the parked flag, not the outcome.
+if rcall('GET', KEYS[20]) ~= ARGV[4] then
+  return {'stale'}
 end
 
 -- Its outcome was recorded and BullMQ never finished it (a crash came between): repeat it,
@@ -89,7 +100,14 @@ if recorded[1] then
   end
   rcall('HDEL', jobKey, 'lo:outcome', 'lo:released-atm', 'lo:front')
   rcall('ZADD', k.lanes, 'NX', now, laneId)
-  local joined = rcall('RPUSH', k.list, jobId)
+  local joined
+  if rcall('HGET', jobKey, 'name') == 'force-stop' then
+    -- As a new force-stop: ahead of queued operations, behind the force-stops already there
+    -- (at the tail, a force-stop accepted after it would go ahead of it).
+    joined = queueFront(k, string.sub(jobKey, 1, #jobKey - #jobId), jobId) and 2 or 1
+  else
+    joined = rcall('RPUSH', k.list, jobId)
+  end
   -- Counted under the scope its data names (an empty lane has no record to say it).
   local ok, data = pcall(cjson.decode, rcall('HGET', jobKey, 'data') or '')
   local lease = ok and type(data) == 'table' and type(data.lease) == 'table' and data.lease or {}
