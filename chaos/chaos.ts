@@ -279,8 +279,10 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
       while (!stopChaos) {
         await new Promise((r) => setTimeout(r, opts.actionEveryMs));
         if (stopChaos || workers.length < 2) continue;
-        // Each kind of trouble in turn: a crash, a double stall, a pause past the lock, a graceful stop.
-        const kind = [0, 3, 1, 2][action++ % 4]!;
+        // Each kind of trouble in turn: a crash, a double stall, a pause past the lock, a graceful
+        // stop. A double stall that caught no job is tried again next, until one does.
+        const stalledTwice = [...stalls.values()].some((n) => n >= 2);
+        const kind = counts.double_stalls > 0 && !stalledTwice ? 3 : [0, 3, 1, 2][action++ % 4]!;
         if (kind === 3) {
           // Every available worker but one paused past its lock: their jobs stall and move
           // to the one left. The moment it starts one of them, it is paused too (the others
