@@ -24,6 +24,7 @@ export type FaultPoint =
   | 'lane-yield'
   | 'after-lane-yield'
   | 'after-release'
+  | 'before-park'
   | 'lane-park'
   | 'partitions-after-copies';
 

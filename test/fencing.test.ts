@@ -3,7 +3,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
-import { lease, QUICK_RECOVERY, TestBed, workerEnv } from './helpers/env.ts';
+import { laneIdOfJobId } from '../src/lease.ts';
+import { lease, QUICK_RECOVERY, readUntil, TestBed, workerEnv } from './helpers/env.ts';
 import { readCallFile } from './helpers/invariants.ts';
 import { waitForCall } from './helpers/watch-file.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
@@ -109,5 +110,41 @@ describe('fencing', () => {
       ['runner', 2, 'ok'],
     ]);
     expect(await bed.laneKeys()).toEqual([]);
+  });
+
+  // Found by the attack on the change above: an attempt told to park froze before it parked;
+  // a successor ran the job to its end, and the frozen one woke past the job's deadline and
+  // dropped it from its lane as expired, writing a false "failed" on the lease's timeline.
+  it('an attempt that froze between its park answer and its park, past the job\'s deadline, drops nothing: a successor ran the job', { timeout: 60_000 }, async () => {
+    bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '3600' });
+    dir = mkdtempSync(join(tmpdir(), 'lease-ops-stale-park-'));
+    const callFile = join(dir, 'calls.jsonl');
+    const env = workerEnv(bed, { ...QUICK_RECOVERY, LEASE_OPS_PROVIDERS: PROVIDER, RECORDING_FILE: callFile });
+    // The first worker's calls take 1 s, so the next operation, promoted by hand, parks.
+    const frozen = new WorkerProcess({ ...env, RECORDING_MIN_MS: '1000', RECORDING_MAX_MS: '1001', LEASE_OPS_FAULT_POINTS: 'before-park=pause*1' });
+    workers.push(frozen);
+    await frozen.ready;
+    const head = await bed.ops.enqueue({ op: 'stop', lease: lease('parks'), params: { providerLeaseId: 'parks' } });
+    const next = await bed.ops.enqueue({ op: 'resume', lease: lease('parks'), params: { providerLeaseId: 'parks' }, deadlineMs: 8_000 });
+    await waitForCall(callFile, (c) => c.jobId === head.jobId);
+    await (await bed.ops.queue.getJob(next.jobId))!.promote();
+    await frozen.waitForLog('lease-ops fault point before-park: pause');
+    // Both of its jobs' locks lapse; a second worker runs them, in order, within the deadline.
+    const runner = new WorkerProcess({ ...env, RECORDING_MAX_MS: '0' });
+    workers.push(runner);
+    await runner.ready;
+    const ended = await bed.waitForAll([head.jobId, next.jobId], 20_000);
+    expect([ended.get(head.jobId), ended.get(next.jobId)]).toEqual(['completed', 'completed']);
+    // The frozen worker wakes past the deadline, where it was: about to drop the job as expired.
+    const { deadlineAt } = (await bed.ops.queue.getJob(next.jobId))!.data as { deadlineAt: number };
+    await new Promise((resolve) => setTimeout(resolve, Math.max(0, deadlineAt - Date.now() + 100)));
+    frozen.child.kill('SIGCONT');
+    const kinds = async () => (await bed!.ops.history.read(laneIdOfJobId(next.jobId)!)).filter((e) => e.jobId === next.jobId).map((e) => e.kind);
+    const refused = () => frozen.logs.some((l) => l.includes('attempt started after its lock lapsed'));
+    await readUntil(async () => refused() || (await kinds()).includes('failed'), 10_000, 'the woken attempt to act');
+    expect(await kinds()).not.toContain('failed');
+    expect(refused()).toBe(true);
+    expect(await bed.redis.hget(bed.ops.queue.toKey(next.jobId), 'lo:outcome')).toContain('"completed"');
+    expect(await bed.ops.queue.getJobState(next.jobId)).toBe('completed');
   });
 });

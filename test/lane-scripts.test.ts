@@ -46,6 +46,21 @@ describe('lane scripts', () => {
     expect((await bed.ops.lanes.view(a.laneId)).holder).toEqual({ job: a.jobId, token: second });
   });
 
+  it('refuses the drop of a parked job past its deadline by an attempt that lost the job\'s lock, and changes nothing', async () => {
+    bed = await TestBed.create();
+    const a = await enqueueParked(bed, 'y');
+    const b = await enqueueParked(bed, 'y');
+    const before = await bed.ops.lanes.view(a.laneId);
+    await bed.redis.set(`${bed.ops.queue.toKey(b.jobId)}:lock`, 'the-next-worker');
+    const outcome = { status: 'failed' as const, code: 'deadline_exceeded', error: 'deadline_exceeded: the deadline passed while it waited in its lane' };
+    expect(await bed.ops.lanes.drop(a.laneId, b.jobId, outcome, false, 'frozen-worker')).toEqual({ kind: 'stale' });
+    expect(await bed.ops.lanes.view(a.laneId)).toEqual(before);
+    expect(await bed.redis.hget(bed.ops.queue.toKey(b.jobId), 'lo:outcome')).toBeNull();
+    // The attempt that holds the lock drops it.
+    expect(await bed.ops.lanes.drop(a.laneId, b.jobId, outcome, false, 'the-next-worker')).toEqual({ kind: 'dropped', next: null });
+    expect((await bed.ops.lanes.view(a.laneId)).jobs).toEqual([a.jobId]);
+  });
+
   it('replays the recorded outcome for a re-run after release, and calls a job outside any lane an orphan', async () => {
     bed = await TestBed.create();
     const a = await enqueueParked(bed, 'x');

@@ -99,10 +99,7 @@ export class AttemptLife {
       });
       switch (acquired.kind) {
         case 'stale':
-          // Its worker froze past its lock and another took the job: leave the job to it.
-          this.deps.log.warn({ jobId: this.jobId }, 'attempt started after its lock lapsed; the job is left to the worker that holds it now');
-          attemptEnded(parsed.success ? parsed.data.op : 'unknown', 'stale', this.seconds());
-          throw staleEnd(new StaleAttemptError(`attempt of ${this.jobId} is stale: it no longer holds the job's lock`), this.deps.backoff.baseMs);
+          throw this.staleStart(parsed.success ? parsed.data.op : 'unknown');
         case 'park':
           return this.park(laneId, parsed.success ? parsed.data : null);
         case 'done':
@@ -317,6 +314,7 @@ export class AttemptLife {
    * lane and fails: a caller waiting on it hears at its deadline, not when it reaches the head.
    */
   private async park(laneId: string, data: OperationJobData | null): Promise<never> {
+    await faultPoint('before-park');
     const now = Date.now();
     if (data && now >= data.deadlineAt) {
       // An acquire that already tried (then a force-stop went ahead of its backoff) may have
@@ -326,7 +324,8 @@ export class AttemptLife {
         await this.abandon(data, () => this.deps.log.child({ jobId: this.jobId, op: data.op }));
       }
       const outcome: LaneOutcome = { status: 'failed', code: 'deadline_exceeded', error: 'deadline_exceeded: the deadline passed while it waited in its lane' };
-      const dropped = await this.laneStep(() => this.deps.ops.lanes.drop(laneId, this.jobId, outcome));
+      const dropped = await this.laneStep(() => this.deps.ops.lanes.drop(laneId, this.jobId, outcome, false, this.lockToken));
+      if (dropped.kind === 'stale') throw this.staleStart(data.op);
       if (dropped.kind !== 'executing') {
         telemetry.deadlineFailure({ 'lease.op': data.op });
         this.deps.history.append(laneId, { kind: 'failed', jobId: this.jobId, op: data.op, code: 'deadline_exceeded', message: 'the deadline passed while it waited in its lane' });
@@ -385,6 +384,17 @@ export class AttemptLife {
   /** The history entry of this attempt's end: with how long it ran, if it got as far as its provider call. */
   private historyEntry(event: Parameters<typeof historyEntry>[0]): string {
     return historyEntry(this.ranFrom === null ? event : { ...event, ran: performance.now() - this.ranFrom });
+  }
+
+  /**
+   * A lane step refused this attempt: its worker froze after BullMQ handed it the job, past
+   * the job's lock, so another worker may run the job (or will, once BullMQ sees it stalled).
+   * It changes nothing and ends as a stale attempt does.
+   */
+  private staleStart(op = 'unknown'): RetryLaterError {
+    this.deps.log.warn({ jobId: this.jobId }, 'attempt started after its lock lapsed; it changes nothing, and the job runs in its next start');
+    attemptEnded(op, 'stale', this.seconds());
+    return staleEnd(new StaleAttemptError(`attempt of ${this.jobId} is stale: it no longer holds the job's lock`), this.deps.backoff.baseMs);
   }
 
   private seconds(): number {

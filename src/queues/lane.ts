@@ -13,7 +13,7 @@ const SCRIPTS = {
   'lane-yield': 19,
   'lane-repair': 18,
   'lane-upgrade': 19,
-  'lane-drop': 19,
+  'lane-drop': 20,
   'lane-forget': 18,
 } as const;
 type ScriptName = keyof typeof SCRIPTS;
@@ -56,7 +56,7 @@ function toQueueLimit(reply: string | undefined): QueueLimit {
 
 export type ReleaseResult = { kind: 'stale' } | { kind: 'next'; handOff: HandOff } | { kind: 'idle' };
 
-export type DropResult = { kind: 'executing' } | { kind: 'absent' } | { kind: 'dropped'; next: HandOff | null };
+export type DropResult = { kind: 'stale' } | { kind: 'executing' } | { kind: 'absent' } | { kind: 'dropped'; next: HandOff | null };
 
 export type RepairResult =
   | { kind: 'forgotten' }
@@ -307,12 +307,16 @@ export class Lanes {
     return (await this.run('lane-yield', ...this.keys(laneId), historyKey(this.prefix, laneId), jobId, token, this.queueKeyPrefix, retryAt, laneId, Date.now(), historyEntry)) === 1;
   }
 
-  /** Takes a job that is not executing out of its lane, recording the outcome the caller decided. */
-  async drop(laneId: string, jobId: string, outcome: LaneOutcome, refuseActive = false): Promise<DropResult> {
+  /**
+   * Takes a job that is not executing out of its lane, recording the outcome the caller
+   * decided. `lockToken`: the attempt dropping its own job, refused if it lost the job's lock.
+   */
+  async drop(laneId: string, jobId: string, outcome: LaneOutcome, refuseActive = false, lockToken = ''): Promise<DropResult> {
     const r = (await this.run(
       'lane-drop',
       ...this.keys(laneId),
       this.jobKey(jobId),
+      `${this.jobKey(jobId)}:lock`,
       jobId,
       laneId,
       Date.now(),
@@ -320,7 +324,9 @@ export class Lanes {
       JSON.stringify(outcome),
       this.keepFailedMs,
       refuseActive ? '1' : '0',
+      lockToken,
     )) as string[];
+    if (r[0] === 'stale') return { kind: 'stale' };
     if (r[0] === 'executing') return { kind: 'executing' };
     if (r[0] === 'absent') return { kind: 'absent' };
     return { kind: 'dropped', next: r[1] === 'next' ? toHandOff(r[2], r[3]) : null };

@@ -10,15 +10,19 @@
   KEYS[15] counted lanes   KEYS[16] queued by company   KEYS[17] queued by environment
   KEYS[18] paused lanes
   (see includes/lane.lua)
-  KEYS[19] the job's hash
+  KEYS[19] the job's hash   KEYS[20] the job's BullMQ lock
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] BullMQ job key prefix
   ARGV[5] outcome (JSON)   ARGV[6] how long failed jobs are kept (ms)
   ARGV[7] '1' to refuse a job BullMQ still holds active (an operator's cancel): between the
   lane's yield before a retry and BullMQ's move to delayed the job is no longer the lane's
   holder, yet BullMQ is about to count the attempt, and an outcome recorded then would read
   as an operator's retry when the retry runs
+  ARGV[8] the lock token of the attempt that drops its own job (parked past its deadline),
+  or '' (an operator's cancel)
 
-  Returns {'executing'} (refused: it runs), {'absent'} (not in the lane), or
+  Returns {'stale'} (refused: that attempt no longer holds the job's lock; its worker froze
+  after its lane step, and another worker may have run the job to its end meanwhile),
+  {'executing'} (refused: it runs), {'absent'} (not in the lane), or
   {'dropped', ...advance} where advance is {'next', jobId, r}, {'idle'} or {'waiting'}.
 ]]
 local rcall = redis.call
@@ -27,6 +31,9 @@ local k = laneKeys(KEYS)
 local jobKey = KEYS[19]
 local jobId, laneId, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
+if ARGV[8] ~= '' and rcall('GET', KEYS[20]) ~= ARGV[8] then
+  return {'stale'}
+end
 local at = rcall('LPOS', k.list, jobId)
 if not at then
   return {'absent'}
