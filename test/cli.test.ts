@@ -110,8 +110,8 @@ describe('the lease-ops commands', () => {
 
   it('`demo --quick` prints the incident as a timeline and writes both runs as an HTML page', { timeout: 60_000 }, async () => {
     const out = join(mkdtempSync(join(tmpdir(), 'lease-ops-demo-')), 'incident.html');
-    const r = await cli(['demo', '--quick', '--out', out], env);
-    expect(r.code).toBe(0);
+    const r = await cli(['demo', '--quick', '--out', out], env, 45_000);
+    expect({ code: r.code, stdout: r.stdout, stderr: r.stderr.slice(-2_000) }).toMatchObject({ code: 0 });
     // With the watchdog: the force-stop's row with its mark; without: the resume fails at its deadline.
     expect(r.stdout).toMatch(/force-stop \(watchdog\) +\|[ ·]*◆/);
     expect(r.stdout).toMatch(/resume +\|·+[░▒█]*✗\|/);
