@@ -142,6 +142,11 @@ export class Lanes {
     return this.queueKeyPrefix + jobId;
   }
 
+  /** BullMQ's lock of a job: holds the token of the worker that runs it (pinned by test/bullmq-contract.test.ts). */
+  private lockKey(jobId: string): string {
+    return `${this.jobKey(jobId)}:lock`;
+  }
+
   /** The 18 keys every lane script takes (includes/lane.lua), for one lane. */
   private keys(laneId: string): string[] {
     const q = this.queueKeyPrefix;
@@ -255,7 +260,7 @@ export class Lanes {
 
   /** An attempt asks to start; `lockToken` is the BullMQ lock it holds the job with. */
   async acquire(laneId: string, jobId: string, lockToken: string): Promise<AcquireResult> {
-    const r = (await this.run('lane-acquire', ...this.keys(laneId), this.jobKey(jobId), `${this.jobKey(jobId)}:lock`, jobId, laneId, Date.now(), lockToken)) as [string, string?];
+    const r = (await this.run('lane-acquire', ...this.keys(laneId), this.jobKey(jobId), this.lockKey(jobId), jobId, laneId, Date.now(), lockToken)) as [string, string?];
     switch (r[0]) {
       case 'run':
         return { kind: 'run', token: String(r[1]) };
@@ -316,7 +321,7 @@ export class Lanes {
       'lane-drop',
       ...this.keys(laneId),
       this.jobKey(jobId),
-      `${this.jobKey(jobId)}:lock`,
+      this.lockKey(jobId),
       jobId,
       laneId,
       Date.now(),

@@ -31,6 +31,7 @@ local rcall = redis.call
 local k = laneKeys(KEYS)
 local jobKey = KEYS[19]
 local jobId, laneId, now = ARGV[1], ARGV[2], ARGV[3]
+local jobPrefix = string.sub(jobKey, 1, #jobKey - #jobId)
 
 local function run()
   rcall('ZREM', k.backingOff, jobId)
@@ -66,7 +67,7 @@ if recorded[1] and recorded[2] == atm then
       if rcall('HGET', k.holder, 'job') == jobId then
         rcall('DEL', k.holder)
       end
-      advanceLane(k, string.sub(jobKey, 1, #jobKey - #jobId), laneId, false)
+      advanceLane(k, jobPrefix, laneId, false)
     end
   end
   recount(k, laneId)
@@ -104,7 +105,7 @@ if recorded[1] then
   if rcall('HGET', jobKey, 'name') == 'force-stop' then
     -- As a new force-stop: ahead of queued operations, behind the force-stops already there
     -- (at the tail, a force-stop accepted after it would go ahead of it).
-    joined = queueFront(k, string.sub(jobKey, 1, #jobKey - #jobId), jobId) and 2 or 1
+    joined = queueFront(k, jobPrefix, jobId) and 2 or 1
   else
     joined = rcall('RPUSH', k.list, jobId)
   end
