@@ -26,6 +26,7 @@ import type { FakeCall } from '../src/fakes/http-fake.ts';
 import type { WireCall } from './cloud.ts';
 import type { OperationName } from '../src/operations.ts';
 import { OperationsQueue } from '../src/queues/operations-queue.ts';
+import { laneIdOfJobId } from '../src/lease.ts';
 import { createRedis } from '../src/queues/redis.ts';
 import { QUICK_RECOVERY, scanKeys, waitForJobs } from '../test/helpers/env.ts';
 import { RedisProcess } from '../test/helpers/redis-process.ts';
@@ -280,16 +281,19 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
         await new Promise((r) => setTimeout(r, opts.actionEveryMs));
         if (stopChaos || workers.length < 2) continue;
         // Each kind of trouble in turn: a crash, a double stall, a pause past the lock, a graceful
-        // stop. A double stall that caught no job is tried again next, until one does.
+        // stop. Until a double stall has caught a job, another one follows each round (each
+        // takes every worker for seconds, so the others still come first).
         const stalledTwice = [...stalls.values()].some((n) => n >= 2);
-        const kind = counts.double_stalls > 0 && !stalledTwice ? 3 : [0, 3, 1, 2][action++ % 4]!;
+        const order = stalledTwice ? [0, 3, 1, 2] : [0, 3, 1, 2, 3];
+        const kind = order[action++ % order.length]!;
         if (kind === 3) {
           // Every available worker but one paused past its lock: their jobs stall and move
           // to the one left. The moment it starts one of them, it is paused too (the others
-          // wake), and that job stalls a second time. The clouds answer late meanwhile, so
-          // the paused workers are caught with jobs in hand and the last one is paused before
-          // its stalled job could end (with 30 ms calls, a run sometimes had no double stall);
-          // later than the lock, a paused worker's call could overlap its job's re-run.
+          // wake), and that job stalls a second time. The clouds answer half a second late
+          // meanwhile, so the paused workers are caught with jobs in hand and the last one is
+          // paused before its stalled job could end (with 30 ms calls, a run sometimes had no
+          // double stall); a delay past the lock would let a paused worker's call overlap its
+          // job's re-run.
           counts.double_stalls++;
           await cloud.slow(DOUBLE_STALL_SLOW_MS);
           const paused = workers.splice(1);
@@ -465,7 +469,13 @@ async function checkRecords(input: {
   const { ops, acceptedAll } = input;
   const examples: string[] = [];
   const note = (line: string) => examples.length < 40 && examples.push(line);
+  // Each lane left behind or holding a lost operation, described once.
   const described = new Set<string>();
+  const describe = async (laneId: string) => {
+    if (described.has(laneId)) return;
+    described.add(laneId);
+    for (const line of await describeLane(input, laneId)) note(`  ${line}`);
+  };
   const owned = new Set<string>();
   const jobs = new Map<string, string>();
   const failedByReason: Record<string, number> = {};
@@ -497,11 +507,7 @@ async function checkRecords(input: {
     } else {
       lost++;
       note(`lost: ${id} is still ${state}`);
-      const laneId = id.slice(0, id.indexOf('.'));
-      if (!described.has(laneId)) {
-        described.add(laneId);
-        for (const line of await describeLane(input, laneId)) note(`  ${line}`);
-      }
+      await describe(laneIdOfJobId(id) ?? id);
     }
   }
   const blocked = await ops.lanes.openLaneCount();
@@ -512,11 +518,8 @@ async function checkRecords(input: {
     if ((await input.redis.pttl(key)) >= 0) continue;
     leftover++;
     note(`left behind: ${key}`);
-    const laneId = key.slice(`${input.prefix}:lane:`.length).replace(/:x$/, '');
-    if (!described.has(laneId)) {
-      described.add(laneId);
-      for (const line of await describeLane(input, laneId)) note(`  ${line}`);
-    }
+    // lane:<id>, or one of its keys (lane:<id>:x, lane:<id>:c).
+    await describe(key.slice(`${input.prefix}:lane:`.length).split(':')[0]!);
   }
   return {
     accepted: acceptedAll.length,
@@ -539,19 +542,19 @@ async function checkRecords(input: {
  * A lane as Redis holds it, for whoever has to find out why it did not move: its list, its
  * holder, its progress, and each of its first jobs' own fields and queue state.
  */
-async function describeLane(input: { ops: OperationsQueue; redis: ReturnType<typeof createRedis>; prefix: string }, laneId: string): Promise<string[]> {
-  const { ops, redis, prefix } = input;
+async function describeLane(input: { ops: OperationsQueue; redis: ReturnType<typeof createRedis> }, laneId: string): Promise<string[]> {
+  const { ops, redis } = input;
   const now = Date.now();
-  const list = await redis.lrange(`${prefix}:lane:${laneId}`, 0, 5);
+  const { jobs, holder } = await ops.lanes.view(laneId);
   const lines = [
-    `lane ${laneId}: ${await redis.llen(`${prefix}:lane:${laneId}`)} jobs, holder ${JSON.stringify(await redis.hgetall(`${prefix}:lane:${laneId}:x`))}, progress ${Number(await redis.zscore(`${prefix}:lanes`, laneId)) - now} ms from now, paused ${await redis.hexists(`${prefix}:paused`, laneId)}`,
+    `lane ${laneId}: ${jobs.length} jobs, holder ${JSON.stringify(holder)}, progress ${Number(await redis.zscore(ops.lanes.lanesKey, laneId)) - now} ms from now, paused ${await redis.hexists(ops.lanes.pausedKey, laneId)}`,
   ];
-  for (const id of list) {
+  for (const id of jobs.slice(0, 6)) {
     const fields = ['name', 'delay', 'timestamp', 'processedOn', 'finishedOn', 'atm', 'ats', 'stc', 'progress', 'lo:parked', 'lo:front', 'lo:released-atm'];
     const values = await redis.hmget(ops.queue.toKey(id), ...fields);
     const own = fields.map((f, i) => (values[i] === null ? '' : `${f}=${/On$|^timestamp$/.test(f) ? Number(values[i]) - now : values[i]}`)).filter(Boolean).join(' ');
     const delayed = await redis.zscore(ops.queue.toKey('delayed'), id);
-    const backingOff = await redis.zscore(`${prefix}:backing-off`, id);
+    const backingOff = await redis.zscore(ops.lanes.backingOffKey, id);
     lines.push(
       `${id}: ${await ops.queue.getJobState(id)}; ${own || 'no hash'}${delayed === null ? '' : `; due ${Math.floor(Number(delayed) / 4096) - now} ms from now`}${backingOff === null ? '' : `; backing off till ${Number(backingOff) - now} ms from now`}`,
     );
