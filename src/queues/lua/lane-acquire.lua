@@ -33,6 +33,17 @@ local jobKey = KEYS[19]
 local jobId, laneId, now = ARGV[1], ARGV[2], ARGV[3]
 local jobPrefix = string.sub(jobKey, 1, #jobKey - #jobId)
 
+-- Not its turn: the attempt parks the job (BullMQ's delayed set, until its deadline), then
+-- asks the lane's repair to hand it off if it became the head meanwhile. Marked parked and
+-- no longer backing off (this retry has started) from here, so that if its worker dies
+-- between those two steps, the sweep's repair hands it off instead of taking it for a head
+-- backing off and leaving it until its deadline.
+local function park()
+  rcall('ZREM', k.backingOff, jobId)
+  rcall('HSET', jobKey, 'lo:parked', '1')
+  return {'park'}
+end
+
 local function run()
   rcall('ZREM', k.backingOff, jobId)
   local token = tostring(rcall('INCR', k.fence))
@@ -78,16 +89,16 @@ local head = rcall('LINDEX', k.list, 0)
 if head == jobId then
   local holder = rcall('HGET', k.holder, 'job')
   if holder and holder ~= jobId then
-    return {'park'}
+    return park()
   end
   -- A paused lane starts nothing new (its holder, handed off before the pause, still runs).
   if holder ~= jobId and rcall('HEXISTS', k.paused, laneId) == 1 then
-    return {'park'}
+    return park()
   end
   return run()
 end
 if head and rcall('LPOS', k.list, jobId) then
-  return {'park'}
+  return park()
 end
 
 if recorded[1] then
@@ -120,6 +131,6 @@ if recorded[1] then
   if joined == 1 and rcall('HEXISTS', k.paused, laneId) == 0 then
     return run()
   end
-  return {'park'}
+  return park()
 end
 return {'orphan'}

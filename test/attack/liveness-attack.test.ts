@@ -1,0 +1,106 @@
+// An attack on liveness (every accepted operation ends, no lane stays blocked past the sweep's
+// bound once the workers are healthy), from a helper that read the code, not these tests.
+// Each case failed on the code it attacked.
+import { Queue, Worker } from 'bullmq';
+import { afterEach, describe, expect, it } from 'vitest';
+import { laneIdOf } from '../../src/lease.ts';
+import { BACKOFF_TYPE, parkDelay } from '../../src/queues/operations-queue.ts';
+import { createRedis } from '../../src/queues/redis.ts';
+import { RetryLaterError } from '../../src/queues/retry-policy.ts';
+import { lease, readUntil, TestBed } from '../helpers/env.ts';
+import { createRecordingProvider } from '../helpers/recording-provider.ts';
+
+let bed: TestBed | undefined;
+const closers: (() => Promise<unknown>)[] = [];
+afterEach(async () => {
+  for (const close of closers.splice(0).reverse()) await close().catch(() => undefined);
+  await bed?.close();
+  bed = undefined;
+});
+
+/** A replica driven by hand, step by step, as a LeaseWorker's BullMQ worker would be (same lock, same backoff). */
+function handDrivenReplica(b: TestBed): { fetch(token: string): ReturnType<Worker['getNextJob']>; die(): void } {
+  const connection = createRedis(b.config.REDIS_URL);
+  const worker = new Worker(b.config.LEASE_OPS_QUEUE, null, {
+    connection,
+    prefix: b.config.LEASE_OPS_PREFIX,
+    lockDuration: b.config.LEASE_OPS_LOCK_MS,
+    autorun: false,
+    settings: { backoffStrategy: (_a, type, err) => (type === BACKOFF_TYPE && err instanceof RetryLaterError ? err.delayMs : -1) },
+  });
+  closers.push(() => worker.close(true));
+  return {
+    fetch: (token) => worker.getNextJob(token, { block: false }),
+    die: () => connection.disconnect(),
+  };
+}
+
+describe('a retry that parks behind a force-stop and dies before its repair', () => {
+  it('is handed off by the sweep: its lane does not wait for its deadline (it waited until then, up to 24 h)', { timeout: 30_000 }, async () => {
+    bed = await TestBed.create();
+    const L = lease('park-crash');
+    const laneId = laneIdOf(L);
+    const deadlineMs = 600_000;
+    const replica = handDrivenReplica(bed);
+    // J runs and meets a settling sandbox: it yields the lane and BullMQ schedules its retry.
+    const J = (await bed.ops.enqueue({ op: 'resume', lease: L, params: { providerLeaseId: 'park-crash', leaseMetadata: {} }, deadlineMs })).jobId;
+    const j1 = (await replica.fetch('R:1'))!;
+    expect(j1.id).toBe(J);
+    const first = (await bed.ops.lanes.view(laneId)).holder!.token;
+    expect(await bed.ops.lanes.yield(laneId, J, first, Date.now() + 100)).toBe(true);
+    await j1.moveToFailed(new RetryLaterError(100, new Error('settling')), 'R:1');
+    // A force-stop F goes ahead of the backing-off J and is handed off.
+    const F = (await bed.ops.enqueue({ op: 'force-stop', lease: L, params: { providerLeaseId: 'park-crash' }, deadlineMs })).jobId;
+    expect((await bed.ops.lanes.view(laneId)).jobs).toEqual([F, J]);
+    const f = (await replica.fetch('R:2'))!;
+    expect(f.id).toBe(F);
+    const fence = (await bed.ops.lanes.view(laneId)).holder!.token;
+    // J's retry comes due and starts: not its turn, it must park.
+    const j2 = await readUntil(async () => (await replica.fetch('R:3')) ?? null, 5_000, "J's retry coming due");
+    expect(j2.id).toBe(J);
+    expect(await bed.ops.lanes.acquire(laneId, J, 'R:3')).toEqual({ kind: 'park' });
+    // Its retry started: from here it is parked, not backing off (what the sweep reads).
+    expect(await bed.redis.hget(bed.ops.queue.toKey(J), 'lo:parked')).toBe('1');
+    expect(await bed.redis.zscore(bed.ops.lanes.backingOffKey, J)).toBeNull();
+    // F ends meanwhile: its hand-off finds J active in R's hands.
+    expect(await bed.ops.lanes.release(laneId, F, fence, { status: 'completed', result: null })).toEqual({ kind: 'next', handOff: { jobId: J, result: 'elsewhere' } });
+    await f.moveToCompleted(null, 'R:2', false);
+    // J's park moves it to BullMQ's delayed set until its deadline (attempt-life's park()) ...
+    const now = Date.now();
+    await j2.moveToDelayed(now + parkDelay(j2.data as { deadlineAt: number }, now), 'R:3');
+    // ... and its replica dies before the lane repair that follows.
+    replica.die();
+    const K = (await bed.ops.enqueue({ op: 'stop', lease: L, params: { providerLeaseId: 'park-crash' }, deadlineMs })).jobId;
+
+    // The sweep's repair step is what a healthy deployment has left: it hands J off.
+    expect(await bed.ops.lanes.repair(laneId)).toEqual({ kind: 'handed', jobId: J, result: 'promoted' });
+    await bed.startWorker(createRecordingProvider().provider);
+    const ended = await bed.waitForAll([J, K], 10_000);
+    expect([ended.get(J), ended.get(K)]).toEqual(['completed', 'completed']);
+  });
+});
+
+describe('a head listed as backing off whose BullMQ timer is not its retry\'s', () => {
+  it('is handed off by the repair, not left until that timer', async () => {
+    bed = await TestBed.create();
+    const replica = handDrivenReplica(bed);
+    /** The lease's one operation runs, meets a settling sandbox and yields; its BullMQ timer is set by `delay`. */
+    const backingOff = async (leaseId: string, retryInMs: number, delay: (job: NonNullable<Awaited<ReturnType<typeof replica.fetch>>>, token: string) => Promise<unknown>) => {
+      const laneId = laneIdOf(lease(leaseId));
+      const id = (await bed!.ops.enqueue({ op: 'resume', lease: lease(leaseId), params: { providerLeaseId: leaseId, leaseMetadata: {} } })).jobId;
+      const job = (await replica.fetch(`R:${leaseId}`))!;
+      expect(job.id).toBe(id);
+      const token = (await bed!.ops.lanes.view(laneId)).holder!.token;
+      expect(await bed!.ops.lanes.yield(laneId, id, token, Date.now() + retryInMs)).toBe(true);
+      await delay(job, `R:${leaseId}`);
+      expect(await bed!.ops.queue.getJobState(id)).toBe('delayed');
+      return { laneId, id };
+    };
+    // Its timer is its retry's: the repair leaves it to BullMQ.
+    const retry = await backingOff('retry', 60_000, (job, token) => job.moveToFailed(new RetryLaterError(60_000, new Error('settling')), token));
+    expect(await bed.ops.lanes.repair(retry.laneId)).toEqual({ kind: 'healthy' });
+    // Whatever path put it there without a word to the lane: delayed for an hour, its retry due in 100 ms.
+    const lost = await backingOff('lost', 100, (job, token) => job.moveToDelayed(Date.now() + 3_600_000, token));
+    expect(await bed.ops.lanes.repair(lost.laneId)).toEqual({ kind: 'handed', jobId: lost.id, result: 'promoted' });
+  });
+});
