@@ -202,7 +202,18 @@ export class LeaseWorker {
             throw new UnrecoverableError(`unknown maintenance job ${job.name}`);
         }
       },
-      { connection: connect(), prefix, concurrency: 4, autorun: false },
+      // The deployment's lock and stall check, not BullMQ's 30 s defaults: BullMQ adds a
+      // schedule's next iteration after the fetch of the current one, so a replica that dies
+      // in between holds every sweep (and watchdog scan) back until its lock lapses and a
+      // stall check moves the iteration on.
+      {
+        connection: connect(),
+        prefix,
+        concurrency: 4,
+        autorun: false,
+        lockDuration: settings.LEASE_OPS_LOCK_MS,
+        stalledInterval: settings.LEASE_OPS_STALLED_INTERVAL_MS,
+      },
     );
     this.maintenanceWorker.on('error', (err) => (isRedisUnavailable(err) ? reportRedisError(err) : this.log.error({ err }, 'maintenance worker error')));
   }

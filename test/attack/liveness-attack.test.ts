@@ -1,12 +1,15 @@
 // An attack on liveness (every accepted operation ends, no lane stays blocked past the sweep's
 // bound once the workers are healthy), from a helper that read the code, not these tests.
 // Each case failed on the code it attacked.
-import { Queue, Worker } from 'bullmq';
+import { Worker } from 'bullmq';
 import { afterEach, describe, expect, it } from 'vitest';
 import { laneIdOf } from '../../src/lease.ts';
 import { BACKOFF_TYPE, parkDelay } from '../../src/queues/operations-queue.ts';
 import { createRedis } from '../../src/queues/redis.ts';
 import { RetryLaterError } from '../../src/queues/retry-policy.ts';
+import { createLogger } from '../../src/logger.ts';
+import { ProviderRegistry } from '../../src/providers/registry.ts';
+import { LeaseWorker } from '../../src/queues/worker.ts';
 import { lease, readUntil, TestBed } from '../helpers/env.ts';
 import { createRecordingProvider } from '../helpers/recording-provider.ts';
 
@@ -102,5 +105,37 @@ describe('a head listed as backing off whose BullMQ timer is not its retry\'s', 
     // Whatever path put it there without a word to the lane: delayed for an hour, its retry due in 100 ms.
     const lost = await backingOff('lost', 100, (job, token) => job.moveToDelayed(Date.now() + 3_600_000, token));
     expect(await bed.ops.lanes.repair(lost.laneId)).toEqual({ kind: 'handed', jobId: lost.id, result: 'promoted' });
+  });
+});
+
+describe('a replica that dies between fetching a sweep and scheduling the next', () => {
+  it('holds the sweeps back for one lock and two stall checks of the deployment\'s settings, not BullMQ\'s 30 s defaults', { timeout: 60_000 }, async () => {
+    bed = await TestBed.create({ LEASE_OPS_LOCK_MS: '2000', LEASE_OPS_STALLED_INTERVAL_MS: '1000', LEASE_OPS_WATCHDOG: 'false' });
+    const b = bed;
+    await b.startWorker(createRecordingProvider().provider);
+    // A second replica, never started: its maintenance worker takes one step of BullMQ's fetch
+    // (the move to active, which locks the sweep iteration with that worker's lock), and the
+    // replica dies before the next step, where BullMQ adds the schedule's next iteration.
+    const dying = new LeaseWorker(b.config, new ProviderRegistry([createRecordingProvider().provider]), createLogger({ level: 'silent' }));
+    closers.push(() => dying.close());
+    const maintenance = (dying as unknown as { maintenanceWorker: Worker }).maintenanceWorker;
+    await maintenance.waitUntilReady();
+    const backend = (maintenance as unknown as { backend: { moveToActive(token: string): Promise<[unknown, string?]> } }).backend;
+    const took = await readUntil(async () => (await backend.moveToActive('dead:1'))[1], 10_000, 'the dying replica taking a sweep');
+    expect(String(took)).toMatch(/lane-sweep/);
+    // A lane only the sweep repairs: paused, J and K accepted, and the unpause died between
+    // its two steps (the flag gone, its repair never sent).
+    const L = lease('swept');
+    const laneId = laneIdOf(L);
+    await b.ops.lanes.pause(laneId, 'operator', Date.now());
+    const J = (await b.ops.enqueue({ op: 'resume', lease: L, params: { providerLeaseId: 'swept', leaseMetadata: {} } })).jobId;
+    const K = (await b.ops.enqueue({ op: 'stop', lease: L, params: { providerLeaseId: 'swept' } })).jobId;
+    await b.redis.hdel(b.ops.lanes.pausedKey, laneId);
+    const from = Date.now();
+    const ended = await b.waitForAll([J, K], 25_000);
+    expect([ended.get(J), ended.get(K)]).toEqual(['completed', 'completed']);
+    // Lock (2 s) + two stall checks (1 s each) + the sweep's stale time and interval (0.3 s
+    // each) + 5 s to spare (4 s here). With BullMQ's defaults (a 30 s lock) it took 30 to 60 s.
+    expect(Date.now() - from).toBeLessThan(2_000 + 2 * 1_000 + 300 + 300 + 5_000);
   });
 });
