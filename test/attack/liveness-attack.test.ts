@@ -84,7 +84,7 @@ describe('a retry that parks behind a force-stop and dies before its repair', ()
 });
 
 describe('a head listed as backing off whose BullMQ timer is not its retry\'s', () => {
-  it('is handed off by the repair, not left until that timer', async () => {
+  it('is handed off by the repair once its retry is due, not left until that timer, and never before', async () => {
     bed = await TestBed.create();
     const replica = handDrivenReplica(bed);
     /** The lease's one operation runs, meets a settling sandbox and yields; its BullMQ timer is set by `delay`. */
@@ -102,8 +102,12 @@ describe('a head listed as backing off whose BullMQ timer is not its retry\'s', 
     // Its timer is its retry's: the repair leaves it to BullMQ.
     const retry = await backingOff('retry', 60_000, (job, token) => job.moveToFailed(new RetryLaterError(60_000, new Error('settling')), token));
     expect(await bed.ops.lanes.repair(retry.laneId)).toEqual({ kind: 'healthy' });
-    // Whatever path put it there without a word to the lane: delayed for an hour, its retry due in 100 ms.
-    const lost = await backingOff('lost', 100, (job, token) => job.moveToDelayed(Date.now() + 3_600_000, token));
+    // Its timer is 3 s later than the due time it gave the lane (its worker paused between the
+    // two): nothing starts it before that due time (a second attack found it started early).
+    const late = await backingOff('late', 5_000, (job, token) => job.moveToDelayed(Date.now() + 8_000, token));
+    expect(await bed.ops.lanes.repair(late.laneId)).toEqual({ kind: 'healthy' });
+    // Whatever path put it there without a word to the lane: its retry due, delayed for an hour.
+    const lost = await backingOff('lost', 0, (job, token) => job.moveToDelayed(Date.now() + 3_600_000, token));
     expect(await bed.ops.lanes.repair(lost.laneId)).toEqual({ kind: 'handed', jobId: lost.id, result: 'promoted' });
   });
 });
@@ -137,5 +141,26 @@ describe('a replica that dies between fetching a sweep and scheduling the next',
     // Lock (2 s) + two stall checks (1 s each) + the sweep's stale time and interval (0.3 s
     // each) + 5 s to spare (4 s here). With BullMQ's defaults (a 30 s lock) it took 30 to 60 s.
     expect(Date.now() - from).toBeLessThan(2_000 + 2 * 1_000 + 300 + 300 + 5_000);
+  });
+});
+
+describe('a stale attempt\'s late park repair, while another attempt runs the job', () => {
+  it('does not mark the running job parked: its later backoff is not cut short by a repair', async () => {
+    bed = await TestBed.create();
+    const L = lease('late-repair');
+    const laneId = laneIdOf(L);
+    const replica = handDrivenReplica(bed);
+    const J = (await bed.ops.enqueue({ op: 'resume', lease: L, params: { providerLeaseId: 'late-repair', leaseMetadata: {} } })).jobId;
+    const j = (await replica.fetch('R:2'))!;
+    expect(j.id).toBe(J);
+    // A frozen attempt of J that had parked it wakes and sends the repair its park ends with.
+    await bed.ops.lanes.repair(laneId, J);
+    expect(await bed.redis.hget(bed.ops.queue.toKey(J), 'lo:parked')).toBeNull();
+    // The running attempt meets a settling sandbox and backs off for 5 s: a repair meanwhile
+    // (an operator's unpause, a removal in the board) leaves it to its retry.
+    const token = (await bed.ops.lanes.view(laneId)).holder!.token;
+    expect(await bed.ops.lanes.yield(laneId, J, token, Date.now() + 5_000)).toBe(true);
+    await j.moveToFailed(new RetryLaterError(5_000, new Error('settling')), 'R:2');
+    expect(await bed.ops.lanes.repair(laneId)).toEqual({ kind: 'healthy' });
   });
 });

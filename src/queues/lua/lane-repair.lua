@@ -32,7 +32,9 @@ local rcall = redis.call
 local k = laneKeys(KEYS)
 local laneId, now, jobPrefix = ARGV[1], ARGV[2], ARGV[3]
 
-if ARGV[4] ~= '' and rcall('EXISTS', jobPrefix .. ARGV[4]) == 1 then
+-- Only while it is parked (delayed, not backing off): a frozen attempt's late repair must
+-- not flag the job another attempt now runs, or a later backoff of it would be cut short.
+if ARGV[4] ~= '' and rcall('ZSCORE', k.delayed, ARGV[4]) and not rcall('ZSCORE', k.backingOff, ARGV[4]) then
   rcall('HSET', jobPrefix .. ARGV[4], 'lo:parked', '1')
 end
 
@@ -65,12 +67,16 @@ end
 -- ended) or never started (the holder is left from a hand-off whose job was removed through
 -- BullMQ's own API, and the job stored again under its id: a handed-off job is never delayed
 -- before it has run).
--- A head listed as backing off whose BullMQ timer is not its retry's (BullMQ scores a delayed
--- job due time x 4096, pinned by test/bullmq-contract.test.ts) was parked after its retry
--- started, by a path that did not say so: it is handed off too, not left until that timer.
+-- A head listed as backing off whose retry is due and whose BullMQ timer is later than that
+-- (BullMQ scores a delayed job due time x 4096, pinned by test/bullmq-contract.test.ts) was
+-- parked after its retry started, by a path that did not say so: it is handed off too, not
+-- left until that timer. Never before its retry is due: a worker that paused between its
+-- yield and BullMQ's move sets a timer later than the due time it gave the lane, and the
+-- retry must not start before the delay it chose.
 local delayed = rcall('ZSCORE', k.delayed, head)
 local retryDue = delayed and rcall('ZSCORE', k.backingOff, head)
-local timerNotRetry = retryDue and math.floor(tonumber(delayed) / 4096) > tonumber(retryDue) + 1000
+local timerNotRetry = retryDue and tonumber(now) >= tonumber(retryDue)
+  and math.floor(tonumber(delayed) / 4096) > tonumber(retryDue) + 1000
 if delayed and (timerNotRetry or rcall('HEXISTS', jobKey, 'lo:parked') == 1 or (not retryDue and (rcall('HGET', k.holder, 'job') ~= head or rcall('HEXISTS', jobKey, 'processedOn') == 0))) then
   rcall('ZADD', k.lanes, 'XX', now, laneId)
   return {'handed', head, handOff(k, jobPrefix, head, false, laneId)}

@@ -34,6 +34,9 @@ if holder[1] ~= ARGV[1] or holder[2] ~= ARGV[2] then
 end
 rcall('DEL', k.holder)
 rcall('ZADD', k.backingOff, ARGV[4], ARGV[1])
+-- Backing off, not parked (a flag left by a frozen attempt's late repair would let a repair
+-- hand it off before its retry is due).
+rcall('HDEL', ARGV[3] .. ARGV[1], 'lo:parked')
 if ARGV[7] ~= '' then
   historyAppendJoined(KEYS[19], ARGV[7])
 end
