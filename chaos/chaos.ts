@@ -7,8 +7,8 @@
 // workers but one paused past their lock, then that one as it takes their jobs). Then, on the campaign's own
 // redis-server, the phases of chaos/phases.ts: Redis loses its data mid-run, sandboxes stuck
 // for good beside a newly stuck one, many open lanes beside a blocked one. `npm run chaos`
-// runs it; test/chaos.test.ts a short one. With CHAOS_LOGS=<dir>, a campaign that left work
-// behind writes its workers' logs there.
+// runs it; test/chaos.test.ts a short one. With CHAOS_LOGS=<dir>, a campaign that found any
+// violation writes its workers' logs there.
 import { randomBytes } from 'node:crypto';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -388,13 +388,6 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
     while ((await ops.lanes.openLaneCount()) > 0 && Date.now() < drainDeadline) await new Promise((r) => setTimeout(r, 100));
     // The main campaign is checked from BullMQ's job records now: the data loss takes them.
     const main = await checkRecords({ ops, redis, prefix, acceptedAll, acceptedOrder });
-    // Where to keep the workers' logs of a campaign that left work behind (for whoever looks into it).
-    const logsDir = process.env.CHAOS_LOGS;
-    if (logsDir && main.lost + main.leftover_keys + main.blocked_lanes > 0) {
-      mkdirSync(logsDir, { recursive: true });
-      for (const [i, w] of all.entries()) writeFileSync(join(logsDir, `worker-${i}.log`), w.logs.join('\n'));
-      say(`chaos: work was left behind; the workers' logs are in ${logsDir}`);
-    }
 
     // The API, for Bull Board: operators remove jobs there.
     const admin = randomBytes(18).toString('base64url');
@@ -421,7 +414,15 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
     const { calls, live } = await cloud.report();
     const { lostAt, backAt, ...dataLoss } = loss;
     const seconds = (Date.now() - started) / 1000;
-    return checkCalls({ calls, live, main, lostAt, backAt, counts, stalls, dataLoss, stuck, scale, seconds });
+    const report = checkCalls({ calls, live, main, lostAt, backAt, counts, stalls, dataLoss, stuck, scale, seconds });
+    // Where to keep the workers' logs of a campaign with any violation (for whoever looks into it).
+    const logsDir = process.env.CHAOS_LOGS;
+    if (logsDir && violations(report) > 0) {
+      mkdirSync(logsDir, { recursive: true });
+      for (const [i, w] of all.entries()) writeFileSync(join(logsDir, `worker-${i}.log`), w.logs.join('\n'));
+      say(`chaos: the campaign found violations; the workers' logs are in ${logsDir}`);
+    }
+    return report;
   } finally {
     stopChaos = true;
     await chaos.catch(() => undefined);
