@@ -361,7 +361,7 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
         // A little spacing, so operations keep arriving while the chaos goes on.
         if (i % 3 === 2) await new Promise((r) => setTimeout(r, Math.floor(rand() * 200)));
       }
-      acceptedOrder.set(id, order);
+      acceptedOrder.set(id, [...(acceptedOrder.get(id) ?? []), ...order]);
     };
     // Late leases are acquired while workers die: an acquire cut short must not leak.
     const late = async (i: number) => {
@@ -372,11 +372,18 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
       const id = await acquiredSandbox(jobId);
       if (id) await run(providerOf(i), id, [pick(rand()), pick(rand()), DESTROY]);
     };
-    await Promise.all([
-      ...sandboxes.map(([provider, id]) => run(provider, id, Array.from({ length: opts.opsPerLease }, () => pick(rand())))),
-      ...Array.from({ length: opts.lateLeases }, (_, i) => late(i)),
-    ]);
+    const round = () => sandboxes.map(([provider, id]) => run(provider, id, Array.from({ length: opts.opsPerLease }, () => pick(rand()))));
+    await Promise.all([...round(), ...Array.from({ length: opts.lateLeases }, (_, i) => late(i))]);
     await waitEnded(acceptedAll, opts.timeoutMs);
+    // On a quiet machine the operations can end before the chaos did what the campaign is for
+    // (three kills, a job stalled twice; runs here once ended after 23 s with neither): another
+    // round of operations on the same sandboxes follows, twice at most.
+    const enoughChaos = () => counts.sigkill + counts.sigterm + counts.sigstop >= 3 && [...stalls.values()].some((n) => n >= 2);
+    for (let extra = 0; extra < 2 && !enoughChaos(); extra++) {
+      say(`chaos: operations ended before the chaos did enough; another ${opts.leases * opts.opsPerLease} follow`);
+      await Promise.all(round());
+      await waitEnded(acceptedAll, opts.timeoutMs);
+    }
     stopChaos = true;
     await chaos;
     say(`chaos: operations ended after ${((Date.now() - started) / 1000).toFixed(1)} s; checking`);

@@ -3,7 +3,8 @@ import { formatReport, runChaos, SHORT, violations } from '../chaos/chaos.ts';
 
 // The short chaos campaign (npm run chaos runs the full one), on a redis-server of its own:
 // 4 worker processes, 60 sandboxes on the Daytona and CreateOS fakes with injected settling
-// and transient errors and stuck stops, about 1,000 operations and 20 acquires made while
+// and transient errors and stuck stops, about 1,000 operations (a round more, at most two, if
+// they ended before three kills and a double stall) and 20 acquires made while
 // workers are killed, stopped, paused past their lock and stalled twice; then Redis loses
 // its data mid-run, 50 sandboxes stuck for good beside a newly stuck one, and 5,000 open
 // lanes beside a blocked one.
