@@ -230,6 +230,7 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
   eventsConnection.on('error', expected);
   await events.waitUntilReady();
   const stalls = new Map<string, number>();
+  const someJobStalledTwice = () => [...stalls.values()].some((n) => n >= 2);
   events.on('stalled', ({ jobId }) => stalls.set(jobId, (stalls.get(jobId) ?? 0) + 1));
   const cloud = await startCloud(opts.seed, opts.faults);
   const env = chaosEnv(prefix, redisUrl, cloud.daytonaUrl, cloud.createosUrl, holdFile);
@@ -296,8 +297,7 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
         // Each kind of trouble in turn: a crash, a double stall, a pause past the lock, a graceful
         // stop. Until a double stall has caught a job, another one follows each round (each
         // takes every worker for seconds, so the others still come first).
-        const stalledTwice = [...stalls.values()].some((n) => n >= 2);
-        const order = stalledTwice ? [0, 3, 1, 2] : [0, 3, 1, 2, 3];
+        const order = someJobStalledTwice() ? [0, 3, 1, 2] : [0, 3, 1, 2, 3];
         const kind = order[action++ % order.length]!;
         if (kind === 3) {
           // Every available worker but one paused past its lock: their jobs stall and move
@@ -391,7 +391,7 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosReport> {
     // On a quiet machine the operations can end before the chaos did what the campaign is for
     // (three kills, a job stalled twice; runs here once ended after 23 s with neither): another
     // round of operations on the same sandboxes follows, twice at most.
-    const enoughChaos = () => counts.sigkill + counts.sigterm + counts.sigstop >= 3 && [...stalls.values()].some((n) => n >= 2);
+    const enoughChaos = () => counts.sigkill + counts.sigterm + counts.sigstop >= 3 && someJobStalledTwice();
     for (let extra = 0; extra < 2 && !enoughChaos(); extra++) {
       say(`chaos: operations ended before the chaos did enough; another ${opts.leases * opts.opsPerLease} follow`);
       await Promise.all(round());

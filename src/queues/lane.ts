@@ -143,7 +143,7 @@ export class Lanes {
   }
 
   /** BullMQ's lock of a job: holds the token of the worker that runs it (pinned by test/bullmq-contract.test.ts). */
-  private lockKey(jobId: string): string {
+  lockKey(jobId: string): string {
     return `${this.jobKey(jobId)}:lock`;
   }
 

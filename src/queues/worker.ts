@@ -58,6 +58,11 @@ export type WorkerSettings = Pick<
   | 'LEASE_OPS_PARTITIONS'
 >;
 
+/** BullMQ's backoff for lease-ops jobs: the processor already chose the delay (retry-policy.ts); -1 means do not retry. */
+export function backoffStrategy(_attempts: number, type?: string, err?: Error): number {
+  return type === BACKOFF_TYPE && err instanceof RetryLaterError ? err.delayMs : -1;
+}
+
 /**
  * A worker replica: runs lease operations from the shared queue, one at a time per lease,
  * and takes part in the lane sweep. Start as many as you like.
@@ -133,18 +138,14 @@ export class LeaseWorker {
       autorun: false,
       // BullMQ's per-minute completed/failed counts, exported with the API's /metrics.
       ...(settings.LEASE_OPS_BULLMQ_METRICS ? { metrics: { maxDataPoints: MetricsTime.ONE_WEEK } } : {}),
-      settings: {
-        // The processor already chose the delay (retry-policy.ts); -1 means do not retry.
-        backoffStrategy: (_attempts, type, err) =>
-          type === BACKOFF_TYPE && err instanceof RetryLaterError ? err.delayMs : -1,
-      },
+      settings: { backoffStrategy },
     });
     this.worker.on('error', (err) => (isRedisUnavailable(err) ? reportRedisError(err) : this.log.error({ err }, 'worker error')));
     // Fences are checked on the ops connection; the watcher runs a few times per lock period.
     this.fencing = new Fencing(
       this.connection,
       (laneId) => this.ops.lanes.execKey(laneId),
-      (jobId) => `${this.ops.queue.toKey(jobId)}:lock`,
+      (jobId) => this.ops.lanes.lockKey(jobId),
       log,
       Math.max(250, Math.floor(settings.LEASE_OPS_LOCK_MS / 4)),
     );

@@ -4,12 +4,12 @@
 import { Worker } from 'bullmq';
 import { afterEach, describe, expect, it } from 'vitest';
 import { laneIdOf } from '../../src/lease.ts';
-import { BACKOFF_TYPE, parkDelay } from '../../src/queues/operations-queue.ts';
+import { parkDelay } from '../../src/queues/operations-queue.ts';
 import { createRedis } from '../../src/queues/redis.ts';
 import { RetryLaterError } from '../../src/queues/retry-policy.ts';
 import { createLogger } from '../../src/logger.ts';
 import { ProviderRegistry } from '../../src/providers/registry.ts';
-import { LeaseWorker } from '../../src/queues/worker.ts';
+import { backoffStrategy, LeaseWorker } from '../../src/queues/worker.ts';
 import { lease, readUntil, TestBed } from '../helpers/env.ts';
 import { createRecordingProvider } from '../helpers/recording-provider.ts';
 
@@ -29,7 +29,7 @@ function handDrivenReplica(b: TestBed): { fetch(token: string): ReturnType<Worke
     prefix: b.config.LEASE_OPS_PREFIX,
     lockDuration: b.config.LEASE_OPS_LOCK_MS,
     autorun: false,
-    settings: { backoffStrategy: (_a, type, err) => (type === BACKOFF_TYPE && err instanceof RetryLaterError ? err.delayMs : -1) },
+    settings: { backoffStrategy },
   });
   closers.push(() => worker.close(true));
   return {

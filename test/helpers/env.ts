@@ -99,7 +99,7 @@ export class TestBed {
    * set to `lock` first (the lane refuses a start whose lock is not the job's).
    */
   async laneAcquire(laneId: string, jobId: string, lock = 'test-lock'): ReturnType<OperationsQueue['lanes']['acquire']> {
-    await this.redis.set(`${this.ops.queue.toKey(jobId)}:lock`, lock);
+    await this.redis.set(this.ops.lanes.lockKey(jobId), lock);
     return this.ops.lanes.acquire(laneId, jobId, lock);
   }
 
