@@ -22,6 +22,18 @@ afterEach(async () => {
   dir = undefined;
 });
 
+/** Resolves when the recording provider has written the record of a call's start. */
+function firstCallIn(dir: string, callFile: string): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const watcher = watch(dir, () => {
+      if (readCallFile(callFile).length > 0) {
+        watcher.close();
+        resolve();
+      }
+    });
+  });
+}
+
 describe('the worker process', () => {
   it('on SIGTERM finishes the operation in flight, then exits 0', async () => {
     bed = await TestBed.create();
@@ -37,14 +49,7 @@ describe('the worker process', () => {
     });
     await worker.ready;
     // The provider writes a record when its call starts: that is the moment to signal.
-    const callStarted = new Promise<void>((resolve) => {
-      const watcher = watch(dir!, () => {
-        if (readCallFile(callFile).length > 0) {
-          watcher.close();
-          resolve();
-        }
-      });
-    });
+    const callStarted = firstCallIn(dir, callFile);
     const { jobId } = await bed.ops.enqueue({ op: 'stop', lease: lease('t'), params: { providerLeaseId: 't' } });
     await callStarted;
     const ended = bed.waitForAll([jobId]);
@@ -75,6 +80,45 @@ describe('the worker process', () => {
       expect(await worker.terminate(10_000)).toBe(0);
       expect(worker.logs.some((l) => l.includes('"msg":"stopping gracefully"'))).toBe(true);
       expect(worker.logs.some((l) => l.includes('closing without waiting for running jobs'))).toBe(true);
+    } finally {
+      await server.stop();
+    }
+  });
+
+  it('on SIGTERM with an operation in flight, Redis then dying, still exits once that call ends', async () => {
+    // The ping before the close found Redis; it died during the wait for the running
+    // operation. Its end can never be written: the close must not wait for Redis for ever.
+    const server = await RedisProcess.start();
+    bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-gone-mid}' });
+    dir = mkdtempSync(join(tmpdir(), 'lease-ops-gone-mid-'));
+    const callFile = join(dir, 'calls.jsonl');
+    try {
+      const worker = new WorkerProcess({
+        REDIS_URL: server.url,
+        LEASE_OPS_PREFIX: '{lo-gone-mid}',
+        LEASE_OPS_PROVIDERS: PROVIDER,
+        RECORDING_FILE: callFile,
+        RECORDING_MIN_MS: '4000',
+        RECORDING_MAX_MS: '4000',
+      });
+      await worker.ready;
+      const callStarted = firstCallIn(dir, callFile);
+      await bed.ops.enqueue({ op: 'stop', lease: lease('m'), params: { providerLeaseId: 'm' } });
+      await callStarted;
+      worker.child.kill('SIGTERM');
+      await worker.waitForLog('"msg":"stopping gracefully"');
+      await bed.close();
+      bed = undefined;
+      await server.crash();
+      // The close sees Redis gone within about 3 s, lets the call end (4 s after it began), then exits.
+      let timer: NodeJS.Timeout | undefined;
+      const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), 15_000)));
+      const code = await Promise.race([worker.exited, late]).finally(() => clearTimeout(timer));
+      if (code === 'late') worker.child.kill('SIGKILL');
+      expect(code).toBe(0);
+      // The call in flight ran to its end; the process did not cut it.
+      expect(readCallFile(callFile)[0]?.end).toBeDefined();
+      expect(worker.logs.some((l) => l.includes('Redis went away while closing'))).toBe(true);
     } finally {
       await server.stop();
     }

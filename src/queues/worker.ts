@@ -290,6 +290,25 @@ export class LeaseWorker {
     return this.redisAnswersWithin(1_000);
   }
 
+  /**
+   * Asks Redis once a second until `closed` settles: true if Redis failed to answer within
+   * CLOSE_PING_MS first, false once `closed` settled.
+   */
+  private async redisGoneBefore(closed: Promise<unknown>): Promise<boolean> {
+    let settled = false;
+    const done = closed.then(
+      () => (settled = true),
+      () => (settled = true),
+    );
+    while (!settled) {
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([done, new Promise((resolve) => (timer = setTimeout(resolve, 1_000)))]);
+      clearTimeout(timer);
+      if (!settled && !(await this.redisAnswersWithin(CLOSE_PING_MS)) && !settled) return true;
+    }
+    return false;
+  }
+
   private redisAnswersWithin(ms: number): Promise<boolean> {
     return pingWithin(this.connection, ms).then(
       () => true,
@@ -306,9 +325,17 @@ export class LeaseWorker {
   close(): Promise<void> {
     this.closing ??= (async () => {
       if (this.scheduleCheck) clearInterval(this.scheduleCheck);
-      const reachable = await this.redisAnswersWithin(CLOSE_PING_MS);
+      let reachable = await this.redisAnswersWithin(CLOSE_PING_MS);
       if (!reachable) this.log.warn('Redis does not answer: closing without waiting for running jobs (their locks lapse and they run again elsewhere)');
-      await Promise.all([this.worker.close(!reachable), this.maintenanceWorker.close(!reachable)]);
+      const workersClosed = Promise.all([this.worker.close(!reachable), this.maintenanceWorker.close(!reachable)]);
+      if (reachable && (await this.redisGoneBefore(workersClosed))) {
+        // The running jobs' ends can never be written, and BullMQ's graceful close waits for
+        // them. Provider calls in flight still run to their end, for at most one lock period:
+        // past it the job is no longer this worker's.
+        reachable = false;
+        this.log.warn('Redis went away while closing: not waiting for it (running jobs\' locks lapse and they run again elsewhere); letting provider calls in flight end');
+        await this.fencing.callsEnded(this.settings.LEASE_OPS_LOCK_MS);
+      }
       if (reachable) await this.wakeIdleWorkers();
       this.fencing.stop();
       await Promise.all([this.maintenanceQueue.close(), this.ops.close()]);
