@@ -26,6 +26,7 @@ export type FaultPoint =
   | 'after-release'
   | 'before-park'
   | 'lane-park'
+  | 'after-park-move'
   | 'partitions-after-copies';
 
 type Action = 'kill' | 'pause' | 'redis-error' | 'stall';

@@ -336,6 +336,7 @@ export class AttemptLife {
     await this.laneStep(async () => {
       await faultPoint('lane-park', this.deps.redis);
       await this.job.moveToDelayed(now + (data ? parkDelay(data, now) : 60_000), this.lockToken);
+      await faultPoint('after-park-move');
       await this.deps.ops.lanes.repair(laneId, this.jobId);
     });
     throw new DelayedError();

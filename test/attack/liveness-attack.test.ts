@@ -1,6 +1,10 @@
 // An attack on liveness (every accepted operation ends, no lane stays blocked past the sweep's
 // bound once the workers are healthy), from a helper that read the code, not these tests.
 // Each case failed on the code it attacked.
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { Worker } from 'bullmq';
 import { afterEach, describe, expect, it } from 'vitest';
 import { laneIdOf } from '../../src/lease.ts';
@@ -10,8 +14,12 @@ import { RetryLaterError } from '../../src/queues/retry-policy.ts';
 import { createLogger } from '../../src/logger.ts';
 import { ProviderRegistry } from '../../src/providers/registry.ts';
 import { backoffStrategy, LeaseWorker } from '../../src/queues/worker.ts';
-import { lease, readUntil, TestBed } from '../helpers/env.ts';
+import { lease, QUICK_RECOVERY, readUntil, TestBed, workerEnv } from '../helpers/env.ts';
+import { readCallFile } from '../helpers/invariants.ts';
 import { createRecordingProvider } from '../helpers/recording-provider.ts';
+import { WorkerProcess } from '../helpers/worker-process.ts';
+
+const PROVIDER = fileURLToPath(new URL('../helpers/recording-provider.ts', import.meta.url));
 
 let bed: TestBed | undefined;
 const closers: (() => Promise<unknown>)[] = [];
@@ -80,6 +88,58 @@ describe('a retry that parks behind a force-stop and dies before its repair', ()
     await bed.startWorker(createRecordingProvider().provider);
     const ended = await bed.waitForAll([J, K], 10_000);
     expect([ended.get(J), ended.get(K)]).toEqual(['completed', 'completed']);
+  });
+});
+
+describe('the same with real worker processes', () => {
+  it('the parking worker is killed between BullMQ\'s move to delayed and the lane repair: the sweep hands the retry off', { timeout: 60_000 }, async () => {
+    bed = await TestBed.create();
+    const b = bed;
+    const dir = mkdtempSync(join(tmpdir(), 'lease-ops-park-kill-'));
+    closers.push(async () => rmSync(dir, { recursive: true, force: true }));
+    const callFile = join(dir, 'calls.jsonl');
+    const common = {
+      ...QUICK_RECOVERY,
+      // A lock longer than the parking worker's pause below: its attempt stays the job's own.
+      LEASE_OPS_LOCK_MS: '30000',
+      LEASE_OPS_BACKOFF_BASE_MS: '2500',
+      LEASE_OPS_BACKOFF_CAP_MS: '2500',
+      LEASE_OPS_PROVIDERS: PROVIDER,
+      RECORDING_FILE: callFile,
+      RECORDING_MAX_MS: '0',
+      RECORDING_SETTLE_FIRST: 'resume',
+      RECORDING_MS_BY_OP: 'force-stop=5000',
+    };
+    // One job at a time: while it runs the force-stop, J's retry can only go to the other worker.
+    const runner = new WorkerProcess(workerEnv(b, { ...common, LEASE_OPS_CONCURRENCY: '1' }));
+    closers.push(() => runner.kill());
+    await runner.ready;
+    const L = lease('park-kill');
+    const deadlineMs = 600_000;
+    const J = (await b.ops.enqueue({ op: 'resume', lease: L, params: { providerLeaseId: 'park-kill', leaseMetadata: {} }, deadlineMs })).jobId;
+    // J meets a settling sandbox and backs off 2.5 s; a force-stop F goes ahead of it and runs 5 s.
+    await readUntil(async () => (await b.ops.queue.getJobState(J)) === 'delayed', 10_000, 'J backing off');
+    const F = (await b.ops.enqueue({ op: 'force-stop', lease: L, params: { providerLeaseId: 'park-kill' }, deadlineMs })).jobId;
+    await readUntil(async () => readCallFile(callFile).some((c) => c.jobId === F), 10_000, 'F running');
+    // J's retry comes due in the second worker: not its turn, it parks, and stops just before.
+    const parker = new WorkerProcess(workerEnv(b, { ...common, LEASE_OPS_FAULT_POINTS: 'before-park=pause*1,after-park-move=kill*1' }));
+    closers.push(async () => {
+      parker.child.kill('SIGCONT');
+      await parker.kill();
+    });
+    await parker.waitForLog('fault point before-park: pause', 20_000);
+    // F ends while J is active in the stopped worker's hands: its hand-off finds J there.
+    expect((await b.waitForAll([F], 20_000)).get(F)).toBe('completed');
+    // The parking worker wakes, moves J to BullMQ's delayed set until its deadline, and is killed.
+    parker.child.kill('SIGCONT');
+    await parker.waitForLog('fault point after-park-move: kill');
+    await parker.exited;
+    expect(await b.ops.queue.getJobState(J)).toBe('delayed');
+    const K = (await b.ops.enqueue({ op: 'stop', lease: L, params: { providerLeaseId: 'park-kill' }, deadlineMs })).jobId;
+    // The sweep (every 0.5 s here) hands J off; it used to wait for its deadline, 10 min away.
+    const ended = await b.waitForAll([J, K], 15_000);
+    expect([ended.get(J), ended.get(K)]).toEqual(['completed', 'completed']);
+    expect(readCallFile(callFile).filter((c) => c.jobId === J && c.end).map((c) => c.outcome)).toEqual(['settling', 'ok']);
   });
 });
 

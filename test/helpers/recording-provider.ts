@@ -88,7 +88,9 @@ export function seededFraction(seed: string, key: string): number {
  *   RECORDING_MAX_MS    longest call duration
  *   RECORDING_SETTLE_P  chance that an attempt fails with a settling error
  *   RECORDING_CALLS     provider calls per operation (default 1), each fenced
- *   RECORDING_SETTLE_FIRST  '1': every operation's first attempt fails with a settling error
+ *   RECORDING_SETTLE_FIRST  '1': every operation's first attempt fails with a settling error;
+ *                       or a comma-separated list of operations whose first attempt does
+ *   RECORDING_MS_BY_OP  call durations of some operations, overriding the above: 'force-stop=4000,stop=10'
  */
 export default function createProvider(env: NodeJS.ProcessEnv): LeaseProvider {
   const file = env.RECORDING_FILE;
@@ -97,14 +99,19 @@ export default function createProvider(env: NodeJS.ProcessEnv): LeaseProvider {
   const minMs = Number(env.RECORDING_MIN_MS ?? '0');
   const maxMs = Number(env.RECORDING_MAX_MS ?? '10');
   const settleP = Number(env.RECORDING_SETTLE_P ?? '0');
+  const settleFirst = (env.RECORDING_SETTLE_FIRST ?? '').split(',');
+  const msByOp = new Map((env.RECORDING_MS_BY_OP ?? '').split(',').filter(Boolean).map((entry) => {
+    const [op, ms] = entry.split('=');
+    return [op!, Number(ms)] as const;
+  }));
   return createRecordingProvider({
     callsPerOp: Number(env.RECORDING_CALLS ?? '1'),
     sink: (r) => appendFileSync(file, `${JSON.stringify(r)}\n`),
-    behaviour: async ({ ctx }) => {
+    behaviour: async ({ ctx, op }) => {
       const key = `${ctx.jobId}:${ctx.attempt}`;
-      const ms = minMs + Math.floor(seededFraction(seed, `d:${key}`) * (maxMs - minMs));
+      const ms = msByOp.get(op) ?? minMs + Math.floor(seededFraction(seed, `d:${key}`) * (maxMs - minMs));
       if (ms > 0) await new Promise((r) => setTimeout(r, ms));
-      if (env.RECORDING_SETTLE_FIRST === '1' && ctx.attempt === 1) return 'settling';
+      if ((settleFirst.includes('1') || settleFirst.includes(op)) && ctx.attempt === 1) return 'settling';
       return seededFraction(seed, `s:${key}`) < settleP ? 'settling' : 'ok';
     },
   }).provider;
