@@ -335,6 +335,8 @@ export class LeaseWorker {
         reachable = false;
         this.log.warn('Redis went away while closing: not waiting for it (running jobs\' locks lapse and they run again elsewhere); letting provider calls in flight end');
         await this.fencing.callsEnded(this.settings.LEASE_OPS_LOCK_MS);
+      } else {
+        await workersClosed;
       }
       if (reachable) await this.wakeIdleWorkers();
       this.fencing.stop();
