@@ -5,9 +5,10 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
-import { lease, REDIS_URL, TestBed } from './helpers/env.ts';
+import { lease, readUntil, REDIS_URL, TestBed } from './helpers/env.ts';
 import { readCallFile } from './helpers/invariants.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
+import { TcpProxy } from './helpers/tcp-proxy.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
 
 const PROVIDER = fileURLToPath(new URL('./helpers/recording-provider.ts', import.meta.url));
@@ -21,6 +22,18 @@ afterEach(async () => {
   bed = undefined;
   dir = undefined;
 });
+
+/** The exit code of a worker that was sent SIGTERM, or 'late' (and then it is killed). */
+async function exitCodeWithin(worker: WorkerProcess, ms: number): Promise<number | null | 'late'> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), ms)));
+  const code = await Promise.race([worker.exited, late]).finally(() => clearTimeout(timer));
+  if (code === 'late') {
+    worker.child.kill('SIGCONT');
+    worker.child.kill('SIGKILL');
+  }
+  return code;
+}
 
 /** Resolves when the recording provider has written the record of a call's start. */
 function firstCallIn(dir: string, callFile: string): Promise<void> {
@@ -85,45 +98,6 @@ describe('the worker process', () => {
     }
   });
 
-  it('on SIGTERM with an operation in flight, Redis then dying, still exits once that call ends', async () => {
-    // The ping before the close found Redis; it died during the wait for the running
-    // operation. Its end can never be written: the close must not wait for Redis for ever.
-    const server = await RedisProcess.start();
-    bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-gone-mid}' });
-    dir = mkdtempSync(join(tmpdir(), 'lease-ops-gone-mid-'));
-    const callFile = join(dir, 'calls.jsonl');
-    try {
-      const worker = new WorkerProcess({
-        REDIS_URL: server.url,
-        LEASE_OPS_PREFIX: '{lo-gone-mid}',
-        LEASE_OPS_PROVIDERS: PROVIDER,
-        RECORDING_FILE: callFile,
-        RECORDING_MIN_MS: '4000',
-        RECORDING_MAX_MS: '4000',
-      });
-      await worker.ready;
-      const callStarted = firstCallIn(dir, callFile);
-      await bed.ops.enqueue({ op: 'stop', lease: lease('m'), params: { providerLeaseId: 'm' } });
-      await callStarted;
-      worker.child.kill('SIGTERM');
-      await worker.waitForLog('"msg":"stopping gracefully"');
-      await bed.close();
-      bed = undefined;
-      await server.crash();
-      // The close sees Redis gone within about 3 s, lets the call end (4 s after it began), then exits.
-      let timer: NodeJS.Timeout | undefined;
-      const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), 15_000)));
-      const code = await Promise.race([worker.exited, late]).finally(() => clearTimeout(timer));
-      if (code === 'late') worker.child.kill('SIGKILL');
-      expect(code).toBe(0);
-      // The call in flight ran to its end; the process did not cut it.
-      expect(readCallFile(callFile)[0]?.end).toBeDefined();
-      expect(worker.logs.some((l) => l.includes('Redis went away while closing'))).toBe(true);
-    } finally {
-      await server.stop();
-    }
-  });
-
   it('refuses a bad environment with a message naming the variable', async () => {
     const run = promisify(execFile)(process.execPath, [BIN, 'worker'], {
       env: { ...process.env, LEASE_OPS_CONCURRENCY: 'lots' },
@@ -143,5 +117,96 @@ describe('the worker process', () => {
     }
     expect(stdout).toMatch(/lifecycle done/);
     bed = await TestBed.create({ LEASE_OPS_PREFIX: prefix });
+  });
+});
+
+describe('a graceful close while Redis fails', () => {
+  let server: RedisProcess | undefined;
+  let proxy: TcpProxy | undefined;
+  let worker: WorkerProcess | undefined;
+  afterEach(async () => {
+    worker?.child.kill('SIGCONT');
+    await worker?.kill();
+    await bed?.close();
+    bed = undefined;
+    proxy?.close();
+    await server?.stop();
+    server = proxy = worker = undefined;
+  });
+
+  /** Its own redis-server, a bed on it, and a worker (through `via`, if given) with the recording provider. */
+  async function setUp(env: Record<string, string>, via?: (redisPort: number) => Promise<string>): Promise<{ b: TestBed; w: WorkerProcess; callFile: string }> {
+    server = await RedisProcess.start();
+    const prefix = '{lo-close-fails}';
+    const b = (bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_PREFIX: prefix }));
+    dir = mkdtempSync(join(tmpdir(), 'lease-ops-close-fails-'));
+    const callFile = join(dir, 'calls.jsonl');
+    const url = via ? await via(server.port) : server.url;
+    worker = new WorkerProcess({ REDIS_URL: url, LEASE_OPS_PREFIX: prefix, LEASE_OPS_PROVIDERS: PROVIDER, RECORDING_FILE: callFile, ...env });
+    await worker.ready;
+    return { b, w: worker, callFile };
+  }
+
+  /** Enqueues a stop and sends SIGTERM once its provider call has begun. */
+  async function termDuringCall(b: TestBed, w: WorkerProcess, callFile: string): Promise<string> {
+    const callStarted = firstCallIn(dir!, callFile);
+    const { jobId } = await b.ops.enqueue({ op: 'stop', lease: lease('c'), params: { providerLeaseId: 'c' } });
+    await callStarted;
+    w.child.kill('SIGTERM');
+    await w.waitForLog('"msg":"stopping gracefully"');
+    return jobId;
+  }
+
+  it('Redis dying during the wait for a running operation: the call ends, and the worker exits a lock period after Redis last answered', async () => {
+    // It used to wait for Redis for ever: the operation's end can never be written.
+    const { b, w, callFile } = await setUp({ LEASE_OPS_LOCK_MS: '5000', RECORDING_MIN_MS: '4000', RECORDING_MAX_MS: '4000' });
+    await termDuringCall(b, w, callFile);
+    await b.close();
+    bed = undefined;
+    await server!.crash();
+    expect(await exitCodeWithin(w, 15_000)).toBe(0);
+    // The call in flight ran to its end; the process did not cut it.
+    expect(readCallFile(callFile)[0]?.end).toBeDefined();
+    expect(w.logs.some((l) => l.includes('Redis went away while closing and stayed away for a lock period'))).toBe(true);
+  });
+
+  it('Redis away for less than a lock period: the worker waits it out, and the operation completes once, with no stall', async () => {
+    // A first fix gave up after one unanswered ping (2 s): the end was lost, and the
+    // operation waited for its lock to lapse, ran again and counted a stall.
+    const { b, w, callFile } = await setUp({ LEASE_OPS_LOCK_MS: '10000', RECORDING_MIN_MS: '1500', RECORDING_MAX_MS: '1500' });
+    const jobId = await termDuringCall(b, w, callFile);
+    server!.pause();
+    await new Promise((r) => setTimeout(r, 3_500)); // the outage itself
+    server!.resume();
+    expect(await exitCodeWithin(w, 15_000)).toBe(0);
+    expect((await b.waitForAll([jobId], 5_000)).get(jobId)).toBe('completed');
+    expect((await b.ops.queue.getJob(jobId))?.stalledCounter).toBe(0);
+    expect(readCallFile(callFile).filter((c) => c.end)).toHaveLength(1);
+    expect(w.logs.some((l) => l.includes('Redis went away'))).toBe(false);
+  });
+
+  it('Redis dying just as the close wakes idle workers: the wake-up is bounded, and the worker exits', async () => {
+    const { w } = await setUp({ LEASE_OPS_FAULT_POINTS: 'close-wake-up=pause*1' });
+    w.child.kill('SIGTERM');
+    await w.waitForLog('fault point close-wake-up: pause');
+    await bed!.close();
+    bed = undefined;
+    await server!.crash();
+    w.child.kill('SIGCONT');
+    expect(await exitCodeWithin(w, 10_000)).toBe(0);
+  });
+
+  it('BullMQ\'s blocking connections cut and unable to reconnect while Redis answers the others: the worker exits once no job runs', async () => {
+    const { b, w } = await setUp({ RECORDING_MAX_MS: '0' }, async (port) => {
+      proxy = await TcpProxy.start(port);
+      return proxy.url;
+    });
+    await readUntil(async () => proxy!.blockingCount >= 2, 10_000, 'the workers waiting for work');
+    const { jobId } = await b.ops.enqueue({ op: 'stop', lease: lease('p'), params: { providerLeaseId: 'p' } });
+    expect((await b.waitForAll([jobId])).get(jobId)).toBe('completed');
+    proxy!.cutBlockingAndRefuseNew();
+    w.child.kill('SIGTERM');
+    expect(await exitCodeWithin(w, 15_000)).toBe(0);
+    expect(w.logs.some((l) => l.includes('closing without it'))).toBe(true);
   });
 });

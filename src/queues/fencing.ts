@@ -76,7 +76,6 @@ export class Attempt {
  */
 export class Fencing {
   private readonly running = new Set<Attempt>();
-  private readonly callsEndedWaiters: (() => void)[] = [];
   private timer: NodeJS.Timeout | null = null;
   private readonly fenceCheck: LuaCommand;
   /**
@@ -119,21 +118,7 @@ export class Fencing {
 
   track(attempt: Attempt): () => void {
     this.running.add(attempt);
-    return () => {
-      this.running.delete(attempt);
-      if (!this.running.size) for (const done of this.callsEndedWaiters.splice(0)) done();
-    };
-  }
-
-  /** Resolves once no attempt is in its provider call, or after `maxMs`, whichever comes first. */
-  async callsEnded(maxMs: number): Promise<void> {
-    if (!this.running.size) return;
-    let timer: NodeJS.Timeout | undefined;
-    await new Promise<void>((resolve) => {
-      this.callsEndedWaiters.push(resolve);
-      timer = setTimeout(resolve, maxMs);
-    });
-    clearTimeout(timer);
+    return () => this.running.delete(attempt);
   }
 
   /** BullMQ could not renew these jobs' locks: their attempts must stop. */

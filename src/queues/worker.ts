@@ -13,14 +13,17 @@ import { LeaseRecords } from './lease-records.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 import { defineQuietFetch } from './quiet-fetch.ts';
 import { BACKOFF_TYPE, OperationsQueue } from './operations-queue.ts';
-import { createRedis, isRedisUnavailable, pingWithin, reportRedisError, type RedisClient } from './redis.ts';
+import { answerWithin, createRedis, isRedisUnavailable, pingWithin, reportRedisError, type RedisClient } from './redis.ts';
 import { type BackoffSettings, DEFAULT_BACKOFF, RetryLaterError } from './retry-policy.ts';
 import { sweepLanes } from './sweep.ts';
 import { Watchdog } from './watchdog.ts';
+import { faultPoint } from '../fault-points.ts';
 
 const SWEEP_SCHEDULER_ID = 'lane-sweep';
 /** How long a closing worker waits for Redis to answer before it closes without waiting for its jobs. */
 const CLOSE_PING_MS = 2_000;
+/** How long a closing worker waits for BullMQ's close once no job runs and Redis answers. */
+const CLOSE_STUCK_MS = 5_000;
 /** BullMQ's stall limit, set out of reach: lease-ops applies LEASE_OPS_MAX_STALLED itself. */
 const BULLMQ_STALLS_UNLIMITED = 1_000_000_000;
 const WATCHDOG_SCHEDULER_ID = 'stuck-stop-watchdog';
@@ -82,6 +85,8 @@ export class LeaseWorker {
   /** Connections handed to BullMQ, which leaves closing them to their owner. */
   private readonly ownedConnections: RedisClient[] = [];
   private closing: Promise<void> | null = null;
+  /** Attempts between BullMQ handing over their job and their end (see waitForClose). */
+  private attemptsInFlight = 0;
   private readonly backoff: BackoffSettings;
   private readonly writeCheckpoint: LuaCommand;
   private readonly attemptDeps: AttemptDeps;
@@ -290,31 +295,6 @@ export class LeaseWorker {
     return this.redisAnswersWithin(1_000);
   }
 
-  /**
-   * Asks Redis once a second until `closed` settles: true if Redis failed to answer within
-   * CLOSE_PING_MS first, false once `closed` settled.
-   */
-  private async redisGoneBefore(closed: Promise<unknown>): Promise<boolean> {
-    let settled = false;
-    const done = closed.then(
-      () => (settled = true),
-      () => (settled = true),
-    );
-    while (!settled) {
-      let timer: NodeJS.Timeout | undefined;
-      await Promise.race([done, new Promise((resolve) => (timer = setTimeout(resolve, 1_000)))]);
-      clearTimeout(timer);
-      if (!settled && !(await this.redisAnswersWithin(CLOSE_PING_MS)) && !settled) return true;
-    }
-    return false;
-  }
-
-  private redisAnswersWithin(ms: number): Promise<boolean> {
-    return pingWithin(this.connection, ms).then(
-      () => true,
-      () => false,
-    );
-  }
 
   /**
    * Graceful stop: take no new jobs, let running ones finish, then disconnect. With Redis out
@@ -325,20 +305,16 @@ export class LeaseWorker {
   close(): Promise<void> {
     this.closing ??= (async () => {
       if (this.scheduleCheck) clearInterval(this.scheduleCheck);
-      let reachable = await this.redisAnswersWithin(CLOSE_PING_MS);
+      const reachable = await this.redisAnswersWithin(CLOSE_PING_MS);
       if (!reachable) this.log.warn('Redis does not answer: closing without waiting for running jobs (their locks lapse and they run again elsewhere)');
       const workersClosed = Promise.all([this.worker.close(!reachable), this.maintenanceWorker.close(!reachable)]);
-      if (reachable && (await this.redisGoneBefore(workersClosed))) {
-        // The running jobs' ends can never be written, and BullMQ's graceful close waits for
-        // them. Provider calls in flight still run to their end, for at most one lock period:
-        // past it the job is no longer this worker's.
-        reachable = false;
-        this.log.warn('Redis went away while closing: not waiting for it (running jobs\' locks lapse and they run again elsewhere); letting provider calls in flight end');
-        await this.fencing.callsEnded(this.settings.LEASE_OPS_LOCK_MS);
-      } else {
-        await workersClosed;
+      let waited: Awaited<ReturnType<LeaseWorker['waitForClose']>> = 'redis-gone';
+      if (reachable) waited = await this.waitForClose(workersClosed);
+      else await workersClosed;
+      if (waited === 'closed') {
+        await faultPoint('close-wake-up');
+        await this.wakeIdleWorkers();
       }
-      if (reachable) await this.wakeIdleWorkers();
       this.fencing.stop();
       await Promise.all([this.maintenanceQueue.close(), this.ops.close()]);
       await this.providers.close();
@@ -347,16 +323,68 @@ export class LeaseWorker {
     return this.closing;
   }
 
+  /**
+   * Waits for BullMQ's graceful close, asking Redis once a second meanwhile. It stops waiting
+   * when Redis has not answered for one lock period (every lock this worker held has lapsed
+   * by then: its jobs run again elsewhere whatever it does; a shorter outage is waited out,
+   * so the jobs' ends are written when Redis is back), or when no job has run for
+   * CLOSE_STUCK_MS while Redis answers and BullMQ still has not closed (a connection of its
+   * own cannot reconnect, and its close would wait for it for ever).
+   */
+  private async waitForClose(closed: Promise<unknown>): Promise<'closed' | 'redis-gone' | 'stuck'> {
+    let settled = false;
+    const done = closed.then(
+      () => (settled = true),
+      () => (settled = true),
+    );
+    let answeredAt = performance.now();
+    let idleSince: number | null = null;
+    while (!settled) {
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([done, new Promise((resolve) => (timer = setTimeout(resolve, 1_000)))]);
+      clearTimeout(timer);
+      if (settled) break;
+      const answered = await this.redisAnswersWithin(CLOSE_PING_MS);
+      if (settled) break;
+      const now = performance.now();
+      if (answered) answeredAt = now;
+      else if (now - answeredAt >= this.settings.LEASE_OPS_LOCK_MS) {
+        this.log.warn({ silentMs: Math.round(now - answeredAt) }, 'Redis went away while closing and stayed away for a lock period: not waiting for it any longer (running jobs\' locks have lapsed; they run again elsewhere)');
+        return 'redis-gone';
+      }
+      idleSince = answered && this.attemptsInFlight === 0 ? (idleSince ?? now) : null;
+      if (idleSince !== null && now - idleSince >= CLOSE_STUCK_MS) {
+        this.log.warn('BullMQ\'s close has not finished though no job runs and Redis answers (a connection of its own cannot reconnect?): closing without it');
+        return 'stuck';
+      }
+    }
+    await closed;
+    return 'closed';
+  }
+
+  private redisAnswersWithin(ms: number): Promise<boolean> {
+    return pingWithin(this.connection, ms).then(
+      () => true,
+      () => false,
+    );
+  }
+
   /** See wake-if-waiting.lua: a wake-up this worker's closing fetch may have swallowed is sent again. */
   private async wakeIdleWorkers(): Promise<void> {
     const k = this.ops.queue.keys;
-    await luaCommand(this.connection, 'wake-if-waiting', 4)(k.wait!, k.meta!, k.active!, k.marker!).catch((err: unknown) => {
+    // Bounded: Redis may go away right now, and the command would wait for it for ever.
+    await answerWithin(luaCommand(this.connection, 'wake-if-waiting', 4)(k.wait!, k.meta!, k.active!, k.marker!), CLOSE_PING_MS).catch((err: unknown) => {
       this.log.warn({ err }, 'could not wake idle workers on close; the lane sweep will');
     });
   }
 
-  private process(job: Job, token: string | undefined): Promise<unknown> {
-    return new AttemptLife(this.attemptDeps, job, token ?? '').live();
+  private async process(job: Job, token: string | undefined): Promise<unknown> {
+    this.attemptsInFlight++;
+    try {
+      return await new AttemptLife(this.attemptDeps, job, token ?? '').live();
+    } finally {
+      this.attemptsInFlight--;
+    }
   }
 
   /** A job's checkpoint lives in its BullMQ hash, so it goes when the job goes (and is never written after). */
