@@ -3,6 +3,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { BULLMQ_TESTED_RANGE, checkBullmqVersion } from '../src/queues/bullmq-version.ts';
 import { bullmqFetchingScripts, FETCHING_SCRIPTS, quietScript } from '../src/queues/quiet-fetch.ts';
 import { createRedis, type RedisClient } from '../src/queues/redis.ts';
+import { LOCK_RENEWAL_FAILED } from '../src/queues/worker.ts';
 import { gate, REDIS_URL, scratchRedis, waitForJobs } from './helpers/env.ts';
 
 // What lease-ops relies on inside BullMQ, pinned: the lane scripts write BullMQ's keys and
@@ -252,6 +253,31 @@ describe('BullMQ, as lease-ops relies on it', () => {
       { maxStalledCount: 1_000_000_000, stalledInterval: 200 },
     );
     expect(await ran.promise).toEqual({ stalled: 1, deferred: null });
+  });
+
+  it('says a lost lock twice: lockRenewalFailed with the job ids, then an error "could not renew lock for job <id>" (the worker logs the first and drops the second)', async () => {
+    const { queue, key, startWorker } = await fresh('renewal');
+    const running = gate();
+    const release = gate();
+    const w = await startWorker(
+      async () => {
+        running.open();
+        await release.promise;
+      },
+      { lockDuration: 400 },
+    );
+    const said: string[] = [];
+    w.on('lockRenewalFailed', (ids) => said.push(`lockRenewalFailed ${ids.join(',')}`));
+    const errored = gate<string>();
+    w.on('error', (err) => errored.open(err.message));
+    await queue.add('renewal', {}, { jobId: 'renewal-1' });
+    await running.promise;
+    // The lock taken away from under the worker (its outage outlasted it, say).
+    await redis.del(key('renewal-1:lock'));
+    expect(await errored.promise).toBe('could not renew lock for job renewal-1');
+    expect(said).toEqual(['lockRenewalFailed renewal-1']);
+    expect(LOCK_RENEWAL_FAILED.test('could not renew lock for job renewal-1')).toBe(true);
+    release.open();
   });
 
   it('names the states lease-ops maps: delayed, waiting, active, completed, failed, unknown', async () => {

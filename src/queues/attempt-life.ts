@@ -139,7 +139,12 @@ export class AttemptLife {
     }
     if (Date.now() >= data.deadlineAt) {
       // A retry can come due just past the deadline; name the error that caused it.
-      const last = this.job.attemptsMade > 0 && this.job.failedReason ? `last provider error: ${this.job.failedReason}` : 'the deadline passed before the operation could start';
+      const last =
+        this.job.attemptsMade > 0 && this.job.failedReason
+          ? `last provider error: ${this.job.failedReason}`
+          : this.job.stalledCounter > 0
+            ? 'the deadline passed before an attempt could end: the worker of an earlier one was lost'
+            : 'the deadline passed before the operation could start';
       return this.failForGood(laneId, fence, data, 'deadline_exceeded', last, log);
     }
     return this.run(laneId, fence, data, provider, log);
@@ -206,7 +211,7 @@ export class AttemptLife {
     const entry = this.historyEntry({ kind: 'completed', jobId: this.jobId, op: data.op, attempt: this.job.attemptsMade + 1 });
     const released = this.deps.releaseLanes.release(laneId, this.jobId, fence, { status: 'completed', result }, this.deps.fetchesNext(), data.op === 'acquire', entry).then(
       (r) => {
-        if (r.kind === 'stale') log().warn('attempt was superseded while it ran; its result is discarded');
+        if (r.kind === 'stale') log().warn('attempt was superseded while it ran (or Redis lost its data); its result is discarded');
       },
       (err: unknown) => log().error({ err }, 'lane release failed; the lane sweep will repair the lane'),
     );

@@ -173,8 +173,9 @@ export class Fencing {
         const [tokenErr, token] = results[2 * i] ?? [null, null];
         const [lockErr, lock] = results[2 * i + 1] ?? [null, null];
         if (!tokenErr && !lockErr && (token !== a.token || lock !== a.lockToken)) {
-          a.markStale(token !== a.token ? 'a newer attempt holds the lease' : 'its BullMQ lock is gone or another worker\'s');
-          this.log.warn({ jobId: a.jobId }, 'attempt superseded; aborted');
+          const reason = token !== a.token ? 'the lane no longer names it (a newer attempt holds the lease, or Redis lost its data)' : 'its BullMQ lock is gone or another worker\'s';
+          a.markStale(reason);
+          this.log.warn({ jobId: a.jobId, reason }, 'attempt no longer holds its lease; aborted');
         }
       });
     } catch (err) {

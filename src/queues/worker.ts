@@ -22,6 +22,8 @@ import { faultPoint } from '../fault-points.ts';
 const SWEEP_SCHEDULER_ID = 'lane-sweep';
 /** How long a closing worker waits for Redis to answer before it closes without waiting for its jobs. */
 const CLOSE_PING_MS = 2_000;
+/** BullMQ's error after a lockRenewalFailed event, one per job (test/bullmq-contract.test.ts pins it). */
+export const LOCK_RENEWAL_FAILED = /^could not renew lock for job /;
 /** How long a closing worker waits for BullMQ's close once no job runs and Redis answers. */
 const CLOSE_STUCK_MS = 5_000;
 /** BullMQ's stall limit, set out of reach: lease-ops applies LEASE_OPS_MAX_STALLED itself. */
@@ -105,9 +107,10 @@ export class LeaseWorker {
     private readonly partition: { index: number; count: number; queueOf?: (laneId: string) => OperationsQueue } = { index: 0, count: 1 },
   ) {
     this.backoff = { ...DEFAULT_BACKOFF, baseMs: settings.LEASE_OPS_BACKOFF_BASE_MS, capMs: settings.LEASE_OPS_BACKOFF_CAP_MS };
-    this.connection = createRedis(settings.REDIS_URL);
-    const connect = () => {
-      const c = createRedis(settings.REDIS_URL);
+    // Named, so CLIENT LIST says which of a worker's connections is which (the tests cut one).
+    this.connection = createRedis(settings.REDIS_URL, { connectionName: 'lease-ops-worker' });
+    const connect = (connectionName: string) => {
+      const c = createRedis(settings.REDIS_URL, { connectionName });
       this.ownedConnections.push(c);
       return c;
     };
@@ -116,7 +119,7 @@ export class LeaseWorker {
     this.history = new LeaseHistory(this.connection, settings.LEASE_OPS_PREFIX, log);
     this.writeCheckpoint = luaCommand(this.connection, 'job-checkpoint', 1);
     const prefix = settings.LEASE_OPS_PREFIX;
-    const workerConnection = connect();
+    const workerConnection = connect('lease-ops-worker-jobs');
     this.workerConnection = workerConnection;
     // Releases go over the BullMQ worker's own connection: Redis runs one connection's
     // commands in order, so the release (which hands off the next job) always lands just
@@ -145,7 +148,11 @@ export class LeaseWorker {
       ...(settings.LEASE_OPS_BULLMQ_METRICS ? { metrics: { maxDataPoints: MetricsTime.ONE_WEEK } } : {}),
       settings: { backoffStrategy },
     });
-    this.worker.on('error', (err) => (isRedisUnavailable(err) ? reportRedisError(err) : this.log.error({ err }, 'worker error')));
+    this.worker.on('error', (err) => {
+      if (isRedisUnavailable(err)) reportRedisError(err);
+      // Said already, by job, through lockRenewalFailed (below): no second line, no stack.
+      else if (!LOCK_RENEWAL_FAILED.test(err.message)) this.log.error({ err }, 'worker error');
+    });
     // Fences are checked on the ops connection; the watcher runs a few times per lock period.
     this.fencing = new Fencing(
       this.connection,
@@ -213,7 +220,7 @@ export class LeaseWorker {
       // in between holds every sweep (and watchdog scan) back until its lock lapses and a
       // stall check moves the iteration on.
       {
-        connection: connect(),
+        connection: connect('lease-ops-worker-maintenance'),
         prefix,
         concurrency: 4,
         autorun: false,
@@ -324,12 +331,13 @@ export class LeaseWorker {
   }
 
   /**
-   * Waits for BullMQ's graceful close, asking Redis once a second meanwhile. It stops waiting
-   * when Redis has not answered for one lock period (every lock this worker held has lapsed
-   * by then: its jobs run again elsewhere whatever it does; a shorter outage is waited out,
-   * so the jobs' ends are written when Redis is back), or when no job has run for
-   * CLOSE_STUCK_MS while Redis answers and BullMQ still has not closed (a connection of its
-   * own cannot reconnect, and its close would wait for it for ever).
+   * Waits for BullMQ's graceful close, asking Redis once a second meanwhile on the two
+   * connections the running jobs need. It stops waiting when they have not both answered for
+   * one lock period (every lock this worker held has lapsed by then: its jobs run again
+   * elsewhere whatever it does; a shorter outage is waited out, so the jobs' ends are written
+   * when Redis is back), or when no job has run for CLOSE_STUCK_MS while both answer and
+   * BullMQ still has not closed (a connection of BullMQ's own cannot reconnect, and its close
+   * would wait for it for ever).
    */
   private async waitForClose(closed: Promise<unknown>): Promise<'closed' | 'redis-gone' | 'stuck'> {
     let settled = false;
@@ -344,12 +352,14 @@ export class LeaseWorker {
       await Promise.race([done, new Promise((resolve) => (timer = setTimeout(resolve, 1_000)))]);
       clearTimeout(timer);
       if (settled) break;
-      const answered = await this.redisAnswersWithin(CLOSE_PING_MS);
+      // Both connections the running jobs need: the jobs' own (their ends and locks; a ping
+      // answered there also means what was queued on it before has been answered) and the lanes'.
+      const answered = (await Promise.all([this.redisAnswersWithin(CLOSE_PING_MS), this.redisAnswersWithin(CLOSE_PING_MS, this.workerConnection)])).every(Boolean);
       if (settled) break;
       const now = performance.now();
       if (answered) answeredAt = now;
       else if (now - answeredAt >= this.settings.LEASE_OPS_LOCK_MS) {
-        this.log.warn({ silentMs: Math.round(now - answeredAt) }, 'Redis went away while closing and stayed away for a lock period: not waiting for it any longer (running jobs\' locks have lapsed; they run again elsewhere)');
+        this.log.warn({ silentMs: Math.round(now - answeredAt) }, 'Redis went away while closing (or a connection to it did) and stayed away for a lock period: not waiting for it any longer (running jobs\' locks have lapsed; they run again elsewhere)');
         return 'redis-gone';
       }
       idleSince = answered && this.attemptsInFlight === 0 ? (idleSince ?? now) : null;
@@ -362,8 +372,8 @@ export class LeaseWorker {
     return 'closed';
   }
 
-  private redisAnswersWithin(ms: number): Promise<boolean> {
-    return pingWithin(this.connection, ms).then(
+  private redisAnswersWithin(ms: number, client: RedisClient = this.connection): Promise<boolean> {
+    return pingWithin(client, ms).then(
       () => true,
       () => false,
     );

@@ -2,41 +2,26 @@ import { connect, createServer, type Server, type Socket } from 'node:net';
 
 /**
  * A TCP proxy in front of a Redis server, for faults Redis itself cannot make: it forwards
- * both ways until told to cut the connections that sent a blocking command (BullMQ's wait
- * for work) and refuse every new connection, while the others keep working.
+ * both ways until told to cut some connections (those that sent a given command or name)
+ * and refuse every new one, while the others keep working; it can then accept again.
  */
 export class TcpProxy {
-  private readonly sockets = new Set<Socket>();
-  private readonly blocking = new Set<Socket>();
+  /** What each client connection sent first (its handshake names it), for picking it out. */
+  private readonly sent = new Map<Socket, string>();
+  private server: Server | null = null;
 
   private constructor(
-    private server: Server | null,
     readonly port: number,
+    private readonly targetPort: number,
   ) {}
 
   static async start(targetPort: number): Promise<TcpProxy> {
-    const server = createServer();
-    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-    const proxy = new TcpProxy(server, (server.address() as { port: number }).port);
-    server.on('connection', (client) => {
-      const upstream = connect(targetPort, '127.0.0.1');
-      const drop = () => {
-        client.destroy();
-        upstream.destroy();
-        proxy.sockets.delete(client);
-        proxy.blocking.delete(client);
-      };
-      proxy.sockets.add(client);
-      client.on('data', (data) => {
-        if (/BZPOPMIN/i.test(data.toString('latin1'))) proxy.blocking.add(client);
-        upstream.write(data);
-      });
-      upstream.on('data', (data) => client.write(data));
-      for (const socket of [client, upstream]) {
-        socket.on('close', drop);
-        socket.on('error', drop);
-      }
-    });
+    const probe = createServer();
+    await new Promise<void>((resolve) => probe.listen(0, '127.0.0.1', resolve));
+    const port = (probe.address() as { port: number }).port;
+    await new Promise((resolve) => probe.close(resolve));
+    const proxy = new TcpProxy(port, targetPort);
+    await proxy.acceptAgain();
     return proxy;
   }
 
@@ -44,21 +29,48 @@ export class TcpProxy {
     return `redis://127.0.0.1:${this.port}`;
   }
 
-  /** How many connections have sent a blocking command so far. */
-  get blockingCount(): number {
-    return this.blocking.size;
+  /** How many open connections have sent something matching `pattern`. */
+  count(pattern: RegExp): number {
+    return [...this.sent.values()].filter((text) => pattern.test(text)).length;
   }
 
-  /** Refuses new connections and cuts those that sent a blocking command; the rest go on. */
-  cutBlockingAndRefuseNew(): void {
+  /** Refuses new connections and cuts those that sent something matching `pattern`; the rest go on. */
+  cutAndRefuseNew(pattern: RegExp): void {
     this.server?.close();
     this.server = null;
-    for (const socket of this.blocking) socket.destroy();
+    for (const [socket, text] of this.sent) if (pattern.test(text)) socket.destroy();
+  }
+
+  /** Accepts new connections (again). */
+  async acceptAgain(): Promise<void> {
+    const server = createServer((client) => this.forward(client));
+    await new Promise<void>((resolve) => server.listen(this.port, '127.0.0.1', resolve));
+    this.server = server;
+  }
+
+  private forward(client: Socket): void {
+    const upstream = connect(this.targetPort, '127.0.0.1');
+    this.sent.set(client, '');
+    const drop = () => {
+      client.destroy();
+      upstream.destroy();
+      this.sent.delete(client);
+    };
+    client.on('data', (data) => {
+      const text = this.sent.get(client);
+      if (text !== undefined && text.length < 65_536) this.sent.set(client, text + data.toString('latin1'));
+      upstream.write(data);
+    });
+    upstream.on('data', (data) => client.write(data));
+    for (const socket of [client, upstream]) {
+      socket.on('close', drop);
+      socket.on('error', drop);
+    }
   }
 
   close(): void {
     this.server?.close();
     this.server = null;
-    for (const socket of this.sockets) socket.destroy();
+    for (const socket of this.sent.keys()) socket.destroy();
   }
 }
