@@ -5,8 +5,14 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
-import { lease, readUntil, REDIS_URL, TestBed } from './helpers/env.ts';
+import { createLogger } from '../src/logger.ts';
+import { ProviderRegistry } from '../src/providers/registry.ts';
+import type { OperationContext } from '../src/providers/types.ts';
+import type { OperationsQueue } from '../src/queues/operations-queue.ts';
+import { LeaseWorker } from '../src/queues/worker.ts';
+import { gate, lease, readUntil, REDIS_URL, TestBed } from './helpers/env.ts';
 import { readCallFile } from './helpers/invariants.ts';
+import { createRecordingProvider } from './helpers/recording-provider.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
 import { TcpProxy } from './helpers/tcp-proxy.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
@@ -244,5 +250,55 @@ describe('a graceful close while Redis fails', () => {
     expect(await exitCodeWithin(w, 20_000)).toBe(0);
     expect(readCallFile(callFile)[0]?.end).toBeDefined();
     expect(w.logs.some((l) => l.includes('stayed away for a lock period'))).toBe(true);
+  });
+});
+
+describe('LeaseWorker.close() in a process that lives on (lease-ops as a library)', () => {
+  let server: RedisProcess | undefined;
+  afterEach(async () => {
+    server?.resume();
+    await bed?.close();
+    bed = undefined;
+    await server?.stop();
+    server = undefined;
+  });
+
+  it('a close that does not wait (Redis away at the signal) tells the calls in flight to stop: their signals abort, their fences refuse', async () => {
+    // The close returned and the call ran on: once its lock lapsed, a successor ran the job beside it.
+    server = await RedisProcess.start();
+    const b = (bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-close-inproc}' }));
+    const started = gate<OperationContext>();
+    const finish = gate();
+    const { provider } = createRecordingProvider({
+      behaviour: async ({ ctx }) => {
+        started.open(ctx);
+        await finish.promise;
+        return 'ok' as const;
+      },
+    });
+    const w = await b.startWorker(provider);
+    await b.ops.enqueue({ op: 'stop', lease: lease('i'), params: { providerLeaseId: 'i' } });
+    const ctx = await started.promise;
+    server.pause();
+    await w.close();
+    expect(ctx.signal.aborted).toBe(true);
+    await expect(ctx.fence()).rejects.toThrow(/worker closed without waiting/);
+    finish.open();
+  });
+
+  it('closed while it starts: nothing more starts, and no timer outlives the close', async () => {
+    const b = (bed = await TestBed.create());
+    const w = new LeaseWorker(b.config, new ProviderRegistry([createRecordingProvider().provider]), createLogger({ level: 'silent' }));
+    const ops = (w as unknown as { ops: OperationsQueue }).ops;
+    const announce = ops.announceProviders.bind(ops);
+    let closed: Promise<void> | undefined;
+    ops.announceProviders = async (names) => {
+      await announce(names);
+      closed = w.close();
+    };
+    await w.start();
+    await closed;
+    expect((w as unknown as { scheduleCheck: NodeJS.Timeout | null }).scheduleCheck).toBeNull();
+    expect(await w.ready()).toBe(false);
   });
 });

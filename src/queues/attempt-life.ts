@@ -195,6 +195,11 @@ export class AttemptLife {
       return this.endFailed(laneId, fence, data, err, observed, log);
     }
     untrack();
+    if (held.abandoned) {
+      // Its worker closed without it (and disconnected): nothing of it is written.
+      log().warn('the worker closed while this attempt ran: its result is not recorded, and it runs again elsewhere');
+      throw staleEnd(held.staleError(), this.deps.backoff.baseMs);
+    }
     return this.complete(laneId, fence, data, result, observed, log);
   }
 

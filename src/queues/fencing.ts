@@ -63,6 +63,13 @@ export class Attempt {
     this.controller?.abort(new StaleAttemptError(reason));
   }
 
+  /** Its worker closed without waiting for it: stale, and its end is not to be written. */
+  abandon(): void {
+    this.abandoned = true;
+    this.markStale('its worker closed without waiting for it');
+  }
+  abandoned = false;
+
   staleError(): StaleAttemptError {
     return new StaleAttemptError(`attempt of ${this.jobId} is stale: ${this.staleReason ?? 'superseded'}`);
   }
@@ -119,6 +126,12 @@ export class Fencing {
   track(attempt: Attempt): () => void {
     this.running.add(attempt);
     return () => this.running.delete(attempt);
+  }
+
+  /** The worker closes without waiting for its running attempts: each stops (see Attempt.abandon). Returns how many. */
+  abandonAll(): number {
+    for (const attempt of this.running) attempt.abandon();
+    return this.running.size;
   }
 
   /** BullMQ could not renew these jobs' locks: their attempts must stop. */

@@ -235,6 +235,8 @@ export class LeaseWorker {
   async start(): Promise<void> {
     await this.schedule();
     await this.ops.announceProviders(this.providers.names());
+    // Closed meanwhile: nothing more starts (a timer set now would outlive the close).
+    if (this.closing) return;
     this.fencing.start();
     // Redis can lose its data (a restart without persistence, a failover to a replica that
     // lagged): the schedules are then gone while the workers keep running. Look every sweep
@@ -321,6 +323,11 @@ export class LeaseWorker {
       if (waited === 'closed') {
         await faultPoint('close-wake-up');
         await this.wakeIdleWorkers();
+      } else {
+        // In a process that lives on (lease-ops used as a library), they would run on beside
+        // their successors once their locks lapse: their signals abort, their fences refuse.
+        const abandoned = this.fencing.abandonAll();
+        if (abandoned) this.log.warn({ abandoned }, 'closed without waiting for provider calls in flight: they are told to stop, and their ends are not written');
       }
       this.fencing.stop();
       await Promise.all([this.maintenanceQueue.close(), this.ops.close()]);
@@ -333,9 +340,9 @@ export class LeaseWorker {
   /**
    * Waits for BullMQ's graceful close, asking Redis once a second meanwhile on the two
    * connections the running jobs need. It stops waiting when they have not both answered for
-   * one lock period (every lock this worker held has lapsed by then: its jobs run again
-   * elsewhere whatever it does; a shorter outage is waited out, so the jobs' ends are written
-   * when Redis is back), or when no job has run for CLOSE_STUCK_MS while both answer and
+   * one lock period (a Redis away that long has let every lock lapse: the jobs run again
+   * elsewhere whatever this worker does; a shorter outage is waited out, so the jobs' ends are
+   * written when Redis is back), or when no job has run for CLOSE_STUCK_MS while both answer and
    * BullMQ still has not closed (a connection of BullMQ's own cannot reconnect, and its close
    * would wait for it for ever).
    */
@@ -359,7 +366,7 @@ export class LeaseWorker {
       const now = performance.now();
       if (answered) answeredAt = now;
       else if (now - answeredAt >= this.settings.LEASE_OPS_LOCK_MS) {
-        this.log.warn({ silentMs: Math.round(now - answeredAt) }, 'Redis went away while closing (or a connection to it did) and stayed away for a lock period: not waiting for it any longer (running jobs\' locks have lapsed; they run again elsewhere)');
+        this.log.warn({ silentMs: Math.round(now - answeredAt) }, 'Redis went away while closing (or a connection to it did) and stayed away for a lock period: not waiting any longer (the running jobs cannot end without it; they run again elsewhere once their locks lapse)');
         return 'redis-gone';
       }
       idleSince = answered && this.attemptsInFlight === 0 ? (idleSince ?? now) : null;
