@@ -12,6 +12,8 @@ export class StaleAttemptError extends Error {
 export class Attempt {
   private controller: AbortController | undefined;
   private staleReason: string | null = null;
+  /** Set by abandon(): the attempt's end is not to be written. */
+  abandoned = false;
   /** performance.now() until which no successor can have started (see fence-check.lua). */
   private freshUntil = Number.NEGATIVE_INFINITY;
 
@@ -68,7 +70,6 @@ export class Attempt {
     this.abandoned = true;
     this.markStale('its worker closed without waiting for it');
   }
-  abandoned = false;
 
   staleError(): StaleAttemptError {
     return new StaleAttemptError(`attempt of ${this.jobId} is stale: ${this.staleReason ?? 'superseded'}`);

@@ -2,6 +2,7 @@ import { partitionOfLane } from '../partitions.ts';
 import { MetricsTime, Queue, UnrecoverableError, Worker, type Job } from 'bullmq';
 import { Redis } from 'ioredis';
 import type { Config } from '../config.ts';
+import { faultPoint } from '../fault-points.ts';
 import type { Logger } from '../logger.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
 import type { OperationContext } from '../providers/types.ts';
@@ -17,7 +18,6 @@ import { answerWithin, createRedis, isRedisUnavailable, pingWithin, reportRedisE
 import { type BackoffSettings, DEFAULT_BACKOFF, RetryLaterError } from './retry-policy.ts';
 import { sweepLanes } from './sweep.ts';
 import { Watchdog } from './watchdog.ts';
-import { faultPoint } from '../fault-points.ts';
 
 const SWEEP_SCHEDULER_ID = 'lane-sweep';
 /** How long a closing worker waits for Redis to answer before it closes without waiting for its jobs. */
@@ -26,6 +26,8 @@ const CLOSE_PING_MS = 2_000;
 export const LOCK_RENEWAL_FAILED = /^could not renew lock for job /;
 /** How long a closing worker waits for BullMQ's close once no job runs and Redis answers. */
 const CLOSE_STUCK_MS = 5_000;
+/** How a closing worker's wait for BullMQ's close ended (see waitForClose). */
+type CloseWait = 'closed' | 'redis-gone' | 'stuck';
 /** BullMQ's stall limit, set out of reach: lease-ops applies LEASE_OPS_MAX_STALLED itself. */
 const BULLMQ_STALLS_UNLIMITED = 1_000_000_000;
 const WATCHDOG_SCHEDULER_ID = 'stuck-stop-watchdog';
@@ -304,7 +306,6 @@ export class LeaseWorker {
     return this.redisAnswersWithin(1_000);
   }
 
-
   /**
    * Graceful stop: take no new jobs, let running ones finish, then disconnect. With Redis out
    * of reach it does not wait: BullMQ's graceful close waits for its blocking connection to
@@ -317,7 +318,7 @@ export class LeaseWorker {
       const reachable = await this.redisAnswersWithin(CLOSE_PING_MS);
       if (!reachable) this.log.warn('Redis does not answer: closing without waiting for running jobs (their locks lapse and they run again elsewhere)');
       const workersClosed = Promise.all([this.worker.close(!reachable), this.maintenanceWorker.close(!reachable)]);
-      let waited: Awaited<ReturnType<LeaseWorker['waitForClose']>> = 'redis-gone';
+      let waited: CloseWait = 'redis-gone';
       if (reachable) waited = await this.waitForClose(workersClosed);
       else await workersClosed;
       if (waited === 'closed') {
@@ -346,7 +347,7 @@ export class LeaseWorker {
    * BullMQ still has not closed (a connection of BullMQ's own cannot reconnect, and its close
    * would wait for it for ever).
    */
-  private async waitForClose(closed: Promise<unknown>): Promise<'closed' | 'redis-gone' | 'stuck'> {
+  private async waitForClose(closed: Promise<unknown>): Promise<CloseWait> {
     let settled = false;
     const done = closed.then(
       () => (settled = true),
