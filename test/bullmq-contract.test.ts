@@ -2,7 +2,7 @@ import { DelayedError, Job, Queue, QueueEvents, UnrecoverableError, Worker, type
 import { beforeAll, describe, expect, it } from 'vitest';
 import { BULLMQ_TESTED_RANGE, checkBullmqVersion } from '../src/queues/bullmq-version.ts';
 import { bullmqFetchingScripts, FETCHING_SCRIPTS, quietScript } from '../src/queues/quiet-fetch.ts';
-import { createRedis, type RedisClient } from '../src/queues/redis.ts';
+import { createRedis, keepCopies, type RedisClient } from '../src/queues/redis.ts';
 import { LOCK_RENEWAL_FAILED } from '../src/queues/worker.ts';
 import { gate, REDIS_URL, scratchRedis, waitForJobs } from './helpers/env.ts';
 
@@ -278,6 +278,24 @@ describe('BullMQ, as lease-ops relies on it', () => {
     expect(said).toEqual(['lockRenewalFailed renewal-1']);
     expect(LOCK_RENEWAL_FAILED.test('could not renew lock for job renewal-1')).toBe(true);
     release.open();
+  });
+
+  it('runs a Worker\'s fetches on copies it makes with duplicate() of the connection it is given, and closes them (what closeForGood reaches)', async () => {
+    const name = 'copies';
+    const given = createRedis(REDIS_URL);
+    const copies: RedisClient[] = [];
+    keepCopies(given, copies);
+    const w = new Worker(name, async () => undefined, { connection: given, prefix, autorun: false });
+    closers.push(() => given.disconnect());
+    await w.waitUntilReady();
+    void w.run();
+    // One copy, the blocking fetch's, named <prefix>:<queue name in base64>; its commands go on it.
+    const copyName = `${prefix}:${Buffer.from(name).toString('base64')}`;
+    await expect.poll(async () => ((await redis.call('CLIENT', 'LIST')) as string).includes(`name=${copyName} `)).toBe(true);
+    expect(copies).toHaveLength(2);
+    expect((copies[1] as { options: { connectionName?: string } }).options.connectionName).toBe(copyName);
+    await w.close();
+    expect(copies[1]!.status).toBe('end');
   });
 
   it('names the states lease-ops maps: delayed, waiting, active, completed, failed, unknown', async () => {

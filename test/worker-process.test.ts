@@ -286,6 +286,42 @@ describe('LeaseWorker.close() in a process that lives on (lease-ops as a library
     finish.open();
   });
 
+  it('a close that does not wait leaves no connection behind: none of BullMQ\'s own connects again once its fetch loop ends', async () => {
+    // BullMQ's blocking fetch, timed out while Redis stood still, reconnected after the close
+    // (BullMQ's reconnect does not look whether its connection was closed meanwhile): the
+    // process kept a connection, and with Redis gone it printed an ioredis error per retry.
+    server = await RedisProcess.start();
+    const prefix = '{lo-close-left}';
+    const b = (bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_PREFIX: prefix }));
+    const started = gate();
+    const finish = gate();
+    const { provider } = createRecordingProvider({
+      behaviour: async () => {
+        started.open();
+        await finish.promise;
+        return 'ok' as const;
+      },
+    });
+    const clientNames = async () =>
+      ((await b.redis.call('CLIENT', 'LIST')) as string)
+        .split('\n')
+        .filter(Boolean)
+        .map((line) => /\bname=(\S*)/.exec(line)?.[1] ?? '')
+        .sort();
+    const before = await clientNames();
+    const w = await b.startWorker(provider);
+    expect((await clientNames()).filter((name) => name.startsWith(`${prefix}:b3Bz`) && !name.endsWith(':qe'))).toHaveLength(2);
+    await b.ops.enqueue({ op: 'stop', lease: lease('l'), params: { providerLeaseId: 'l' } });
+    await started.promise;
+    server.pause();
+    await w.close();
+    finish.open();
+    server.resume();
+    const bullmq = w as unknown as { worker: { isRunning(): boolean }; maintenanceWorker: { isRunning(): boolean } };
+    await readUntil(async () => !bullmq.worker.isRunning() && !bullmq.maintenanceWorker.isRunning(), 30_000, 'BullMQ\'s fetch loops to end');
+    expect(await clientNames()).toEqual(before);
+  });
+
   it('closed while it starts: nothing more starts, and no timer outlives the close', async () => {
     const b = (bed = await TestBed.create());
     const w = new LeaseWorker(b.config, new ProviderRegistry([createRecordingProvider().provider]), createLogger({ level: 'silent' }));

@@ -28,6 +28,34 @@ export function createRedis(url: string, opts: RedisOptions = {}): RedisClient {
   return client;
 }
 
+/**
+ * Keeps `client` and every copy made of it in `into`. BullMQ's Worker copies the connection
+ * it is given (duplicate()) for its fetches and owns the copies; their errors are reported
+ * as the connection's own, and closeForGood can then reach them too.
+ */
+export function keepCopies(client: RedisClient, into: RedisClient[]): RedisClient {
+  into.push(client);
+  const duplicate = client.duplicate.bind(client) as (...args: unknown[]) => RedisClient;
+  (client as { duplicate: (...args: unknown[]) => RedisClient }).duplicate = (...args) => {
+    const copy = keepCopies(duplicate(...args), into);
+    copy.on('error', (err: unknown) => redisReport.error(err));
+    return copy;
+  };
+  return client;
+}
+
+/**
+ * Disconnects for good: a later connect is refused. BullMQ 6 connects a copy it has closed
+ * again when the close came while a timed-out fetch was resetting that copy (its reconnect
+ * does not look whether the connection was closed meanwhile), and the copy then lived on.
+ */
+export function closeForGood(client: RedisClient): void {
+  (client as { connect: () => Promise<void> }).connect = () => Promise.reject(new Error(CONNECTION_CLOSED));
+  client.disconnect();
+}
+/** ioredis' (and BullMQ's) message for a closed connection, which BullMQ treats as one. */
+const CONNECTION_CLOSED = 'Connection is closed.';
+
 let redisReport: { error: (err: unknown) => void; ready: () => void } = { error: () => undefined, ready: () => undefined };
 
 /** Hands an error of a connection lease-ops does not own (BullMQ's) to the same report. */

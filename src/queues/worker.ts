@@ -14,7 +14,7 @@ import { LeaseRecords } from './lease-records.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 import { defineQuietFetch } from './quiet-fetch.ts';
 import { BACKOFF_TYPE, OperationsQueue } from './operations-queue.ts';
-import { answerWithin, createRedis, isRedisUnavailable, pingWithin, reportRedisError, type RedisClient } from './redis.ts';
+import { answerWithin, closeForGood, createRedis, keepCopies, isRedisUnavailable, pingWithin, reportRedisError, type RedisClient } from './redis.ts';
 import { type BackoffSettings, DEFAULT_BACKOFF, RetryLaterError } from './retry-policy.ts';
 import { sweepLanes } from './sweep.ts';
 import { Watchdog } from './watchdog.ts';
@@ -86,7 +86,7 @@ export class LeaseWorker {
   readonly history: LeaseHistory;
   private readonly workerConnection: RedisClient;
   private writesHeld = false;
-  /** Connections handed to BullMQ, which leaves closing them to their owner. */
+  /** Connections handed to BullMQ (which leaves closing them to their owner), and its copies of them. */
   private readonly ownedConnections: RedisClient[] = [];
   private closing: Promise<void> | null = null;
   /** Attempts between BullMQ handing over their job and their end (see waitForClose). */
@@ -112,9 +112,7 @@ export class LeaseWorker {
     // Named, so CLIENT LIST says which of a worker's connections is which (the tests cut one).
     this.connection = createRedis(settings.REDIS_URL, { connectionName: 'lease-ops-worker' });
     const connect = (connectionName: string) => {
-      const c = createRedis(settings.REDIS_URL, { connectionName });
-      this.ownedConnections.push(c);
-      return c;
+      return keepCopies(createRedis(settings.REDIS_URL, { connectionName }), this.ownedConnections);
     };
     this.ops = new OperationsQueue(this.connection, settings);
     this.records = new LeaseRecords(this.connection, settings.LEASE_OPS_PREFIX);
@@ -333,7 +331,7 @@ export class LeaseWorker {
       this.fencing.stop();
       await Promise.all([this.maintenanceQueue.close(), this.ops.close()]);
       await this.providers.close();
-      for (const c of [this.connection, ...this.ownedConnections]) c.disconnect();
+      for (const c of [this.connection, ...this.ownedConnections]) closeForGood(c);
     })();
     return this.closing;
   }
