@@ -26,6 +26,8 @@ export interface Figures {
   ratio_vs_groupmq: number;
   hot_lease_ops_per_s: number;
   hot_lease_one_worker_ops_per_s: number;
+  groupmq_hot_group_jobs_per_s: number;
+  hot_ratio_vs_groupmq: number;
   handoff_one_worker_p50_ms: number;
   handoff_p50_ms: number;
   handoff_p99_ms: number;
@@ -205,7 +207,7 @@ export async function plainRun(jobs: number, leases: number): Promise<{ jobsPerS
  * groupmq (a per-group FIFO queue on Redis: one job per group at a time, in order): the same
  * jobs, each lease a group. Jobs are added first, then timed to drain.
  */
-async function groupmqRun(jobs: number, leases: number): Promise<number> {
+export async function groupmqRun(jobs: number, leases: number): Promise<number> {
   const { Queue: GroupQueue } = await import('groupmq');
   const config = benchConfig(GROUPMQ_NAMESPACE);
   const redis = singleRedis(config.REDIS_URL);
@@ -331,6 +333,7 @@ export function writeBenchFiles(figures: Figures, samples: BenchSamples, dir: st
     { label: 'groupmq, same jobs (median)', value: figures.groupmq_jobs_per_s, samples: samples.groupmqRounds, colour: '#b0a27a' },
     { label: 'one hot lease', value: figures.hot_lease_ops_per_s },
     { label: 'one hot lease, one worker process', value: figures.hot_lease_one_worker_ops_per_s },
+    { label: 'groupmq, one hot group', value: figures.groupmq_hot_group_jobs_per_s, colour: '#b0a27a' },
     { label: `${figures.loads.many_leases} leases, one op each`, value: figures.many_leases_ops_per_s },
   ]);
   const histogram = histogramSvg('Hand-off latency, one hot lease (end of one operation to start of the next)', samples.handoffsMs);
@@ -372,6 +375,9 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
   out(`(c) one hot lease, ${loads.hot_ops} operations, one worker process ...`);
   const hotOne = await lanesRun(loads.hot_ops, 1, true, 1);
   const handoffsOne = handoffTimes(hotOne.timings);
+  // The peer's figure for the same: one group holding all the jobs, the same two processes.
+  out(`(c') groupmq, one hot group, ${loads.hot_ops} jobs ...`);
+  const groupmqHot = await groupmqRun(loads.hot_ops, 1);
   out(`(d) ${loads.many_leases} leases, one operation each ...`);
   const many = await lanesRun(loads.many_leases, loads.many_leases);
   // (e) The incident, default settings: a stop that ignores SIGTERM, a resume behind it.
@@ -386,6 +392,8 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
     ratio_vs_groupmq: Number((lanes.opsPerS / groupmq).toFixed(3)),
     hot_lease_ops_per_s: Math.round(hot.opsPerS),
     hot_lease_one_worker_ops_per_s: Math.round(hotOne.opsPerS),
+    groupmq_hot_group_jobs_per_s: Math.round(groupmqHot),
+    hot_ratio_vs_groupmq: Number((hot.opsPerS / groupmqHot).toFixed(3)),
     handoff_one_worker_p50_ms: Number(percentile(handoffsOne, 50).toFixed(3)),
     handoff_p50_ms: Number(percentile(handoffs, 50).toFixed(3)),
     handoff_p99_ms: Number(percentile(handoffs, 99).toFixed(3)),
@@ -413,6 +421,8 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
       [`(c) one hot lease: ${loads.hot_ops} ops`, `${figures.hot_lease_ops_per_s} ops/s`],
       [`    hand-off p50 / p99`, `${figures.handoff_p50_ms} / ${figures.handoff_p99_ms} ms`],
       [`    same, one worker process`, `${figures.hot_lease_one_worker_ops_per_s} ops/s, hand-off p50 ${figures.handoff_one_worker_p50_ms} ms`],
+      [`(c') groupmq: one hot group, ${loads.hot_ops} jobs`, `${figures.groupmq_hot_group_jobs_per_s} jobs/s`],
+      [`    ratio (c)/(c')`, `${figures.hot_ratio_vs_groupmq}`],
       [`(d) ${loads.many_leases} leases, one op each`, `${figures.many_leases_ops_per_s} ops/s (${(many.opsPerS / lanes.opsPerS).toFixed(2)} of (a))`],
       [`    Redis memory before / after`, `${figures.redis_memory_before_bytes} / ${figures.redis_memory_after_bytes} bytes`],
       [`    keys under the prefix before / after`, `${figures.redis_keys_before} / ${figures.redis_keys_after}`],

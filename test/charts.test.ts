@@ -37,6 +37,8 @@ describe('the bench charts', () => {
       ratio_vs_plain: 0.667,
       hot_lease_ops_per_s: 1_500,
       hot_lease_one_worker_ops_per_s: 1_700,
+      groupmq_hot_group_jobs_per_s: 2_100,
+      hot_ratio_vs_groupmq: 0.76,
       groupmq_jobs_per_s: 13_000,
       ratio_vs_groupmq: 0.615,
       handoff_one_worker_p50_ms: 0.5,
@@ -58,6 +60,8 @@ describe('the bench charts', () => {
     const svg = readFileSync(files.svg, 'utf8');
     expect(svg).toContain('plain BullMQ, same jobs (median)');
     expect(svg).toContain('groupmq, same jobs (median)');
+    expect(svg).toContain('groupmq, one hot group');
+    expect(svg).toContain('2,100 /s');
     expect(svg).toContain('8,000 /s');
     // One dot per round, for lanes, plain BullMQ and groupmq.
     expect(svg.match(/<circle /g)).toHaveLength(9);
