@@ -154,14 +154,15 @@ export function exitEarlyOnSignals(cleanUp: (signal: NodeJS.Signals) => void | P
 
 /**
  * SIGTERM and SIGINT stop gracefully: no new jobs, running ones finish, then exit.
- * A second signal exits at once; BullMQ's stalled-job handling then recovers the jobs.
+ * A second signal exits at once (130 or 143, as a process killed by it); BullMQ's
+ * stalled-job handling then recovers the jobs.
  */
 function exitOnSignals(log: Logger, stop: () => Promise<void>): void {
   let stopping = false;
   const onSignal = (signal: NodeJS.Signals) => {
     if (stopping) {
       log.warn({ signal }, 'second signal: exiting now');
-      process.exit(130);
+      process.exit(signal === 'SIGINT' ? 130 : 143);
     }
     stopping = true;
     log.info({ signal }, 'stopping gracefully');

@@ -4,7 +4,10 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 import { laneIdOfJobId } from '../src/lease.ts';
-import { lease, QUICK_RECOVERY, readUntil, TestBed, workerEnv } from './helpers/env.ts';
+import { createLogger } from '../src/logger.ts';
+import { Attempt, Fencing } from '../src/queues/fencing.ts';
+import { createRedis } from '../src/queues/redis.ts';
+import { lease, QUICK_RECOVERY, readUntil, REDIS_URL, TestBed, workerEnv } from './helpers/env.ts';
 import { readCallFile } from './helpers/invariants.ts';
 import { waitForCall } from './helpers/watch-file.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
@@ -146,5 +149,27 @@ describe('fencing', () => {
     expect(refused()).toBe(true);
     expect(await bed.redis.hget(bed.ops.queue.toKey(next.jobId), 'lo:outcome')).toContain('"completed"');
     expect(await bed.ops.queue.getJobState(next.jobId)).toBe('completed');
+  });
+});
+
+describe('Fencing.abandonAll (a worker closing without waiting)', () => {
+  it('stops the attempts it tracks, and any it tracks after: their signals abort and their checks refuse', async () => {
+    const redis = createRedis(REDIS_URL);
+    try {
+      const fencing = new Fencing(redis, (laneId) => `{lo-abandon}:lane:${laneId}:exec`, (jobId) => `{lo-abandon}:job:${jobId}:lock`, createLogger({ level: 'silent' }), 60_000);
+      const running = new Attempt('j1', 'l1', '1', 'lock-1');
+      fencing.track(running);
+      expect(fencing.abandonAll()).toBe(1);
+      // A job BullMQ hands over as the worker closes.
+      const late = new Attempt('j2', 'l2', '1', 'lock-2');
+      fencing.track(late);
+      for (const attempt of [running, late]) {
+        expect(attempt.abandoned).toBe(true);
+        expect(attempt.signal.aborted).toBe(true);
+        await expect(fencing.check(attempt)).rejects.toThrow(/worker closed without waiting/);
+      }
+    } finally {
+      redis.disconnect();
+    }
   });
 });

@@ -10,7 +10,7 @@ import { ProviderRegistry } from '../src/providers/registry.ts';
 import type { OperationContext } from '../src/providers/types.ts';
 import type { OperationsQueue } from '../src/queues/operations-queue.ts';
 import { LeaseWorker } from '../src/queues/worker.ts';
-import { gate, lease, readUntil, REDIS_URL, TestBed } from './helpers/env.ts';
+import { gate, lease, readUntil, REDIS_URL, TestBed, workerEnv } from './helpers/env.ts';
 import { readCallFile } from './helpers/invariants.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
@@ -80,6 +80,29 @@ describe('the worker process', () => {
     // The call was in flight when SIGTERM came, and ran to its end.
     expect(BigInt(calls[0]!.start)).toBeLessThan(termAt);
     expect(BigInt(calls[0]!.end!)).toBeGreaterThan(termAt);
+  });
+
+  it.each([
+    ['SIGTERM', 143],
+    ['SIGINT', 130],
+  ] as const)('a second %s exits at once, with that signal\'s own code (%i), while an operation still runs', async (signal, code) => {
+    bed = await TestBed.create();
+    dir = mkdtempSync(join(tmpdir(), 'lease-ops-twice-'));
+    const callFile = join(dir, 'calls.jsonl');
+    const worker = new WorkerProcess({
+      ...workerEnv(bed, { LEASE_OPS_PROVIDERS: PROVIDER, RECORDING_FILE: callFile, RECORDING_MIN_MS: '60000', RECORDING_MAX_MS: '60000' }),
+    });
+    await worker.ready;
+    const callStarted = firstCallIn(dir, callFile);
+    await bed.ops.enqueue({ op: 'stop', lease: lease('twice'), params: { providerLeaseId: 'twice' } });
+    await callStarted;
+    worker.child.kill(signal);
+    await worker.waitForLog('stopping gracefully');
+    worker.child.kill(signal);
+    expect(await worker.exited).toBe(code);
+    expect(worker.logs.some((l) => l.includes('"msg":"second signal: exiting now"'))).toBe(true);
+    // The operation's call never ended: the worker did not wait for it.
+    expect(readCallFile(callFile).map((c) => c.end)).toEqual([undefined]);
   });
 
   // The simulated provider's embedded cloud also releases its claim in Redis on the way out.
@@ -320,6 +343,43 @@ describe('LeaseWorker.close() in a process that lives on (lease-ops as a library
     const bullmq = w as unknown as { worker: { isRunning(): boolean }; maintenanceWorker: { isRunning(): boolean } };
     await readUntil(async () => !bullmq.worker.isRunning() && !bullmq.maintenanceWorker.isRunning(), 30_000, 'BullMQ\'s fetch loops to end');
     expect(await clientNames()).toEqual(before);
+  });
+
+  it('a close that does not wait starts nothing more: the next job of a lane, handed over by a completion Redis answers late, never reaches its provider there', async () => {
+    // Found by an attack (helper-31): the completion of the operation before it, sent while
+    // Redis stood still, fetched the next one once Redis answered during the close; it ran
+    // unstopped, past its lock, beside its re-run on another worker.
+    server = await RedisProcess.start();
+    const b = (bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-close-late}' }));
+    const firstStarted = gate();
+    const firstFinish = gate();
+    const secondStarted = gate();
+    const { provider } = createRecordingProvider({
+      behaviour: async ({ op }) => {
+        if (op === 'resume') secondStarted.open();
+        else {
+          firstStarted.open();
+          await firstFinish.promise;
+        }
+        return 'ok' as const;
+      },
+    });
+    const w = await b.startWorker(provider);
+    const bullmq = w as unknown as { worker: { isRunning(): boolean } };
+    let secondRan = false;
+    void secondStarted.promise.then(() => (secondRan = true));
+    // Redis answers again while the close waits for the providers to close.
+    provider.close = async () => {
+      server!.resume();
+      await Promise.race([secondStarted.promise, readUntil(async () => !bullmq.worker.isRunning(), 20_000, 'BullMQ\'s fetch loop to end')]);
+    };
+    await b.ops.enqueue({ op: 'stop', lease: lease('n'), params: { providerLeaseId: 'n' } });
+    await b.ops.enqueue({ op: 'resume', lease: lease('n'), params: { providerLeaseId: 'n' } });
+    await firstStarted.promise;
+    server.pause();
+    firstFinish.open();
+    await w.close();
+    expect(secondRan).toBe(false);
   });
 
   it('closed while it starts: nothing more starts, and no timer outlives the close', async () => {

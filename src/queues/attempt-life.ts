@@ -188,7 +188,8 @@ export class AttemptLife {
       untrack();
       if (err instanceof StaleAttemptError || held.stale) {
         // Not this attempt's lane any more: touch nothing, let the current attempt finish.
-        log().warn({ err }, 'stale attempt refused a provider call');
+        if (held.abandoned) log().warn('the worker closed without waiting for this attempt: it stops, its end is not recorded, and it runs again elsewhere');
+        else log().warn({ err }, 'stale attempt refused a provider call');
         attemptEnded(data.op, 'stale', this.seconds());
         throw staleEnd(held.staleError(), this.deps.backoff.baseMs);
       }

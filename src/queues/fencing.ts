@@ -84,6 +84,7 @@ export class Attempt {
  */
 export class Fencing {
   private readonly running = new Set<Attempt>();
+  private abandoning = false;
   private timer: NodeJS.Timeout | null = null;
   private readonly fenceCheck: LuaCommand;
   /**
@@ -126,11 +127,14 @@ export class Fencing {
 
   track(attempt: Attempt): () => void {
     this.running.add(attempt);
+    // A job BullMQ handed over as the worker closed without waiting: it stops at once too.
+    if (this.abandoning) attempt.abandon();
     return () => this.running.delete(attempt);
   }
 
-  /** The worker closes without waiting for its running attempts: each stops (see Attempt.abandon). Returns how many. */
+  /** The worker closes without waiting for its running attempts: each stops, and any tracked later (see Attempt.abandon). Returns how many. */
   abandonAll(): number {
+    this.abandoning = true;
     for (const attempt of this.running) attempt.abandon();
     return this.running.size;
   }

@@ -329,9 +329,12 @@ export class LeaseWorker {
         if (abandoned) this.log.warn({ abandoned }, 'closed without waiting for provider calls in flight: they are told to stop, and their ends are not written');
       }
       this.fencing.stop();
+      // Before anything more is awaited: after a close that did not wait, a completion sent
+      // before it and answered only now would hand this worker its lane's next job (BullMQ
+      // runs what it fetched while it closes); over closed connections nothing comes.
+      for (const c of [this.connection, ...this.ownedConnections]) closeForGood(c);
       await Promise.all([this.maintenanceQueue.close(), this.ops.close()]);
       await this.providers.close();
-      for (const c of [this.connection, ...this.ownedConnections]) closeForGood(c);
     })();
     return this.closing;
   }
