@@ -5,10 +5,11 @@ import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 import { laneIdOfJobId } from '../src/lease.ts';
 import { createLogger } from '../src/logger.ts';
-import { Attempt, Fencing } from '../src/queues/fencing.ts';
+import { Attempt, Fencing, StaleAttemptError } from '../src/queues/fencing.ts';
 import { createRedis } from '../src/queues/redis.ts';
 import { lease, QUICK_RECOVERY, readUntil, REDIS_URL, TestBed, workerEnv } from './helpers/env.ts';
 import { readCallFile } from './helpers/invariants.ts';
+import { RedisProcess } from './helpers/redis-process.ts';
 import { waitForCall } from './helpers/watch-file.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
 
@@ -170,6 +171,36 @@ describe('Fencing.abandonAll (a worker closing without waiting)', () => {
       }
     } finally {
       redis.disconnect();
+    }
+  });
+
+  it('a check already out when the worker closes without waiting rejects at once: the answer that comes after is not taken', async () => {
+    // helper-32: the answer ("current": the lock was still there) came over the closing
+    // socket after the close, and the abandoned attempt's next request went out.
+    const server = await RedisProcess.start();
+    const redis = createRedis(server.url);
+    try {
+      const exec = (laneId: string) => `{lo-abandon}:lane:${laneId}:exec`;
+      const lock = (jobId: string) => `{lo-abandon}:job:${jobId}:lock`;
+      await redis.hset(exec('l1'), 'token', '5');
+      await redis.set(lock('j1'), 'lock-1', 'PX', 30_000);
+      const fencing = new Fencing(redis, exec, lock, createLogger({ level: 'silent' }), 60_000);
+      const attempt = new Attempt('j1', 'l1', '5', 'lock-1');
+      fencing.track(attempt);
+      await fencing.check(attempt);
+      server.pause();
+      const checked = fencing.check(attempt).then(
+        () => 'confirmed',
+        (err: unknown) => (err instanceof StaleAttemptError ? 'stale' : `error: ${String(err)}`),
+      );
+      await new Promise((r) => setImmediate(r));
+      fencing.abandonAll();
+      server.resume();
+      expect(await checked).toBe('stale');
+    } finally {
+      server.resume();
+      redis.disconnect();
+      await server.stop();
     }
   });
 });

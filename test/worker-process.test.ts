@@ -355,15 +355,19 @@ describe('LeaseWorker.close() in a process that lives on (lease-ops as a library
     const firstFinish = gate();
     const secondStarted = gate();
     const { provider } = createRecordingProvider({
-      behaviour: async ({ op }) => {
-        if (op === 'resume') secondStarted.open();
-        else {
-          firstStarted.open();
-          await firstFinish.promise;
-        }
+      behaviour: async () => {
+        firstStarted.open();
+        await firstFinish.promise;
         return 'ok' as const;
       },
     });
+    // Not even called (helper-32: a reply over the closing socket still handed it over, and
+    // the provider was called after its close, its fence refusing).
+    const resume = provider.resume.bind(provider);
+    provider.resume = (ctx, params) => {
+      secondStarted.open();
+      return resume(ctx, params);
+    };
     const w = await b.startWorker(provider);
     const bullmq = w as unknown as { worker: { isRunning(): boolean } };
     let secondRan = false;
@@ -380,6 +384,30 @@ describe('LeaseWorker.close() in a process that lives on (lease-ops as a library
     firstFinish.open();
     await w.close();
     expect(secondRan).toBe(false);
+  });
+
+  it('a job handed over after a close that did not wait does not start there: its provider is not called', async () => {
+    // helper-32: a completion answered over the closing connection handed one over after the
+    // close returned, and the provider (closed by then) was called, its fence refusing.
+    server = await RedisProcess.start();
+    const b = (bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-close-after}' }));
+    const { provider } = createRecordingProvider();
+    const entered: string[] = [];
+    const stop = provider.stop.bind(provider);
+    provider.stop = (ctx, params) => {
+      entered.push(ctx.jobId);
+      return stop(ctx, params);
+    };
+    const w = await b.startWorker(provider);
+    server.pause();
+    await w.close();
+    server.resume();
+    const { jobId } = await b.ops.enqueue({ op: 'stop', lease: lease('after'), params: { providerLeaseId: 'after' } });
+    const job = await b.ops.queue.getJob(jobId);
+    // As BullMQ's loop hands it over.
+    const process = (w as unknown as { process(job: unknown, token: string): Promise<unknown> }).process.bind(w);
+    await expect(process(job, 'lock-token')).rejects.toThrow(/closed without waiting/);
+    expect(entered).toEqual([]);
   });
 
   it('closed while it starts: nothing more starts, and no timer outlives the close', async () => {

@@ -163,7 +163,11 @@ export class Fencing {
       const epoch = this.connectionEpoch;
       let answer: [number, number];
       try {
-        answer = (await this.fenceCheck(this.execKey(attempt.laneId), this.lockKey(attempt.jobId), attempt.token, attempt.lockToken)) as [number, number];
+        // Given up the moment the attempt turns stale: an answer that comes after (its worker
+        // closed without waiting, and the reply still came over the closing socket) is not a
+        // confirmation, and one that never comes (a connection closed while reconnecting)
+        // must not hold the call for ever.
+        answer = (await untilStale(attempt, this.fenceCheck(this.execKey(attempt.laneId), this.lockKey(attempt.jobId), attempt.token, attempt.lockToken))) as [number, number];
       } catch (err) {
         // The connection went while the check was out: ask whichever Redis answers now.
         if (epoch !== this.connectionEpoch && isRedisUnavailable(err)) continue;
@@ -200,4 +204,15 @@ export class Fencing {
       this.log.debug({ err }, 'fence sweep skipped');
     }
   }
+}
+
+/** `answer`, unless the attempt turns stale first: then its StaleAttemptError, at once. */
+function untilStale<T>(attempt: Attempt, answer: Promise<T>): Promise<T> {
+  const signal = attempt.signal;
+  if (signal.aborted) return Promise.reject(attempt.staleError());
+  return new Promise<T>((resolve, reject) => {
+    const onStale = () => reject(attempt.staleError());
+    signal.addEventListener('abort', onStale, { once: true });
+    answer.then(resolve, reject).finally(() => signal.removeEventListener('abort', onStale));
+  });
 }

@@ -7,7 +7,7 @@ import type { Logger } from '../logger.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
 import type { OperationContext } from '../providers/types.ts';
 import { AttemptLife, type AttemptDeps } from './attempt-life.ts';
-import { Fencing } from './fencing.ts';
+import { Fencing, StaleAttemptError } from './fencing.ts';
 import type { Lanes } from './lane.ts';
 import { LeaseHistory } from './lease-history.ts';
 import { LeaseRecords } from './lease-records.ts';
@@ -89,6 +89,8 @@ export class LeaseWorker {
   /** Connections handed to BullMQ (which leaves closing them to their owner), and its copies of them. */
   private readonly ownedConnections: RedisClient[] = [];
   private closing: Promise<void> | null = null;
+  /** Set when the close stopped waiting for the running jobs: nothing starts after. */
+  private closedWithoutWaiting = false;
   /** Attempts between BullMQ handing over their job and their end (see waitForClose). */
   private attemptsInFlight = 0;
   private readonly backoff: BackoffSettings;
@@ -325,6 +327,7 @@ export class LeaseWorker {
       } else {
         // In a process that lives on (lease-ops used as a library), they would run on beside
         // their successors once their locks lapse: their signals abort, their fences refuse.
+        this.closedWithoutWaiting = true;
         const abandoned = this.fencing.abandonAll();
         if (abandoned) this.log.warn({ abandoned }, 'closed without waiting for provider calls in flight: they are told to stop, and their ends are not written');
       }
@@ -398,6 +401,9 @@ export class LeaseWorker {
   }
 
   private async process(job: Job, token: string | undefined): Promise<unknown> {
+    // Handed over after this worker closed without waiting (a reply that still came over a
+    // closing connection): it does not start here. Its lock lapses, and it runs elsewhere.
+    if (this.closedWithoutWaiting) throw new RetryLaterError(this.backoff.baseMs, new StaleAttemptError(`attempt of ${job.id} not started: its worker closed without waiting`));
     this.attemptsInFlight++;
     try {
       return await new AttemptLife(this.attemptDeps, job, token ?? '').live();
