@@ -174,6 +174,31 @@ describe('Fencing.abandonAll (a worker closing without waiting)', () => {
     }
   });
 
+  it('many checks of one attempt out at once leave its signal alone (no listener warning for a provider sending in parallel)', async () => {
+    const redis = createRedis(REDIS_URL);
+    const exec = (laneId: string) => `{lo-many-checks}:lane:${laneId}:exec`;
+    const lock = (jobId: string) => `{lo-many-checks}:job:${jobId}:lock`;
+    const warnings: string[] = [];
+    const onWarning = (warning: Error) => warnings.push(`${warning.name}: ${warning.message}`);
+    process.on('warning', onWarning);
+    try {
+      await redis.hset(exec('l1'), 'token', '3');
+      await redis.set(lock('j1'), 'lock-1', 'PX', 30_000);
+      const fencing = new Fencing(redis, exec, lock, createLogger({ level: 'silent' }), 60_000);
+      const attempt = new Attempt('j1', 'l1', '3', 'lock-1');
+      fencing.track(attempt);
+      // The provider's requests listen to the signal too.
+      expect(attempt.signal.aborted).toBe(false);
+      await Promise.all(Array.from({ length: 50 }, () => fencing.check(attempt)));
+      await new Promise((r) => setImmediate(r));
+      expect(warnings).toEqual([]);
+    } finally {
+      process.off('warning', onWarning);
+      await redis.del(exec('l1'), lock('j1'));
+      redis.disconnect();
+    }
+  });
+
   it('a check already out when the worker closes without waiting rejects at once: the answer that comes after is not taken', async () => {
     // helper-32: the answer ("current": the lock was still there) came over the closing
     // socket after the close, and the abandoned attempt's next request went out.

@@ -410,6 +410,44 @@ describe('LeaseWorker.close() in a process that lives on (lease-ops as a library
     expect(entered).toEqual([]);
   });
 
+  it('an attempt whose lane step is answered only after a close that did not wait does not call its provider', async () => {
+    // helper-33: the lane's answer to a retry's start came over the closing connection once
+    // Redis was back; the attempt, abandoned as soon as it was tracked, still called its
+    // provider (closed by then), whose fence refused.
+    server = await RedisProcess.start();
+    const b = (bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-close-step}' }));
+    const { provider } = createRecordingProvider({ behaviour: ({ ctx }) => (ctx.attempt === 1 ? 'settling' : 'ok') });
+    const entered: number[] = [];
+    const stop = provider.stop.bind(provider);
+    provider.stop = (ctx, params) => {
+      entered.push(ctx.attempt);
+      return stop(ctx, params);
+    };
+    const w = await b.startWorker(provider);
+    const inside = w as unknown as { ops: OperationsQueue; closedWithoutWaiting: boolean; attemptsInFlight: number };
+    // The retry's start asks the lane (a first start is handed its token); its answer is held.
+    const answered = gate();
+    const proceed = gate();
+    const lanes = inside.ops.lanes;
+    const acquire = lanes.acquire.bind(lanes);
+    lanes.acquire = async (...args: Parameters<typeof acquire>) => {
+      const answer = await acquire(...args);
+      answered.open();
+      await proceed.promise;
+      return answer;
+    };
+    await b.ops.enqueue({ op: 'stop', lease: lease('step'), params: { providerLeaseId: 'step' } });
+    await answered.promise;
+    server.pause();
+    const closed = w.close();
+    await readUntil(async () => inside.closedWithoutWaiting, 10_000, 'the close to stop waiting');
+    proceed.open();
+    await closed;
+    server.resume();
+    await readUntil(async () => inside.attemptsInFlight === 0, 10_000, 'the attempt to end');
+    expect(entered).toEqual([1]);
+  });
+
   it('closed while it starts: nothing more starts, and no timer outlives the close', async () => {
     const b = (bed = await TestBed.create());
     const w = new LeaseWorker(b.config, new ProviderRegistry([createRecordingProvider().provider]), createLogger({ level: 'silent' }));

@@ -178,6 +178,9 @@ export class AttemptLife {
     let result: unknown;
     try {
       await faultPoint('before-provider-call');
+      // Stale already (its worker closed without waiting while its lane step was out, say):
+      // the provider is not called at all, not even to be refused by its first fence.
+      if (held.stale) throw held.staleError();
       const spanAttributes = { 'lease.op': data.op, 'lease.provider': data.lease.provider, 'lease.job_id': this.jobId, 'lease.attempt': ctx.attempt };
       result = await telemetry.processSpan(this.deps.ops.queue.name, this.jobId, spanAttributes, () =>
         data.op === 'force-stop' ? telemetry.forceStopSpan(spanAttributes, () => runOperation(provider, ctx, data)) : runOperation(provider, ctx, data),

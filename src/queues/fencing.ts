@@ -12,6 +12,8 @@ export class StaleAttemptError extends Error {
 export class Attempt {
   private controller: AbortController | undefined;
   private staleReason: string | null = null;
+  /** Told when the attempt turns stale (see whenStale): a set, not the signal's listeners, which warn past ten. */
+  private readonly staleListeners = new Set<() => void>();
   /** Set by abandon(): the attempt's end is not to be written. */
   abandoned = false;
   /** performance.now() until which no successor can have started (see fence-check.lua). */
@@ -63,6 +65,18 @@ export class Attempt {
     if (this.staleReason) return;
     this.staleReason = reason;
     this.controller?.abort(new StaleAttemptError(reason));
+    for (const listener of this.staleListeners) listener();
+    this.staleListeners.clear();
+  }
+
+  /** Calls `listener` once the attempt turns stale (at once if it is); returns how to stop listening. */
+  whenStale(listener: () => void): () => void {
+    if (this.staleReason) {
+      listener();
+      return () => undefined;
+    }
+    this.staleListeners.add(listener);
+    return () => this.staleListeners.delete(listener);
   }
 
   /** Its worker closed without waiting for it: stale, and its end is not to be written. */
@@ -173,6 +187,8 @@ export class Fencing {
         if (epoch !== this.connectionEpoch && isRedisUnavailable(err)) continue;
         throw err;
       }
+      // Turned stale in the same turn as the answer came: not confirmed.
+      if (attempt.stale) break;
       const [current, lockMsLeft] = answer;
       if (current !== 1) attempt.markStale('a newer attempt holds the lease, or its lock is not its own');
       // An answer from before a close came from a Redis that may be gone: ask again.
@@ -208,11 +224,8 @@ export class Fencing {
 
 /** `answer`, unless the attempt turns stale first: then its StaleAttemptError, at once. */
 function untilStale<T>(attempt: Attempt, answer: Promise<T>): Promise<T> {
-  const signal = attempt.signal;
-  if (signal.aborted) return Promise.reject(attempt.staleError());
   return new Promise<T>((resolve, reject) => {
-    const onStale = () => reject(attempt.staleError());
-    signal.addEventListener('abort', onStale, { once: true });
-    answer.then(resolve, reject).finally(() => signal.removeEventListener('abort', onStale));
+    const stopListening = attempt.whenStale(() => reject(attempt.staleError()));
+    answer.then(resolve, reject).finally(stopListening);
   });
 }
