@@ -7,7 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 import { createLogger } from '../src/logger.ts';
 import { ProviderRegistry } from '../src/providers/registry.ts';
-import type { OperationContext } from '../src/providers/types.ts';
+import type { LeaseProvider, OperationContext } from '../src/providers/types.ts';
 import type { OperationsQueue } from '../src/queues/operations-queue.ts';
 import { LeaseWorker } from '../src/queues/worker.ts';
 import { gate, lease, readUntil, REDIS_URL, TestBed, workerEnv } from './helpers/env.ts';
@@ -39,6 +39,15 @@ async function exitCodeWithin(worker: WorkerProcess, ms: number): Promise<number
     worker.child.kill('SIGKILL');
   }
   return code;
+}
+
+/** Tells `seen` of every call into one of a provider's methods, before the method runs (and before its fence). */
+function onCall(provider: LeaseProvider, method: 'stop' | 'resume', seen: (ctx: OperationContext) => void): void {
+  const call = provider[method].bind(provider) as (ctx: OperationContext, params: unknown) => Promise<never>;
+  (provider as unknown as Record<string, (ctx: OperationContext, params: unknown) => Promise<never>>)[method] = (ctx, params) => {
+    seen(ctx);
+    return call(ctx, params);
+  };
 }
 
 /** Resolves when the recording provider has written the record of a call's start. */
@@ -363,11 +372,7 @@ describe('LeaseWorker.close() in a process that lives on (lease-ops as a library
     });
     // Not even called (helper-32: a reply over the closing socket still handed it over, and
     // the provider was called after its close, its fence refusing).
-    const resume = provider.resume.bind(provider);
-    provider.resume = (ctx, params) => {
-      secondStarted.open();
-      return resume(ctx, params);
-    };
+    onCall(provider, 'resume', () => secondStarted.open());
     const w = await b.startWorker(provider);
     const bullmq = w as unknown as { worker: { isRunning(): boolean } };
     let secondRan = false;
@@ -393,11 +398,7 @@ describe('LeaseWorker.close() in a process that lives on (lease-ops as a library
     const b = (bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-close-after}' }));
     const { provider } = createRecordingProvider();
     const entered: string[] = [];
-    const stop = provider.stop.bind(provider);
-    provider.stop = (ctx, params) => {
-      entered.push(ctx.jobId);
-      return stop(ctx, params);
-    };
+    onCall(provider, 'stop', (ctx) => entered.push(ctx.jobId));
     const w = await b.startWorker(provider);
     server.pause();
     await w.close();
@@ -418,11 +419,7 @@ describe('LeaseWorker.close() in a process that lives on (lease-ops as a library
     const b = (bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-close-step}' }));
     const { provider } = createRecordingProvider({ behaviour: ({ ctx }) => (ctx.attempt === 1 ? 'settling' : 'ok') });
     const entered: number[] = [];
-    const stop = provider.stop.bind(provider);
-    provider.stop = (ctx, params) => {
-      entered.push(ctx.attempt);
-      return stop(ctx, params);
-    };
+    onCall(provider, 'stop', (ctx) => entered.push(ctx.attempt));
     const w = await b.startWorker(provider);
     const inside = w as unknown as { ops: OperationsQueue; closedWithoutWaiting: boolean; attemptsInFlight: number };
     // The retry's start asks the lane (a first start is handed its token); its answer is held.
