@@ -141,7 +141,7 @@ export function exitEarlyOnSignals(cleanUp: (signal: NodeJS.Signals) => void | P
     void Promise.resolve()
       .then(() => cleanUp(signal))
       .catch(() => undefined)
-      .finally(() => process.exit(signal === 'SIGINT' ? 130 : 143));
+      .finally(() => process.exit(exitCodeOf(signal)));
   };
   process.once('SIGINT', onSignal);
   process.once('SIGTERM', onSignal);
@@ -162,7 +162,7 @@ function exitOnSignals(log: Logger, stop: () => Promise<void>): void {
   const onSignal = (signal: NodeJS.Signals) => {
     if (stopping) {
       log.warn({ signal }, 'second signal: exiting now');
-      process.exit(signal === 'SIGINT' ? 130 : 143);
+      process.exit(exitCodeOf(signal));
     }
     stopping = true;
     log.info({ signal }, 'stopping gracefully');
@@ -176,4 +176,9 @@ function exitOnSignals(log: Logger, stop: () => Promise<void>): void {
   };
   process.on('SIGTERM', onSignal);
   process.on('SIGINT', onSignal);
+}
+
+/** The code of a process ended by a signal it caught: 128 + the signal's number, as if killed by it. */
+function exitCodeOf(signal: NodeJS.Signals): number {
+  return signal === 'SIGINT' ? 130 : 143;
 }

@@ -41,6 +41,20 @@ async function exitCodeWithin(worker: WorkerProcess, ms: number): Promise<number
   return code;
 }
 
+/** A recording provider whose calls say when they start and then wait until `finish` opens. */
+function heldProvider() {
+  const started = gate<OperationContext>();
+  const finish = gate();
+  const { provider } = createRecordingProvider({
+    behaviour: async ({ ctx }) => {
+      started.open(ctx);
+      await finish.promise;
+      return 'ok' as const;
+    },
+  });
+  return { provider, started, finish };
+}
+
 /** Tells `seen` of every call into one of a provider's methods, before the method runs (and before its fence). */
 function onCall(provider: LeaseProvider, method: 'stop' | 'resume', seen: (ctx: OperationContext) => void): void {
   const call = provider[method].bind(provider) as (ctx: OperationContext, params: unknown) => Promise<never>;
@@ -299,15 +313,7 @@ describe('LeaseWorker.close() in a process that lives on (lease-ops as a library
     // The close returned and the call ran on: once its lock lapsed, a successor ran the job beside it.
     server = await RedisProcess.start();
     const b = (bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-close-inproc}' }));
-    const started = gate<OperationContext>();
-    const finish = gate();
-    const { provider } = createRecordingProvider({
-      behaviour: async ({ ctx }) => {
-        started.open(ctx);
-        await finish.promise;
-        return 'ok' as const;
-      },
-    });
+    const { provider, started, finish } = heldProvider();
     const w = await b.startWorker(provider);
     await b.ops.enqueue({ op: 'stop', lease: lease('i'), params: { providerLeaseId: 'i' } });
     const ctx = await started.promise;
@@ -325,15 +331,7 @@ describe('LeaseWorker.close() in a process that lives on (lease-ops as a library
     server = await RedisProcess.start();
     const prefix = '{lo-close-left}';
     const b = (bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_PREFIX: prefix }));
-    const started = gate();
-    const finish = gate();
-    const { provider } = createRecordingProvider({
-      behaviour: async () => {
-        started.open();
-        await finish.promise;
-        return 'ok' as const;
-      },
-    });
+    const { provider, started, finish } = heldProvider();
     const clientNames = async () =>
       ((await b.redis.call('CLIENT', 'LIST')) as string)
         .split('\n')
@@ -360,16 +358,8 @@ describe('LeaseWorker.close() in a process that lives on (lease-ops as a library
     // unstopped, past its lock, beside its re-run on another worker.
     server = await RedisProcess.start();
     const b = (bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-close-late}' }));
-    const firstStarted = gate();
-    const firstFinish = gate();
+    const { provider, started: firstStarted, finish: firstFinish } = heldProvider();
     const secondStarted = gate();
-    const { provider } = createRecordingProvider({
-      behaviour: async () => {
-        firstStarted.open();
-        await firstFinish.promise;
-        return 'ok' as const;
-      },
-    });
     // Not even called (helper-32: a reply over the closing socket still handed it over, and
     // the provider was called after its close, its fence refusing).
     onCall(provider, 'resume', () => secondStarted.open());

@@ -98,6 +98,7 @@ export class Attempt {
  */
 export class Fencing {
   private readonly running = new Set<Attempt>();
+  /** Set by abandonAll: every attempt tracked from then on stops at once. */
   private abandoning = false;
   private timer: NodeJS.Timeout | null = null;
   private readonly fenceCheck: LuaCommand;
@@ -144,6 +145,11 @@ export class Fencing {
     // A job BullMQ handed over as the worker closed without waiting: it stops at once too.
     if (this.abandoning) attempt.abandon();
     return () => this.running.delete(attempt);
+  }
+
+  /** Whether abandonAll ran: the worker closed without waiting, and nothing starts any more. */
+  get abandoned(): boolean {
+    return this.abandoning;
   }
 
   /** The worker closes without waiting for its running attempts: each stops, and any tracked later (see Attempt.abandon). Returns how many. */

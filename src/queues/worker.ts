@@ -89,8 +89,6 @@ export class LeaseWorker {
   /** Connections handed to BullMQ (which leaves closing them to their owner), and its copies of them. */
   private readonly ownedConnections: RedisClient[] = [];
   private closing: Promise<void> | null = null;
-  /** Set when the close stopped waiting for the running jobs: nothing starts after. */
-  private closedWithoutWaiting = false;
   /** Attempts between BullMQ handing over their job and their end (see waitForClose). */
   private attemptsInFlight = 0;
   private readonly backoff: BackoffSettings;
@@ -327,7 +325,6 @@ export class LeaseWorker {
       } else {
         // In a process that lives on (lease-ops used as a library), they would run on beside
         // their successors once their locks lapse: their signals abort, their fences refuse.
-        this.closedWithoutWaiting = true;
         const abandoned = this.fencing.abandonAll();
         if (abandoned) this.log.warn({ abandoned }, 'closed without waiting for provider calls in flight: they are told to stop, and their ends are not written');
       }
@@ -398,6 +395,11 @@ export class LeaseWorker {
     await answerWithin(luaCommand(this.connection, 'wake-if-waiting', 4)(k.wait!, k.meta!, k.active!, k.marker!), CLOSE_PING_MS).catch((err: unknown) => {
       this.log.warn({ err }, 'could not wake idle workers on close; the lane sweep will');
     });
+  }
+
+  /** Whether the close stopped waiting for the running jobs (see Fencing.abandonAll): nothing starts after. */
+  private get closedWithoutWaiting(): boolean {
+    return this.fencing.abandoned;
   }
 
   private async process(job: Job, token: string | undefined): Promise<unknown> {
