@@ -29,8 +29,8 @@ const noop: LeaseProvider = {
   async resume() {
     return { providerLeaseId: 'x', metadata: {}, expiresAt: null };
   },
-  async release(_c, p) {
-    return { providerLeaseId: p.providerLeaseId, disposition: p.resourceDisposition, state: 'running' };
+  async release() {
+    return null;
   },
   async stop(_c, p) {
     return { providerLeaseId: p.providerLeaseId, state: 'stopped' };

@@ -22,8 +22,8 @@ export default function createProvider(env: NodeJS.ProcessEnv): LeaseProvider {
       if (held()) throw hold(p.providerLeaseId);
       return { providerLeaseId: p.providerLeaseId, metadata: {}, expiresAt: null };
     },
-    async release(_ctx, p) {
-      return { providerLeaseId: p.providerLeaseId, disposition: p.resourceDisposition, state: 'running' };
+    async release() {
+      return null;
     },
     async stop(_ctx, p) {
       return { providerLeaseId: p.providerLeaseId, state: 'stopped' };

@@ -2,7 +2,7 @@
 // Run it with: NODE_OPTIONS='--import tsx' LEASE_OPS_PROVIDERS=./examples/memory-provider.ts node bin/lease-ops.js worker
 // Jobs reach it as lease.provider = "memory".
 import { randomUUID } from 'node:crypto';
-import { SettlingError, type LeaseProvider, type OperationContext, type ProviderFactory } from 'lease-ops';
+import { PermanentError, SettlingError, type LeaseProvider, type OperationContext, type ProviderFactory } from 'lease-ops';
 
 type State = 'started' | 'starting' | 'stopping' | 'stopped';
 interface Sandbox {
@@ -19,11 +19,13 @@ const createProvider: ProviderFactory = (env) => {
 
   // Always read fresh: a transition may have ended since the last call. Report what you
   // saw (ctx.observe): that is how lease-ops finds sandboxes stuck in `stopping`. Another
-  // company's or environment's sandbox reads as one that does not exist: nothing of it is
-  // recorded or returned.
+  // company's or environment's sandbox is refused (lease_environment_mismatch), with nothing
+  // of it recorded or returned: a stop of it must never end with a receipt while it runs on.
   const read = (ctx: OperationContext, id: string): Sandbox | undefined => {
-    const found = sandboxes.get(id);
-    const sb = found && found.companyId === ctx.lease.companyId && found.environmentId === ctx.lease.environmentId ? found : undefined;
+    const sb = sandboxes.get(id);
+    if (sb && (sb.companyId !== ctx.lease.companyId || sb.environmentId !== ctx.lease.environmentId)) {
+      throw new PermanentError('lease_environment_mismatch', `sandbox ${id} is not this environment's`);
+    }
     if (sb && Date.now() >= sb.settlesAt) {
       if (sb.state === 'starting') sb.state = 'started';
       if (sb.state === 'stopping') sb.state = 'stopped';
@@ -76,20 +78,21 @@ const createProvider: ProviderFactory = (env) => {
       if (sb.state === 'stopped') begin(sb, 'starting');
       return { providerLeaseId, metadata: {}, expiresAt: null };
     },
+    // A receipt once execution ended (stopped, destroyed); null when nothing ended (keep_running).
     async release(ctx, { providerLeaseId, resourceDisposition }) {
       await ctx.fence();
       if (resourceDisposition === 'keep_running') {
         const sb = read(ctx, providerLeaseId); // left as it is; say truthfully what that is
-        if (!sb) return { providerLeaseId, disposition: resourceDisposition, state: 'destroyed' };
+        if (!sb) return { providerLeaseId, state: 'destroyed' };
         busy(sb);
-        return { providerLeaseId, disposition: resourceDisposition, state: sb.state === 'started' ? 'running' : 'stopped' };
+        return sb.state === 'started' ? null : { providerLeaseId, state: 'stopped' };
       }
       if (resourceDisposition === 'destroy') {
-        // Only what read() found is this lease's to delete: another tenant's reads as gone.
         if (read(ctx, providerLeaseId)) sandboxes.delete(providerLeaseId);
-        return { providerLeaseId, disposition: resourceDisposition, state: 'destroyed' };
+        return { providerLeaseId, state: 'destroyed' };
       }
-      return { providerLeaseId, disposition: resourceDisposition, state: stop(ctx, providerLeaseId).state };
+      // No archive here: lease-ops refuses it (archive_unsupported) for a provider without the capability.
+      return stop(ctx, providerLeaseId);
     },
     async stop(ctx, { providerLeaseId }) {
       await ctx.fence();
@@ -103,7 +106,7 @@ const createProvider: ProviderFactory = (env) => {
     },
     async destroy(ctx, { providerLeaseId }) {
       await ctx.fence();
-      // Only what read() found is this lease's to delete; deleting what is gone is success.
+      // read() refuses another tenant's sandbox; deleting what is gone is success.
       if (read(ctx, providerLeaseId)) sandboxes.delete(providerLeaseId);
       return { providerLeaseId, state: 'destroyed' };
     },

@@ -9,7 +9,9 @@ import type { OperationName, OperationParams } from './operations.ts';
 import { OperatorActions, type CancelResult, type PauseResult, type RerunResult } from './queues/operator-actions.ts';
 import { Inspector, type AttentionItem, type AttentionReason, type LeaseTimeline, type LeaseView, type OperationView, type QueueOverview } from './queues/inspect.ts';
 import { LeaseRecords } from './queues/lease-records.ts';
-import { OperationsQueue, type Enqueued } from './queues/operations-queue.ts';
+import { LaneNames } from './queues/lane-names.ts';
+import { enqueueRouted, OperationsQueue, type AnnouncedProvider, type Enqueued } from './queues/operations-queue.ts';
+import { ProviderProbes, type ProviderProbe } from './queues/provider-probes.ts';
 import { createRedis, isRedisUnavailable, reportRedisError, type RedisClient } from './queues/redis.ts';
 import { maskUrl } from './secrets.ts';
 
@@ -38,7 +40,10 @@ export interface EnqueueOptions {
 export class LeaseOpsClient {
   /** One per partition (LEASE_OPS_PARTITIONS), in order; a lease's lives in partitions[partitionOfLane(its lane)]. */
   readonly partitions: ClientPartition[];
+  /** A lease's two names (its acquire's id, its sandbox's), as every partition's queue sees them. */
+  readonly names: LaneNames;
   private readonly connection: RedisClient;
+  private probes: ProviderProbes | null = null;
   private layoutClaimed: Promise<void> | null = null;
   private layoutClaimedAt = 0;
 
@@ -59,8 +64,9 @@ export class LeaseOpsClient {
       (opts.failFast ?? true) ? { enableOfflineQueue: false, commandTimeout: this.timeoutMs, maxRetriesPerRequest: 0 } : {},
     );
     this.connection.on('error', (err: unknown) => (this.lastRedisError = err));
+    this.names = new LaneNames((laneId) => this.partitionOf(laneId).ops.lanes);
     this.partitions = partitionPrefixes(settings.LEASE_OPS_PREFIX, settings.LEASE_OPS_PARTITIONS).map(
-      (prefix, index) => new ClientPartition(index, { ...settings, LEASE_OPS_PREFIX: prefix }, this.connection),
+      (prefix, index) => new ClientPartition(index, { ...settings, LEASE_OPS_PREFIX: prefix }, this.connection, this.names),
     );
   }
 
@@ -69,10 +75,19 @@ export class LeaseOpsClient {
     return this.partitions[0]!.ops;
   }
 
-  /** The partition that holds a lane (a lease's, or a job's by its id; partition 0 for an id that names none). */
+  /**
+   * The partition that holds a lane (a lease's own, or a job's by its id; partition 0 for an id
+   * that names none). A lease named by its sandbox's id runs in its acquire's lane: see laneOf.
+   */
   partitionOf(lane: LeaseIdentity | string): ClientPartition {
     const laneId = typeof lane === 'string' ? (laneIdOfJobId(lane) ?? lane) : laneIdOf(lane);
     return this.partitions[partitionOfLane(laneId, this.partitions.length)]!;
+  }
+
+  /** The lane a lease's operations run in, by either of its names, and that lane's partition. */
+  async laneOf(lease: LeaseIdentity): Promise<{ laneId: string; partition: ClientPartition }> {
+    const laneId = await this.names.resolve(laneIdOf(lease));
+    return { laneId, partition: this.partitionOf(laneId) };
   }
 
   /** Whether Redis answers on the client's connection now. */
@@ -101,7 +116,7 @@ export class LeaseOpsClient {
         const partition = this.partitionOf(lease);
         const pin = this.partitions.length > 1 ? await partition.ops.pinIdempotencyKey({ op, lease, params, ...opts }, this.settings.LEASE_OPS_PREFIX) : null;
         try {
-          const enqueued = await partition.ops.enqueue({ op, lease, params, ...opts });
+          const enqueued = await enqueueRouted((laneId) => this.partitionOf(laneId).ops, this.names, { op, lease, params, ...opts });
           await pin?.settled(true);
           return enqueued;
         } catch (err) {
@@ -115,6 +130,24 @@ export class LeaseOpsClient {
       if (err instanceof z.ZodError) throw InvalidRequestError.fromZod(err);
       throw err;
     }
+  }
+
+  /**
+   * Enqueues and waits up to `waitMs` for the operation to end (BullMQ's events, no polling):
+   * the operation as it is then, completed, failed, or still on its way (then read it again
+   * with getOperation, by its job id). The wait never loses the operation: it is accepted first.
+   */
+  async enqueueAndWait<Op extends OperationName>(
+    op: Op,
+    lease: LeaseIdentity,
+    params: OperationParams[Op] | Record<string, unknown>,
+    opts: EnqueueOptions & { waitMs: number },
+  ): Promise<Enqueued & { operation: OperationView }> {
+    const { waitMs, ...enqueueOpts } = opts;
+    const enqueued = await this.enqueue(op, lease, params, enqueueOpts);
+    const operation = await this.getOperation(enqueued.jobId, { waitMs });
+    if (!operation) throw new OperationNotFoundError(enqueued.jobId);
+    return { ...enqueued, operation };
   }
 
   /**
@@ -156,14 +189,14 @@ export class LeaseOpsClient {
   async getLease(lease: LeaseIdentity): Promise<LeaseView> {
     const parsed = LeaseIdentitySchema.safeParse(lease);
     if (!parsed.success) throw InvalidRequestError.fromZod(parsed.error);
-    return this.call(() => this.partitionOf(parsed.data).inspector.lease(parsed.data));
+    return this.call(async () => (await this.laneOf(parsed.data)).partition.inspector.lease(parsed.data));
   }
 
   /** A lease's lane now, its recent events (accepted, attempts, what the provider said, backoffs, the watchdog) and their operations. */
   async getLeaseTimeline(lease: LeaseIdentity): Promise<LeaseTimeline> {
     const parsed = LeaseIdentitySchema.safeParse(lease);
     if (!parsed.success) throw InvalidRequestError.fromZod(parsed.error);
-    return this.call(() => this.partitionOf(parsed.data).inspector.timeline(parsed.data));
+    return this.call(async () => (await this.laneOf(parsed.data)).partition.inspector.timeline(parsed.data));
   }
 
   /**
@@ -183,13 +216,28 @@ export class LeaseOpsClient {
   pauseLane(lease: LeaseIdentity, by = 'client'): Promise<PauseResult> {
     const parsed = LeaseIdentitySchema.safeParse(lease);
     if (!parsed.success) throw InvalidRequestError.fromZod(parsed.error);
-    return this.call(() => this.partitionOf(parsed.data).actions.pause(parsed.data, by));
+    return this.call(async () => (await this.laneOf(parsed.data)).partition.actions.pause(parsed.data, by));
   }
 
   unpauseLane(lease: LeaseIdentity, by = 'client'): Promise<PauseResult> {
     const parsed = LeaseIdentitySchema.safeParse(lease);
     if (!parsed.success) throw InvalidRequestError.fromZod(parsed.error);
-    return this.call(() => this.partitionOf(parsed.data).actions.unpause(parsed.data, by));
+    return this.call(async () => (await this.laneOf(parsed.data)).partition.actions.unpause(parsed.data, by));
+  }
+
+  /** The providers the workers serve, each with what it can do (expiry, archive, force-stop, ...). */
+  providers(): Promise<AnnouncedProvider[]> {
+    return this.call(() => this.partitions[0]!.ops.providerDetails());
+  }
+
+  /**
+   * Has a worker ask the service whether it takes the provider's credentials (one paced read;
+   * answers are shared for 30 s). Never throws for the provider's answer: `ok` says.
+   */
+  probeProvider(name: string): Promise<ProviderProbe> {
+    this.probes ??= new ProviderProbes(this.connection, this.partitions[0]!.settings);
+    const probes = this.probes;
+    return this.call(() => probes.probe(name));
   }
 
   /** Leases stuck stopping, whose last operation failed, or whose lane is blocked. */
@@ -282,7 +330,7 @@ export class LeaseOpsClient {
 
   /** Closes the connections; with Redis gone, gives BullMQ LEASE_OPS_REDIS_TIMEOUT_MS to close, then cuts them. */
   async close(): Promise<void> {
-    const closing = Promise.all(this.partitions.map((p) => p.close()));
+    const closing = Promise.all([...this.partitions.map((p) => p.close()), this.probes?.close()]);
     let timer: NodeJS.Timeout | undefined;
     await Promise.race([closing.catch(() => undefined), new Promise((resolve) => (timer = setTimeout(resolve, this.timeoutMs)))]);
     clearTimeout(timer);
@@ -304,8 +352,9 @@ export class ClientPartition {
     /** The settings with this partition's prefix. */
     readonly settings: Config,
     connection: RedisClient,
+    names?: LaneNames,
   ) {
-    this.ops = new OperationsQueue(connection, settings);
+    this.ops = new OperationsQueue(connection, settings, names);
     // Each wait for an operation's end listens for the queue closing; many concurrent waits are normal here.
     this.ops.queue.setMaxListeners(0);
     this.actions = new OperatorActions(this.ops);

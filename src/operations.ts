@@ -15,20 +15,53 @@ const providerLeaseId = z
  * Opaque metadata a provider returned with a lease; bounded so a job stays small and no
  * parser, logger or Lua script meets a structure deeper than it can handle.
  */
+export const LEASE_METADATA_MAX_BYTES = 16_384;
 export const LeaseMetadataSchema = z.record(z.string().max(128), z.unknown()).superRefine((m, ctx) => {
   if (!jsonDepthWithin(m, MAX_JSON_DEPTH)) ctx.addIssue({ code: 'custom', message: `leaseMetadata must nest at most ${MAX_JSON_DEPTH} levels deep` });
-  else if (JSON.stringify(m).length > 16_384) ctx.addIssue({ code: 'custom', message: 'leaseMetadata must serialise to at most 16 KiB' });
+  else if (JSON.stringify(m).length > LEASE_METADATA_MAX_BYTES) ctx.addIssue({ code: 'custom', message: 'leaseMetadata must serialise to at most 16 KiB' });
 });
 const leaseMetadata = LeaseMetadataSchema.meta({
   description: 'opaque; at most 16 KiB serialised as JSON and 32 levels deep (past either: 400 invalid_request)',
 });
 
-export const ResourceDispositionSchema = z.enum(['keep_running', 'stop_and_retain', 'destroy']);
+/**
+ * What a release leaves behind: paperclip's three (keep_running, stop_and_retain, destroy),
+ * and `archive` where the service has it (Daytona: stopped, its files moved to cheaper storage).
+ */
+export const ResourceDispositionSchema = z.enum(['keep_running', 'stop_and_retain', 'archive', 'destroy']);
 export type ResourceDisposition = z.infer<typeof ResourceDispositionSchema>;
 
+/** A short text of the host's (an agent's id, an adapter's name): bounded, no control characters. */
+const hostText = (max: number) => z.string().max(max).regex(/^[^\p{Cc}]*$/u, 'must not contain control characters');
+
+/** Settings the host attaches to an execution workspace: opaque, bounded like lease metadata. */
+const HostSettingsSchema = z.record(z.string().max(128), z.unknown()).superRefine((m, ctx) => {
+  if (!jsonDepthWithin(m, MAX_JSON_DEPTH)) ctx.addIssue({ code: 'custom', message: `must nest at most ${MAX_JSON_DEPTH} levels deep` });
+  else if (JSON.stringify(m).length > 16_384) ctx.addIssue({ code: 'custom', message: 'must serialise to at most 16 KiB' });
+});
+
+/**
+ * An acquire's parameters: the run, and what the host (paperclip's acquire hook) says of it.
+ * The host's fields are handed to the provider (as labels, and `adapterType` may pick the
+ * image or snapshot in the provider's configuration); lease-ops decides nothing by them.
+ */
 export const AcquireParamsSchema = z.strictObject({
   runId: z.string().min(1).max(256),
-  requestedExpiresAt: z.iso.datetime().optional(),
+  /**
+   * The latest time the sandbox may live (RFC 3339, any offset). A provider that can bound the
+   * sandbox by then does, and the lease's `expiresAt` is the service's own expiry; one that
+   * cannot completes with `expiresAt: null` (the host then releases it), unless `requireExpiry`.
+   */
+  requestedExpiresAt: z.iso.datetime({ offset: true }).nullable().optional(),
+  /** Refuse (`expiry_unsupported`, before anything is made) rather than complete without an expiry. */
+  requireExpiry: z.boolean().optional(),
+  agentId: hostText(256).optional(),
+  adapterType: hostText(128).optional(),
+  workspaceMode: hostText(64).optional(),
+  requestedCwd: hostText(4096).optional(),
+  issueId: hostText(256).nullable().optional(),
+  executionWorkspaceId: hostText(256).nullable().optional(),
+  executionWorkspaceSettings: HostSettingsSchema.nullable().optional(),
   resources: z
     .strictObject({
       cpu: z.number().positive().max(1024).optional(),
@@ -38,12 +71,22 @@ export const AcquireParamsSchema = z.strictObject({
     .optional(),
 });
 export const ResumeParamsSchema = z.strictObject({ providerLeaseId, leaseMetadata: leaseMetadata.default({}) });
-export const ReleaseParamsSchema = z.strictObject({
-  providerLeaseId,
-  leaseMetadata: leaseMetadata.default({}),
-  cancelActiveWork: z.boolean().default(false),
-  resourceDisposition: ResourceDispositionSchema,
-});
+export const ReleaseParamsSchema = z
+  .strictObject({
+    providerLeaseId,
+    leaseMetadata: leaseMetadata.default({}),
+    /**
+     * Terminate the work in the sandbox instead of letting it finish: the stop is a kill where
+     * the provider can force one (a destroy ends it anyway). A receipt still comes only once
+     * the service confirms that execution ended.
+     */
+    cancelActiveWork: z.boolean().default(false),
+    resourceDisposition: ResourceDispositionSchema,
+  })
+  .refine((p) => !(p.cancelActiveWork && p.resourceDisposition === 'keep_running'), {
+    path: ['cancelActiveWork'],
+    message: 'cancelActiveWork ends the work in the sandbox: it needs a disposition that ends it (stop_and_retain, archive or destroy), not keep_running',
+  });
 export const TargetParamsSchema = z.strictObject({ providerLeaseId });
 /**
  * A force-stop may be conditional: `ifStoppingSince` (epoch ms, as the watchdog saw it) makes

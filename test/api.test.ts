@@ -268,6 +268,8 @@ describe('HTTP API', () => {
       '/v1/operations/{jobId}/cancel',
       '/v1/operations/{jobId}/rerun',
       '/v1/overview',
+      '/v1/providers',
+      '/v1/providers/{name}',
     ]);
     expect(Object.keys(doc.body.components.schemas)).toEqual(expect.arrayContaining(['EnqueueRequest', 'Operation', 'Lease', 'Error']));
     // The enqueue schema in the document is the one requests are validated with: its ops are ours.

@@ -88,11 +88,11 @@ describe('the lease-ops commands', () => {
 
   it('`enqueue --wait --json` of an operation that fails exits 1 with one JSON document naming its error', async () => {
     const lease = ['--provider', 'simulated', '--company', 'cli-co', '--environment', 'cli-env', '--lease', 'cli-fails'];
-    // The simulated cloud cannot promise an expiry: refused for good before anything is created.
-    const params = JSON.stringify({ runId: 'cli', requestedExpiresAt: new Date(Date.now() + 3_600_000).toISOString() });
+    // The simulated cloud sizes sandboxes by its snapshot: refused for good before anything is created.
+    const params = JSON.stringify({ runId: 'cli', resources: { cpu: 4 } });
     const failed = await cli(['enqueue', 'acquire', ...lease, '--params', params, '--wait', '20000', '--json'], env);
     expect(failed.code).toBe(1);
-    expect(JSON.parse(failed.stdout)).toMatchObject({ operation: { op: 'acquire', state: 'failed', error: { code: 'expiry_unsupported' } } });
+    expect(JSON.parse(failed.stdout)).toMatchObject({ operation: { op: 'acquire', state: 'failed', error: { code: 'resources_unsupported' } } });
   });
 
   it('`status` shows the queue or one lease, and refuses half a lease', async () => {
@@ -113,8 +113,10 @@ describe('the lease-ops commands', () => {
     const r = await cli(['demo', '--quick', '--out', out], env, 45_000);
     expect({ code: r.code, stdout: r.stdout, stderr: r.stderr.slice(-2_000) }).toMatchObject({ code: 0 });
     // With the watchdog: the force-stop's row with its mark; without: the resume fails at its deadline.
+    // The lease's one lane holds its acquire too: the rows start when it was acquired.
     expect(r.stdout).toMatch(/force-stop \(watchdog\) +\|[ ·]*◆/);
-    expect(r.stdout).toMatch(/resume +\|·+[░▒█]*✗\|/);
+    expect(r.stdout).toMatch(/acquire +\|[░▒]*█/);
+    expect(r.stdout).toMatch(/resume +\| *·+[░▒█]*✗\|/);
     expect(r.stdout).toContain(`The two timelines, drawn: ${out}`);
     const html = readFileSync(out, 'utf8');
     expect(html.match(/<svg /g)).toHaveLength(2);

@@ -84,7 +84,7 @@ describe('operator actions keep the lane guarantees: cancel, run again, pause an
 
     const cancelled = await post(`/v1/operations/${encodeURIComponent(queued.jobId)}/cancel`);
     expect(cancelled.status).toBe(200);
-    expect(await cancelled.json()).toEqual({ jobId: queued.jobId, laneId: laneIdOf(lease('c1')), cancelled: true });
+    expect(await cancelled.json()).toEqual({ jobId: queued.jobId, laneId: laneIdOf(lease('c1')), cancelled: true, whileExecuting: false });
     // It ends at once (not at its deadline, two minutes away), as failed with the code cancelled.
     expect((await bed.waitForAll([queued.jobId], 5_000)).get(queued.jobId)).toBe('failed');
     expect((await client.getOperation(queued.jobId))?.error?.code).toBe('cancelled');

@@ -275,9 +275,16 @@ describe('every operation with default settings, through the providers a worker 
       if (provider.capabilities.forceStop) expect(await run(id, 'force-stop', { providerLeaseId: id })).toEqual({ providerLeaseId: id, state: 'stopped' });
       else await expect(run(id, 'force-stop', { providerLeaseId: id })).rejects.toMatchObject({ code: 'force_stop_unsupported' });
       expect(await run(id, 'destroy', { providerLeaseId: id })).toEqual({ providerLeaseId: id, state: 'destroyed' });
-      // A requested expiry or size neither provider can promise is refused before anything is made.
+      // Expiry as paperclip defines it, asked with an offset: Daytona bounds the sandbox and says
+      // when; CreateOS cannot, and answers no expiry (or refuses, with requireExpiry).
+      const asked = Date.now() + 3_600_000;
+      const withOffset = new Date(asked + 2 * 3_600_000).toISOString().replace('Z', '+02:00');
+      const bounded = await run<{ expiresAt: string | null }>('x', 'acquire', { runId: 'x', requestedExpiresAt: withOffset });
+      if (name === 'daytona') expect(Date.parse(bounded.expiresAt!)).toBeLessThanOrEqual(asked);
+      else expect(bounded.expiresAt).toBeNull();
+      // A size neither provider can promise, or a required expiry CreateOS cannot, is refused before anything is made.
       const sandboxesBefore = name === 'daytona' ? daytona.ids().length : createos.live().length;
-      await expect(run('e', 'acquire', { runId: 'r', requestedExpiresAt: new Date(Date.now() + 3_600_000).toISOString() })).rejects.toMatchObject({ code: 'expiry_unsupported' });
+      if (name === 'createos') await expect(run('e', 'acquire', { runId: 'r', requestedExpiresAt: withOffset, requireExpiry: true })).rejects.toMatchObject({ code: 'expiry_unsupported' });
       await expect(run('e', 'acquire', { runId: 'r', resources: { cpu: 8, memoryGiB: 16 } })).rejects.toMatchObject({ code: 'resources_unsupported' });
       expect(name === 'daytona' ? daytona.ids().length : createos.live().length).toBe(sandboxesBefore);
     }

@@ -102,34 +102,75 @@ for (const [name, make] of Object.entries(SUBJECTS)) {
       expect(await s.provider.resume(ctx('r1'), { providerLeaseId, leaseMetadata: {} })).toEqual({ providerLeaseId: null, metadata: { expired: true } });
     });
 
-    it('treats a sandbox of another environment as one that does not exist: expired on resume, gone on stop, and leaves it running', async (t) => {
+    it('refuses a sandbox of another environment (lease_environment_mismatch) on stop, force-stop, destroy and release, with nothing of it recorded; resumes it as expired; and it runs on', async (t) => {
       if (!s.verifiesOwnership) return t.skip();
       const { providerLeaseId } = await acquire('m1');
       expect(await s.provider.resume(ctx('m1', 'env-b'), { providerLeaseId, leaseMetadata: {} })).toEqual({ providerLeaseId: null, metadata: { expired: true } });
-      const missing = await s.provider.stop(ctx('m1', 'env-b'), { providerLeaseId: 'no-such-sandbox' }).then((r) => r, (e: unknown) => e);
-      const foreign = await s.provider.stop(ctx('m1', 'env-b'), { providerLeaseId }).then((r) => r, (e: unknown) => e);
-      expect(JSON.stringify(foreign).replaceAll(providerLeaseId, 'X')).toBe(JSON.stringify(missing).replaceAll('no-such-sandbox', 'X'));
+      const calls: [string, (c: OperationContext) => Promise<unknown>][] = [
+        ['stop', (c) => s.provider.stop(c, { providerLeaseId })],
+        ['force-stop', (c) => s.provider.forceStop(c, { providerLeaseId })],
+        ['destroy', (c) => s.provider.destroy(c, { providerLeaseId })],
+        ...(['keep_running', 'stop_and_retain', 'destroy'] as const).map(
+          (resourceDisposition) => [`release ${resourceDisposition}`, (c: OperationContext) => s.provider.release(c, { providerLeaseId, leaseMetadata: {}, cancelActiveWork: false, resourceDisposition })] as [string, (c: OperationContext) => Promise<unknown>],
+        ),
+      ];
+      for (const [what, call] of calls) {
+        const other = ctx('m1', 'env-b');
+        const outcome = await call(other).then((r) => ({ receipt: r }), (e: unknown) => ({ error: e as { code?: string; message?: string } }));
+        if (what === 'force-stop' && !s.provider.capabilities.forceStop) continue;
+        expect(outcome, what).toMatchObject({ error: { code: 'lease_environment_mismatch' } });
+        // Nothing of it is recorded (ctx.observe) or said beyond the code and the id asked for.
+        expect((other as unknown as { observed: unknown[] }).observed, what).toEqual([]);
+        expect((outcome as { error: { message: string } }).error.message).not.toMatch(/env-a|started|running|co\b/);
+      }
       expect((await s.provider.status(ctx('m1'), { providerLeaseId })).kind).toBe('running');
-      // Nor can another environment force it, destroy it, or release it destroying it.
-      const other = ctx('m1', 'env-b');
-      await s.provider.forceStop(other, { providerLeaseId }).catch(() => undefined);
-      await s.provider.destroy(other, { providerLeaseId }).catch(() => undefined);
-      await s.provider.release(other, { providerLeaseId, leaseMetadata: {}, cancelActiveWork: false, resourceDisposition: 'destroy' }).catch(() => undefined);
-      expect((await s.provider.status(ctx('m1'), { providerLeaseId })).kind).toBe('running');
+      // A missing sandbox is not a foreign one: it is gone, which a destroy counts as success.
+      expect(await s.provider.destroy(ctx('m1', 'env-b'), { providerLeaseId: 'no-such-sandbox' })).toEqual({ providerLeaseId: 'no-such-sandbox', state: 'destroyed' });
     });
 
-    it('releases with each disposition', async () => {
+    it('releases with each disposition: a receipt once execution ended, null when the sandbox keeps running', async () => {
+      const release = (leaseId: string, providerLeaseId: string, resourceDisposition: 'keep_running' | 'stop_and_retain' | 'archive' | 'destroy') =>
+        settled(() => s.provider.release(ctx(leaseId), { providerLeaseId, leaseMetadata: {}, cancelActiveWork: false, resourceDisposition }));
       const keep = await acquire('rel-keep');
-      expect(await settled(() => s.provider.release(ctx('rel-keep'), { providerLeaseId: keep.providerLeaseId, leaseMetadata: {}, cancelActiveWork: false, resourceDisposition: 'keep_running' }))).toMatchObject({ state: 'running' });
+      expect(await release('rel-keep', keep.providerLeaseId, 'keep_running')).toBeNull();
       expect((await s.provider.status(ctx('rel-keep'), keep)).kind).toBe('running');
 
       const retain = await acquire('rel-retain');
-      expect(await settled(() => s.provider.release(ctx('rel-retain'), { providerLeaseId: retain.providerLeaseId, leaseMetadata: {}, cancelActiveWork: false, resourceDisposition: 'stop_and_retain' }))).toMatchObject({ state: 'stopped' });
+      expect(await release('rel-retain', retain.providerLeaseId, 'stop_and_retain')).toEqual({ providerLeaseId: retain.providerLeaseId, state: 'stopped' });
       expect((await s.provider.status(ctx('rel-retain'), retain)).kind).toBe('stopped');
+      // Kept running after it stopped: what it is now, a receipt.
+      expect(await release('rel-retain', retain.providerLeaseId, 'keep_running')).toEqual({ providerLeaseId: retain.providerLeaseId, state: 'stopped' });
 
       const gone = await acquire('rel-destroy');
-      expect(await settled(() => s.provider.release(ctx('rel-destroy'), { providerLeaseId: gone.providerLeaseId, leaseMetadata: {}, cancelActiveWork: false, resourceDisposition: 'destroy' }))).toMatchObject({ state: 'destroyed' });
+      expect(await release('rel-destroy', gone.providerLeaseId, 'destroy')).toEqual({ providerLeaseId: gone.providerLeaseId, state: 'destroyed' });
       expect(await s.provider.status(ctx('rel-destroy'), gone)).toEqual({ kind: 'gone' });
+
+      if (s.provider.capabilities.archive) {
+        const archived = await acquire('rel-archive');
+        expect(await release('rel-archive', archived.providerLeaseId, 'archive')).toEqual({ providerLeaseId: archived.providerLeaseId, state: 'stopped' });
+        expect(await s.provider.status(ctx('rel-archive'), archived)).toEqual({ kind: 'stopped', providerState: 'archived' });
+        // An archived sandbox resumes (Daytona restores it).
+        expect((await settled(() => s.provider.resume(ctx('rel-archive'), { providerLeaseId: archived.providerLeaseId, leaseMetadata: {} }))).providerLeaseId).toBe(archived.providerLeaseId);
+      }
+    });
+
+    it('bounds a sandbox at requestedExpiresAt where the service can, with its own expiry; answers no expiry where it cannot', async () => {
+      const asked = Date.now() + 30.5 * 60_000;
+      const c = ctx('x1');
+      const lease = await settled(() => s.provider.acquire(c, { runId: 'x1', requestedExpiresAt: new Date(asked).toISOString() }));
+      if (!s.provider.capabilities.expiry) {
+        expect(lease.expiresAt).toBeNull();
+        return;
+      }
+      expect(lease.expiresAt).not.toBeNull();
+      const at = Date.parse(lease.expiresAt!);
+      // Whole minutes from when it was set, rounded down: at or before the time asked, within a minute of it.
+      expect(at).toBeLessThanOrEqual(asked);
+      expect(at).toBeGreaterThan(asked - 61_000);
+      // Less than a minute away cannot be bounded in Daytona's minutes: no expiry is claimed.
+      const c2 = ctx('x2');
+      const soon = await settled(() => s.provider.acquire(c2, { runId: 'x2', requestedExpiresAt: new Date(Date.now() + 30_000).toISOString() }));
+      expect(soon.expiresAt).toBeNull();
     });
 
     it('force-stops, or refuses at once where the provider cannot', async () => {
@@ -204,6 +245,14 @@ describe('CreateOS specifics', () => {
     expect(await settled(() => provider.stop(ctx('p1'), { providerLeaseId }))).toEqual({ providerLeaseId, state: 'stopped' });
   });
 
+  it('cannot end the work in a sandbox it keeps (a pause suspends it): cancelActiveWork with stop_and_retain is refused, as is archive', async () => {
+    const provider = createCreateosProvider({ apiUrl, apiKey: 'k', requestsPerMinute: 6_000 });
+    const { providerLeaseId } = await settled(() => provider.acquire(ctx('cx'), { runId: 'r' }));
+    await expect(provider.release(ctx('cx'), { providerLeaseId, leaseMetadata: {}, cancelActiveWork: true, resourceDisposition: 'stop_and_retain' })).rejects.toMatchObject({ code: 'cancel_unsupported' });
+    await expect(provider.release(ctx('cx'), { providerLeaseId, leaseMetadata: {}, cancelActiveWork: false, resourceDisposition: 'archive' })).rejects.toMatchObject({ code: 'archive_unsupported' });
+    expect(fake.statusOf(providerLeaseId)).toBe('running');
+  });
+
   it('refuses a lease of another environment, and calls a sandbox of another shape expired', async () => {
     const provider = createCreateosProvider({ apiUrl, apiKey: 'k', requestsPerMinute: 6_000 });
     const c = ctx('p2');
@@ -264,7 +313,7 @@ describe('Daytona specifics', () => {
   let fake: DaytonaFake;
   let provider: LeaseProvider;
   beforeAll(async () => {
-    fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 20, stop: 20, forceStop: 0, destroy: 10 } });
+    fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 20, stop: 20, forceStop: 0, destroy: 10, archive: 20 } });
     provider = createDaytonaProvider({ apiUrl: await fake.listen(), apiKey: 'k' });
   });
   afterAll(() => fake.close());
@@ -302,6 +351,48 @@ describe('Daytona specifics', () => {
     expect(await provider.forceStop(ctx('stuck'), { providerLeaseId: id })).toEqual({ providerLeaseId: id, state: 'stopped' });
     const stops = fake.calls.filter((c) => c.sandboxId === id && c.path.endsWith('/stop'));
     expect(stops.length).toBe(3); // the graceful stop once (then only reads), two force attempts
+  });
+
+  it('a TTL destroys the sandbox at its expiry whatever its state, and the expiry is the one the service reports', async () => {
+    const c = ctx('ttl');
+    const lease = await settled(() => provider.acquire(c, { runId: 'ttl', requestedExpiresAt: new Date(Date.now() + 10 * 60_000 + 5_000).toISOString() }));
+    const id = lease.providerLeaseId;
+    const created = fake.calls.find((call) => call.method === 'POST' && call.path === '/sandbox' && call.sandboxId === id);
+    expect(created?.body).toMatchObject({ ttlMinutes: 10 });
+    expect(lease.expiresAt).toBe(new Date(fake.sandboxes.get(id)!.autoDestroyAt!).toISOString());
+    // A sandbox acquired again (its create retried) with a later TTL gets it re-anchored.
+    fake.sandboxes.get(id)!.autoDestroyAt = Date.now() + 60 * 60_000;
+    const again = await settled(() => provider.acquire(c, { runId: 'ttl', requestedExpiresAt: new Date(Date.now() + 10 * 60_000 + 5_000).toISOString() }));
+    expect(Date.parse(again.expiresAt!)).toBeLessThanOrEqual(Date.now() + 10 * 60_000 + 5_000);
+    expect(fake.calls.some((call) => call.sandboxId === id && call.path === `/sandbox/${id}/ttl/10`)).toBe(true);
+    // When it elapses the sandbox is gone, stopped or not.
+    await settled(() => provider.stop(ctx('ttl'), { providerLeaseId: id }));
+    fake.sandboxes.get(id)!.autoDestroyAt = Date.now() - 1;
+    expect(await provider.status(ctx('ttl'), { providerLeaseId: id })).toEqual({ kind: 'gone' });
+  });
+
+  it('hands the host fields of an acquire over as labels, and picks the snapshot by adapter type', async () => {
+    const byAdapter = createDaytonaProvider({ apiUrl: fake.http.url, apiKey: 'k', snapshot: 'base', snapshotsByAdapter: { claude_local: 'claude-snap' } });
+    const c = ctx('host');
+    const lease = await settled(() =>
+      byAdapter.acquire(c, { runId: 'host', agentId: 'agent-7', adapterType: 'claude_local', issueId: 'iss-1', executionWorkspaceId: 'ew-1', workspaceMode: 'isolated', requestedCwd: '/work' }),
+    );
+    const created = fake.calls.find((call) => call.method === 'POST' && call.path === '/sandbox' && call.sandboxId === lease.providerLeaseId);
+    expect(created?.body).toMatchObject({
+      snapshot: 'claude-snap',
+      labels: { 'lease-ops/agent': 'agent-7', 'lease-ops/adapter': 'claude_local', 'lease-ops/issue': 'iss-1', 'lease-ops/execution-workspace': 'ew-1', 'lease-ops/run': 'host' },
+    });
+    expect(lease.metadata).toMatchObject({ adapterType: 'claude_local', snapshot: 'claude-snap' });
+    const c2 = ctx('host2');
+    const plain = await settled(() => byAdapter.acquire(c2, { runId: 'host2', adapterType: 'codex_local' }));
+    expect(fake.calls.find((call) => call.method === 'POST' && call.path === '/sandbox' && call.sandboxId === plain.providerLeaseId)?.body).toMatchObject({ snapshot: 'base' });
+  });
+
+  it('cancelActiveWork on a stop-and-retain release kills instead of asking the work to end', async () => {
+    const id = await fresh('cancel');
+    fake.control(id, { stuckStoppingMs: 60_000 });
+    expect(await settled(() => provider.release(ctx('cancel'), { providerLeaseId: id, leaseMetadata: {}, cancelActiveWork: true, resourceDisposition: 'stop_and_retain' }))).toEqual({ providerLeaseId: id, state: 'stopped' });
+    expect(fake.calls.filter((call) => call.sandboxId === id && call.path.endsWith('/stop')).map((call) => call.query)).toEqual(['?force=true']);
   });
 
   it('a lost sandbox resumes as expired and destroys as already gone', async () => {

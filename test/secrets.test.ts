@@ -57,7 +57,7 @@ describe('credentials and tokens', () => {
     const { lines, log } = captureLog();
     const api = await startTestApi(bed, log);
     // As a worker serving it would (none runs here: the operations only need accepting).
-    await bed.ops.announceProviders(['recording']);
+    await bed.ops.announceProviders([{ name: 'recording', capabilities: { stop: true, pause: false, forceStop: true } }]);
     try {
       const basic = (t: string) => `Basic ${Buffer.from(`me:${t}`).toString('base64')}`;
       const headers = [`Bearer ${ADMIN}`, `Bearer ${SCOPED}`, `Bearer ${WRONG}`, basic(ADMIN), basic(WRONG), ADMIN];

@@ -18,7 +18,17 @@ import { OperatorActionRefusedError } from '../queues/operator-actions.ts';
 import { sweepEveryLane } from '../queues/sweep.ts';
 import { canSee, metricsAllowed, type Principal, TokenAuthority } from './auth.ts';
 import { openApiDocument } from './openapi.ts';
-import { AttentionQuerySchema, EnqueueBodySchema, IdempotencyHeaderSchema, LeasePathSchema, OperationPathSchema, WaitQuerySchema } from './schemas.ts';
+import {
+  AttentionQuerySchema,
+  EnqueueBodySchema,
+  IdempotencyHeaderSchema,
+  LeasePathSchema,
+  OperationPathSchema,
+  preferredWaitMs,
+  ProbeQuerySchema,
+  ProviderPathSchema,
+  WaitQuerySchema,
+} from './schemas.ts';
 import { redactQuery } from '../secrets.ts';
 
 export interface ApiDeps {
@@ -302,6 +312,17 @@ export function createApiApp(deps: ApiDeps): express.Express {
       ...(idempotencyKey === undefined ? {} : { idempotencyKey }),
     });
     const location = `/v1/operations/${encodeURIComponent(enqueued.jobId)}`;
+    // Prefer: wait=<s> (RFC 7240): answer with the ended operation if it ends in time.
+    const preferred = preferredWaitMs(req.get('prefer'));
+    if (preferred > 0) {
+      const wait = Math.min(preferred, deps.config.LEASE_OPS_API_MAX_WAIT_MS);
+      res.set('Preference-Applied', `wait=${Math.floor(wait / 1_000)}`);
+      const view = await client.getOperation(enqueued.jobId, { waitMs: wait });
+      if (view && (view.state === 'completed' || view.state === 'failed')) {
+        res.status(200).location(location).json({ ...view, ...(enqueued.deduplicated ? { deduplicated: enqueued.deduplicated } : {}), location });
+        return;
+      }
+    }
     res.status(202).location(location).json({ ...enqueued, location });
   });
 
@@ -364,6 +385,20 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const view = wait > 0 ? await client.waitForEnd(first, wait) : first;
     if (!view) throw operationNotFound(jobId);
     res.json(view);
+  });
+
+  // The providers every token may use (the workers' configuration: shared by all companies).
+  v1.get('/providers', async (req, res) => {
+    // `/providers/` is the one-provider route with no name (Express matches it here).
+    if (req.path.endsWith('/')) parse(ProviderPathSchema, { name: '' }, 'path');
+    res.json({ providers: await client.providers() });
+  });
+  v1.get('/providers/:name', async (req, res) => {
+    const { name } = parse(ProviderPathSchema, req.params, 'path');
+    const { probe } = parse(ProbeQuerySchema, req.query, 'query');
+    const found = (await client.providers()).find((p) => p.name === name);
+    if (!found) throw new HttpError(404, 'unknown_provider', `no worker serves provider "${name}"`);
+    res.json(probe === 'true' ? { ...found, probe: await client.probeProvider(name) } : found);
   });
 
   v1.get('/attention', async (req, res) => {
@@ -466,7 +501,7 @@ const operationNotFound = (jobId: string) => new HttpError(404, 'operation_not_f
 function errorHandler(log: Logger): ErrorRequestHandler {
   return (err: unknown, req, res, _next) => {
     let status = 500;
-    let body: { code: string; message: string; details?: unknown[] } = { code: 'internal_error', message: 'internal error' };
+    let body: { code: string; message: string; details?: unknown[]; jobId?: string } = { code: 'internal_error', message: 'internal error' };
     if (err instanceof HttpError) {
       status = err.status;
       body = { code: err.code, message: err.message };
@@ -475,7 +510,8 @@ function errorHandler(log: Logger): ErrorRequestHandler {
       body = { code: err.code, message: err.message, details: err.issues };
     } else if (err instanceof IdempotencyKeyReusedError) {
       status = 422;
-      body = { code: err.code, message: err.message };
+      // The key is the caller's company's and environment's: the operation it names is theirs.
+      body = { code: err.code, message: err.message, ...(err.earlierJobId ? { jobId: err.earlierJobId } : {}) };
     } else if (err instanceof OperatorActionRefusedError) {
       status = 409;
       body = { code: err.code, message: err.message };

@@ -4,8 +4,14 @@ import {
   AttentionListSchema,
   AttentionQuerySchema,
   EnqueueBodySchema,
+  EndedOperationSchema,
   EnqueuedSchema,
   ErrorBodySchema,
+  PreferHeaderSchema,
+  ProbeQuerySchema,
+  ProviderListSchema,
+  ProviderPathSchema,
+  ProviderSchema,
   IdempotencyKeySchema,
   LeasePathSchema,
   CancelResultSchema,
@@ -38,7 +44,7 @@ const ERROR_DESCRIPTIONS: Record<string, string> = {
   '404': 'not found (also for leases and operations outside the token scope)',
   '413': 'payload_too_large: bodies are capped at 64 KiB',
   '415': 'unsupported_media_type: send application/json',
-  '422': 'idempotency_key_reused: the idempotency key came with a different request (lease, operation or parameters) before; unknown_provider: no worker has ever served the provider named in the path',
+  '422': 'idempotency_key_reused: the idempotency key came with a different request (lease, operation or parameters) before (`jobId` names the operation it names); unknown_provider: no worker has ever served the provider named in the path',
   '429':
     'lease_queue_full, environment_queue_full, company_queue_full or queue_full, with Retry-After (LEASE_OPS_MAX_QUEUED_PER_LEASE, LEASE_OPS_MAX_QUEUED_PER_ENVIRONMENT, LEASE_OPS_MAX_QUEUED_PER_COMPANY, LEASE_OPS_MAX_QUEUED and a fair share)',
   '409':
@@ -65,13 +71,17 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/operations': {
         post: {
           operationId: 'enqueueOperation',
-          summary: 'Enqueue an operation for a lease; answers at once with its job id',
+          summary: 'Enqueue an operation for a lease; answers at once with its job id, or with Prefer: wait=<s> once it ended (if it does in time)',
           requestParams: {
             path: LeasePathSchema,
-            header: z.object({ 'Idempotency-Key': IdempotencyKeySchema.optional() }),
+            header: z.object({ 'Idempotency-Key': IdempotencyKeySchema.optional(), Prefer: PreferHeaderSchema }),
           },
           requestBody: { content: { 'application/json': { schema: EnqueueBodySchema } } },
           responses: {
+            '200': {
+              ...json(EndedOperationSchema, 'with Prefer: wait, the operation ended in time: completed (with its result) or failed (with its error)'),
+              headers: z.object({ Location: z.string(), 'Preference-Applied': z.string().meta({ description: 'wait=<the seconds waited at most>' }) }),
+            },
             '202': {
               ...json(EnqueuedSchema, 'accepted; the Location header points at the operation'),
               headers: z.object({ Location: z.string() }),
@@ -99,7 +109,7 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
       '/v1/operations/{jobId}/cancel': {
         post: {
           operationId: 'cancelOperation',
-          summary: 'Cancel a queued or backing-off operation: it leaves its lane and fails with code cancelled (never one that executes); recorded on its lease timeline',
+          summary: 'Cancel a queued or backing-off operation: it leaves its lane and fails with code cancelled (never one that executes, but an executing acquire is asked to stop at its next step); what a cancelled acquire made is destroyed; recorded on its lease timeline',
           requestParams: { path: OperationPathSchema },
           responses: { '200': json(CancelResultSchema, 'cancelled'), ...errors('400', '401', '404', '409', '503'), ...NODE_ANSWERS },
         },
@@ -134,6 +144,21 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
           summary: "An operation's state, result or error; optionally waits for it to end",
           requestParams: { path: OperationPathSchema, query: WaitQuerySchema },
           responses: { '200': json(OperationViewSchema, 'the operation'), ...errors('400', '401', '404', '503'), ...NODE_ANSWERS },
+        },
+      },
+      '/v1/providers': {
+        get: {
+          operationId: 'listProviders',
+          summary: 'The providers the workers serve, each with what it can do',
+          responses: { '200': json(ProviderListSchema, 'the providers'), ...NODE_BAD_REQUEST, ...errors('401', '503'), ...NODE_ANSWERS },
+        },
+      },
+      '/v1/providers/{name}': {
+        get: {
+          operationId: 'getProvider',
+          summary: 'One provider and what it can do; with probe=true, whether its service takes its credentials (a worker asks it)',
+          requestParams: { path: ProviderPathSchema, query: ProbeQuerySchema },
+          responses: { '200': json(ProviderSchema, 'the provider'), ...errors('400', '401', '404', '503'), ...NODE_ANSWERS },
         },
       },
       '/v1/attention': {

@@ -73,6 +73,27 @@ export const WaitQuerySchema = z.strictObject({
     .meta({ description: 'wait up to this long (capped by LEASE_OPS_API_MAX_WAIT_MS) for the operation to end before answering' }),
 });
 
+/**
+ * The Prefer header of an enqueue (RFC 7240): `wait=<seconds>` asks the API to answer once the
+ * operation ended, for up to that long (capped by LEASE_OPS_API_MAX_WAIT_MS). Preferences are
+ * hints: others, and a wait that is not a whole number of seconds, are ignored.
+ */
+export const PreferHeaderSchema = z
+  .string()
+  .max(1_024)
+  .optional()
+  .meta({ description: 'RFC 7240; `wait=<seconds>`: answer 200 with the ended operation if it ends within that long (capped by LEASE_OPS_API_MAX_WAIT_MS), else 202 as without it' });
+
+/** The wait an enqueue's Prefer header asks for, in ms (0 for none). */
+export function preferredWaitMs(prefer: string | undefined): number {
+  if (!prefer) return 0;
+  for (const part of prefer.split(',')) {
+    const m = /^\s*wait\s*=\s*"?(\d{1,9})"?\s*(?:;.*)?$/i.exec(part);
+    if (m) return Number(m[1]) * 1_000;
+  }
+  return 0;
+}
+
 const OperationStateSchema = z.enum(['queued', 'ready', 'running', 'backing-off', 'completed', 'failed']);
 
 export const OperationViewSchema = z
@@ -93,10 +114,17 @@ export const OperationViewSchema = z
   })
   .meta({ id: 'Operation' });
 
+export const EndedOperationSchema = OperationViewSchema.extend({
+  deduplicated: z.enum(['coalesced', 'idempotency-key', 'absorbed-stop']).optional(),
+  location: z.string().meta({ description: 'where to read the operation' }),
+}).meta({ id: 'EndedOperation', description: 'an enqueue with Prefer: wait whose operation ended in time: the operation as GET /v1/operations/{jobId} shows it' });
+
 export const LeaseViewSchema = z
   .object({
-    lease: LeaseIdentitySchema,
+    lease: LeaseIdentitySchema.meta({ description: 'the lease as asked for: by either of its names (its sandbox id, or the id its acquire was enqueued under) the view is the same' }),
     laneId: z.string(),
+    sandboxId: z.string().nullable().meta({ description: "the sandbox's id as last seen: the lease's other name (every view by either name is this one)" }),
+    acquiredAs: z.string().nullable().meta({ description: "the id the lease's acquire was enqueued under, when it is not the sandbox's" }),
     executing: OperationViewSchema.nullable(),
     backingOff: OperationViewSchema.nullable(),
     queued: z.array(OperationViewSchema),
@@ -145,7 +173,48 @@ export const LeaseTimelineSchema = LeaseViewSchema.extend({
   operations: z.array(OperationViewSchema).meta({ description: 'the operations the events name, while BullMQ keeps them' }),
 }).meta({ id: 'LeaseTimeline' });
 
-export const CancelResultSchema = z.object({ jobId: z.string(), laneId: z.string(), cancelled: z.literal(true) }).meta({ id: 'Cancelled' });
+const CapabilitiesSchema = z
+  .object({
+    stop: z.boolean(),
+    pause: z.boolean(),
+    forceStop: z.boolean().meta({ description: 'can kill a sandbox (the watchdog forces stuck stops; cancelActiveWork is taken)' }),
+    expiry: z.boolean().optional().meta({ description: "bounds a sandbox at an acquire's requestedExpiresAt, answering the service's own expiry" }),
+    resources: z.boolean().optional().meta({ description: "takes an acquire's resources" }),
+    archive: z.boolean().optional().meta({ description: 'takes the archive release disposition' }),
+  })
+  .meta({ id: 'ProviderCapabilities' });
+
+export const ProbeSchema = z
+  .object({
+    ok: z.boolean(),
+    code: z.string().meta({ description: 'ok, nothing_to_check, or why not: unauthorized, forbidden, network, unknown_provider, probe_timeout, ...' }),
+    message: z.string(),
+    at: z.number().meta({ description: 'epoch ms the worker asked the service (answers are shared for 30 s)' }),
+  })
+  .meta({ id: 'ProviderProbe' });
+
+export const ProviderSchema = z
+  .object({
+    name: z.string(),
+    lastSeenAt: z.number().meta({ description: 'epoch ms a worker last said it serves it' }),
+    capabilities: CapabilitiesSchema.nullable().meta({ description: 'null when its workers did not say (older versions)' }),
+    probe: ProbeSchema.optional().meta({ description: 'with ?probe=true: whether the service takes the credentials, asked by a worker now' }),
+  })
+  .meta({ id: 'Provider' });
+export const ProviderListSchema = z.object({ providers: z.array(ProviderSchema) }).meta({ id: 'ProviderList' });
+export const ProviderPathSchema = z.strictObject({ name: LeaseIdentitySchema.shape.provider.meta({ description: 'the provider key, as in a lease path' }) });
+export const ProbeQuerySchema = z.strictObject({
+  probe: z.enum(['true', 'false']).optional().meta({ description: 'true: have a worker ask the service whether it takes the credentials (bounded, paced, shared for 30 s)' }),
+});
+
+export const CancelResultSchema = z
+  .object({
+    jobId: z.string(),
+    laneId: z.string(),
+    cancelled: z.literal(true),
+    whileExecuting: z.boolean().meta({ description: 'an executing acquire was asked to stop at its next step (it may complete first); what a cancelled acquire made is destroyed' }),
+  })
+  .meta({ id: 'Cancelled' });
 export const RerunResultSchema = z
   .object({
     jobId: z.string(),
@@ -210,6 +279,7 @@ export const ErrorBodySchema = z
       code: z.string().meta({ description: 'stable; branch on it' }),
       message: z.string(),
       details: z.array(z.unknown()).optional().meta({ description: "zod's issues for a request that did not validate" }),
+      jobId: z.string().optional().meta({ description: 'idempotency_key_reused: the operation the key names (read or wait for it at /v1/operations/{jobId})' }),
     }),
   })
   .meta({ id: 'Error' });

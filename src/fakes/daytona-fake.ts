@@ -22,6 +22,7 @@ export interface DaytonaTimings {
   stop: number;
   forceStop: number;
   destroy: number;
+  archive: number;
 }
 
 /** What a test can tell the fake to do to one sandbox. */
@@ -60,6 +61,8 @@ interface FakeSandbox extends Transitioning<string> {
   autoStopInterval: number;
   autoArchiveInterval: number;
   autoDeleteInterval: number;
+  /** When the TTL destroys it whatever its state (epoch ms), or null without a TTL. */
+  autoDestroyAt: number | null;
   recoverable: boolean;
   errorReason: string | null;
   /** Null until a runner first reported the sandbox started. */
@@ -95,7 +98,7 @@ export interface DaytonaFakeOptions {
   extraFields?: Record<string, unknown>;
 }
 
-const DEFAULT_TIMINGS: DaytonaTimings = { create: 20, start: 20, stop: 20, forceStop: 0, destroy: 10 };
+const DEFAULT_TIMINGS: DaytonaTimings = { create: 20, start: 20, stop: 20, forceStop: 0, destroy: 10, archive: 20 };
 /** Documented in the 0.218.0 spec, unknown to lease-ops' reply schema: a reply carries more than a client expects. */
 const DEFAULT_EXTRA_FIELDS = { autoPauseInterval: 0, kvm: false };
 const ERRORED = new Set(['error', 'build_failed']);
@@ -195,6 +198,13 @@ export class DaytonaFake extends ApiFake {
   }
 
   private settle(sb: FakeSandbox): void {
+    // The TTL ends it whatever its state (OpenAPI: `ttlMinutes`, `autoDestroyAt`).
+    if (sb.autoDestroyAt !== null && Date.now() >= sb.autoDestroyAt && sb.state !== 'destroyed') {
+      sb.state = 'destroyed';
+      sb.desiredState = 'destroyed';
+      sb.transition = null;
+      sb.name = `DESTROYED_${sb.name}_${Date.now()}`;
+    }
     if (!this.settleTransition(sb)) return;
     sb.updatedAt = new Date().toISOString();
     if (sb.state === 'started') sb.daemonVersion ??= 'v0.5.0';
@@ -254,6 +264,8 @@ export class DaytonaFake extends ApiFake {
       autoStopInterval: sb.autoStopInterval,
       autoArchiveInterval: sb.autoArchiveInterval,
       autoDeleteInterval: sb.autoDeleteInterval,
+      // Mapped with `?? undefined`: left out without a TTL.
+      ...(sb.autoDestroyAt === null ? {} : { autoDestroyAt: new Date(sb.autoDestroyAt).toISOString() }),
       sandboxClass: 'container',
       createdAt: sb.createdAt,
       updatedAt: sb.updatedAt,
@@ -301,7 +313,7 @@ export class DaytonaFake extends ApiFake {
       return { reply: applyCreateFault(fault, created.reply), sandboxId: created.sandboxId };
     }
     if (method === 'GET' && path === '/sandbox') return none(this.list(query));
-    const m = /^\/sandbox\/([^/]+)(?:\/(start|stop|recover|autodelete)(?:\/(-?\d+))?)?$/.exec(path);
+    const m = /^\/sandbox\/([^/]+)(?:\/(start|stop|recover|autodelete|ttl|archive)(?:\/(-?\d+))?)?$/.exec(path);
     if (!m) return none(this.error(req, 404, `Cannot ${method} /api${path}`));
     const [, idOrName, action, arg] = m;
     const sb = this.visible(decodeURIComponent(idOrName!));
@@ -337,6 +349,15 @@ export class DaytonaFake extends ApiFake {
       case 'autodelete':
         sb.autoDeleteInterval = Number(arg);
         return reply({ status: 200, body: this.view(sb, { withRelations: false }) });
+      case 'ttl': {
+        // "Maximum time to live in minutes, re-anchored from the current time (0 to disable)".
+        const minutes = Number(arg);
+        if (!Number.isInteger(minutes) || minutes < 0) return reply(this.error(req, 400, 'TTL must be a non-negative number of minutes'));
+        sb.autoDestroyAt = minutes === 0 ? null : Date.now() + minutes * 60_000;
+        return reply({ status: 200, body: this.view(sb, { withRelations: false }) });
+      }
+      case 'archive':
+        return reply(this.archive(req, sb));
       case 'start':
         return reply(this.start(req, sb));
       case 'recover':
@@ -383,6 +404,16 @@ export class DaytonaFake extends ApiFake {
     return { status: 200, body: this.view(sb, { withRelations: false }) };
   }
 
+  /** Archive: a stopped sandbox's files move to cheaper storage (archiving, then archived); start restores it. */
+  private archive(req: FakeRequest, sb: FakeSandbox): FakeReply {
+    if (sb.state !== sb.desiredState || sb.transition) return this.error(req, 409, 'Sandbox state change in progress');
+    if (sb.state === 'archived') return { status: 200, body: this.view(sb, { withRelations: false }) };
+    if (sb.state !== 'stopped') return this.error(req, 400, 'Sandbox is not in a valid state to be archived');
+    sb.desiredState = 'archived';
+    this.begin(sb, 'archived', this.timings.archive);
+    return { status: 200, body: this.view(sb, { withRelations: false }) };
+  }
+
   /** SandboxService.destroy: a soft delete that frees the name at once. */
   private destroy(req: FakeRequest, sb: FakeSandbox): FakeReply {
     const pending = !ERRORED.has(sb.state) && (sb.state !== sb.desiredState || sb.transition !== null);
@@ -424,7 +455,7 @@ export class DaytonaFake extends ApiFake {
   }
 
   private create(req: FakeRequest, body: unknown, bootMs: number): { reply: FakeReply; sandboxId: string | null } {
-    const input = (body ?? {}) as { name?: unknown; labels?: unknown; autoStopInterval?: unknown; autoDeleteInterval?: unknown; cpu?: unknown; memory?: unknown; disk?: unknown };
+    const input = (body ?? {}) as { name?: unknown; labels?: unknown; autoStopInterval?: unknown; autoDeleteInterval?: unknown; ttlMinutes?: unknown; cpu?: unknown; memory?: unknown; disk?: unknown };
     const name = typeof input.name === 'string' && input.name ? input.name : undefined;
     if (name && this.find(name)) return { reply: this.error(req, 409, `Sandbox with name ${name} already exists`), sandboxId: null };
     // Sizes come with the snapshot; the controller refuses them on a snapshot create.
@@ -433,6 +464,9 @@ export class DaytonaFake extends ApiFake {
     }
     if (typeof input.autoStopInterval === 'number' && input.autoStopInterval < 0) {
       return { reply: this.error(req, 400, 'Auto-stop interval must be non-negative'), sandboxId: null };
+    }
+    if (input.ttlMinutes !== undefined && (typeof input.ttlMinutes !== 'number' || !Number.isInteger(input.ttlMinutes) || input.ttlMinutes < 0)) {
+      return { reply: this.error(req, 400, 'TTL must be a non-negative number of minutes'), sandboxId: null };
     }
     const labels = input.labels && typeof input.labels === 'object' ? (input.labels as Record<string, string>) : {};
     const id = randomUUID();
@@ -451,6 +485,8 @@ export class DaytonaFake extends ApiFake {
       autoStopInterval: typeof input.autoStopInterval === 'number' ? input.autoStopInterval : 15,
       autoArchiveInterval: 10_080,
       autoDeleteInterval: typeof input.autoDeleteInterval === 'number' ? input.autoDeleteInterval : -1,
+      // "counted as wall-clock time since creation regardless of sandbox state (0 means disabled)".
+      autoDestroyAt: typeof input.ttlMinutes === 'number' && input.ttlMinutes > 0 ? Date.now() + input.ttlMinutes * 60_000 : null,
       recoverable: false,
       errorReason: null,
       daemonVersion: null,

@@ -15,6 +15,8 @@ export interface FakeCall {
   attempt?: string;
   /** Set when the fake answered with an injected fault instead of doing the work. */
   injected?: boolean;
+  /** The request's JSON body, when it had one. */
+  body?: unknown;
 }
 
 export interface FakeReply {
@@ -173,6 +175,7 @@ export class HttpFake extends EventEmitter {
       end: process.hrtime.bigint(),
       ...(typeof attempt === 'string' ? { attempt } : {}),
       ...(result.injected ? { injected: true } : {}),
+      ...(body === undefined ? {} : { body }),
     });
   }
 }

@@ -19,11 +19,8 @@ export const TerminationReceiptSchema = z.strictObject({
   providerLeaseId: z.string().min(1).max(256),
   state: z.enum(['stopped', 'destroyed']),
 });
-export const ReleaseReceiptSchema = z.strictObject({
-  providerLeaseId: z.string().min(1).max(256),
-  disposition: z.enum(['keep_running', 'stop_and_retain', 'destroy']),
-  state: z.enum(['running', 'stopped', 'destroyed']),
-});
+/** A termination receipt, or null when nothing ended (a keep_running release of a running sandbox). */
+export const ReleaseResultSchema = TerminationReceiptSchema.nullable();
 
 export function checkResult<T>(schema: z.ZodType<T>, value: unknown, provider: string, op: string): T {
   const parsed = schema.safeParse(value);

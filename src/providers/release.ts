@@ -1,26 +1,36 @@
 import type { OperationParams } from '../operations.ts';
-import type { ReleaseReceipt, TerminationReceipt } from './types.ts';
+import { PermanentError } from './errors.ts';
+import type { ReleaseResult, TerminationReceipt } from './types.ts';
 
 /**
- * A release is one of three things a provider already does: destroy, leave the sandbox as
- * it is (reporting truthfully what that is), or stop and retain. This maps the disposition
- * to the provider's step and builds the receipt.
+ * A release is one of the things a provider already does: destroy, stop and retain, archive,
+ * or leave the sandbox as it is. This maps the disposition to the provider's step. With
+ * `cancelActiveWork`, the stop is a kill where the provider has one (`forceStopAndRetain`).
  */
 export async function releaseByDisposition(
   params: OperationParams['release'],
   steps: {
     destroy(): Promise<TerminationReceipt>;
-    /** The sandbox as it is now, read fresh, for keep_running. */
-    current(): Promise<ReleaseReceipt['state']>;
+    /** keep_running: a fresh read; a receipt if execution has ended already (stopped, gone), else null. */
+    current(): Promise<ReleaseResult>;
     stopAndRetain(): Promise<TerminationReceipt>;
+    forceStopAndRetain?(): Promise<TerminationReceipt>;
+    archive?(): Promise<TerminationReceipt>;
   },
-): Promise<ReleaseReceipt> {
-  const disposition = params.resourceDisposition;
-  const state =
-    disposition === 'destroy'
-      ? (await steps.destroy()).state
-      : disposition === 'keep_running'
-        ? await steps.current()
-        : (await steps.stopAndRetain()).state;
-  return { providerLeaseId: params.providerLeaseId, disposition, state };
+  provider: string,
+): Promise<ReleaseResult> {
+  switch (params.resourceDisposition) {
+    case 'destroy':
+      return steps.destroy();
+    case 'keep_running':
+      return steps.current();
+    case 'archive':
+      if (!steps.archive) throw new PermanentError('archive_unsupported', `${provider} cannot archive a sandbox: release with stop_and_retain or destroy`);
+      return steps.archive();
+    case 'stop_and_retain':
+      if (!params.cancelActiveWork) return steps.stopAndRetain();
+      // A stop that lets the work finish (or suspends it, as a pause does) is no cancel.
+      if (!steps.forceStopAndRetain) throw new PermanentError('cancel_unsupported', `${provider} cannot end the work in a sandbox it keeps: release with destroy, or without cancelActiveWork`);
+      return steps.forceStopAndRetain();
+  }
 }

@@ -1,6 +1,6 @@
 import type { Logger } from '../logger.ts';
 import type { LeaseIdentity } from '../lease.ts';
-import type { OperationParams, ResourceDisposition } from '../operations.ts';
+import type { OperationParams } from '../operations.ts';
 import type { RateLimiterFactory } from './pacing.ts';
 
 /** A lease as a provider hands it out. */
@@ -23,12 +23,13 @@ export interface TerminationReceipt {
   state: 'stopped' | 'destroyed';
 }
 
-export interface ReleaseReceipt {
-  providerLeaseId: string;
-  disposition: ResourceDisposition;
-  /** `running` only for keep_running; otherwise a confirmed terminal state. */
-  state: 'running' | 'stopped' | 'destroyed';
-}
+/**
+ * What a release ends with, in paperclip's words: a termination receipt once the service
+ * confirmed that execution ended (stop_and_retain and archive: stopped; destroy: destroyed),
+ * or null when nothing ended (keep_running, the sandbox still runs). A keep_running release
+ * that finds the sandbox stopped or gone says so with a receipt.
+ */
+export type ReleaseResult = TerminationReceipt | null;
 
 /**
  * A provider's sandbox state, normalised across providers. A transition says where it is
@@ -47,10 +48,16 @@ export interface ProviderCapabilities {
   stop: boolean;
   pause: boolean;
   forceStop: boolean;
-  /** Honours acquire's `requestedExpiresAt`. Without it such an acquire is refused (`expiry_unsupported`), never silently ignored. */
+  /**
+   * Bounds a sandbox at acquire's `requestedExpiresAt`, and says so with the service's own
+   * expiry. Without it such an acquire completes with `expiresAt: null` (or, with
+   * `requireExpiry`, is refused with `expiry_unsupported`); an expiry is never claimed unbounded.
+   */
   expiry?: boolean;
   /** Honours acquire's `resources`. Without it such an acquire is refused (`resources_unsupported`). */
   resources?: boolean;
+  /** Takes the `archive` release disposition. Without it such a release fails with `archive_unsupported`. */
+  archive?: boolean;
 }
 
 /** Everything a provider call gets besides its params. */
@@ -110,7 +117,7 @@ export interface LeaseProvider {
   readonly capabilities: ProviderCapabilities;
   acquire(ctx: OperationContext, params: OperationParams['acquire']): Promise<Lease>;
   resume(ctx: OperationContext, params: OperationParams['resume']): Promise<Lease | ExpiredLease>;
-  release(ctx: OperationContext, params: OperationParams['release']): Promise<ReleaseReceipt>;
+  release(ctx: OperationContext, params: OperationParams['release']): Promise<ReleaseResult>;
   stop(ctx: OperationContext, params: OperationParams['stop']): Promise<TerminationReceipt>;
   forceStop(ctx: OperationContext, params: OperationParams['force-stop']): Promise<TerminationReceipt>;
   destroy(ctx: OperationContext, params: OperationParams['destroy']): Promise<TerminationReceipt>;
@@ -124,7 +131,26 @@ export interface LeaseProvider {
    * lane, which then destroys what it found, retrying within its own deadline.
    */
   findAcquired?(ctx: OperationContext, acquire: { jobId: string; checkpoint: Record<string, unknown> | null }): Promise<string | null>;
+  /**
+   * Asks the service, with one cheap read (paced like any request), whether it takes this
+   * provider's credentials. Never creates anything. Without it, a probe says there is nothing
+   * to check.
+   */
+  probe?(ctx: OperationContext): Promise<ProbeResult>;
   close?(): Promise<void>;
+}
+
+/** What a credentials probe learnt: `ok`, or why not (`unauthorized`, `forbidden`, `unreachable`, ...). */
+export interface ProbeResult {
+  ok: boolean;
+  code: string;
+  message: string;
+}
+
+/** A probe's answer from a provider error: its code and message (which name no credential). */
+export function probeFailure(err: unknown): ProbeResult {
+  const code = typeof (err as { code?: unknown } | null)?.code === 'string' ? (err as { code: string }).code : 'probe_failed';
+  return { ok: false, code, message: (err as Error).message ?? String(err) };
 }
 
 /** What lease-ops gives a provider it builds: a rate limiter shared by every worker replica. */

@@ -1,12 +1,12 @@
 import { DelayedError, UnrecoverableError, type Job } from 'bullmq';
 import { z } from 'zod';
 import { faultPoint, faultPointArmed } from '../fault-points.ts';
-import { laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
+import { laneIdOf, laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
 import type { Logger } from '../logger.ts';
 import { attemptEnded } from '../metrics.ts';
 import { OperationJobDataSchema, type OperationJobData } from '../operations.ts';
 import { runOperation } from '../processors/index.ts';
-import { isProviderError, TransientError } from '../providers/errors.ts';
+import { isProviderError, PermanentError, TransientError } from '../providers/errors.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
 import type { LeaseProvider, OperationContext, SandboxState } from '../providers/types.ts';
 import * as telemetry from '../telemetry.ts';
@@ -164,7 +164,8 @@ export class AttemptLife {
         return held.signal;
       },
       deadlineAt: data.deadlineAt,
-      fence: () => this.deps.fencing.check(held),
+      // An acquire also stops at its next step once someone cancelled it while it ran.
+      fence: data.op === 'acquire' ? () => this.deps.fencing.check(held).then(() => this.refuseIfCancelled()) : () => this.deps.fencing.check(held),
       fenceIsFresh: () => held.fresh(),
       observe: (providerLeaseId, state) => {
         observed = [providerLeaseId, state];
@@ -214,6 +215,12 @@ export class AttemptLife {
    * nothing, and BullMQ refuses to complete the job too: the superseding start took its lock.
    */
   private async complete(laneId: string, fence: string, data: OperationJobData, result: unknown, observed: [string, SandboxState] | null, log: () => Logger): Promise<unknown> {
+    if (data.op === 'acquire') {
+      // Cancelled while it ran, and it made its sandbox anyway: the clean-up destroys it.
+      const cancelledBy = await this.laneStep(() => this.cancelledBy());
+      if (cancelledBy !== null) return this.failForGood(laneId, fence, data, 'cancelled', `cancelled by ${cancelledBy} while it ran; what it made is destroyed`, log);
+      await this.nameSandbox(laneId, data.lease, result, log);
+    }
     this.deps.coalesceWrites();
     attemptEnded(data.op, 'completed', this.seconds());
     if (observed) await this.record(laneId, data.lease, observed, log);
@@ -230,6 +237,36 @@ export class AttemptLife {
       await faultPoint('after-release');
     }
     return result;
+  }
+
+  /** Who cancelled this (executing) acquire, or null (OperatorActions.cancel marks the job). */
+  private async cancelledBy(): Promise<string | null> {
+    return this.deps.redis.hget(this.deps.ops.queue.toKey(this.jobId), 'lo:cancel');
+  }
+
+  private async refuseIfCancelled(): Promise<void> {
+    const by = await this.cancelledBy();
+    if (by !== null) throw new PermanentError('cancelled', `cancelled by ${by} while it ran`);
+  }
+
+  /**
+   * An acquire made its sandbox: the sandbox's id becomes a second name of this lane before
+   * the acquire's end is recorded, so whoever learns the id from that end finds it naming this
+   * lease (lane-alias.lua). An id that has a lane of its own already (someone named the
+   * sandbox before its acquire said what it was) keeps it, and the history says so.
+   */
+  private async nameSandbox(laneId: string, lease: LeaseIdentity, result: unknown, log: () => Logger): Promise<void> {
+    const sandbox = (result as { providerLeaseId?: unknown } | null)?.providerLeaseId;
+    if (typeof sandbox !== 'string' || sandbox === lease.leaseId) return;
+    const named = await this.laneStep(() => this.deps.ops.names.name(laneIdOf({ ...lease, leaseId: sandbox }), laneId));
+    if (named === 'named') {
+      await this.laneStep(() => this.deps.records.noteAcquiredAs(laneId, lease.leaseId));
+      this.deps.history.append(laneId, { kind: 'named', jobId: this.jobId, op: 'acquire', sandbox, message: `sandbox ${sandbox} names this lease from now on` });
+      return;
+    }
+    const why = named === 'busy' ? 'it has a lane of its own with work in it' : 'it names another lease already';
+    log().warn({ sandbox }, `the acquired sandbox does not name this lease: ${why}; its operations run in the sandbox's own lane`);
+    this.deps.history.append(laneId, { kind: 'named', jobId: this.jobId, op: 'acquire', sandbox, message: `sandbox ${sandbox} keeps a lane of its own: ${why}` });
   }
 
   /** The provider call failed: retry it after a delay, keeping the lane's head, or fail it for good. */

@@ -1,5 +1,5 @@
 import { Job } from 'bullmq';
-import { laneIdOf, laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
+import { laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
 import { OperationJobDataSchema, type OperationName } from '../operations.ts';
 import { type HistoryEvent, placeStart } from './lease-history.ts';
 import type { LeaseRecord, LeaseRecords } from './lease-records.ts';
@@ -35,8 +35,13 @@ export interface OperationView {
 }
 
 export interface LeaseView {
+  /** The lease as asked for: by either of its names, the view is the same. */
   lease: LeaseIdentity;
   laneId: string;
+  /** The sandbox's id as last seen (null before any operation saw it): a second name of this lease. */
+  sandboxId: string | null;
+  /** The id the lease's acquire was enqueued under, when that is not the sandbox's. */
+  acquiredAs: string | null;
   /** The lane's head while a worker holds it (ready or running). */
   executing: OperationView | null;
   /** The lane's head while it waits out a retry delay. */
@@ -45,7 +50,7 @@ export interface LeaseView {
   queued: OperationView[];
   queuedTotal: number;
   /** What lease-ops last saw of the sandbox, and since when it has been in that state. */
-  observed: Omit<LeaseRecord, 'lease'> | null;
+  observed: Omit<LeaseRecord, 'lease' | 'acquiredAs'> | null;
   /** The lease's last operation failed for good (cleared by its next success). */
   lastFailure: { jobId: string; at: number; code: string; message: string } | null;
   /** An operator paused the lane (nothing new starts): who, and since when. */
@@ -154,8 +159,9 @@ export class Inspector {
     return view;
   }
 
+  /** A lease's lane, by either of its names (the id its acquire was enqueued under, or its sandbox's). */
   async lease(lease: LeaseIdentity, limit = 50): Promise<LeaseView> {
-    const laneId = laneIdOf(lease);
+    const laneId = await this.ops.laneOf(lease);
     const [lane, record, failure, paused] = await Promise.all([
       this.ops.lanes.view(laneId),
       this.records.get(laneId),
@@ -179,10 +185,12 @@ export class Inspector {
         message: failed?.error?.message ?? 'the failed operation was already removed',
       };
     }
-    const observed = record ? (({ lease: _lease, ...rest }) => rest)(record) : null;
+    const observed = record ? (({ lease: _lease, acquiredAs: _acquiredAs, ...rest }) => rest)(record) : null;
     return {
       lease,
       laneId,
+      sandboxId: record?.providerLeaseId || null,
+      acquiredAs: record?.acquiredAs ?? null,
       executing,
       backingOff,
       queued,
@@ -198,7 +206,7 @@ export class Inspector {
    * of each operation the events name (the newest `limit`; the rest BullMQ may have removed).
    */
   async timeline(lease: LeaseIdentity, limit = 40): Promise<LeaseTimeline> {
-    const laneId = laneIdOf(lease);
+    const laneId = await this.ops.laneOf(lease);
     const [now, events, view] = await Promise.all([this.records.now(), this.ops.history.read(laneId), this.lease(lease)]);
     // An attempt's start is kept with its end (see LeaseHistory); a running one's is its job's.
     const running = view.executing;

@@ -7,7 +7,8 @@ import type { QueueLimit } from '../errors.ts';
 // Every lane script takes the lane key layout of includes/lane.lua (18 keys), and some
 // the job's hash (and the request's idempotency key, and the lease's history) after it.
 const SCRIPTS = {
-  'lane-push': 22,
+  'lane-push': 23,
+  'lane-alias': 3,
   'lane-acquire': 20,
   'lane-release': 21,
   'lane-yield': 19,
@@ -40,7 +41,17 @@ export type PushResult =
   | { kind: 'next'; handOff: HandOff }
   | { kind: 'absorbed'; by: string }
   | { kind: 'full'; limit: QueueLimit; count: number }
-  | { kind: 'layout'; held: number };
+  | { kind: 'layout'; held: number }
+  | { kind: 'alias'; laneId: string };
+
+/**
+ * How long a sandbox id stays a second name of its acquire's lane without use: as long as
+ * the lease's record (a week without news).
+ */
+export const ALIAS_TTL_MS = 7 * 24 * 3_600_000;
+
+/** How naming a sandbox after its acquire's lane went (see lane-alias.lua). */
+export type AliasResult = 'named' | 'busy' | 'taken';
 
 /** The company and environment a lane belongs to: what its operations count against. */
 export type LaneScope = { companyId: string; environmentId: string };
@@ -74,6 +85,8 @@ export type RepairResult =
  *   <prefix>:lane:<laneId>     list of job ids, head first; gone when the lane is idle
  *   <prefix>:lane:<laneId>:x   hash {job, token} of the lane's holder; gone when none
  *   <prefix>:lane:<laneId>:c   coalescing keys of queued jobs; gone when none
+ *   <prefix>:alias:<laneId>    the lane a sandbox's operations join (its acquire's), when
+ *                              laneId is the sandbox's own; a week after its last use
  *   <prefix>:lanes             zset laneId -> last progress (ms), read by the sweep
  *   <prefix>:fence             counter behind every fencing token
  *   <prefix>:failures          hash laneId -> "<ms> <jobId>" of leases whose last operation failed
@@ -138,6 +151,25 @@ export class Lanes {
     return `${this.prefix}:lane:${laneId}:x`;
   }
 
+  /** Set when a lane's id is a sandbox's whose operations join its acquire's lane: that lane's id. */
+  aliasKey(laneId: string): string {
+    return `${this.prefix}:alias:${laneId}`;
+  }
+
+  /**
+   * Makes the sandbox whose own lane is `sandboxLaneId` a second name of `laneId`, the lane
+   * of the acquire that made it (lane-alias.lua). Runs in the sandbox lane's partition.
+   */
+  async alias(sandboxLaneId: string, laneId: string): Promise<AliasResult> {
+    const r = await this.run('lane-alias', this.aliasKey(sandboxLaneId), this.listKey(sandboxLaneId), this.execKey(sandboxLaneId), laneId, ALIAS_TTL_MS);
+    return r === 'busy' || r === 'taken' ? r : 'named';
+  }
+
+  /** The lane a lease's own lane id is a second name of, or null when it names its own. */
+  async aliasOf(laneId: string): Promise<string | null> {
+    return this.client.get(this.aliasKey(laneId));
+  }
+
   private jobKey(jobId: string): string {
     return this.queueKeyPrefix + jobId;
   }
@@ -198,6 +230,7 @@ export class Lanes {
       idempotency?.key ?? this.noIdempotencyKey,
       historyKey(this.prefix, laneId),
       layoutKey(this.prefix),
+      this.aliasKey(laneId),
       jobId,
       laneId,
       Date.now(),
@@ -214,7 +247,9 @@ export class Lanes {
       limits.perCompany,
       limits.perEnvironment,
       this.partitions,
+      ALIAS_TTL_MS,
     )) as string[];
+    if (r[0] === 'alias') return { kind: 'alias', laneId: String(r[1]) };
     if (r[0] === 'layout') return { kind: 'layout', held: Number(r[1]) };
     if (r[0] === 'present') return { kind: 'present' };
     if (r[0] === 'gone') return { kind: 'gone' };

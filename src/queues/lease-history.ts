@@ -23,6 +23,8 @@ export function historyKey(prefix: string, laneId: string): string {
  *   removed      an operator removed a waiting operation (Bull Board)
  *   cancelled / rerun   an operator cancelled a waiting operation, or ran a failed one again
  *   paused / unpaused   an operator paused the lane (nothing new starts), or unpaused it
+ *   named        an acquire's sandbox became a second name of this lease (`sandbox`), or could
+ *                not (its id had a lane of its own already: `message` says so)
  */
 export const HISTORY_EVENT_KINDS = [
   'accepted',
@@ -38,6 +40,7 @@ export const HISTORY_EVENT_KINDS = [
   'rerun',
   'paused',
   'unpaused',
+  'named',
 ] as const;
 export type HistoryEventKind = (typeof HISTORY_EVENT_KINDS)[number];
 
@@ -78,7 +81,7 @@ export interface HistoryEvent {
 }
 
 type EventInput = { kind: Exclude<HistoryEventKind, 'accepted' | 'absorbed' | 'observed' | 'started'>; jobId: string } & Partial<
-  Pick<HistoryEvent, 'op' | 'attempt' | 'until' | 'since' | 'code' | 'message'>
+  Pick<HistoryEvent, 'op' | 'attempt' | 'until' | 'since' | 'code' | 'message' | 'sandbox'>
 > & {
   /** How long the attempt that ends here ran (ms): its start is read back from this. */
   ran?: number;
@@ -91,7 +94,7 @@ type EventInput = { kind: Exclude<HistoryEventKind, 'accepted' | 'absorbed' | 'o
  */
 export function historyEntry(event: EventInput): string {
   const fields: string[] = ['e', event.kind, 'job', historyValue(event.jobId)];
-  for (const name of ['op', 'attempt', 'until', 'since', 'code'] as const) {
+  for (const name of ['op', 'attempt', 'until', 'since', 'code', 'sandbox'] as const) {
     const value = event[name];
     if (value !== undefined) fields.push(name, historyValue(String(value)));
   }

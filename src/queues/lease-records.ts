@@ -25,6 +25,8 @@ export interface LeaseRecord {
   /** Force-stops the watchdog queued for the current stuck episode, and the last one's job. */
   forceStops: number;
   forceJob: string | null;
+  /** The id the lease's acquire was enqueued under, once that acquire named its sandbox (a second name of the lease). */
+  acquiredAs: string | null;
 }
 
 /** A week without news and the record goes: it is a cache of observations, not a source of truth. */
@@ -94,6 +96,7 @@ export class LeaseRecords {
       observedAt: Number(h.observedAt),
       forceStops: Number(h.forceStops ?? 0),
       forceJob: h.forceJob ?? null,
+      acquiredAs: h.acquiredAs ?? null,
     };
   }
 
@@ -111,6 +114,11 @@ export class LeaseRecords {
 
   async forget(laneId: string): Promise<void> {
     await this.redis.zrem(this.stoppingKey, laneId);
+  }
+
+  /** Notes the id a lease's acquire was enqueued under, once its sandbox became a second name of it. */
+  async noteAcquiredAs(laneId: string, leaseId: string): Promise<void> {
+    await this.redis.multi().hset(this.recordKey(laneId), 'acquiredAs', leaseId).expire(this.recordKey(laneId), RECORD_TTL_S).exec();
   }
 
   /** Counts a force-stop the watchdog queued for the episode that began at `since`; false once that episode is over. */

@@ -18,7 +18,9 @@ import { faultPoint } from '../fault-points.ts';
 import { PartitionLayoutError } from './layout.ts';
 import { LeaseHistory } from './lease-history.ts';
 import { Lanes, NO_LIMITS, type LaneOutcome, type QueueLimits } from './lane.ts';
+import { LaneNames, LaneRedirect } from './lane-names.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
+import type { ProviderCapabilities } from '../providers/types.ts';
 
 /**
  * How long a job waits in BullMQ's delayed set while it is not its lane's turn. The lane,
@@ -99,15 +101,21 @@ export class OperationsQueue {
   /** Acquires seen without a job, and since when (see reconcileAcquires). */
   private readonly vanishedSince = new Map<string, number>();
 
+  /** The second names of lanes (a sandbox's id, after its acquire), shared by a deployment's partitions. */
+  readonly names: LaneNames;
+
   constructor(
     readonly connection: RedisClient,
     readonly settings: QueueSettings,
+    /** With several partitions, one for all of them (a name's key is in the partition of the lane it names). */
+    names?: LaneNames,
   ) {
     assertTestedBullmqOnce();
     this.queue = new Queue(settings.LEASE_OPS_QUEUE, { connection, prefix: settings.LEASE_OPS_PREFIX });
     // BullMQ prints an error event nobody listens to: it goes to the same report as the connection's.
     this.queue.on('error', reportRedisError);
     this.lanes = this.lanesOn(connection);
+    this.names = names ?? new LaneNames(() => this.lanes);
     this.history = new LeaseHistory(connection, settings.LEASE_OPS_PREFIX);
     this.deleteIfEqual = luaCommand(connection, 'delete-if-equal', 1);
     this.replaceIfEqual = luaCommand(connection, 'replace-if-equal', 1);
@@ -136,20 +144,42 @@ export class OperationsQueue {
    * of a request cut short in between finishes it under the same job id, which BullMQ adds
    * at most once, whoever gets there first.
    */
-  async enqueue(request: EnqueueRequest): Promise<Enqueued> {
+  async enqueue(request: EnqueueRequest, route: { laneId?: string } = {}): Promise<Enqueued> {
     // Another request with the same idempotency key may take back the job this one meant to
     // finish: then this one starts over (and, if that one was refused, is refused the same way).
+    let laneId = route.laneId;
     for (;;) {
-      const enqueued = await this.enqueueOnce(request);
-      if (enqueued) return enqueued;
+      const enqueued = await this.enqueueOnce(request, laneId);
+      if (enqueued === null) continue;
+      if ('movedTo' in enqueued) {
+        // The lease is a second name of another lane: with partitions, that lane may be in
+        // another one, which the caller routes to (enqueueRouted).
+        if (this.settings.LEASE_OPS_PARTITIONS > 1) throw new LaneRedirect(enqueued.movedTo);
+        laneId = enqueued.movedTo;
+        continue;
+      }
+      return enqueued;
     }
   }
 
-  /** One try at enqueue; null when a request with the same key took the job back meanwhile. */
-  private async enqueueOnce(request: EnqueueRequest): Promise<Enqueued | null> {
+  /**
+   * One try at enqueue into `laneId` (by default the lane the lease's name is known to name,
+   * or its own); null when a request with the same key took the job back meanwhile, movedTo
+   * when the lease turned out to be a second name of another lane (nothing of it was kept).
+   */
+  private async enqueueOnce(request: EnqueueRequest, routed: string | undefined): Promise<Enqueued | { movedTo: string } | null> {
     const now = Date.now();
     const data = buildJobData(request, now, this.settings.LEASE_OPS_DEADLINES_MS);
-    const laneId = laneIdOf(data.lease);
+    const own = laneIdOf(data.lease);
+    let laneId = routed ?? this.names.cached(own) ?? own;
+    const sandbox = targetSandbox(data);
+    if (sandbox !== null && sandbox !== data.lease.leaseId) {
+      // Named by one name with the other's sandbox (the acquire's id, say, and the sandbox's):
+      // both must name one lease, whose lane it then joins.
+      laneId = routed ?? (await this.names.resolve(own));
+      const sandboxLane = await this.names.resolve(laneIdOf({ ...data.lease, leaseId: sandbox }));
+      if (sandboxLane !== laneId) throw notTheLeasesSandbox(sandbox, data.lease.leaseId);
+    }
     let jobId = `${laneId}.${randomBytes(12).toString('base64url')}`;
     let idem: { key: string; fingerprint: string } | null = null;
     if (request.idempotencyKey !== undefined) {
@@ -161,11 +191,12 @@ export class OperationsQueue {
         // An earlier request with this key was cut short before its job joined its lane:
         // finish it, under its job id. Its job may exist already (then it joins its lane here).
         jobId = claimed.jobId;
+        laneId = laneIdOfJobId(jobId) ?? laneId;
         const existing = await Job.fromId(this.queue, jobId);
         if (existing) {
           // Its data is this request's: the key's fingerprint matched.
           const adopted = await this.joinLane(laneId, jobId, data, '', idem, true);
-          return adopted && { ...adopted, deduplicated: 'idempotency-key' };
+          return adopted && ('movedTo' in adopted ? adopted : { ...adopted, deduplicated: 'idempotency-key' });
         }
       }
     }
@@ -197,7 +228,7 @@ export class OperationsQueue {
     coalesceAs: string,
     idem: { key: string; fingerprint: string } | null,
     adopt: boolean,
-  ): Promise<Enqueued | null> {
+  ): Promise<Enqueued | { movedTo: string } | null> {
     // Until it ends, an acquire is known here with its lease: if its job vanishes (an operator
     // removed it), the sweep still knows what to clean up after it (reconcileAcquires).
     if (data.op === 'acquire') await this.connection.hset(this.acquiresKey, jobId, JSON.stringify(data.lease));
@@ -210,6 +241,15 @@ export class OperationsQueue {
       if (data.op === 'acquire') await this.connection.hdel(this.acquiresKey, jobId);
       await this.queue.remove(jobId);
       return null;
+    }
+    if (pushed.kind === 'alias') {
+      // The lease is a second name of another lane: nothing of this try stays (its key is
+      // taken back while it still names this job, for the retry into that lane to take).
+      this.names.learn(laneId, pushed.laneId);
+      if (data.op === 'acquire') await this.connection.hdel(this.acquiresKey, jobId);
+      await this.queue.remove(jobId);
+      if (idem) await this.deleteIfEqual(idem.key, pendingValue(jobId, idem.fingerprint));
+      return { movedTo: pushed.laneId };
     }
     if (pushed.kind === 'removed') {
       // An operator removed the job before it joined its lane: accepted, then removed.
@@ -255,11 +295,19 @@ export class OperationsQueue {
    * queued once per acquire however often its failure is handled (a crash may repeat it).
    * `checkpoint` is what the acquire's attempts saved, or null when its job is gone.
    */
-  /** A worker says which providers it serves (at start, and every sweep interval). */
-  async announceProviders(names: readonly string[]): Promise<void> {
-    if (names.length === 0) return;
-    const now = Date.now();
-    await this.connection.hset(this.providersKey, Object.fromEntries(names.map((name) => [name, String(now)])));
+  /** A worker says which providers it serves, and what each can do (at start, and every sweep interval). */
+  async announceProviders(providers: readonly { name: string; capabilities: ProviderCapabilities }[]): Promise<void> {
+    if (providers.length === 0) return;
+    const at = Date.now();
+    await this.connection.hset(this.providersKey, Object.fromEntries(providers.map(({ name, capabilities }) => [name, JSON.stringify({ at, capabilities })])));
+  }
+
+  /** Every provider some worker served, when it last said so, and what it can do (null if it did not say). */
+  async providerDetails(): Promise<AnnouncedProvider[]> {
+    const all = await this.connection.hgetall(this.providersKey);
+    return Object.entries(all)
+      .map(([name, value]) => ({ name, ...parseAnnouncement(value) }))
+      .sort((a, b) => a.name.localeCompare(b.name));
   }
 
   /** Whether a request came under this idempotency key already (its receipt is then repeated). */
@@ -415,13 +463,26 @@ export class OperationsQueue {
     const key = this.idempotencyKey(data.lease, request.idempotencyKey, deploymentPrefix);
     const pending = `${fingerprint} pending`;
     const held = await this.connection.set(key, pending, 'EX', IDEMPOTENCY_TTL_S, 'NX', 'GET');
-    if (held !== null && held.split(' ')[0] !== fingerprint) throw new IdempotencyKeyReusedError('');
+    if (held !== null && held.split(' ')[0] !== fingerprint) {
+      // The operation the key names, where this partition keeps it (its lease's partition).
+      const earlier = parseIdempotencyValue(await this.connection.get(this.idempotencyKey(data.lease, request.idempotencyKey)));
+      throw new IdempotencyKeyReusedError(earlier?.jobId ?? '');
+    }
     return {
       settled: async (accepted) => {
         if (accepted) await this.connection.set(key, `${fingerprint} accepted`, 'EX', IDEMPOTENCY_TTL_S);
         else await this.replaceIfEqual(key, pending, pending, REFUSAL_KEPT_MS);
       },
     };
+  }
+
+  /**
+   * The lane a lease's operations run in: its own, or the lane its id is a second name of (a
+   * sandbox's id after its acquire). With several partitions, ask through a router that knows
+   * them all (LeaseOpsClient.laneOf).
+   */
+  laneOf(lease: LeaseIdentity): Promise<string> {
+    return this.names.resolve(laneIdOf(lease));
   }
 
   /** The lanes of this queue, spoken to over another connection. */
@@ -432,6 +493,35 @@ export class OperationsQueue {
   async close(): Promise<void> {
     await this.queue.close();
   }
+}
+
+/** A provider as the workers announced it. */
+export interface AnnouncedProvider {
+  name: string;
+  /** Epoch ms a worker last said it serves it. */
+  lastSeenAt: number;
+  capabilities: ProviderCapabilities | null;
+}
+
+const CapabilitiesSchema = z.object({
+  stop: z.boolean(),
+  pause: z.boolean(),
+  forceStop: z.boolean(),
+  expiry: z.boolean().optional(),
+  resources: z.boolean().optional(),
+  archive: z.boolean().optional(),
+});
+
+/** A providers-index entry: `{at, capabilities}`, or (from workers before capabilities were said) a bare time. */
+function parseAnnouncement(value: string): { lastSeenAt: number; capabilities: ProviderCapabilities | null } {
+  if (/^\d+$/.test(value)) return { lastSeenAt: Number(value), capabilities: null };
+  try {
+    const parsed = z.object({ at: z.number(), capabilities: CapabilitiesSchema }).safeParse(JSON.parse(value));
+    if (parsed.success) return { lastSeenAt: parsed.data.at, capabilities: parsed.data.capabilities };
+  } catch {
+    // not JSON: unknown
+  }
+  return { lastSeenAt: 0, capabilities: null };
 }
 
 /**
@@ -507,6 +597,26 @@ function assertTestedBullmqOnce(): void {
   bullmqChecked = true;
 }
 
+/** The sandbox an operation touches, or null for one that names none yet (an acquire). */
+export function targetSandbox(data: OperationJobData): string | null {
+  return data.op === 'acquire' || data.op === 'abandon-acquire' ? null : data.params.providerLeaseId;
+}
+
+/**
+ * A lane serialises one sandbox: an operation's sandbox must be its lease's, named by the
+ * lease's id or by the other name of the same lease (its acquire's id, its sandbox's id).
+ */
+function notTheLeasesSandbox(sandbox: string, leaseId: string): z.ZodError {
+  return new z.ZodError([
+    {
+      code: 'custom',
+      path: ['params', 'providerLeaseId'],
+      message: `sandbox ${sandbox} is not the sandbox of lease ${leaseId}: name the lease by its sandbox id, or by the id its acquire was enqueued under once that acquire made this sandbox`,
+      input: sandbox,
+    },
+  ]);
+}
+
 /** Turns a request into validated job data; throws a ZodError naming every bad field. */
 export function buildJobData(
   request: EnqueueRequest,
@@ -515,17 +625,25 @@ export function buildJobData(
 ): OperationJobData {
   const op = OperationNameSchema.parse(request.op);
   const params = OperationParamsSchemas[op].parse(request.params);
-  // A lane serialises one sandbox: the lease it names must be the sandbox the operation touches.
-  if (op !== 'acquire' && (params as { providerLeaseId: string }).providerLeaseId !== (request.lease as { leaseId?: unknown } | null)?.leaseId) {
-    throw new z.ZodError([
-      {
-        code: 'custom',
-        path: ['params', 'providerLeaseId'],
-        message: 'must be the lease\'s own sandbox: lease.leaseId names the sandbox of every operation but acquire',
-        input: (params as { providerLeaseId: string }).providerLeaseId,
-      },
-    ]);
-  }
   const deadlineMs = request.deadlineMs ?? deadlines[op] ?? DEFAULT_DEADLINE_MS[op];
   return OperationJobDataSchema.parse({ op, lease: request.lease, params, acceptedAt: now, deadlineAt: now + deadlineMs });
+}
+
+/**
+ * Enqueues through the partition that holds the lease's lane (`queueOf` maps a lane id to its
+ * partition's queue), following a second name of a lane to that lane wherever it is.
+ */
+export async function enqueueRouted(queueOf: (laneId: string) => OperationsQueue, names: LaneNames, request: EnqueueRequest): Promise<Enqueued> {
+  const own = laneIdOf(LeaseIdentitySchema.parse(request.lease));
+  for (let hops = 0; ; hops++) {
+    const laneId = names.cached(own) ?? own;
+    try {
+      return await queueOf(laneId).enqueue(request, { laneId });
+    } catch (err) {
+      // Learnt meanwhile (LaneNames.learn): the next try goes to that lane. A name points at its
+      // acquire's lane, which has none of its own, so one hop is all there is.
+      if (err instanceof LaneRedirect && hops < 2) continue;
+      throw err;
+    }
+  }
 }

@@ -1,7 +1,8 @@
 import { Job } from 'bullmq';
 import { LeaseOpsError } from '../errors.ts';
-import { laneIdOf, laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
+import { laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
 import { OperationJobDataSchema } from '../operations.ts';
+import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 import type { OperationsQueue } from './operations-queue.ts';
 
 /** An operator action refused because it would break a lane's guarantee; `code` says which. */
@@ -15,7 +16,11 @@ export class OperatorActionRefusedError extends LeaseOpsError {
   }
 }
 
-export type CancelResult = { jobId: string; laneId: string; cancelled: true };
+/**
+ * `whileExecuting`: an acquire that was executing is asked to stop at its next step (it then
+ * fails with `cancelled`); until then it shows as running, and it may complete first.
+ */
+export type CancelResult = { jobId: string; laneId: string; cancelled: true; whileExecuting: boolean };
 export type RerunResult = { jobId: string; laneId: string; deadlineAt: number };
 export type PauseResult = { laneId: string; paused: boolean; changed: boolean; since: number | null };
 
@@ -23,7 +28,9 @@ export type PauseResult = { laneId: string; paused: boolean; changed: boolean; s
  * What an operator may do to a lease's operations without breaking its lane's guarantees,
  * each recorded on the lease's timeline with who did it:
  *   cancel   a queued or backing-off operation leaves its lane and fails with `cancelled`
- *            (never one executing: its provider call may be under way)
+ *            (never one executing: its provider call may be under way), but an acquire
+ *            executing is asked to stop at its next step; what a cancelled acquire made is
+ *            destroyed by an abandon-acquire clean-up in its lane
  *   rerun    a failed operation runs again, as a new request at the tail of its lane, with
  *            its original time budget from now
  *   pause    nothing new starts in the lane (the executing operation finishes); operations
@@ -31,7 +38,11 @@ export type PauseResult = { laneId: string; paused: boolean; changed: boolean; s
  *   unpause  the lane's head is handed to the workers again
  */
 export class OperatorActions {
-  constructor(private readonly ops: OperationsQueue) {}
+  private readonly markCancel: LuaCommand;
+
+  constructor(private readonly ops: OperationsQueue) {
+    this.markCancel = luaCommand(ops.connection, 'job-cancel', 1);
+  }
 
   /** Null when there is no such operation. */
   async cancel(jobId: string, by: string): Promise<CancelResult | null> {
@@ -40,16 +51,31 @@ export class OperatorActions {
     if (!laneId || !job) return null;
     const state = await job.getState();
     if (state === 'completed' || state === 'failed') throw new OperatorActionRefusedError('operation_ended', `${jobId} already ${state}: there is nothing to cancel`);
+    const acquire = OperationJobDataSchema.safeParse(job.data);
+    const isAcquire = acquire.success && acquire.data.op === 'acquire';
     const dropped = await this.ops.lanes.drop(laneId, jobId, { status: 'failed', code: 'cancelled', error: `cancelled: cancelled by ${by}` }, true);
+    if (dropped.kind === 'executing' && isAcquire) {
+      // A host that gave up on an acquire must not leave its sandbox running with no owner.
+      const marked = await this.markCancel(this.ops.queue.toKey(jobId), by);
+      if (marked === 'ended') throw new OperatorActionRefusedError('operation_ended', `${jobId} ended meanwhile: there is nothing to cancel`);
+      if (marked === 'gone') return null;
+      this.ops.history.append(laneId, { kind: 'cancelled', jobId, op: job.name, message: `cancel asked by ${by} while it ran: it stops at its next step` });
+      return { jobId, laneId, cancelled: true, whileExecuting: true };
+    }
     if (dropped.kind === 'executing') {
       throw new OperatorActionRefusedError('operation_executing', `${jobId} is executing, or handed to a worker, or its attempt is ending: an attempt in flight cannot be taken back, its provider call may be under way; try again once it waits`);
     }
     if (dropped.kind === 'absent') throw new OperatorActionRefusedError('operation_not_waiting', `${jobId} is not waiting in its lane; read it again`);
     this.ops.history.append(laneId, { kind: 'cancelled', jobId, op: job.name, message: `cancelled by ${by}` });
+    if (isAcquire && (job.attemptsMade > 0 || job.stalledCounter > 0)) {
+      // It ran before (it backs off): it may have made a sandbox, which its clean-up finds and destroys.
+      const checkpoint = JSON.parse((await this.ops.connection.hget(this.ops.queue.toKey(jobId), 'lo:checkpoint')) ?? 'null') as Record<string, unknown> | null;
+      await this.ops.enqueueAbandon(acquire.data!.lease, jobId, checkpoint);
+    }
     // The lane recorded its outcome; a worker that takes it now repeats it (fails it with
     // `cancelled`) at once instead of when its park or backoff ends.
     await job.promote().catch(() => undefined);
-    return { jobId, laneId, cancelled: true };
+    return { jobId, laneId, cancelled: true, whileExecuting: false };
   }
 
   /** Null when there is no such operation. */
@@ -87,7 +113,7 @@ export class OperatorActions {
   }
 
   async pause(lease: LeaseIdentity, by: string): Promise<PauseResult> {
-    const laneId = laneIdOf(lease);
+    const laneId = await this.ops.laneOf(lease);
     const now = Date.now();
     const changed = await this.ops.lanes.pause(laneId, by, now);
     if (changed) this.ops.history.append(laneId, { kind: 'paused', jobId: '', message: `paused by ${by}` });
@@ -95,7 +121,7 @@ export class OperatorActions {
   }
 
   async unpause(lease: LeaseIdentity, by: string): Promise<PauseResult> {
-    const laneId = laneIdOf(lease);
+    const laneId = await this.ops.laneOf(lease);
     const changed = await this.ops.lanes.unpause(laneId);
     if (changed) this.ops.history.append(laneId, { kind: 'unpaused', jobId: '', message: `unpaused by ${by}` });
     return { laneId, paused: false, changed, since: null };

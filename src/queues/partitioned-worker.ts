@@ -1,6 +1,7 @@
 import type { Config } from '../config.ts';
 import type { Logger } from '../logger.ts';
 import { parsePartitionList, partitionOfLane, partitionPrefixes } from '../partitions.ts';
+import { LaneNames } from './lane-names.ts';
 import { OperationsQueue } from './operations-queue.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
 import { claimPartitionLayout, LayoutError } from './layout.ts';
@@ -29,8 +30,10 @@ export class LeaseWorkers {
     const prefixes = partitionPrefixes(settings.LEASE_OPS_PREFIX, count);
     const served = parsePartitionList(settings.LEASE_OPS_WORKER_PARTITIONS, count) as number[];
     this.connection = createRedis(settings.REDIS_URL);
-    if (count > 1) this.queues = prefixes.map((prefix) => new OperationsQueue(this.connection, { ...settings, LEASE_OPS_PREFIX: prefix }));
     const queueOf = (laneId: string) => this.queues[partitionOfLane(laneId, count)]!;
+    // One set of second names for every partition: a sandbox's name lives in its own lane's partition.
+    const names = count > 1 ? new LaneNames((laneId) => queueOf(laneId).lanes) : undefined;
+    if (count > 1) this.queues = prefixes.map((prefix) => new OperationsQueue(this.connection, { ...settings, LEASE_OPS_PREFIX: prefix }, names));
     const shared = count === 1 ? null : providers.shared();
     this.workers = served.map((partition) => ({
       partition,
@@ -38,7 +41,7 @@ export class LeaseWorkers {
         { ...settings, LEASE_OPS_PREFIX: prefixes[partition]! },
         shared ?? providers,
         count === 1 ? log : log.child({ partition }),
-        { index: partition, count, queueOf },
+        { index: partition, count, queueOf, names },
       ),
     }));
   }

@@ -4,7 +4,8 @@ import type { ProviderRegistry } from '../providers/registry.ts';
 import { laneIdOf, laneIdOfJobId } from '../lease.ts';
 import type { LeaseHistory } from './lease-history.ts';
 import type { LeaseRecords } from './lease-records.ts';
-import type { OperationsQueue } from './operations-queue.ts';
+import type { LaneNames } from './lane-names.ts';
+import { enqueueRouted, type OperationsQueue } from './operations-queue.ts';
 
 export interface WatchdogSettings {
   stuckAfterMs: number;
@@ -49,11 +50,12 @@ export class Watchdog {
     private readonly log: Logger,
     private readonly history: LeaseHistory | null = null,
     /**
-     * The queue of the partition a lane belongs to: a record's sandbox may have its own lane
-     * in another partition than the record (an acquire's lane made it), and the force-stop
-     * goes through the sandbox's lane. One partition: this one.
+     * The queue of the partition a lane belongs to: the force-stop goes through the lane of
+     * the record's sandbox, which is the record's own lane once its acquire named it, and
+     * otherwise the sandbox's own (maybe in another partition). One partition: this one.
      */
     private readonly queueOf: (laneId: string) => OperationsQueue = () => ops,
+    private readonly names: LaneNames = ops.names,
   ) {}
 
   /** Every lease stuck on its way to stopped, oldest first, a page at a time. */
@@ -86,7 +88,7 @@ export class Watchdog {
       return report;
     }
     const sandboxLease = { ...record.lease, leaseId: record.providerLeaseId };
-    const forceQueue = this.queueOf(laneIdOf(sandboxLease));
+    const forceQueue = this.queueOf(await this.names.resolve(laneIdOf(sandboxLease)));
     if (record.forceJob) {
       const state = await forceQueue.queue.getJobState(record.forceJob);
       if (state !== 'completed' && state !== 'failed' && state !== 'unknown') {
@@ -100,9 +102,9 @@ export class Watchdog {
       return report;
     }
     const n = record.forceStops + 1;
-    const { jobId, deduplicated } = await forceQueue.enqueue({
+    const { jobId, deduplicated } = await enqueueRouted(this.queueOf, this.names, {
       op: 'force-stop',
-      // Through the sandbox's own lane (a record may have been made by an acquire's lane).
+      // Named by its sandbox: it joins the lane the sandbox's operations run in.
       lease: sandboxLease,
       params: { providerLeaseId: record.providerLeaseId, ifStoppingSince: record.since },
       idempotencyKey: `lease-ops:watchdog:${laneId}:${record.since}:${n}`,

@@ -5,10 +5,11 @@ import type { Config } from '../config.ts';
 import { faultPoint } from '../fault-points.ts';
 import type { Logger } from '../logger.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
-import type { OperationContext } from '../providers/types.ts';
+import type { OperationContext, ProviderCapabilities } from '../providers/types.ts';
 import { AttemptLife, type AttemptDeps } from './attempt-life.ts';
 import { Fencing, StaleAttemptError } from './fencing.ts';
 import type { Lanes } from './lane.ts';
+import type { LaneNames } from './lane-names.ts';
 import { LeaseHistory } from './lease-history.ts';
 import { LeaseRecords } from './lease-records.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
@@ -16,6 +17,7 @@ import { defineQuietFetch } from './quiet-fetch.ts';
 import { BACKOFF_TYPE, OperationsQueue } from './operations-queue.ts';
 import { answerWithin, closeForGood, createRedis, keepCopies, isRedisUnavailable, pingWithin, reportRedisError, type RedisClient } from './redis.ts';
 import { type BackoffSettings, DEFAULT_BACKOFF, RetryLaterError } from './retry-policy.ts';
+import { PROBE_JOB, runProbe } from './provider-probes.ts';
 import { sweepLanes } from './sweep.ts';
 import { Watchdog } from './watchdog.ts';
 
@@ -106,7 +108,7 @@ export class LeaseWorker {
      * Which partition of how many this worker serves (settings' prefix is that partition's),
      * and the queue of each partition, for what it queues in other lanes (the watchdog).
      */
-    private readonly partition: { index: number; count: number; queueOf?: (laneId: string) => OperationsQueue } = { index: 0, count: 1 },
+    private readonly partition: { index: number; count: number; queueOf?: (laneId: string) => OperationsQueue; names?: LaneNames } = { index: 0, count: 1 },
   ) {
     this.backoff = { ...DEFAULT_BACKOFF, baseMs: settings.LEASE_OPS_BACKOFF_BASE_MS, capMs: settings.LEASE_OPS_BACKOFF_CAP_MS };
     // Named, so CLIENT LIST says which of a worker's connections is which (the tests cut one).
@@ -114,7 +116,7 @@ export class LeaseWorker {
     const connect = (connectionName: string) => {
       return keepCopies(createRedis(settings.REDIS_URL, { connectionName }), this.ownedConnections);
     };
-    this.ops = new OperationsQueue(this.connection, settings);
+    this.ops = new OperationsQueue(this.connection, settings, partition.names);
     this.records = new LeaseRecords(this.connection, settings.LEASE_OPS_PREFIX);
     this.history = new LeaseHistory(this.connection, settings.LEASE_OPS_PREFIX, log);
     this.writeCheckpoint = luaCommand(this.connection, 'job-checkpoint', 1);
@@ -195,7 +197,7 @@ export class LeaseWorker {
     this.watchdog = new Watchdog(this.ops, this.records, providers, {
       stuckAfterMs: settings.LEASE_OPS_STUCK_STOPPING_MS,
       maxForceStops: settings.LEASE_OPS_WATCHDOG_MAX_FORCE,
-    }, log, this.history, (laneId) => (queueOf && !this.ownsLane(laneId) ? queueOf(laneId) : this.ops));
+    }, log, this.history, (laneId) => (queueOf && !this.ownsLane(laneId) ? queueOf(laneId) : this.ops), this.ops.names);
     this.maintenanceWorker = new Worker(
       maintenanceName,
       async (job) => {
@@ -204,6 +206,8 @@ export class LeaseWorker {
             return this.watchdog.scan();
           case STUCK_CHECK:
             return this.watchdog.consider((job.data as { laneId: string }).laneId);
+          case PROBE_JOB:
+            return runProbe(this.providers, String((job.data as { provider?: unknown }).provider), this.log);
           case SWEEP_SCHEDULER_ID: {
             const report = await sweepLanes(this.ops, settings.LEASE_OPS_SWEEP_STALE_MS, this.log);
             if (report.dropped || report.handedOff) this.log.info(report, 'lane sweep repaired lanes');
@@ -234,7 +238,7 @@ export class LeaseWorker {
   /** Starts processing; resolves once the workers are connected and the maintenance is scheduled. */
   async start(): Promise<void> {
     await this.schedule();
-    await this.ops.announceProviders(this.providers.names());
+    await this.ops.announceProviders(this.announced());
     // Closed meanwhile: nothing more starts (a timer set now would outlive the close).
     if (this.closing) return;
     this.fencing.start();
@@ -267,7 +271,7 @@ export class LeaseWorker {
 
   private async checkSchedules(): Promise<void> {
     // Said again each time, so the API knows it after Redis lost its data too.
-    this.ops.announceProviders(this.providers.names()).catch((err: unknown) => this.log.warn({ err }, 'could not say which providers this replica serves'));
+    this.ops.announceProviders(this.announced()).catch((err: unknown) => this.log.warn({ err }, 'could not say which providers this replica serves'));
     try {
       const ids = [SWEEP_SCHEDULER_ID, ...(this.settings.LEASE_OPS_WATCHDOG ? [WATCHDOG_SCHEDULER_ID] : [])];
       const present = await Promise.all(ids.map((id) => this.maintenanceQueue.getJobScheduler(id)));
@@ -291,6 +295,11 @@ export class LeaseWorker {
     void this.maintenanceQueue
       .add(STUCK_CHECK, { laneId }, { jobId: `${STUCK_CHECK}.${laneId}.${since}`, delay, removeOnComplete: true, removeOnFail: 100 })
       .catch((err: unknown) => this.log.warn({ err, laneId }, 'could not schedule the stuck check of a stopping sandbox; the watchdog scan will see it'));
+  }
+
+  /** The providers this replica serves and what each can do, as the API lists them. */
+  private announced(): { name: string; capabilities: ProviderCapabilities }[] {
+    return this.providers.names().map((name) => ({ name, capabilities: this.providers.get(name)!.capabilities }));
   }
 
   /** Whether a lane belongs to the partition this worker serves, as the deployment's partition count maps it. */

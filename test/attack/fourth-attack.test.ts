@@ -113,7 +113,7 @@ describe('force-stops past LEASE_OPS_MAX_QUEUED', () => {
   let api: TestApi;
   beforeAll(async () => {
     bed = await TestBed.create({ LEASE_OPS_API_TOKENS: JSON.stringify([{ token: EVIL, companyId: 'evil' }]), LEASE_OPS_MAX_QUEUED: '20', LEASE_OPS_MAX_QUEUED_PER_LEASE: '5' });
-    await bed.ops.announceProviders(['simulated']);
+    await bed.ops.announceProviders([{ name: 'simulated', capabilities: { stop: true, pause: false, forceStop: true } }]);
     api = await startTestApi(bed); // no worker: what is queued stays queued
   });
   afterAll(async () => {

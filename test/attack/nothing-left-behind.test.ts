@@ -165,8 +165,8 @@ describe("scenario 19: every key lease-ops writes is in the README's key table, 
       const resume = await bed.ops.enqueue({ op: 'resume', lease: daytonaLease(id), params: { providerLeaseId: id } });
       await look(); // a lane with work, a stop backing off
       await bed.waitForAll([stop.jobId, resume.jobId]);
-      // Daytona cannot promise an expiry: the acquire fails for good, and its clean-up runs.
-      const refused = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('refused'), params: { runId: 'refused', requestedExpiresAt: new Date(Date.now() + 3_600_000).toISOString() } });
+      // Daytona sizes sandboxes by their snapshot: the acquire fails for good, and its clean-up runs.
+      const refused = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('refused'), params: { runId: 'refused', resources: { cpu: 2 } } });
       expect((await bed.waitForAll([refused.jobId])).get(refused.jobId)).toBe('failed');
       await look(); // a failure, a forced stop, records
       expect([...undocumented]).toEqual([]);

@@ -350,8 +350,8 @@ describe('issue 12, scenario 12: a provider no worker serves is refused at enque
   });
 });
 
-describe('issue 12, scenario 2: a foreign sandbox and a missing one look the same', () => {
-  it("company B naming company A's sandbox under its own lease learns nothing of it, and A's sandbox runs on", async () => {
+describe('issue 12, scenario 2 (issue 24: no false receipts): a foreign sandbox is refused, never stopped, and nothing of it is learnt', () => {
+  it("company B naming company A's sandbox under its own lease gets lease_environment_mismatch for every operation, learns nothing more, and A's sandbox runs on", async () => {
     const fake = new DaytonaFake({ apiKey: 'k', timings: { create: 5, start: 5, stop: 5, forceStop: 0, destroy: 5 } });
     const apiUrl = await fake.listen();
     bed = await TestBed.create({ LEASE_OPS_API_TOKENS: TOKEN });
@@ -361,19 +361,34 @@ describe('issue 12, scenario 2: a foreign sandbox and a missing one look the sam
       expect((await bed.waitForAll([a.jobId])).get(a.jobId)).toBe('completed');
       const sandbox = ((await bed.ops.queue.getJob(a.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
       const asB = (leaseId: string) => ({ provider: 'daytona', companyId: 'globex', environmentId: 'prod', leaseId });
-      const foreign = await bed.ops.enqueue({ op: 'stop', lease: asB(sandbox), params: { providerLeaseId: sandbox } });
+      const target = { providerLeaseId: sandbox };
+      const foreign = await Promise.all([
+        bed.ops.enqueue({ op: 'stop', lease: asB(sandbox), params: target }),
+        bed.ops.enqueue({ op: 'force-stop', lease: asB(sandbox), params: target }),
+        bed.ops.enqueue({ op: 'release', lease: asB(sandbox), params: { ...target, resourceDisposition: 'destroy' } }),
+        bed.ops.enqueue({ op: 'destroy', lease: asB(sandbox), params: target }),
+      ]);
       const missing = await bed.ops.enqueue({ op: 'stop', lease: asB('no-such-sandbox'), params: { providerLeaseId: 'no-such-sandbox' } });
-      const ended = await bed.waitForAll([foreign.jobId, missing.jobId]);
-      expect(ended.get(foreign.jobId)).toBe(ended.get(missing.jobId));
+      const ended = await bed.waitForAll([...foreign.map((f) => f.jobId), missing.jobId]);
+      for (const f of foreign) {
+        expect(ended.get(f.jobId)).toBe('failed');
+        const job = (await bed.ops.queue.getJob(f.jobId))!;
+        expect(job.failedReason).toMatch(/^lease_environment_mismatch: /);
+        expect(job.failedReason).not.toMatch(/acme|started|running/);
+      }
+      // A sandbox that is not there is gone: that one's stop has its receipt.
+      expect(ended.get(missing.jobId)).toBe('completed');
       const api = await startTestApi(bed);
-      const client = api.client;
-      const [f, m] = await Promise.all([client.getLease(asB(sandbox)), client.getLease(asB('no-such-sandbox'))]);
-      // Seen the same way, but for when it was seen.
-      const seen = (observed: unknown, id: string) => JSON.stringify({ ...(observed as object), since: 0, observedAt: 0 }).replaceAll(id, 'X');
-      expect(seen(f.observed, sandbox)).toBe(seen(m.observed, 'no-such-sandbox'));
-      expect(JSON.stringify(f)).not.toMatch(/acme|started/);
+      try {
+        const seen = await api.client.getLease(asB(sandbox));
+        // Nothing of it was recorded: no observation, no state, no owner.
+        expect(seen.observed).toBeNull();
+        expect(JSON.stringify(seen)).not.toMatch(/acme|started/);
+      } finally {
+        await api.close();
+      }
       expect(fake.stateOf(sandbox)).toBe('started');
-      await api.close();
+      expect(fake.calls.filter((c) => c.sandboxId === sandbox && c.method !== 'GET' && c.path !== '/sandbox')).toEqual([]);
     } finally {
       await fake.close();
     }

@@ -13,7 +13,7 @@ export function resolveRef(document: JsonSchema, ref: string): JsonSchema {
 
 /**
  * Values that validate against `schema`, generated from its keywords (types, bounds,
- * patterns, const, enum, oneOf/anyOf, objects with required and additional properties,
+ * patterns, const, enum, null, oneOf/anyOf, objects with required and additional properties,
  * date-time); a keyword it does not know fails loudly rather than generating wrong values.
  */
 export function arbitraryFor(schema: JsonSchema, document: JsonSchema): fc.Arbitrary<unknown> {
@@ -36,6 +36,8 @@ export function arbitraryFor(schema: JsonSchema, document: JsonSchema): fc.Arbit
     }
     case 'boolean':
       return fc.boolean();
+    case 'null':
+      return fc.constant(null);
     case 'array':
       return fc.array(arbitraryFor((schema.items as JsonSchema | undefined) ?? {}, document), { maxLength: 3 });
     case 'object':

@@ -62,11 +62,9 @@ export function createRecordingProvider(opts: { behaviour?: Behaviour; sink?: (r
     acquire: (ctx) => call('acquire', ctx, () => ({ providerLeaseId: ctx.lease.leaseId, metadata: {}, expiresAt: null })),
     resume: (ctx, p) => call('resume', ctx, () => ({ providerLeaseId: p.providerLeaseId, metadata: {}, expiresAt: null })),
     release: (ctx, p) =>
-      call('release', ctx, () => ({
-        providerLeaseId: p.providerLeaseId,
-        disposition: p.resourceDisposition,
-        state: p.resourceDisposition === 'keep_running' ? ('running' as const) : p.resourceDisposition === 'destroy' ? ('destroyed' as const) : ('stopped' as const),
-      })),
+      call('release', ctx, () =>
+        p.resourceDisposition === 'keep_running' ? null : { providerLeaseId: p.providerLeaseId, state: p.resourceDisposition === 'destroy' ? ('destroyed' as const) : ('stopped' as const) },
+      ),
     stop: (ctx, p) => call('stop', ctx, () => ({ providerLeaseId: p.providerLeaseId, state: 'stopped' as const })),
     forceStop: (ctx, p) => call('force-stop', ctx, () => ({ providerLeaseId: p.providerLeaseId, state: 'stopped' as const })),
     destroy: (ctx, p) => call('destroy', ctx, () => ({ providerLeaseId: p.providerLeaseId, state: 'destroyed' as const })),

@@ -23,7 +23,7 @@ import { FenceWindowError } from '../fenced-transport.ts';
 import { errorForStatus, retryAfterMs } from '../http-errors.ts';
 import { localRateLimiters, type RateLimiterFactory } from '../pacing.ts';
 import { releaseByDisposition } from '../release.ts';
-import type { ExpiredLease, Lease, LeaseProvider, OperationContext, ReleaseReceipt, SandboxState, TerminationReceipt } from '../types.ts';
+import { probeFailure, type ExpiredLease, type Lease, type LeaseProvider, type OperationContext, type ReleaseResult, type SandboxState, type TerminationReceipt } from '../types.ts';
 
 /** CreateOS' shape catalog (GET /v1/shapes, as the CreateOS plugin lists it). */
 export const CREATEOS_SHAPES = [
@@ -221,20 +221,15 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
   };
 
   /**
-   * A fresh read; null when the sandbox is unknown to CreateOS (404) or is not the lease's
-   * company and environment's: a foreign sandbox and a missing one look the same, so nothing
-   * of another tenant's is recorded or returned.
+   * A fresh read; null when the sandbox is unknown to CreateOS (404). A sandbox that is not the
+   * lease's company and environment's (its name does not carry their tag: another tenant's, or
+   * one lease-ops did not make) is refused with lease_environment_mismatch, and nothing of it is
+   * recorded or returned: a stop or destroy of it must not end with a receipt while it runs on.
    */
   const readHandle = async (ctx: OperationContext, id: string): Promise<{ handle: Sandbox; sb: View } | null> => {
+    let handle: Sandbox;
     try {
-      const handle = await clientFor(ctx).getSandbox(id, options(ctx));
-      const sb = view(handle.data);
-      if (!belongs(ctx, sb)) {
-        ctx.observe(id, { kind: 'gone' });
-        return null;
-      }
-      ctx.observe(sb.id, createosState(sb.status));
-      return { handle, sb };
+      handle = await clientFor(ctx).getSandbox(id, options(ctx));
     } catch (err) {
       if (isSandboxNotFound(err)) {
         ctx.observe(id, { kind: 'gone' });
@@ -242,6 +237,10 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
       }
       throw toProviderError(err);
     }
+    const sb = view(handle.data);
+    if (!belongs(ctx, sb)) throw new PermanentError('lease_environment_mismatch', `${name}: sandbox ${id} is not one lease-ops made for this company and environment`);
+    ctx.observe(sb.id, createosState(sb.status));
+    return { handle, sb };
   };
   const read = async (ctx: OperationContext, id: string) => (await readHandle(ctx, id))?.sb ?? null;
   /** The live sandbox an earlier attempt of this job created, by its name (CreateOS can only list). */
@@ -336,7 +335,7 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
     } catch (err) {
       if (!(err instanceof ProviderError)) throw err; // a stale attempt: its successor decides
       const refused = err instanceof PermanentError && ['unauthorized', 'forbidden', 'payment_required'].includes(err.code);
-      if (refused || err.code === 'rate_limited') throw err;
+      if (refused || err.code === 'rate_limited' || err.code === 'cancelled') throw err;
       const made = await findByName(ctx, sandboxName).catch(() => undefined);
       if (made) return made.id;
       if (made === undefined || !(err instanceof PermanentError)) {
@@ -399,8 +398,11 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
       if ((meta.companyId != null && meta.companyId !== ctx.lease.companyId) || (meta.environmentId != null && meta.environmentId !== ctx.lease.environmentId)) {
         throw new PermanentError('lease_environment_mismatch', `${name}: lease ${params.providerLeaseId} does not belong to this environment`);
       }
-      const found = await readHandle(ctx, params.providerLeaseId);
-      if (!found || !belongs(ctx, found.sb)) return expired;
+      // A sandbox it cannot use is expired, whoever's it is.
+      const found = await readHandle(ctx, params.providerLeaseId).catch((err: unknown) =>
+        err instanceof PermanentError && err.code === 'lease_environment_mismatch' ? null : Promise.reject(err),
+      );
+      if (!found) return expired;
       const { handle, sb } = found;
       if (TERMINAL.has(sb.status ?? '') || sb.status === 'destroying') return expired;
       // A sandbox of another shape, image or region is not the one this lease was given;
@@ -417,21 +419,24 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
       throw settling(after, 'resume completes');
     },
 
-    release(ctx, params): Promise<ReleaseReceipt> {
+    release(ctx, params): Promise<ReleaseResult> {
       const id = params.providerLeaseId;
-      return releaseByDisposition(params, {
-        destroy: () => destroyConfirmed(ctx, id),
-        current: async () => {
-          const sb = await read(ctx, id);
-          if (!sb) return 'destroyed';
-          requireOwn(ctx, sb);
-          if (TERMINAL.has(sb.status ?? '')) return 'destroyed';
-          if (sb.status === 'running') return 'running';
-          if (sb.status === 'paused') return 'stopped';
-          throw settling(sb, 'release confirms');
+      return releaseByDisposition(
+        params,
+        {
+          destroy: () => destroyConfirmed(ctx, id),
+          current: async () => {
+            const sb = await read(ctx, id);
+            if (!sb || TERMINAL.has(sb.status ?? '')) return { providerLeaseId: id, state: 'destroyed' };
+            if (sb.status === 'running') return null;
+            if (sb.status === 'paused') return { providerLeaseId: id, state: 'stopped' };
+            throw settling(sb, 'release confirms');
+          },
+          // CreateOS can neither kill nor archive: a pause is its only stop.
+          stopAndRetain: () => pauseConfirmed(ctx, id),
         },
-        stopAndRetain: () => pauseConfirmed(ctx, id),
-      });
+        name,
+      );
     },
 
     stop: (ctx, params) => pauseConfirmed(ctx, params.providerLeaseId),
@@ -443,6 +448,21 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
     async status(ctx, params): Promise<SandboxState> {
       const sb = await read(ctx, params.providerLeaseId);
       return sb ? createosState(sb.status) : { kind: 'gone' };
+    },
+
+    // The first sandbox of the account's list: one paced read that needs the key.
+    async probe(ctx) {
+      try {
+        await sdk(async () => {
+          for await (const handle of clientFor(ctx).iterateSandboxes(options(ctx))) {
+            void handle;
+            break;
+          }
+        });
+        return { ok: true, code: 'ok', message: `${name}: ${new URL(settings.apiUrl).host} takes the API key` };
+      } catch (err) {
+        return probeFailure(err);
+      }
     },
   };
 }

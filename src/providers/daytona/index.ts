@@ -8,12 +8,13 @@ import { errorForStatus, networkError, retryAfterMs } from '../http-errors.ts';
 import { fencedTransport, FenceWindowError } from '../fenced-transport.ts';
 import { localRateLimiters, type RateLimit, type RateLimiterFactory } from '../pacing.ts';
 import { releaseByDisposition } from '../release.ts';
+import { probeFailure } from '../types.ts';
 import type {
   ExpiredLease,
   Lease,
   LeaseProvider,
   OperationContext,
-  ReleaseReceipt,
+  ReleaseResult,
   SandboxState,
   TerminationReceipt,
 } from '../types.ts';
@@ -49,6 +50,10 @@ export const DaytonaSettingsSchema = z.strictObject({
   createTimeoutMs: z.number().int().positive().default(60_000),
   /** Minutes of inactivity before Daytona stops a sandbox it created (reference: 15). */
   autoStopMinutes: z.number().int().min(0).default(15),
+  /** The snapshot sandboxes start from (Daytona's default when unset). */
+  snapshot: z.string().min(1).optional(),
+  /** A snapshot per adapter type (the host's `adapterType` of an acquire), over `snapshot`. */
+  snapshotsByAdapter: z.record(z.string().min(1), z.string().min(1)).default({}),
   /** Per-throttler pacing, shared by every worker replica; null turns a bucket's pacing off. */
   rateLimits: z.partialRecord(z.enum(DAYTONA_THROTTLERS), RateLimitSchema.nullable()).default({}),
 });
@@ -66,12 +71,40 @@ const SandboxReplySchema = z.object({
   errorReason: z.string().nullish(),
   labels: z.record(z.string(), z.string().nullish()).nullish(),
   autoDeleteInterval: z.number().nullish(),
+  /** When Daytona destroys the sandbox whatever its state (set only with a TTL). */
+  autoDestroyAt: z.string().nullish(),
 });
 type SandboxReply = z.infer<typeof SandboxReplySchema>;
 
 const LABEL_COMPANY = 'lease-ops/company';
 const LABEL_ENVIRONMENT = 'lease-ops/environment';
 const LABEL_RUN = 'lease-ops/run';
+/** The host's fields of an acquire, as labels (paperclip's agent, adapter, issue and workspace). */
+const HOST_LABELS = {
+  agentId: 'lease-ops/agent',
+  adapterType: 'lease-ops/adapter',
+  issueId: 'lease-ops/issue',
+  executionWorkspaceId: 'lease-ops/execution-workspace',
+} as const;
+
+/** The host's fields an acquire carries, as Daytona labels (values bounded as its labels are). */
+function hostLabels(params: OperationParams['acquire']): Record<string, string> {
+  const labels: Record<string, string> = {};
+  for (const [field, label] of Object.entries(HOST_LABELS)) {
+    const value = params[field as keyof typeof HOST_LABELS];
+    if (typeof value === 'string' && value !== '') labels[label] = value.slice(0, 255);
+  }
+  return labels;
+}
+
+/**
+ * Whole minutes from `now` to `until`, rounded down so the sandbox is gone at or before it;
+ * null when less than a minute is left (Daytona counts TTLs in minutes: no bound is possible).
+ */
+export function ttlMinutesUntil(until: number, now: number): number | null {
+  const minutes = Math.floor((until - now) / 60_000);
+  return minutes >= 1 ? minutes : null;
+}
 
 /** Where each of Daytona's transitional states is headed (its SandboxState enum, 0.218.0). */
 const TRANSITIONS: Record<string, 'running' | 'stopped' | 'gone' | undefined> = {
@@ -136,6 +169,7 @@ function retryAfterOf(headers: Record<string, unknown>): { ms: number | undefine
 
 /** The attempt's own fence refused the call: not the provider's error, and not to be retried here. */
 const isStale = (err: unknown) => (err as { code?: unknown } | null)?.code === 'stale_attempt';
+const isMismatch = (err: unknown) => err instanceof PermanentError && err.code === 'lease_environment_mismatch';
 
 type Request<T> = (options: ReturnType<typeof requestOptions>) => Promise<AxiosResponse<T>>;
 
@@ -232,17 +266,18 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
     return parsed.data;
   };
   /**
-   * A fresh read by id or name; null when the sandbox does not exist (404) or is not the
-   * lease's company and environment's: a foreign sandbox and a missing one look the same, so
-   * nothing of another tenant's is recorded or returned. A lookup by name before a create
-   * records nothing.
+   * A fresh read by id or name; null when the sandbox does not exist (404). A sandbox that is
+   * not the lease's company and environment's (or that lease-ops did not make: no labels) is
+   * refused with lease_environment_mismatch and nothing of it is recorded or returned: a stop
+   * or destroy of it must not end with a receipt while it runs on. A lookup by name before a
+   * create records nothing and takes a foreign sandbox for none.
    */
   const read = async (ctx: OperationContext, idOrName: string, lookup = false): Promise<SandboxReply | null> => {
     try {
       const sb = parseReply((await send(ctx, 'authenticated', (o) => api.getSandbox(idOrName, org, undefined, o))).data);
       if (!belongs(ctx, sb)) {
-        if (!lookup) ctx.observe(idOrName, { kind: 'gone' });
-        return null;
+        if (lookup) return null;
+        throw notThisEnvironments(idOrName);
       }
       ctx.observe(sb.id, daytonaState(sb));
       return sb;
@@ -251,9 +286,13 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
         if (!lookup) ctx.observe(idOrName, { kind: 'gone' });
         return null;
       }
-      throw isStale(err) ? err : toProviderError(err);
+      throw isStale(err) || isMismatch(err) ? err : toProviderError(err);
     }
   };
+  const notThisEnvironments = (id: string) =>
+    new PermanentError('lease_environment_mismatch', `${name}: sandbox ${id} is not one lease-ops made for this company and environment`);
+  /** A resume reads a sandbox it cannot use as expired, whoever's it is. */
+  const readForResume = (ctx: OperationContext, id: string) => read(ctx, id).catch((err: unknown) => (isMismatch(err) ? null : Promise.reject(err)));
   const belongs = (ctx: OperationContext, sb: SandboxReply) =>
     sb.labels?.[LABEL_COMPANY] === ctx.lease.companyId && sb.labels?.[LABEL_ENVIRONMENT] === ctx.lease.environmentId;
   const requireOwn = (ctx: OperationContext, sb: SandboxReply) => {
@@ -261,11 +300,31 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
   };
   const settling = (sb: SandboxReply, doing: string) =>
     new SettlingError(`sandbox_${sb.state ?? 'unknown'}`, `${name}: sandbox ${sb.id} is ${sb.state ?? 'unknown'}; ${doing} once it settles`);
+  // The lease's expiry is Daytona's own: when it destroys the sandbox whatever its state.
   const lease = (sb: SandboxReply, extra: Record<string, unknown> = {}): Lease => ({
     providerLeaseId: sb.id,
     metadata: { provider: 'daytona', name: sb.name ?? sb.id, ...extra },
-    expiresAt: null,
+    expiresAt: sb.autoDestroyAt && Number.isFinite(Date.parse(sb.autoDestroyAt)) ? new Date(sb.autoDestroyAt).toISOString() : null,
   });
+  /**
+   * Bounds a sandbox at `requestedExpiresAt` with Daytona's TTL (wall-clock, whatever the
+   * state): the sandbox as read afterwards, whose autoDestroyAt is the lease's expiry. One
+   * created with a TTL already is left as it is when that falls by the time asked for; a TTL
+   * is counted from now, in whole minutes rounded down. With less than a minute left, or a
+   * bound the service did not take, the lease has no expiry (the host then releases it).
+   */
+  const bounded = async (ctx: OperationContext, sb: SandboxReply, requestedExpiresAt: string | null | undefined): Promise<SandboxReply> => {
+    if (!requestedExpiresAt) return sb;
+    const until = Date.parse(requestedExpiresAt);
+    const at = sb.autoDestroyAt ? Date.parse(sb.autoDestroyAt) : NaN;
+    if (at <= until) return sb;
+    const minutes = ttlMinutesUntil(until, Date.now());
+    if (minutes === null) return { ...sb, autoDestroyAt: null };
+    await call(ctx, 'authenticated', (o) => api.setTtl(sb.id, minutes, org, o));
+    const after = await read(ctx, sb.id);
+    if (!after) throw new SettlingError('sandbox_not_visible', `${name}: sandbox ${sb.id} is not readable after its TTL was set`);
+    return after;
+  };
   // Archiving moves a stopped sandbox's files away: nothing runs in it, as in stopped and archived.
   const isStopped = (sb: SandboxReply) => (daytonaState(sb).kind === 'stopped' && sb.state !== 'paused') || sb.state === 'archiving';
 
@@ -302,6 +361,37 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
     throw settling(after, force ? 'force-stop confirms' : 'stop confirms');
   };
 
+  /** A retained sandbox must not be auto-deleted: that is confirmed before it is stopped (or killed). */
+  const retainConfirmed = async (ctx: OperationContext, id: string, force: boolean): Promise<TerminationReceipt> => {
+    const sb = await read(ctx, id);
+    if (!sb) return { providerLeaseId: id, state: 'destroyed' };
+    if (sb.autoDeleteInterval !== -1) {
+      await call(ctx, 'authenticated', (o) => api.setAutoDeleteInterval(id, -1, org, o));
+      const confirmed = await read(ctx, id);
+      if (!confirmed) return { providerLeaseId: id, state: 'destroyed' };
+      if (confirmed.autoDeleteInterval !== -1) throw new SettlingError('auto_delete_pending', `${name}: auto-delete of ${id} not yet disabled`);
+    }
+    return stopConfirmed(ctx, id, force);
+  };
+
+  /**
+   * Stopped and retained, then archived (its files moved to cheaper storage; a start restores
+   * it): the receipt (stopped) only once a fresh read shows `archived`.
+   */
+  const archiveConfirmed = async (ctx: OperationContext, id: string, force: boolean): Promise<TerminationReceipt> => {
+    const before = await read(ctx, id);
+    if (!before) return { providerLeaseId: id, state: 'destroyed' };
+    if (before.state === 'archived' && before.desiredState !== 'started') return { providerLeaseId: id, state: 'stopped' };
+    if (before.state === 'archiving' || before.desiredState === 'archived') throw settling(before, 'archive confirms');
+    const stopped = await retainConfirmed(ctx, id, force);
+    if (stopped.state === 'destroyed') return stopped;
+    await call(ctx, 'sandbox-lifecycle', (o) => api.archiveSandbox(id, org, o));
+    const after = await read(ctx, id);
+    if (!after) return { providerLeaseId: id, state: 'destroyed' };
+    if (after.state === 'archived') return { providerLeaseId: id, state: 'stopped' };
+    throw settling(after, 'archive confirms');
+  };
+
   const destroyConfirmed = async (ctx: OperationContext, id: string): Promise<TerminationReceipt> => {
     const before = await read(ctx, id);
     if (!before) return { providerLeaseId: id, state: 'destroyed' };
@@ -327,13 +417,17 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
   const create = async (ctx: OperationContext, sandboxName: string, params: OperationParams['acquire']): Promise<SandboxReply | null> => {
     // When a create was sent: its clean-up, if it comes to that, waits out one that may still be on its way.
     await ctx.checkpoint.write({ createSentAt: String(Date.now()) });
+    const ttl = params.requestedExpiresAt ? ttlMinutesUntil(Date.parse(params.requestedExpiresAt), Date.now()) : null;
     try {
       await call(ctx, 'sandbox-create', (o) =>
         api.createSandbox(
           {
             name: sandboxName,
-            labels: { [LABEL_COMPANY]: ctx.lease.companyId, [LABEL_ENVIRONMENT]: ctx.lease.environmentId, [LABEL_RUN]: params.runId },
+            labels: { [LABEL_COMPANY]: ctx.lease.companyId, [LABEL_ENVIRONMENT]: ctx.lease.environmentId, [LABEL_RUN]: params.runId, ...hostLabels(params) },
             autoStopInterval: settings.autoStopMinutes,
+            ...(snapshotFor(params) ? { snapshot: snapshotFor(params) } : {}),
+            // Bound from the start; the acquire checks the expiry the service reports (bounded).
+            ...(ttl === null ? {} : { ttlMinutes: ttl }),
           },
           org,
           o,
@@ -341,7 +435,7 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
       );
     } catch (err) {
       // Refused before anything was made: credentials, or the rate limit.
-      if (err instanceof ProviderError && (err.code === 'unauthorized' || err.code === 'rate_limited')) throw err;
+      if (err instanceof ProviderError && (err.code === 'unauthorized' || err.code === 'rate_limited' || err.code === 'cancelled')) throw err;
       if (isStale(err)) throw err;
       const made = await read(ctx, sandboxName, true).catch(() => undefined);
       if (made) return made;
@@ -353,10 +447,14 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
     return read(ctx, sandboxName);
   };
 
+  /** The snapshot of an acquire: its adapter type's, else the configured one, else Daytona's default. */
+  const snapshotFor = (params: OperationParams['acquire']) => (params.adapterType ? settings.snapshotsByAdapter[params.adapterType] : undefined) ?? settings.snapshot;
+
   return {
     name,
-    // Daytona sizes a sandbox by its snapshot and refuses cpu, memory and disk with one.
-    capabilities: { stop: true, pause: false, forceStop: true, expiry: false, resources: false },
+    // Daytona sizes a sandbox by its snapshot and refuses cpu, memory and disk with one; it
+    // destroys a sandbox at its TTL whatever its state (expiry), and archives stopped ones.
+    capabilities: { stop: true, pause: false, forceStop: true, expiry: true, resources: false, archive: true },
 
     async acquire(ctx, params: OperationParams['acquire']): Promise<Lease> {
       const sandboxName = daytonaSandboxName(ctx.jobId);
@@ -364,7 +462,10 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
       if (!sb) throw new SettlingError('sandbox_not_visible', `${name}: sandbox ${sandboxName} was created but is not readable yet`);
       requireOwn(ctx, sb);
       const state = daytonaState(sb);
-      if (state.kind === 'running') return lease(sb);
+      if (state.kind === 'running') {
+        const final = await bounded(ctx, sb, params.requestedExpiresAt);
+        return lease(final, params.adapterType ? { adapterType: params.adapterType, snapshot: snapshotFor(params) ?? null } : {});
+      }
       if (state.kind === 'error' && state.recoverable) {
         await call(ctx, 'sandbox-lifecycle', (o) => api.recoverSandbox(sb.id, org, undefined, o));
         throw settling(sb, 'acquire completes after recovery');
@@ -393,8 +494,8 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
 
     async resume(ctx, params): Promise<Lease | ExpiredLease> {
       const expired: ExpiredLease = { providerLeaseId: null, metadata: { expired: true } };
-      const sb = await read(ctx, params.providerLeaseId);
-      if (!sb || !belongs(ctx, sb)) return expired;
+      const sb = await readForResume(ctx, params.providerLeaseId);
+      if (!sb) return expired;
       const state = daytonaState(sb);
       switch (state.kind) {
         case 'running':
@@ -419,34 +520,27 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
       throw settling(after, 'resume completes');
     },
 
-    release(ctx, params): Promise<ReleaseReceipt> {
+    release(ctx, params): Promise<ReleaseResult> {
       const id = params.providerLeaseId;
-      return releaseByDisposition(params, {
-        destroy: () => destroyConfirmed(ctx, id),
-        current: async () => {
-          const sb = await read(ctx, id);
-          if (!sb) return 'destroyed';
-          requireOwn(ctx, sb);
-          const kind = daytonaState(sb).kind;
-          if (kind === 'running') return 'running';
-          if (kind === 'gone') return 'destroyed';
-          if (isStopped(sb)) return 'stopped';
-          throw settling(sb, 'release confirms');
+      return releaseByDisposition(
+        params,
+        {
+          destroy: () => destroyConfirmed(ctx, id),
+          current: async () => {
+            const sb = await read(ctx, id);
+            if (!sb) return { providerLeaseId: id, state: 'destroyed' };
+            const kind = daytonaState(sb).kind;
+            if (kind === 'running') return null;
+            if (kind === 'gone') return { providerLeaseId: id, state: 'destroyed' };
+            if (isStopped(sb)) return { providerLeaseId: id, state: 'stopped' };
+            throw settling(sb, 'release confirms');
+          },
+          stopAndRetain: () => retainConfirmed(ctx, id, false),
+          forceStopAndRetain: () => retainConfirmed(ctx, id, true),
+          archive: () => archiveConfirmed(ctx, id, params.cancelActiveWork),
         },
-        // A retained sandbox must not be auto-deleted; confirm that before stopping.
-        stopAndRetain: async () => {
-          const sb = await read(ctx, id);
-          if (!sb) return { providerLeaseId: id, state: 'destroyed' };
-          requireOwn(ctx, sb);
-          if (sb.autoDeleteInterval !== -1) {
-            await call(ctx, 'authenticated', (o) => api.setAutoDeleteInterval(id, -1, org, o));
-            const confirmed = await read(ctx, id);
-            if (!confirmed) return { providerLeaseId: id, state: 'destroyed' };
-            if (confirmed.autoDeleteInterval !== -1) throw new SettlingError('auto_delete_pending', `${name}: auto-delete of ${id} not yet disabled`);
-          }
-          return stopConfirmed(ctx, id, false);
-        },
-      });
+        name,
+      );
     },
 
     stop: (ctx, params) => stopConfirmed(ctx, params.providerLeaseId, false),
@@ -456,6 +550,18 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
     async status(ctx, params): Promise<SandboxState> {
       const sb = await read(ctx, params.providerLeaseId);
       return sb ? daytonaState(sb) : { kind: 'gone' };
+    },
+
+    // One page of one sandbox: the cheapest read that needs the key (and the organization).
+    async probe(ctx) {
+      try {
+        // listSandboxes takes 30 filters before its options, all left out here but the page size.
+        const list = api.listSandboxes.bind(api) as (...args: unknown[]) => ReturnType<typeof api.listSandboxes>;
+        await call(ctx, 'authenticated', (o) => list(org, undefined, 1, ...new Array<undefined>(27).fill(undefined), o));
+        return { ok: true, code: 'ok', message: `${name}: ${new URL(settings.apiUrl).host} takes the API key${org ? ' for the organization' : ''}` };
+      } catch (err) {
+        return probeFailure(err);
+      }
     },
   };
 }

@@ -13,6 +13,8 @@
   KEYS[19] the job's hash   KEYS[20] the request's idempotency key (a placeholder when it has none)
   KEYS[21] the lease's history (see includes/history.lua)
   KEYS[22] the partition's copy of the deployment's partition count (see layout.ts)
+  KEYS[23] the lane's alias key: set when this lane's id is a sandbox's and that sandbox is a
+  second name of its acquire's lane (lane-alias.lua)
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] 'tail' | 'front'
   ARGV[5] BullMQ job key prefix
   ARGV[6] coalescing key ('' for none): an identical request queued last and not yet
@@ -38,7 +40,9 @@
   handed to the workers, {'removed'} (its job was removed before it joined its lane),
   {'absorbed', existingJobId} or {'full', 'lease' | 'environment' | 'company' | 'queue', count}
   (in both cases the caller drops its own job), {'present'} (already accepted), or {'gone'}
-  (its idempotency key no longer names it as pending: another request took it back).
+  (its idempotency key no longer names it as pending: another request took it back), or
+  {'alias', laneId} (the lease is a second name of that lane: nothing was done here; the
+  caller drops its job and enqueues into that lane).
 ]]
 local rcall = redis.call
 --- @include "lane"
@@ -50,6 +54,12 @@ local jobId, laneId, now, mode, jobPrefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4], 
 local layout = rcall('GET', KEYS[22])
 if layout and layout ~= ARGV[16] then
   return {'layout', layout}
+end
+
+local alias = rcall('GET', KEYS[23])
+if alias and alias ~= laneId then
+  rcall('PEXPIRE', KEYS[23], ARGV[17])
+  return {'alias', alias}
 end
 
 -- The idempotency key, once its request's job is in a lane (its own, or the one that absorbed it).

@@ -1,0 +1,102 @@
+import { Queue, QueueEvents, type Job } from 'bullmq';
+import { z } from 'zod';
+import type { Logger } from '../logger.ts';
+import type { ProviderRegistry } from '../providers/registry.ts';
+import type { OperationContext, ProbeResult } from '../providers/types.ts';
+import { createRedis, reportRedisError, type RedisClient } from './redis.ts';
+
+/** The maintenance job that probes a provider's credentials on a worker (which holds them). */
+export const PROBE_JOB = 'probe';
+
+/** A probe's answer is reused this long: validateConfig and probe hooks do not each ask the service. */
+export const PROBE_REUSE_MS = 30_000;
+
+/** How long a probe may take at the service. */
+const PROBE_DEADLINE_MS = 10_000;
+
+export interface ProviderProbe extends ProbeResult {
+  /** Epoch ms the worker asked the service. */
+  at: number;
+}
+
+const ProbeSchema = z.object({ ok: z.boolean(), code: z.string(), message: z.string(), at: z.number() });
+
+/**
+ * Runs a probe on a worker: one paced read with the provider's own credentials, outside any
+ * lane (it touches no sandbox), bounded by its own deadline.
+ */
+export async function runProbe(providers: ProviderRegistry, name: string, log: Logger): Promise<ProviderProbe> {
+  const provider = providers.get(name);
+  const at = Date.now();
+  if (!provider) return { ok: false, code: 'unknown_provider', message: `this worker serves no provider named "${name}"`, at };
+  if (!provider.probe) return { ok: true, code: 'nothing_to_check', message: `${name} has no credentials to check`, at };
+  let saved: Record<string, unknown> = {};
+  const ctx: OperationContext = {
+    lease: { provider: name, companyId: 'lease-ops', environmentId: 'probe', leaseId: 'probe' },
+    jobId: `probe.${name}`,
+    attempt: 1,
+    attemptId: `probe.${name}:${at}`,
+    signal: AbortSignal.timeout(PROBE_DEADLINE_MS),
+    deadlineAt: at + PROBE_DEADLINE_MS,
+    // No lane: a probe reads nothing of any sandbox, so nothing can go stale.
+    fence: async () => undefined,
+    fenceIsFresh: () => true,
+    observe: () => undefined,
+    log: log.child({ provider: name, op: 'probe' }),
+    checkpoint: { read: async () => saved, write: async (values) => void (saved = { ...saved, ...values }) },
+  };
+  return { ...(await provider.probe(ctx)), at };
+}
+
+/**
+ * Asks a worker to probe a provider (the maintenance queue of the deployment's first
+ * partition; any replica serving the provider takes it) and waits for the answer. One probe
+ * per provider per PROBE_REUSE_MS: concurrent and repeated asks share it (its job id).
+ */
+export class ProviderProbes {
+  private queue: Queue | null = null;
+  private events: Promise<QueueEvents> | null = null;
+  private eventsConnection: RedisClient | null = null;
+
+  constructor(
+    private readonly connection: RedisClient,
+    private readonly settings: { REDIS_URL: string; LEASE_OPS_QUEUE: string; LEASE_OPS_PREFIX: string },
+  ) {}
+
+  async probe(name: string, timeoutMs = PROBE_DEADLINE_MS + 2_000): Promise<ProviderProbe> {
+    const queue = (this.queue ??= this.maintenanceQueue());
+    const events = await (this.events ??= this.queueEvents());
+    const jobId = `${PROBE_JOB}.${Buffer.from(name).toString('base64url')}.${Math.floor(Date.now() / PROBE_REUSE_MS)}`;
+    const job: Job = await queue.add(PROBE_JOB, { provider: name }, { jobId, attempts: 1, removeOnComplete: { age: 120 }, removeOnFail: { age: 120 } });
+    try {
+      const result = ProbeSchema.safeParse(await job.waitUntilFinished(events, timeoutMs));
+      if (result.success) return result.data;
+      return { ok: false, code: 'probe_failed', message: 'the worker answered the probe with something this version cannot read', at: Date.now() };
+    } catch (err) {
+      const message = (err as Error).message ?? '';
+      if (/timed out/i.test(message)) return { ok: false, code: 'probe_timeout', message: `no worker answered the probe within ${timeoutMs} ms (is one running that serves ${name}?)`, at: Date.now() };
+      return { ok: false, code: 'probe_failed', message, at: Date.now() };
+    }
+  }
+
+  private maintenanceQueue(): Queue {
+    const queue = new Queue(`${this.settings.LEASE_OPS_QUEUE}-maintenance`, { connection: this.connection, prefix: this.settings.LEASE_OPS_PREFIX });
+    queue.on('error', reportRedisError);
+    return queue;
+  }
+
+  private async queueEvents(): Promise<QueueEvents> {
+    this.eventsConnection = createRedis(this.settings.REDIS_URL);
+    const events = new QueueEvents(`${this.settings.LEASE_OPS_QUEUE}-maintenance`, { connection: this.eventsConnection, prefix: this.settings.LEASE_OPS_PREFIX });
+    events.setMaxListeners(0);
+    events.on('error', reportRedisError);
+    await events.waitUntilReady();
+    return events;
+  }
+
+  async close(): Promise<void> {
+    if (this.events) await (await this.events).close().catch(() => undefined);
+    await this.queue?.close();
+    this.eventsConnection?.disconnect();
+  }
+}

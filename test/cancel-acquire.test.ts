@@ -1,0 +1,87 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
+import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
+import type { LeaseProvider } from '../src/providers/types.ts';
+import { OperatorActions } from '../src/queues/operator-actions.ts';
+import { gate, readUntil, TestBed } from './helpers/env.ts';
+
+// A host that gave up on an acquire cancels it: queued, backing off or executing, it ends
+// failed with `cancelled`, and whatever sandbox it made is destroyed by its clean-up (never a
+// second one made).
+
+let bed: TestBed | undefined;
+let fake: DaytonaFake | undefined;
+afterEach(async () => {
+  await bed?.close();
+  await fake?.close();
+  bed = undefined;
+  fake = undefined;
+});
+
+const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
+const lease = (leaseId: string) => ({ provider: 'daytona', companyId: 'co', environmentId: 'env', leaseId });
+/** Sandboxes the fake made for one acquire job (named after it), and whether each is gone. */
+const madeFor = (f: DaytonaFake, jobId: string) => [...f.sandboxes.values()].filter((sb) => sb.name.includes(jobId.replace(/[^A-Za-z0-9-]/g, '-'))).map((sb) => f.stateOf(sb.id));
+
+async function setUp(timings: { create: number }, wrap: (p: LeaseProvider) => LeaseProvider = (p) => p) {
+  bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600' });
+  fake = new DaytonaFake({ apiKey: 'k', timings: { create: timings.create, start: 10, stop: 10, forceStop: 0, destroy: 10 } });
+  await bed.startWorker(wrap(createDaytonaProvider({ name: 'daytona', apiUrl: await fake.listen(), apiKey: 'k', rateLimits: unpaced })));
+  return { bed, fake, actions: new OperatorActions(bed.ops) };
+}
+
+describe('cancelling an acquire', () => {
+  it('executing: it stops at its next step, fails with cancelled, and the sandbox it made is destroyed', async () => {
+    const held = gate();
+    const inside = gate();
+    const { bed, fake, actions } = await setUp({ create: 10 }, (p) => ({
+      ...p,
+      async acquire(ctx, params) {
+        const lease = await p.acquire(ctx, params);
+        // The sandbox runs; the attempt is still executing when the host gives up.
+        inside.open();
+        await held.promise;
+        return lease;
+      },
+    }));
+    const acquired = await bed.ops.enqueue({ op: 'acquire', lease: lease('run-x'), params: { runId: 'run-x' } });
+    await inside.promise;
+    expect(madeFor(fake, acquired.jobId)).toEqual(['started']);
+    const cancelled = await actions.cancel(acquired.jobId, 'host');
+    expect(cancelled).toMatchObject({ cancelled: true, whileExecuting: true });
+    held.open();
+    expect((await bed.waitForAll([acquired.jobId])).get(acquired.jobId)).toBe('failed');
+    expect((await bed.ops.queue.getJob(acquired.jobId))!.failedReason).toMatch(/^cancelled: /);
+    await readUntil(async () => madeFor(fake, acquired.jobId).every((s) => s === 'gone'), 10_000, 'the clean-up destroying the sandbox');
+    expect(madeFor(fake, acquired.jobId)).toEqual(['gone']);
+  });
+
+  it('backing off while its sandbox is still being created: it leaves its lane, and the sandbox is destroyed once it exists', async () => {
+    const { bed, fake, actions } = await setUp({ create: 600 });
+    const acquired = await bed.ops.enqueue({ op: 'acquire', lease: lease('run-y'), params: { runId: 'run-y' } });
+    await readUntil(async () => (await bed.ops.queue.getJobState(acquired.jobId)) === 'delayed' && madeFor(fake, acquired.jobId).length === 1, 10_000, 'the acquire backing off');
+    expect(await actions.cancel(acquired.jobId, 'host')).toMatchObject({ cancelled: true, whileExecuting: false });
+    expect((await bed.waitForAll([acquired.jobId])).get(acquired.jobId)).toBe('failed');
+    await readUntil(async () => madeFor(fake, acquired.jobId).every((s) => s === 'gone'), 15_000, 'the clean-up destroying the sandbox');
+    // One sandbox was ever made for it.
+    expect(madeFor(fake, acquired.jobId)).toEqual(['gone']);
+  });
+
+  it('queued behind another operation: it leaves its lane and nothing is made', async () => {
+    const held = gate();
+    const { bed, fake, actions } = await setUp({ create: 10 }, (p) => ({
+      ...p,
+      async stop(ctx, params) {
+        await held.promise;
+        return p.stop(ctx, params);
+      },
+    }));
+    const first = await bed.ops.enqueue({ op: 'stop', lease: lease('run-z'), params: { providerLeaseId: 'run-z' } });
+    const acquired = await bed.ops.enqueue({ op: 'acquire', lease: lease('run-z'), params: { runId: 'run-z' } });
+    expect(await actions.cancel(acquired.jobId, 'host')).toMatchObject({ cancelled: true, whileExecuting: false });
+    held.open();
+    const ended = await bed.waitForAll([first.jobId, acquired.jobId]);
+    expect(ended.get(acquired.jobId)).toBe('failed');
+    expect(madeFor(fake, acquired.jobId)).toEqual([]);
+  });
+});

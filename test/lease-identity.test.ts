@@ -1,0 +1,167 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { LeaseOpsClient } from '../src/client.ts';
+import { laneIdOf, laneIdOfJobId, type LeaseIdentity } from '../src/lease.ts';
+import type { LeaseProvider, OperationContext } from '../src/providers/types.ts';
+import { Inspector } from '../src/queues/inspect.ts';
+import { LeaseRecords } from '../src/queues/lease-records.ts';
+import { gate, lease, TestBed } from './helpers/env.ts';
+
+let bed: TestBed | undefined;
+let client: LeaseOpsClient | undefined;
+afterEach(async () => {
+  await client?.close();
+  client = undefined;
+  await bed?.close();
+  bed = undefined;
+});
+
+type Call = { sandbox: string; jobId: string; op: string; start: number; end: number };
+
+/**
+ * A provider whose acquire makes a sandbox with an id of its own (`sb-<run id>`), as every
+ * real cloud does: the acquire's lane id and the sandbox id are two names of one lease.
+ */
+function sandboxCloud(opts: { holdAcquire?: Promise<void> } = {}) {
+  const calls: Call[] = [];
+  const call = async <T>(op: string, ctx: OperationContext, sandbox: string, result: T): Promise<T> => {
+    await ctx.fence();
+    const start = performance.now();
+    ctx.observe(sandbox, { kind: op === 'stop' ? 'stopped' : 'running', providerState: op === 'stop' ? 'stopped' : 'started' } as never);
+    if (op === 'acquire') await opts.holdAcquire;
+    await new Promise((r) => setTimeout(r, 5));
+    calls.push({ sandbox, jobId: ctx.jobId, op, start, end: performance.now() });
+    return result;
+  };
+  const provider: LeaseProvider = {
+    name: 'recording',
+    capabilities: { stop: true, pause: false, forceStop: true },
+    acquire: (ctx, p) => call('acquire', ctx, `sb-${p.runId}`, { providerLeaseId: `sb-${p.runId}`, metadata: {}, expiresAt: null }),
+    resume: (ctx, p) => call('resume', ctx, p.providerLeaseId, { providerLeaseId: p.providerLeaseId, metadata: {}, expiresAt: null }),
+    release: (ctx, p) => call('release', ctx, p.providerLeaseId, { providerLeaseId: p.providerLeaseId, state: 'destroyed' as const }),
+    stop: (ctx, p) => call('stop', ctx, p.providerLeaseId, { providerLeaseId: p.providerLeaseId, state: 'stopped' as const }),
+    forceStop: (ctx, p) => call('force-stop', ctx, p.providerLeaseId, { providerLeaseId: p.providerLeaseId, state: 'stopped' as const }),
+    destroy: (ctx, p) => call('destroy', ctx, p.providerLeaseId, { providerLeaseId: p.providerLeaseId, state: 'destroyed' as const }),
+    status: async () => ({ kind: 'running' as const }),
+  };
+  return { provider, calls };
+}
+
+const named = (l: LeaseIdentity, sandbox: string) => ({ providerLeaseId: sandbox });
+
+describe('one lease identity from acquire to destroy', () => {
+  it('an operation by the acquire id and one by the sandbox id, enqueued together, run one at a time in accepted order in one lane', async () => {
+    bed = await TestBed.create({ LEASE_OPS_CONCURRENCY: '10' });
+    const { provider, calls } = sandboxCloud();
+    await bed.startWorker(provider);
+    await bed.startWorker(provider);
+    const run = lease('run-1');
+    const acquired = await bed.ops.enqueue({ op: 'acquire', lease: run, params: { runId: 'run-1' } });
+    expect((await bed.waitForAll([acquired.jobId])).get(acquired.jobId)).toBe('completed');
+    const sandbox = lease('sb-run-1');
+
+    // Alternating names, all enqueued at once: each joins the one lane in the order accepted.
+    const requests = [
+      { op: 'stop' as const, lease: run },
+      { op: 'resume' as const, lease: sandbox },
+      { op: 'stop' as const, lease: sandbox },
+      { op: 'resume' as const, lease: run },
+      { op: 'destroy' as const, lease: sandbox },
+    ];
+    const order: string[] = [];
+    for (const r of requests) {
+      const { jobId, laneId } = await bed.ops.enqueue({ op: r.op, lease: r.lease, params: named(r.lease, 'sb-run-1') });
+      expect(laneId).toBe(acquired.laneId);
+      expect(laneIdOfJobId(jobId)).toBe(acquired.laneId);
+      order.push(jobId);
+    }
+    const ended = await bed.waitForAll(order);
+    expect([...ended.values()]).toEqual(order.map(() => 'completed'));
+
+    const ran = calls.filter((c) => c.op !== 'acquire').sort((a, b) => a.start - b.start);
+    expect(ran.map((c) => c.jobId)).toEqual(order);
+    for (let i = 1; i < ran.length; i++) expect(ran[i]!.start).toBeGreaterThanOrEqual(ran[i - 1]!.end);
+    expect(await bed.laneKeys()).toEqual([]);
+  });
+
+  it('every view by either name shows one lease: its lane, what was last seen of its sandbox, and a timeline that holds the acquire', async () => {
+    bed = await TestBed.create();
+    const { provider } = sandboxCloud();
+    await bed.startWorker(provider);
+    const acquired = await bed.ops.enqueue({ op: 'acquire', lease: lease('run-2'), params: { runId: 'run-2' } });
+    await bed.waitForAll([acquired.jobId]);
+    const inspector = new Inspector(bed.ops, new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX), { stuckStoppingMs: 30_000, blockedAfterMs: 60_000 });
+
+    const byRun = await inspector.lease(lease('run-2'));
+    const bySandbox = await inspector.lease(lease('sb-run-2'));
+    expect(bySandbox.laneId).toBe(byRun.laneId);
+    expect(bySandbox.observed?.providerLeaseId).toBe('sb-run-2');
+    expect(bySandbox.observed?.kind).toBe('running');
+    expect(bySandbox.sandboxId).toBe('sb-run-2');
+    expect(bySandbox.acquiredAs).toBe('run-2');
+
+    const timeline = await inspector.timeline(lease('sb-run-2'));
+    expect(timeline.events.some((e) => e.jobId === acquired.jobId && e.kind === 'accepted')).toBe(true);
+    expect(timeline.operations.map((o) => o.op)).toContain('acquire');
+  });
+
+  it('the client and the operator actions name the same lane by either name, also with several partitions', async () => {
+    bed = await TestBed.create({ LEASE_OPS_PARTITIONS: '4' });
+    const { provider } = sandboxCloud();
+    const { LeaseWorkers } = await import('../src/queues/partitioned-worker.ts');
+    const { ProviderRegistry } = await import('../src/providers/registry.ts');
+    const { createLogger } = await import('../src/logger.ts');
+    const worker = new LeaseWorkers(bed.config, new ProviderRegistry([provider]), createLogger({ level: 'silent' }));
+    await worker.start();
+    try {
+      client = new LeaseOpsClient(bed.config);
+      // Find a run id whose lane and sandbox lane fall into different partitions.
+      const { partitionOfLane } = await import('../src/partitions.ts');
+      let runId = '';
+      for (let i = 0; ; i++) {
+        runId = `run-p${i}`;
+        if (partitionOfLane(laneIdOf(lease(runId)), 4) !== partitionOfLane(laneIdOf(lease(`sb-${runId}`)), 4)) break;
+      }
+      const acquired = await client.enqueue('acquire', lease(runId), { runId });
+      expect((await client.waitForResult(acquired.jobId, 10_000)).state).toBe('completed');
+      const sandbox = lease(`sb-${runId}`);
+      const stop = await client.enqueue('stop', sandbox, { providerLeaseId: sandbox.leaseId });
+      expect(stop.laneId).toBe(acquired.laneId);
+      expect((await client.waitForResult(stop.jobId, 10_000)).state).toBe('completed');
+      expect((await client.getLease(sandbox)).laneId).toBe(acquired.laneId);
+      const paused = await client.pauseLane(sandbox, 'test');
+      expect(paused.laneId).toBe(acquired.laneId);
+      expect((await client.getLease(lease(runId))).paused?.by).toBe('test');
+      await client.unpauseLane(lease(runId), 'test');
+    } finally {
+      await worker.close();
+    }
+  });
+
+  it('a sandbox id that already has a lane of its own when its acquire ends keeps that lane (two names are never two lanes at once)', async () => {
+    bed = await TestBed.create();
+    const hold = gate();
+    const { provider, calls } = sandboxCloud({ holdAcquire: hold.promise });
+    await bed.startWorker(provider);
+    const acquired = await bed.ops.enqueue({ op: 'acquire', lease: lease('run-3'), params: { runId: 'run-3' } });
+    // Someone names the sandbox before its acquire said what it is: it gets a lane of its own.
+    const early = await bed.ops.enqueue({ op: 'stop', lease: lease('sb-run-3'), params: { providerLeaseId: 'sb-run-3' } });
+    expect(early.laneId).toBe(laneIdOf(lease('sb-run-3')));
+    hold.open();
+    await bed.waitForAll([acquired.jobId, early.jobId]);
+    expect(calls.map((c) => c.op).sort()).toEqual(['acquire', 'stop']);
+    // The acquire's lane did not take the busy name; the history says why.
+    const history = await bed.ops.history.read(acquired.laneId);
+    expect(history.some((e) => e.kind === 'named' && /lane of its own/.test(e.message ?? ''))).toBe(true);
+  });
+
+  it('refuses an operation whose lease and sandbox name two different leases', async () => {
+    bed = await TestBed.create();
+    const { provider } = sandboxCloud();
+    await bed.startWorker(provider);
+    const a = await bed.ops.enqueue({ op: 'acquire', lease: lease('run-a'), params: { runId: 'run-a' } });
+    const b = await bed.ops.enqueue({ op: 'acquire', lease: lease('run-b'), params: { runId: 'run-b' } });
+    await bed.waitForAll([a.jobId, b.jobId]);
+    await expect(bed.ops.enqueue({ op: 'stop', lease: lease('run-a'), params: { providerLeaseId: 'sb-run-b' } })).rejects.toThrow(/sb-run-b/);
+    await expect(bed.ops.enqueue({ op: 'stop', lease: lease('run-a'), params: { providerLeaseId: 'sb-nowhere' } })).rejects.toThrow(/sb-nowhere/);
+  });
+});
