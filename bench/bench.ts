@@ -12,6 +12,7 @@ import { createRedis, deleteKeysUnder } from '../src/queues/redis.ts';
 import { REAL_TIMING, runningScenarioPrefixes, scenario } from '../src/demo.ts';
 import { exitEarlyOnSignals } from '../src/runtime.ts';
 import { maskUrl } from '../src/secrets.ts';
+import { hookOverhead } from './hooks.ts';
 import { measureRedis, type RedisCost } from './redis-cost.ts';
 
 const WORKERS = 2;
@@ -37,6 +38,8 @@ export interface Figures {
   redis_keys_before: number;
   redis_keys_after: number;
   stuck_stop_recovery_s: number;
+  hook_overhead_p50_ms: number;
+  hook_overhead_p99_ms: number;
   lane_keys_left: number;
   loads: Record<string, number>;
 }
@@ -348,6 +351,7 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
     leases: Math.round(1_000 * scale),
     hot_ops: Math.round(2_000 * scale),
     many_leases: Math.round(100_000 * scale),
+    hooks: Math.round(200 * scale),
   };
   out(`bench: ${WORKERS} worker processes x concurrency ${CONCURRENCY}, Redis ${maskUrl(loadConfig().REDIS_URL)}`);
   const stopCleaningUp = exitEarlyOnSignals(cleanUpAfterSignal);
@@ -383,6 +387,8 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
   // (e) The incident, default settings: a stop that ignores SIGTERM, a resume behind it.
   out('(e) stuck stop: resume queued behind a stop that ignores SIGTERM, default settings (about 35 s) ...');
   const stuck = await scenario(loadConfig({ ...process.env, LEASE_OPS_LOG_LEVEL: 'silent' }), REAL_TIMING, true, false);
+  out(`(f) paperclip plugin: ${loads.hooks} resume hooks on a quiet lease, over the HTTP API ...`);
+  const hooks = await hookOverhead(loads.hooks);
 
   const figures: Figures = {
     lanes_ops_per_s: Math.round(lanes.opsPerS),
@@ -403,6 +409,8 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
     redis_keys_before: many.keysBefore,
     redis_keys_after: many.keysAfter,
     stuck_stop_recovery_s: Number(stuck.seconds.toFixed(1)),
+    hook_overhead_p50_ms: hooks.p50Ms,
+    hook_overhead_p99_ms: hooks.p99Ms,
     lane_keys_left: lanesRounds.reduce((n, r) => n + r.laneKeysLeft, 0) + hot.laneKeysLeft + hotOne.laneKeysLeft + many.laneKeysLeft,
     loads,
   };
@@ -428,6 +436,7 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
       [`    keys under the prefix before / after`, `${figures.redis_keys_before} / ${figures.redis_keys_after}`],
       [`    lane keys left in Redis`, `${figures.lane_keys_left}`],
       [`(e) stuck stop: resume enqueued to completed (watchdog, 30 s budget)`, `${figures.stuck_stop_recovery_s} s`],
+      [`(f) paperclip resume hook on a quiet lease, minus its provider calls: p50 / p99`, `${figures.hook_overhead_p50_ms} / ${figures.hook_overhead_p99_ms} ms`],
     ];
     const w = Math.max(...rows.map((r) => r[0].length));
     process.stdout.write(`${rows.map(([k, v]) => `${k.padEnd(w)}  ${v}`).join('\n')}\n`);

@@ -4,7 +4,7 @@ import { laneIdOf, laneIdOfJobId, type LeaseIdentity } from '../src/lease.ts';
 import type { LeaseProvider, OperationContext } from '../src/providers/types.ts';
 import { Inspector } from '../src/queues/inspect.ts';
 import { LeaseRecords } from '../src/queues/lease-records.ts';
-import { gate, lease, TestBed } from './helpers/env.ts';
+import { gate, lease, readUntil, TestBed } from './helpers/env.ts';
 
 let bed: TestBed | undefined;
 let client: LeaseOpsClient | undefined;
@@ -21,13 +21,14 @@ type Call = { sandbox: string; jobId: string; op: string; start: number; end: nu
  * A provider whose acquire makes a sandbox with an id of its own (`sb-<run id>`), as every
  * real cloud does: the acquire's lane id and the sandbox id are two names of one lease.
  */
-function sandboxCloud(opts: { holdAcquire?: Promise<void> } = {}) {
+function sandboxCloud(opts: { holdAcquire?: Promise<void>; holdStop?: Promise<void> } = {}) {
   const calls: Call[] = [];
   const call = async <T>(op: string, ctx: OperationContext, sandbox: string, result: T): Promise<T> => {
     await ctx.fence();
     const start = performance.now();
     ctx.observe(sandbox, { kind: op === 'stop' ? 'stopped' : 'running', providerState: op === 'stop' ? 'stopped' : 'started' } as never);
     if (op === 'acquire') await opts.holdAcquire;
+    if (op === 'stop') await opts.holdStop;
     await new Promise((r) => setTimeout(r, 5));
     calls.push({ sandbox, jobId: ctx.jobId, op, start, end: performance.now() });
     return result;
@@ -139,19 +140,26 @@ describe('one lease identity from acquire to destroy', () => {
 
   it('a sandbox id that already has a lane of its own when its acquire ends keeps that lane (two names are never two lanes at once)', async () => {
     bed = await TestBed.create();
-    const hold = gate();
-    const { provider, calls } = sandboxCloud({ holdAcquire: hold.promise });
+    const acquireHeld = gate();
+    const stopHeld = gate();
+    const { provider, calls } = sandboxCloud({ holdAcquire: acquireHeld.promise, holdStop: stopHeld.promise });
     await bed.startWorker(provider);
     const acquired = await bed.ops.enqueue({ op: 'acquire', lease: lease('run-3'), params: { runId: 'run-3' } });
-    // Someone names the sandbox before its acquire said what it is: it gets a lane of its own.
+    // Someone names the sandbox before its acquire said what it is: it gets a lane of its own,
+    // whose stop is still executing when the acquire ends.
     const early = await bed.ops.enqueue({ op: 'stop', lease: lease('sb-run-3'), params: { providerLeaseId: 'sb-run-3' } });
     expect(early.laneId).toBe(laneIdOf(lease('sb-run-3')));
-    hold.open();
-    await bed.waitForAll([acquired.jobId, early.jobId]);
-    expect(calls.map((c) => c.op).sort()).toEqual(['acquire', 'stop']);
+    await readUntil(async () => (await bed!.ops.lanes.view(early.laneId)).holder !== null, 10_000, 'the early stop executing');
+    acquireHeld.open();
+    expect((await bed.waitForAll([acquired.jobId])).get(acquired.jobId)).toBe('completed');
     // The acquire's lane did not take the busy name; the history says why.
-    const history = await bed.ops.history.read(acquired.laneId);
-    expect(history.some((e) => e.kind === 'named' && /lane of its own/.test(e.message ?? ''))).toBe(true);
+    await readUntil(async () => (await bed!.ops.history.read(acquired.laneId)).some((e) => e.kind === 'named' && /lane of its own/.test(e.message ?? '')), 10_000, 'the history saying so');
+    // The sandbox's operations go on in their own lane, one at a time.
+    const later = await bed.ops.enqueue({ op: 'resume', lease: lease('sb-run-3'), params: { providerLeaseId: 'sb-run-3' } });
+    expect(later.laneId).toBe(early.laneId);
+    stopHeld.open();
+    await bed.waitForAll([early.jobId, later.jobId]);
+    expect(calls.filter((c) => c.sandbox === 'sb-run-3' && c.op !== 'acquire').map((c) => c.op)).toEqual(['stop', 'resume']);
   });
 
   it('refuses an operation whose lease and sandbox name two different leases', async () => {

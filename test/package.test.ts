@@ -99,6 +99,21 @@ describe('the packed package, installed into a consumer', () => {
     expect(stdout.trim()).toBe(version);
   });
 
+  it("serves lease-ops/paperclip to a consumer with paperclip's plugin SDK, and the main entry to one without it (an optional peer)", async () => {
+    // Without the SDK: the main entry imports, the paperclip one says what it needs.
+    const without = await run(process.execPath, ['--input-type=module', '-e', "import('lease-ops/paperclip').then(() => console.log('loaded'), (e) => console.log(e.code))"], { cwd: consumer });
+    expect(without.stdout.trim()).toBe('ERR_MODULE_NOT_FOUND');
+    // The SDK version lease-ops pins for its own tests.
+    const sdk = (createRequire(import.meta.url)('../package.json') as { devDependencies: Record<string, string> }).devDependencies['@paperclipai/plugin-sdk']!;
+    await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund', '--loglevel=error', `@paperclipai/plugin-sdk@${sdk}`], { cwd: consumer, maxBuffer: 16 * 1024 * 1024 });
+    const withSdk = await run(
+      process.execPath,
+      ['--input-type=module', '-e', "import { createLeaseOpsPlugin, manifest } from 'lease-ops/paperclip'; const p = createLeaseOpsPlugin(); console.log(manifest.environmentDrivers[0].driverKey, typeof p.definition.onEnvironmentAcquireLease)"],
+      { cwd: consumer },
+    );
+    expect(withSdk.stdout.trim()).toBe('lease-ops function');
+  }, 120_000);
+
   it('gives a host that already uses bullmq and ioredis no second copy of either', async () => {
     const nodeModules = join(consumer, 'node_modules');
     expect(await copiesOf(nodeModules, 'bullmq')).toEqual([join(nodeModules, 'bullmq')]);

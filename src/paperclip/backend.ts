@@ -1,0 +1,164 @@
+import type { LeaseOpsClient } from '../client.ts';
+import { IdempotencyKeyReusedError, LeaseOpsError } from '../errors.ts';
+import type { LeaseIdentity } from '../lease.ts';
+import type { OperationName } from '../operations.ts';
+import type { OperationView } from '../queues/inspect.ts';
+import type { AnnouncedProvider } from '../queues/operations-queue.ts';
+import type { ProviderProbe } from '../queues/provider-probes.ts';
+
+/**
+ * A hook's failure, with lease-ops' stable code (`lease_environment_mismatch`,
+ * `deadline_exceeded`, `unauthorized`, `unreachable`, `hook_timeout`, ...) and, when one was
+ * accepted, the operation's job id.
+ */
+export class LeaseOpsHookError extends Error {
+  override name = 'LeaseOpsHookError';
+  constructor(
+    readonly code: string,
+    message: string,
+    readonly jobId?: string,
+  ) {
+    super(`lease-ops: ${code}: ${message}`);
+  }
+}
+
+export interface EnqueueRequest {
+  op: OperationName;
+  lease: LeaseIdentity;
+  params: Record<string, unknown>;
+  idempotencyKey: string;
+}
+
+/** How the plugin reaches lease-ops: its HTTP API (a remote lease-ops) or its typed client (in-process). */
+export interface LeaseOpsBackend {
+  /**
+   * Accepts the operation and waits up to `waitMs` for it to end: its view once it ended,
+   * else null (then `wait`). A key that names an earlier request answers with that one's job.
+   */
+  enqueue(request: EnqueueRequest, waitMs: number, deadline: number): Promise<{ jobId: string; operation: OperationView | null }>;
+  /** The operation after waiting up to `waitMs` for it to end (still on its way, maybe). */
+  wait(jobId: string, waitMs: number, deadline: number): Promise<OperationView>;
+  /** Cancels an operation (an acquire executing stops at its next step); ended ones are left alone. */
+  cancel(jobId: string, deadline: number): Promise<void>;
+  /** A provider and what it can do, with a probe of its credentials if asked; null if none is served by that name. */
+  provider(name: string, probe: boolean, deadline: number): Promise<(AnnouncedProvider & { probe?: ProviderProbe }) | null>;
+}
+
+/** The typed client of an in-process lease-ops: no token, the host is trusted with every company. */
+export function clientBackend(client: LeaseOpsClient): LeaseOpsBackend {
+  const hookError = (err: unknown): never => {
+    if (err instanceof LeaseOpsError) throw new LeaseOpsHookError(err.code, err.message);
+    throw err;
+  };
+  return {
+    async enqueue(request, waitMs) {
+      try {
+        const { jobId, operation } = await client.enqueueAndWait(request.op, request.lease, request.params, { idempotencyKey: request.idempotencyKey, waitMs });
+        return { jobId, operation: ended(operation) ? operation : null };
+      } catch (err) {
+        // The same key came with another request (a retry whose expiry was recomputed): join it.
+        if (err instanceof IdempotencyKeyReusedError && err.earlierJobId) return { jobId: err.earlierJobId, operation: null };
+        return hookError(err);
+      }
+    },
+    async wait(jobId, waitMs) {
+      const view = await client.getOperation(jobId, { waitMs }).catch(hookError);
+      if (!view) throw new LeaseOpsHookError('operation_not_found', `operation ${jobId} is gone`, jobId);
+      return view;
+    },
+    async cancel(jobId) {
+      await client.cancelOperation(jobId, 'paperclip (the host gave up)').catch(() => undefined);
+    },
+    async provider(name, probe) {
+      const found = (await client.providers().catch(hookError)).find((p) => p.name === name);
+      if (!found) return null;
+      return probe ? { ...found, probe: await client.probeProvider(name).catch(hookError) } : found;
+    },
+  };
+}
+
+/**
+ * The HTTP API of a remote lease-ops, with a bearer token. A lease-ops that does not answer
+ * (down, restarting, its Redis away: 503) is asked again until the hook's deadline, then the
+ * hook fails with `unreachable`; an enqueue is retried under its idempotency key, so nothing
+ * is accepted twice.
+ */
+export function httpBackend(base: string, token: string | undefined, fetchImpl: typeof fetch = fetch): LeaseOpsBackend {
+  const origin = base.replace(/\/+$/, '');
+  const headers = { ...(token ? { authorization: `Bearer ${token}` } : {}), 'content-type': 'application/json' };
+
+  async function request(method: string, path: string, deadline: number, opts: { body?: unknown; extraHeaders?: Record<string, string>; answerMs?: number } = {}) {
+    let lastProblem = 'no answer';
+    // A lease-ops that answers, but not by the deadline, is slow, not unreachable.
+    let answered = false;
+    for (let tries = 0; ; tries++) {
+      const left = deadline - Date.now();
+      if (left <= 0) {
+        if (answered || lastProblem === 'TimeoutError') throw new LeaseOpsHookError('hook_timeout', `lease-ops at ${origin} did not answer ${method} ${path.split('?')[0]} before the hook's deadline`);
+        throw new LeaseOpsHookError('unreachable', `lease-ops at ${origin} did not answer before the hook's deadline (${lastProblem})`);
+      }
+      try {
+        const res = await fetchImpl(`${origin}${path}`, {
+          method,
+          headers: { ...headers, ...opts.extraHeaders },
+          ...(opts.body === undefined ? {} : { body: JSON.stringify(opts.body) }),
+          // A reply may take as long as the wait asked for, plus a margin; never past the deadline.
+          signal: AbortSignal.timeout(Math.max(1, Math.min(left, (opts.answerMs ?? 0) + 10_000))),
+        });
+        const text = await res.text();
+        // Down for a moment (its Redis away, a restart behind a proxy): asked again.
+        if (res.status === 502 || res.status === 503 || res.status === 504) {
+          lastProblem = `HTTP ${res.status}`;
+          answered = res.status === 503;
+        } else {
+          let body: Record<string, unknown> = {};
+          try {
+            body = text ? (JSON.parse(text) as Record<string, unknown>) : {};
+          } catch {
+            // not JSON (a proxy's page): the status says what there is to say
+          }
+          return { status: res.status, body };
+        }
+      } catch (err) {
+        lastProblem = (err as { cause?: { code?: string } }).cause?.code ?? (err as Error).name ?? 'error';
+      }
+      await new Promise((r) => setTimeout(r, Math.min(2_000, 100 * 2 ** Math.min(tries, 5), Math.max(1, deadline - Date.now()))));
+    }
+  }
+  const failure = (res: { status: number; body: Record<string, unknown> }): LeaseOpsHookError => {
+    const error = (res.body.error ?? {}) as { code?: unknown; message?: unknown };
+    return new LeaseOpsHookError(typeof error.code === 'string' ? error.code : `http_${res.status}`, typeof error.message === 'string' ? error.message : `HTTP ${res.status}`);
+  };
+  const leasePath = (lease: LeaseIdentity) => `/v1/leases/${[lease.provider, lease.companyId, lease.environmentId, lease.leaseId].map(encodeURIComponent).join('/')}`;
+
+  return {
+    async enqueue(req, waitMs, deadline) {
+      const res = await request('POST', `${leasePath(req.lease)}/operations`, deadline, {
+        body: { op: req.op, params: req.params },
+        extraHeaders: { 'idempotency-key': req.idempotencyKey, ...(waitMs >= 1_000 ? { prefer: `wait=${Math.floor(waitMs / 1_000)}` } : {}) },
+        answerMs: waitMs,
+      });
+      if (res.status === 200) return { jobId: String(res.body.jobId), operation: res.body as unknown as OperationView };
+      if (res.status === 202) return { jobId: String(res.body.jobId), operation: null };
+      const error = (res.body.error ?? {}) as { code?: unknown; jobId?: unknown };
+      if (res.status === 422 && error.code === 'idempotency_key_reused' && typeof error.jobId === 'string') return { jobId: error.jobId, operation: null };
+      throw failure(res);
+    },
+    async wait(jobId, waitMs, deadline) {
+      const res = await request('GET', `/v1/operations/${encodeURIComponent(jobId)}?waitMs=${Math.max(0, Math.floor(waitMs))}`, deadline, { answerMs: waitMs });
+      if (res.status !== 200) throw failure(res);
+      return res.body as unknown as OperationView;
+    },
+    async cancel(jobId, deadline) {
+      await request('POST', `/v1/operations/${encodeURIComponent(jobId)}/cancel`, deadline).catch(() => undefined);
+    },
+    async provider(name, probe, deadline) {
+      const res = await request('GET', `/v1/providers/${encodeURIComponent(name)}${probe ? '?probe=true' : ''}`, deadline, { answerMs: probe ? 15_000 : 0 });
+      if (res.status === 404) return null;
+      if (res.status !== 200) throw failure(res);
+      return res.body as unknown as AnnouncedProvider & { probe?: ProviderProbe };
+    },
+  };
+}
+
+export const ended = (view: OperationView | null | undefined): view is OperationView => view?.state === 'completed' || view?.state === 'failed';

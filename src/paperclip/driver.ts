@@ -1,0 +1,237 @@
+import { randomUUID } from 'node:crypto';
+import { z } from 'zod';
+import type { LeaseIdentity } from '../lease.ts';
+import type { OperationName } from '../operations.ts';
+import type { OperationView } from '../queues/inspect.ts';
+import { ended, LeaseOpsHookError, type LeaseOpsBackend } from './backend.ts';
+import { LeaseOpsDriverConfigSchema, releaseDispositionOf, type LeaseOpsDriverConfig } from './config.ts';
+
+// paperclip's hook parameters and results (its plugin SDK's dist/protocol.d.ts), as far as
+// lease-ops reads and answers them, written out so these hooks work without the SDK (the
+// in-process driver); plugin.ts hands them to the SDK's definePlugin, whose types check them.
+interface BaseParams {
+  driverKey: string;
+  companyId: string;
+  environmentId: string;
+  issueId?: string | null;
+  config: Record<string, unknown>;
+}
+export interface AcquireParams extends BaseParams {
+  runId: string;
+  workspaceMode?: string;
+  requestedCwd?: string;
+  agentId?: string;
+  executionWorkspaceId?: string | null;
+  adapterType?: string;
+  executionWorkspaceSettings?: Record<string, unknown> | null;
+  requestedExpiresAt?: string | null;
+}
+export interface ResumeParams extends BaseParams {
+  providerLeaseId: string;
+  leaseMetadata?: Record<string, unknown>;
+}
+export interface ReleaseParams extends BaseParams {
+  providerLeaseId: string | null;
+  leaseMetadata?: Record<string, unknown>;
+  /** Terminate active work instead of waiting for it (paperclip's operator cancel). */
+  cancelActiveWork?: boolean;
+  /** Newer hosts say what to leave behind; older ones leave it to the driver's config. */
+  resourceDisposition?: string;
+}
+export interface Lease {
+  providerLeaseId: string | null;
+  metadata?: Record<string, unknown>;
+  expiresAt?: string | null;
+}
+export interface TerminationReceipt {
+  providerLeaseId: string;
+  state: 'stopped' | 'destroyed';
+}
+export interface ValidationResult {
+  ok: boolean;
+  warnings?: string[];
+  errors?: string[];
+  normalizedConfig?: Record<string, unknown>;
+}
+export interface ProbeResult {
+  ok: boolean;
+  summary?: string;
+  diagnostics?: { severity: 'info' | 'warning' | 'error'; message: string; code?: string; details?: Record<string, unknown> }[];
+  metadata?: Record<string, unknown>;
+}
+
+/** Each hook's wait per round trip: long polls well under any proxy's idle timeout. */
+const POLL_MS = 25_000;
+/** validateConfig has no environment: it asks lease-ops briefly, and warns if it cannot. */
+const VALIDATE_MS = 5_000;
+/** A long poll asks lease-ops to answer this long before the hook's deadline. */
+const ANSWER_MARGIN_MS = 1_000;
+/** The part of an acquire hook's time kept for cancelling the acquire when it gives up (at most a quarter). */
+const ABANDON_MS = 3_000;
+
+/**
+ * The environment-driver hooks, served by lease-ops: each hook is one lease-ops operation in
+ * the lease's lane (acquire, resume, release, destroy), waited for with a blocking enqueue
+ * and long polls until it ends or the hook's timeout passes. `backendFor` gives the lease-ops
+ * an environment's config points at (its URL and token), or an in-process one.
+ */
+export function leaseOpsDriverHooks(backendFor: (config: LeaseOpsDriverConfig) => LeaseOpsBackend) {
+  const configOf = (raw: Record<string, unknown>): LeaseOpsDriverConfig => {
+    const parsed = LeaseOpsDriverConfigSchema.safeParse(raw);
+    if (!parsed.success) throw new LeaseOpsHookError('invalid_config', z.prettifyError(parsed.error));
+    return parsed.data;
+  };
+
+  /** One operation, from enqueue to its end: its result, or its failure as a LeaseOpsHookError. */
+  async function operate(config: LeaseOpsDriverConfig, op: OperationName, lease: LeaseIdentity, params: Record<string, unknown>, idempotencyKey: string): Promise<unknown> {
+    const backend = backendFor(config);
+    const end = Date.now() + config.hookTimeoutMs;
+    // An acquire keeps a little of the hook's time for cancelling itself if it must give up.
+    const deadline = op === 'acquire' ? end - Math.min(ABANDON_MS, config.hookTimeoutMs / 4) : end;
+    // What lease-ops is asked to wait: its answer must arrive before the hook's deadline.
+    const waitFor = () => Math.max(0, Math.min(POLL_MS, deadline - Date.now() - ANSWER_MARGIN_MS));
+    const request = { op, lease, params, idempotencyKey };
+    let started: { jobId: string; operation: OperationView | null };
+    try {
+      started = await backend.enqueue(request, waitFor(), deadline);
+    } catch (err) {
+      // Given up before the enqueue answered: the acquire may have been accepted all the same.
+      if (op === 'acquire' && err instanceof LeaseOpsHookError && err.code === 'hook_timeout') await abandon(backend, request, end);
+      throw err;
+    }
+    const { jobId } = started;
+    let view = started.operation;
+    while (!ended(view)) {
+      if (Date.now() >= deadline - ANSWER_MARGIN_MS) {
+        // The host gives up on this hook: an acquire must not leave a sandbox behind with no owner.
+        if (op === 'acquire') await backend.cancel(jobId, Math.max(end, Date.now() + 500));
+        throw new LeaseOpsHookError('hook_timeout', `${op} did not end within ${config.hookTimeoutMs} ms (hookTimeoutMs)${op === 'acquire' ? '; it was cancelled, and what it made is destroyed' : ''}`, jobId);
+      }
+      view = await backend.wait(jobId, waitFor(), deadline);
+    }
+    if (view.state === 'failed') throw new LeaseOpsHookError(view.error?.code ?? 'failed', view.error?.message ?? 'the operation failed', jobId);
+    return view.result;
+  }
+
+  /**
+   * Cancels an acquire whose enqueue got no answer in time: the same request under its key
+   * names its job if it was accepted (and, if it was not, is accepted now and cancelled while
+   * it waits, making nothing).
+   */
+  async function abandon(backend: LeaseOpsBackend, request: { op: OperationName; lease: LeaseIdentity; params: Record<string, unknown>; idempotencyKey: string }, end: number): Promise<void> {
+    const until = Math.max(end, Date.now() + 500);
+    const known = await backend.enqueue(request, 0, until).catch(() => null);
+    if (known) await backend.cancel(known.jobId, until);
+  }
+
+  const leaseOf = (config: LeaseOpsDriverConfig, params: BaseParams, leaseId: string): LeaseIdentity => ({
+    provider: config.provider,
+    companyId: params.companyId,
+    environmentId: params.environmentId,
+    leaseId,
+  });
+  /** Not a request id (hooks have none): the same key serves a POST repeated within one hook call. */
+  const callKey = (op: string) => `paperclip:${op}:${randomUUID()}`;
+  const withoutUndefined = (o: Record<string, unknown>) => Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined));
+
+  return {
+    async onValidateConfig(params: { driverKey: string; config: Record<string, unknown> }): Promise<ValidationResult> {
+      const parsed = LeaseOpsDriverConfigSchema.safeParse(params.config);
+      if (!parsed.success) return { ok: false, errors: parsed.error.issues.map((i) => `${i.path.join('.') || 'config'}: ${i.message}`) };
+      const known = new Set(Object.keys(LeaseOpsDriverConfigSchema.shape));
+      const warnings = Object.keys(params.config).filter((k) => !known.has(k)).map((k) => `${k}: not a lease-ops setting (ignored)`);
+      try {
+        const provider = await backendFor(parsed.data).provider(parsed.data.provider, false, Date.now() + VALIDATE_MS);
+        if (!provider) return { ok: false, errors: [`provider: lease-ops serves no provider "${parsed.data.provider}"`], warnings };
+      } catch (err) {
+        const code = err instanceof LeaseOpsHookError ? err.code : 'error';
+        // A token lease-ops refuses is wrong config; lease-ops being away now is not.
+        if (code === 'unauthorized' || code === 'forbidden') return { ok: false, errors: [`token: ${(err as Error).message}`], warnings };
+        warnings.push(`could not check the provider with lease-ops now: ${(err as Error).message}`);
+      }
+      return { ok: true, warnings, normalizedConfig: { ...params.config, ...parsed.data } };
+    },
+
+    async onProbe(params: BaseParams): Promise<ProbeResult> {
+      let config: LeaseOpsDriverConfig;
+      try {
+        config = configOf(params.config);
+      } catch (err) {
+        return { ok: false, summary: (err as Error).message, diagnostics: [{ severity: 'error', code: 'invalid_config', message: (err as Error).message }] };
+      }
+      try {
+        const provider = await backendFor(config).provider(config.provider, true, Date.now() + Math.min(config.hookTimeoutMs, 30_000));
+        if (!provider) return { ok: false, summary: `lease-ops serves no provider "${config.provider}"`, diagnostics: [{ severity: 'error', code: 'unknown_provider', message: `lease-ops serves no provider "${config.provider}"` }] };
+        const probe = provider.probe;
+        const ok = probe?.ok ?? false;
+        return {
+          ok,
+          summary: ok ? `lease-ops provider ${config.provider}: ${probe?.message}` : `lease-ops provider ${config.provider}: ${probe?.code ?? 'no probe'}: ${probe?.message ?? ''}`,
+          diagnostics: [{ severity: ok ? 'info' : 'error', code: probe?.code ?? 'probe_failed', message: probe?.message ?? 'no answer' }],
+          metadata: { provider: config.provider, capabilities: provider.capabilities, probedAt: probe?.at ?? null },
+        };
+      } catch (err) {
+        const code = err instanceof LeaseOpsHookError ? err.code : 'error';
+        return { ok: false, summary: (err as Error).message, diagnostics: [{ severity: 'error', code, message: (err as Error).message }] };
+      }
+    },
+
+    /**
+     * Keyed by the run: a host's retry of the acquire joins the first one (also when its
+     * requestedExpiresAt was recomputed: lease-ops then names the first one's job), so a run
+     * gets one sandbox however often the host asks.
+     */
+    async onAcquireLease(params: AcquireParams): Promise<Lease> {
+      const config = configOf(params.config);
+      const body = withoutUndefined({
+        runId: params.runId,
+        requestedExpiresAt: params.requestedExpiresAt,
+        requireExpiry: config.requireExpiry || undefined,
+        agentId: params.agentId,
+        adapterType: params.adapterType,
+        workspaceMode: params.workspaceMode,
+        requestedCwd: params.requestedCwd,
+        issueId: params.issueId,
+        executionWorkspaceId: params.executionWorkspaceId,
+        executionWorkspaceSettings: params.executionWorkspaceSettings,
+      });
+      const lease = (await operate(config, 'acquire', leaseOf(config, params, params.runId), body, `paperclip:acquire:${params.runId}`)) as Lease;
+      return { providerLeaseId: lease.providerLeaseId, metadata: lease.metadata ?? {}, expiresAt: lease.expiresAt ?? null };
+    },
+
+    /** The lease, with the host's metadata and what was read now over it; expired (a result) when the sandbox cannot be used. */
+    async onResumeLease(params: ResumeParams): Promise<Lease> {
+      const config = configOf(params.config);
+      const lease = (await operate(config, 'resume', leaseOf(config, params, params.providerLeaseId), { providerLeaseId: params.providerLeaseId, leaseMetadata: params.leaseMetadata ?? {} }, callKey('resume'))) as Lease;
+      return lease.providerLeaseId === null ? { providerLeaseId: null, metadata: { expired: true } } : { providerLeaseId: lease.providerLeaseId, metadata: lease.metadata ?? {}, expiresAt: lease.expiresAt ?? null };
+    },
+
+    /**
+     * A termination receipt once the service confirmed that execution ended; nothing when the
+     * sandbox was kept running. `cancelActiveWork` kills instead of letting work finish.
+     */
+    async onReleaseLease(params: ReleaseParams): Promise<TerminationReceipt | undefined> {
+      if (params.providerLeaseId === null) return undefined;
+      const config = configOf(params.config);
+      let disposition = releaseDispositionOf(config, params.resourceDisposition);
+      // An operator's cancel ends the work: a keep_running release of it stops and keeps the sandbox.
+      if (params.cancelActiveWork && disposition === 'keep_running') disposition = 'stop_and_retain';
+      const receipt = (await operate(
+        config,
+        'release',
+        leaseOf(config, params, params.providerLeaseId),
+        { providerLeaseId: params.providerLeaseId, leaseMetadata: params.leaseMetadata ?? {}, cancelActiveWork: params.cancelActiveWork ?? false, resourceDisposition: disposition },
+        callKey('release'),
+      )) as TerminationReceipt | null;
+      return receipt ?? undefined;
+    },
+
+    async onDestroyLease(params: ReleaseParams): Promise<TerminationReceipt | undefined> {
+      if (params.providerLeaseId === null) return undefined;
+      const config = configOf(params.config);
+      return (await operate(config, 'destroy', leaseOf(config, params, params.providerLeaseId), { providerLeaseId: params.providerLeaseId }, callKey('destroy'))) as TerminationReceipt;
+    },
+  };
+}
+
+export type LeaseOpsDriverHooks = ReturnType<typeof leaseOpsDriverHooks>;
