@@ -13,9 +13,9 @@ import { LaneNames } from './queues/lane-names.ts';
 import { enqueueRouted, OperationsQueue, type AnnouncedProvider, type Enqueued } from './queues/operations-queue.ts';
 import { ProviderProbes, type ProviderProbe } from './queues/provider-probes.ts';
 import { createRedis, isRedisUnavailable, reportRedisError, type RedisClient } from './queues/redis.ts';
-import { maskUrl } from './secrets.ts';
+import { maskUrl, withoutInfrastructure } from './secrets.ts';
 
-export { IdempotencyKeyReusedError, InvalidRequestError, LeaseOpsError, OperationNotFoundError, QueueFullError, RedisUnavailableError, WaitTimeoutError } from './errors.ts';
+export { IdempotencyKeyReusedError, InvalidRequestError, LeaseHasSandboxError, LeaseOpsError, OperationNotFoundError, QueueFullError, RedisUnavailableError, WaitTimeoutError } from './errors.ts';
 
 export interface OperationResult {
   jobId: string;
@@ -237,7 +237,11 @@ export class LeaseOpsClient {
   probeProvider(name: string): Promise<ProviderProbe> {
     this.probes ??= new ProviderProbes(this.connection, this.partitions[0]!.settings);
     const probes = this.probes;
-    return this.call(() => probes.probe(name));
+    // Any caller may read it: no addresses or paths of the infrastructure (a network error's, say).
+    return this.call(async () => {
+      const probe = await probes.probe(name);
+      return { ...probe, message: withoutInfrastructure(probe.message) };
+    });
   }
 
   /** Leases stuck stopping, whose last operation failed, or whose lane is blocked. */

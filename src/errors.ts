@@ -102,3 +102,14 @@ export class IdempotencyKeyReusedError extends LeaseOpsError {
     super('idempotency_key_reused', 'this idempotency key was used with a different request (lease, operation or parameters); use a new key for a new request');
   }
 }
+
+/**
+ * An acquire named a lease that has a sandbox already (its record shows one that is not
+ * gone): one lease is one sandbox. Destroy or release it first, or acquire under another id.
+ */
+export class LeaseHasSandboxError extends LeaseOpsError {
+  override name = 'LeaseHasSandboxError';
+  constructor(readonly sandboxId: string) {
+    super('lease_has_sandbox', `this lease has sandbox ${sandboxId} already: destroy it first, or acquire under another id`);
+  }
+}

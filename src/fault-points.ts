@@ -23,6 +23,7 @@ export type FaultPoint =
   | 'after-provider-call'
   | 'lane-yield'
   | 'after-lane-yield'
+  | 'before-acquire-release'
   | 'after-release'
   | 'before-park'
   | 'lane-park'

@@ -3,7 +3,8 @@ import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
 import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
 import type { LeaseProvider } from '../src/providers/types.ts';
 import { OperatorActions } from '../src/queues/operator-actions.ts';
-import { gate, readUntil, TestBed } from './helpers/env.ts';
+import { gate, readUntil, TestBed, workerEnv } from './helpers/env.ts';
+import { WorkerProcess } from './helpers/worker-process.ts';
 
 // A host that gave up on an acquire cancels it: queued, backing off or executing, it ends
 // failed with `cancelled`, and whatever sandbox it made is destroyed by its clean-up (never a
@@ -83,5 +84,37 @@ describe('cancelling an acquire', () => {
     const ended = await bed.waitForAll([first.jobId, acquired.jobId]);
     expect(ended.get(acquired.jobId)).toBe('failed');
     expect(madeFor(fake, acquired.jobId)).toEqual([]);
+  });
+});
+
+describe('a cancel that races the acquire\'s end', () => {
+  it('taken after the attempt looked for a cancel and before its end was recorded: the acquire still fails with cancelled, and its sandbox is destroyed', { timeout: 60_000 }, async () => {
+    bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600' });
+    fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 10, stop: 10, forceStop: 0, destroy: 10 } });
+    const worker = new WorkerProcess(
+      workerEnv(bed, {
+        LEASE_OPS_PROVIDERS: 'daytona',
+        DAYTONA_API_URL: await fake.listen(),
+        DAYTONA_API_KEY: 'k',
+        // Long enough that the pause below never costs the attempt its lock.
+        LEASE_OPS_LOCK_MS: '10000',
+        LEASE_OPS_FAULT_POINTS: 'before-acquire-release=pause*1',
+      }),
+    );
+    try {
+      await worker.ready;
+      const acquired = await bed.ops.enqueue({ op: 'acquire', lease: lease('run-race'), params: { runId: 'run-race' } });
+      await worker.waitForLog('fault point before-acquire-release: pause');
+      // Its sandbox runs, its attempt looked for a cancel and found none, and now the host gives up.
+      expect(await new OperatorActions(bed.ops).cancel(acquired.jobId, 'host')).toMatchObject({ cancelled: true, whileExecuting: true });
+      worker.child.kill('SIGCONT');
+      expect((await bed.waitForAll([acquired.jobId], 20_000)).get(acquired.jobId)).toBe('failed');
+      expect((await bed.ops.queue.getJob(acquired.jobId))!.failedReason).toMatch(/^cancelled: /);
+      await readUntil(async () => madeFor(fake!, acquired.jobId).every((state) => state === 'gone'), 15_000, 'the clean-up destroying the sandbox');
+      expect(madeFor(fake, acquired.jobId)).toEqual(['gone']);
+    } finally {
+      worker.child.kill('SIGCONT');
+      await worker.terminate();
+    }
   });
 });

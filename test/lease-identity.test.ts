@@ -4,6 +4,10 @@ import { laneIdOf, laneIdOfJobId, type LeaseIdentity } from '../src/lease.ts';
 import type { LeaseProvider, OperationContext } from '../src/providers/types.ts';
 import { Inspector } from '../src/queues/inspect.ts';
 import { LeaseRecords } from '../src/queues/lease-records.ts';
+import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
+import { LeaseHasSandboxError } from '../src/errors.ts';
+import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
+import { OperatorActions } from '../src/queues/operator-actions.ts';
 import { gate, lease, readUntil, TestBed } from './helpers/env.ts';
 
 let bed: TestBed | undefined;
@@ -171,5 +175,78 @@ describe('one lease identity from acquire to destroy', () => {
     await bed.waitForAll([a.jobId, b.jobId]);
     await expect(bed.ops.enqueue({ op: 'stop', lease: lease('run-a'), params: { providerLeaseId: 'sb-run-b' } })).rejects.toThrow(/sb-run-b/);
     await expect(bed.ops.enqueue({ op: 'stop', lease: lease('run-a'), params: { providerLeaseId: 'sb-nowhere' } })).rejects.toThrow(/sb-nowhere/);
+  });
+});
+
+describe('one lease identity, attacked (helper-2)', () => {
+  let fake: DaytonaFake | undefined;
+  afterEach(async () => {
+    await fake?.close();
+    fake = undefined;
+  });
+  const daytonaLease = (leaseId: string) => ({ provider: 'daytona', companyId: 'co', environmentId: 'env', leaseId });
+  async function daytonaBed(timings: Partial<{ create: number; start: number; stop: number; destroy: number }> = {}) {
+    bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600' });
+    fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 10, stop: 10, forceStop: 0, destroy: 10, ...timings } });
+    const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
+    await bed.startWorker(createDaytonaProvider({ name: 'daytona', apiUrl: await fake.listen(), apiKey: 'k', rateLimits: unpaced }));
+    return { bed, fake };
+  }
+
+  it('a sandbox id learnt while its acquire still runs (its timeline shows it) already names the acquire\'s lane', async () => {
+    const { bed, fake } = await daytonaBed({ create: 800 });
+    const acquired = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-early'), params: { runId: 'run-early' } });
+    const inspector = new Inspector(bed.ops, new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX), { stuckStoppingMs: 30_000, blockedAfterMs: 60_000 });
+    const seen = await readUntil(async () => (await inspector.timeline(daytonaLease('run-early'))).events.find((e) => e.kind === 'observed' && e.sandbox)?.sandbox, 10_000, 'the sandbox id on the timeline');
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: daytonaLease(seen), params: { providerLeaseId: seen } });
+    expect(stop.laneId).toBe(acquired.laneId);
+    const ended = await bed.waitForAll([acquired.jobId, stop.jobId], 20_000);
+    expect([...ended.values()]).toEqual(['completed', 'completed']);
+    expect(fake.http.overlaps()).toEqual([]);
+    expect((await inspector.lease(daytonaLease(seen))).laneId).toBe(acquired.laneId);
+  });
+
+  it('a lease whose acquire handed out a live sandbox is not acquired again (lease_has_sandbox); once it is destroyed, it may be', async () => {
+    const { bed } = await daytonaBed();
+    const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-twice'), params: { runId: 'run-twice' }, idempotencyKey: 'k-twice' });
+    await bed.waitForAll([first.jobId]);
+    const sandbox = ((await bed.ops.queue.getJob(first.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    await expect(bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-twice'), params: { runId: 'run-twice-2' } })).rejects.toBeInstanceOf(LeaseHasSandboxError);
+    await expect(bed.ops.enqueue({ op: 'acquire', lease: daytonaLease(sandbox), params: { runId: 'by-its-sandbox' } })).rejects.toBeInstanceOf(LeaseHasSandboxError);
+    // The same request again is still answered with its job.
+    const again = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-twice'), params: { runId: 'run-twice' }, idempotencyKey: 'k-twice' });
+    expect(again).toMatchObject({ jobId: first.jobId, deduplicated: 'idempotency-key' });
+    const destroyed = await bed.ops.enqueue({ op: 'destroy', lease: daytonaLease(sandbox), params: { providerLeaseId: sandbox } });
+    await bed.waitForAll([destroyed.jobId]);
+    const anew = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-twice'), params: { runId: 'run-twice-3' } });
+    expect((await bed.waitForAll([anew.jobId])).get(anew.jobId)).toBe('completed');
+  }, 30_000);
+
+  it('an acquire enqueued under a sandbox id (its lease destroyed) runs in the lease\'s lane, and cancelled, its clean-up runs there too', async () => {
+    const { bed, fake } = await daytonaBed({ create: 600 });
+    const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-again'), params: { runId: 'run-again' } });
+    await bed.waitForAll([first.jobId], 20_000);
+    const s1 = ((await bed.ops.queue.getJob(first.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    const destroyed = await bed.ops.enqueue({ op: 'destroy', lease: daytonaLease(s1), params: { providerLeaseId: s1 } });
+    await bed.waitForAll([destroyed.jobId]);
+    const second = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease(s1), params: { runId: 'run-again-2' } });
+    expect(second.laneId).toBe(first.laneId);
+    await readUntil(async () => (await bed.ops.queue.getJobState(second.jobId)) === 'delayed' && [...fake.sandboxes.values()].some((sb) => sb.labels['lease-ops/run'] === 'run-again-2'), 10_000, 'the second acquire backing off');
+    expect(await new OperatorActions(bed.ops).cancel(second.jobId, 'test')).toMatchObject({ whileExecuting: false });
+    const made = () => [...fake.sandboxes.values()].filter((sb) => sb.labels['lease-ops/run'] === 'run-again-2');
+    await readUntil(async () => made().every((sb) => fake.stateOf(sb.id) === 'gone'), 15_000, 'the clean-up in the lease\'s lane');
+  });
+
+  it('a sandbox\'s name of its lease is renewed by use: a look-up after most of its week has gone gives it a week again', async () => {
+    const { bed } = await daytonaBed();
+    const acquired = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-ttl'), params: { runId: 'run-ttl' } });
+    await bed.waitForAll([acquired.jobId]);
+    const sandbox = ((await bed.ops.queue.getJob(acquired.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    const key = bed.ops.lanes.aliasKey(laneIdOf(daytonaLease(sandbox)));
+    await bed.redis.pexpire(key, 60_000);
+    // A process that has not met the name yet looks it up.
+    client = new LeaseOpsClient(bed.config);
+    expect((await client.getLease(daytonaLease(sandbox))).laneId).toBe(acquired.laneId);
+    expect(await bed.redis.pttl(key)).toBeGreaterThan(6 * 24 * 3_600_000);
   });
 });

@@ -278,6 +278,10 @@ describe('faults a host meets', () => {
     expect(Date.now() - started).toBeLessThan(2_000);
     const made = () => [...daytona.sandboxes.values()].filter((sb) => sb.labels['lease-ops/run'] === 'run-abandoned');
     await readUntil(async () => made().length === 1 && made().every((sb) => daytona.stateOf(sb.id) === 'gone'), 30_000, 'the clean-up destroying the sandbox');
+    // The host asks again for the run: a new acquire, a new sandbox (the cancelled one is not joined).
+    const again = await environment('acme', 'abandoned', 'daytona').acquire('run-abandoned');
+    expect(daytona.stateOf(again.providerLeaseId!)).toBe('started');
+    expect(made()).toHaveLength(2);
   });
 
   it('a hook whose lease-ops is down fails within its timeout with a message the host can show', async () => {

@@ -395,6 +395,41 @@ describe('Daytona specifics', () => {
     expect(fake.calls.filter((call) => call.sandboxId === id && call.path.endsWith('/stop')).map((call) => call.query)).toEqual(['?force=true']);
   });
 
+  it('takes a sandbox by its id only: named by its Daytona name, every operation is refused (one sandbox, one lease)', async () => {
+    const id = await fresh('by-name');
+    const sandboxName = fake.sandboxes.get(id)!.name;
+    for (const call of [
+      () => provider.stop(ctx('by-name'), { providerLeaseId: sandboxName }),
+      () => provider.destroy(ctx('by-name'), { providerLeaseId: sandboxName }),
+      () => provider.resume(ctx('by-name'), { providerLeaseId: sandboxName, leaseMetadata: {} }),
+    ]) {
+      await expect(call()).rejects.toMatchObject({ kind: 'permanent', code: 'not_a_sandbox_id' });
+    }
+    expect(fake.stateOf(id)).toBe('started');
+  });
+
+  it('an adapter type that is no own entry of snapshotsByAdapter (constructor, __proto__) gets the configured snapshot', async () => {
+    const configured = createDaytonaProvider({ apiUrl: fake.http.url, apiKey: 'k', snapshot: 'operator-hardened', snapshotsByAdapter: { claude_local: 'claude-snap' } });
+    for (const adapterType of ['constructor', 'toString', '__proto__']) {
+      const c = ctx(`proto-${adapterType}`);
+      const lease = await settled(() => configured.acquire(c, { runId: `proto-${adapterType}`, adapterType }));
+      expect(fake.calls.find((call) => call.method === 'POST' && call.path === '/sandbox' && call.sandboxId === lease.providerLeaseId)?.body).toMatchObject({ snapshot: 'operator-hardened' });
+    }
+  });
+
+  it('requireExpiry with an expiry less than a minute away is refused before anything is made', async () => {
+    const before = fake.sandboxes.size;
+    await expect(provider.acquire(ctx('soon'), { runId: 'soon', requestedExpiresAt: new Date(Date.now() + 30_000).toISOString(), requireExpiry: true })).rejects.toMatchObject({ code: 'expiry_unsupported' });
+    expect(fake.sandboxes.size).toBe(before);
+  });
+
+  it('a probe says whether the service takes the key, and names no address', async () => {
+    const good = await provider.probe!(ctx('probe'));
+    expect(good).toMatchObject({ ok: true, code: 'ok' });
+    expect(good.message).not.toMatch(/127\.0\.0\.1|localhost/);
+    expect(await createDaytonaProvider({ apiUrl: fake.http.url, apiKey: 'wrong' }).probe!(ctx('probe'))).toMatchObject({ ok: false, code: 'unauthorized' });
+  });
+
   it('a lost sandbox resumes as expired and destroys as already gone', async () => {
     const id = await fresh('lost');
     fake.control(id, { lost: true });

@@ -10,7 +10,7 @@ import { z } from 'zod';
 import type { ClientPartition, LeaseOpsClient } from '../client.ts';
 import { LayoutError } from '../queues/layout.ts';
 import type { Config } from '../config.ts';
-import { IdempotencyKeyReusedError, InvalidRequestError, LeaseOpsError, QueueFullError, RedisUnavailableError } from '../errors.ts';
+import { IdempotencyKeyReusedError, InvalidRequestError, LeaseHasSandboxError, LeaseOpsError, QueueFullError, RedisUnavailableError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import { laneIdOfJobId } from '../lease.ts';
 import { isRedisUnavailable } from '../queues/redis.ts';
@@ -512,7 +512,7 @@ function errorHandler(log: Logger): ErrorRequestHandler {
       status = 422;
       // The key is the caller's company's and environment's: the operation it names is theirs.
       body = { code: err.code, message: err.message, ...(err.earlierJobId ? { jobId: err.earlierJobId } : {}) };
-    } else if (err instanceof OperatorActionRefusedError) {
+    } else if (err instanceof OperatorActionRefusedError || err instanceof LeaseHasSandboxError) {
       status = 409;
       body = { code: err.code, message: err.message };
     } else if (err instanceof QueueFullError) {

@@ -48,7 +48,7 @@ const ERROR_DESCRIPTIONS: Record<string, string> = {
   '429':
     'lease_queue_full, environment_queue_full, company_queue_full or queue_full, with Retry-After (LEASE_OPS_MAX_QUEUED_PER_LEASE, LEASE_OPS_MAX_QUEUED_PER_ENVIRONMENT, LEASE_OPS_MAX_QUEUED_PER_COMPANY, LEASE_OPS_MAX_QUEUED and a fair share)',
   '409':
-    'operation_executing (it runs: an attempt in flight cannot be taken back), operation_ended (it completed or failed), operation_not_failed (only a failed operation runs again), operation_not_rerunnable (an acquire: enqueue a new one), operation_not_waiting (not in its lane any more)',
+    'lease_has_sandbox (an acquire of a lease whose sandbox lives: destroy it first, or acquire under another id), operation_executing (it runs: an attempt in flight cannot be taken back), operation_ended (it completed or failed), operation_not_failed (only a failed operation runs again), operation_not_rerunnable (an acquire: enqueue a new one), operation_not_waiting (not in its lane any more)',
   '503': 'redis_unavailable',
 };
 
@@ -86,7 +86,7 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
               ...json(EnqueuedSchema, 'accepted; the Location header points at the operation'),
               headers: z.object({ Location: z.string() }),
             },
-            ...errors('400', '401', '404', '413', '415', '422', '429', '503'), ...NODE_ANSWERS,
+            ...errors('400', '401', '404', '409', '413', '415', '422', '429', '503'), ...NODE_ANSWERS,
           },
         },
       },

@@ -17,9 +17,18 @@ export class LeaseOpsHookError extends Error {
     readonly code: string,
     message: string,
     readonly jobId?: string,
+    /** The operation that failed was an earlier request's, which this hook's key joined. */
+    readonly joined = false,
   ) {
     super(`lease-ops: ${code}: ${message}`);
   }
+}
+
+/** An enqueue's answer: the job, its view if it ended, and whether the key named an earlier request's job. */
+export interface Started {
+  jobId: string;
+  operation: OperationView | null;
+  joined: boolean;
 }
 
 export interface EnqueueRequest {
@@ -35,7 +44,7 @@ export interface LeaseOpsBackend {
    * Accepts the operation and waits up to `waitMs` for it to end: its view once it ended,
    * else null (then `wait`). A key that names an earlier request answers with that one's job.
    */
-  enqueue(request: EnqueueRequest, waitMs: number, deadline: number): Promise<{ jobId: string; operation: OperationView | null }>;
+  enqueue(request: EnqueueRequest, waitMs: number, deadline: number): Promise<Started>;
   /** The operation after waiting up to `waitMs` for it to end (still on its way, maybe). */
   wait(jobId: string, waitMs: number, deadline: number): Promise<OperationView>;
   /** Cancels an operation (an acquire executing stops at its next step); ended ones are left alone. */
@@ -53,11 +62,11 @@ export function clientBackend(client: LeaseOpsClient): LeaseOpsBackend {
   return {
     async enqueue(request, waitMs) {
       try {
-        const { jobId, operation } = await client.enqueueAndWait(request.op, request.lease, request.params, { idempotencyKey: request.idempotencyKey, waitMs });
-        return { jobId, operation: ended(operation) ? operation : null };
+        const { jobId, operation, deduplicated } = await client.enqueueAndWait(request.op, request.lease, request.params, { idempotencyKey: request.idempotencyKey, waitMs });
+        return { jobId, operation: ended(operation) ? operation : null, joined: deduplicated === 'idempotency-key' };
       } catch (err) {
         // The same key came with another request (a retry whose expiry was recomputed): join it.
-        if (err instanceof IdempotencyKeyReusedError && err.earlierJobId) return { jobId: err.earlierJobId, operation: null };
+        if (err instanceof IdempotencyKeyReusedError && err.earlierJobId) return { jobId: err.earlierJobId, operation: null, joined: true };
         return hookError(err);
       }
     },
@@ -138,10 +147,11 @@ export function httpBackend(base: string, token: string | undefined, fetchImpl: 
         extraHeaders: { 'idempotency-key': req.idempotencyKey, ...(waitMs >= 1_000 ? { prefer: `wait=${Math.floor(waitMs / 1_000)}` } : {}) },
         answerMs: waitMs,
       });
-      if (res.status === 200) return { jobId: String(res.body.jobId), operation: res.body as unknown as OperationView };
-      if (res.status === 202) return { jobId: String(res.body.jobId), operation: null };
+      const joined = res.body.deduplicated === 'idempotency-key';
+      if (res.status === 200) return { jobId: String(res.body.jobId), operation: res.body as unknown as OperationView, joined };
+      if (res.status === 202) return { jobId: String(res.body.jobId), operation: null, joined };
       const error = (res.body.error ?? {}) as { code?: unknown; jobId?: unknown };
-      if (res.status === 422 && error.code === 'idempotency_key_reused' && typeof error.jobId === 'string') return { jobId: error.jobId, operation: null };
+      if (res.status === 422 && error.code === 'idempotency_key_reused' && typeof error.jobId === 'string') return { jobId: error.jobId, operation: null, joined: true };
       throw failure(res);
     },
     async wait(jobId, waitMs, deadline) {

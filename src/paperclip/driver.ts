@@ -2,8 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { z } from 'zod';
 import type { LeaseIdentity } from '../lease.ts';
 import type { OperationName } from '../operations.ts';
-import type { OperationView } from '../queues/inspect.ts';
-import { ended, LeaseOpsHookError, type LeaseOpsBackend } from './backend.ts';
+import { ended, LeaseOpsHookError, type LeaseOpsBackend, type Started } from './backend.ts';
 import { LeaseOpsDriverConfigSchema, releaseDispositionOf, type LeaseOpsDriverConfig } from './config.ts';
 
 // paperclip's hook parameters and results (its plugin SDK's dist/protocol.d.ts), as far as
@@ -64,6 +63,10 @@ export interface ProbeResult {
 const POLL_MS = 25_000;
 /** validateConfig has no environment: it asks lease-ops briefly, and warns if it cannot. */
 const VALIDATE_MS = 5_000;
+/** How many times a run's acquire is started anew after earlier hooks' acquires failed. */
+const MAX_ACQUIRE_GENERATIONS = 5;
+/** Failures of an earlier hook's acquire that a new acquire may not meet (a refusal it would). */
+const RETRIED_ANEW = new Set(['cancelled', 'deadline_exceeded', 'stalled_too_often', 'orphaned', 'removed', 'hook_timeout']);
 /** A long poll asks lease-ops to answer this long before the hook's deadline. */
 const ANSWER_MARGIN_MS = 1_000;
 /** The part of an acquire hook's time kept for cancelling the acquire when it gives up (at most a quarter). */
@@ -91,7 +94,7 @@ export function leaseOpsDriverHooks(backendFor: (config: LeaseOpsDriverConfig) =
     // What lease-ops is asked to wait: its answer must arrive before the hook's deadline.
     const waitFor = () => Math.max(0, Math.min(POLL_MS, deadline - Date.now() - ANSWER_MARGIN_MS));
     const request = { op, lease, params, idempotencyKey };
-    let started: { jobId: string; operation: OperationView | null };
+    let started: Started;
     try {
       started = await backend.enqueue(request, waitFor(), deadline);
     } catch (err) {
@@ -101,15 +104,19 @@ export function leaseOpsDriverHooks(backendFor: (config: LeaseOpsDriverConfig) =
     }
     const { jobId } = started;
     let view = started.operation;
-    while (!ended(view)) {
-      if (Date.now() >= deadline - ANSWER_MARGIN_MS) {
-        // The host gives up on this hook: an acquire must not leave a sandbox behind with no owner.
-        if (op === 'acquire') await backend.cancel(jobId, Math.max(end, Date.now() + 500));
-        throw new LeaseOpsHookError('hook_timeout', `${op} did not end within ${config.hookTimeoutMs} ms (hookTimeoutMs)${op === 'acquire' ? '; it was cancelled, and what it made is destroyed' : ''}`, jobId);
+    try {
+      while (!ended(view)) {
+        if (Date.now() >= deadline - ANSWER_MARGIN_MS) {
+          throw new LeaseOpsHookError('hook_timeout', `${op} did not end within ${config.hookTimeoutMs} ms (hookTimeoutMs)${op === 'acquire' ? '; it was cancelled, and what it made is destroyed' : ''}`, jobId);
+        }
+        view = await backend.wait(jobId, waitFor(), deadline);
       }
-      view = await backend.wait(jobId, waitFor(), deadline);
+    } catch (err) {
+      // The host gives up on this hook: an acquire must not leave a sandbox behind with no owner.
+      if (op === 'acquire' && err instanceof LeaseOpsHookError && (err.code === 'hook_timeout' || err.code === 'unreachable')) await backend.cancel(jobId, Math.max(end, Date.now() + 500));
+      throw err;
     }
-    if (view.state === 'failed') throw new LeaseOpsHookError(view.error?.code ?? 'failed', view.error?.message ?? 'the operation failed', jobId);
+    if (view.state === 'failed') throw new LeaseOpsHookError(view.error?.code ?? 'failed', view.error?.message ?? 'the operation failed', jobId, started.joined);
     return view.result;
   }
 
@@ -179,7 +186,8 @@ export function leaseOpsDriverHooks(backendFor: (config: LeaseOpsDriverConfig) =
     /**
      * Keyed by the run: a host's retry of the acquire joins the first one (also when its
      * requestedExpiresAt was recomputed: lease-ops then names the first one's job), so a run
-     * gets one sandbox however often the host asks.
+     * gets one sandbox however often the host asks; once an earlier hook's acquire failed, the
+     * next key of the run starts a new one.
      */
     async onAcquireLease(params: AcquireParams): Promise<Lease> {
       const config = configOf(params.config);
@@ -195,8 +203,19 @@ export function leaseOpsDriverHooks(backendFor: (config: LeaseOpsDriverConfig) =
         executionWorkspaceId: params.executionWorkspaceId,
         executionWorkspaceSettings: params.executionWorkspaceSettings,
       });
-      const lease = (await operate(config, 'acquire', leaseOf(config, params, params.runId), body, `paperclip:acquire:${params.runId}`)) as Lease;
-      return { providerLeaseId: lease.providerLeaseId, metadata: lease.metadata ?? {}, expiresAt: lease.expiresAt ?? null };
+      const lease = leaseOf(config, params, params.runId);
+      for (let generation = 0; ; generation++) {
+        const key = `paperclip:acquire:${params.runId}${generation === 0 ? '' : `:${generation}`}`;
+        try {
+          const acquired = (await operate(config, 'acquire', lease, body, key)) as Lease;
+          return { providerLeaseId: acquired.providerLeaseId, metadata: acquired.metadata ?? {}, expiresAt: acquired.expiresAt ?? null };
+        } catch (err) {
+          // An earlier hook's acquire for this run failed (or was cancelled when the host gave
+          // up on it): this one acquires anew. Every hook of the run takes the same next key.
+          if (err instanceof LeaseOpsHookError && err.joined && RETRIED_ANEW.has(err.code) && generation < MAX_ACQUIRE_GENERATIONS) continue;
+          throw err;
+        }
+      }
     },
 
     /** The lease, with the host's metadata and what was read now over it; expired (a result) when the sandbox cannot be used. */

@@ -20,7 +20,14 @@ export async function acquire(provider: LeaseProvider, ctx: OperationContext, pa
     throw new PermanentError('resources_unsupported', `provider ${provider.name} sizes sandboxes by its own configuration: acquire without resources`);
   }
   const lease = checkResult(LeaseSchema, await provider.acquire(ctx, params), provider.name, 'acquire');
-  if (requested === null || lease.expiresAt === null || Date.parse(lease.expiresAt) <= requested) return lease;
+  if (requested === null) return lease;
+  const bounded = lease.expiresAt !== null && Date.parse(lease.expiresAt) <= requested;
+  if (!bounded && params.requireExpiry) {
+    // Made, but not bounded by the time asked (too soon for the service's granularity, say):
+    // failing for good has the acquire's clean-up destroy what it made.
+    throw new PermanentError('expiry_unsupported', `provider ${provider.name} could not bound the sandbox by ${params.requestedExpiresAt}`);
+  }
+  if (bounded || lease.expiresAt === null) return lease;
   ctx.log.warn({ expiresAt: lease.expiresAt, requestedExpiresAt: params.requestedExpiresAt }, 'the provider bounded the sandbox later than asked: the lease is answered with no expiry');
   return { ...lease, expiresAt: null };
 }

@@ -219,13 +219,28 @@ export class AttemptLife {
       // Cancelled while it ran, and it made its sandbox anyway: the clean-up destroys it.
       const cancelledBy = await this.laneStep(() => this.cancelledBy());
       if (cancelledBy !== null) return this.failForGood(laneId, fence, data, 'cancelled', `cancelled by ${cancelledBy} while it ran; what it made is destroyed`, log);
-      await this.nameSandbox(laneId, data.lease, result, log);
+      const sandbox = (result as { providerLeaseId?: unknown } | null)?.providerLeaseId;
+      if (typeof sandbox === 'string') await this.nameSandbox(laneId, data.lease, sandbox, log, true);
+    } else if (observed && observed[0] !== data.lease.leaseId) {
+      // Named by its other id (an operation by the run id): the sandbox's name is renewed.
+      await this.nameSandbox(laneId, data.lease, observed[0], log, false);
     }
     this.deps.coalesceWrites();
     attemptEnded(data.op, 'completed', this.seconds());
     if (observed) await this.record(laneId, data.lease, observed, log);
     const entry = this.historyEntry({ kind: 'completed', jobId: this.jobId, op: data.op, attempt: this.job.attemptsMade + 1 });
-    const released = this.deps.releaseLanes.release(laneId, this.jobId, fence, { status: 'completed', result }, this.deps.fetchesNext(), data.op === 'acquire', entry).then(
+    if (data.op === 'acquire') await faultPoint('before-acquire-release');
+    const releasing = this.deps.releaseLanes.release(laneId, this.jobId, fence, { status: 'completed', result }, this.deps.fetchesNext(), data.op === 'acquire', entry);
+    if (data.op === 'acquire') {
+      // Cancelled after the look above and before this release: the release refused to record
+      // a completion, and the acquire fails with its sandbox cleaned up, as the cancel said.
+      const ended = await this.laneStep(() => releasing);
+      if (ended.kind === 'cancelled') {
+        const by = (await this.laneStep(() => this.cancelledBy())) ?? 'someone';
+        return this.failForGood(laneId, fence, data, 'cancelled', `cancelled by ${by} while it ran; what it made is destroyed`, log);
+      }
+    }
+    const released = releasing.then(
       (r) => {
         if (r.kind === 'stale') log().warn('attempt was superseded while it ran (or Redis lost its data); its result is discarded');
       },
@@ -250,20 +265,22 @@ export class AttemptLife {
   }
 
   /**
-   * An acquire made its sandbox: the sandbox's id becomes a second name of this lane before
-   * the acquire's end is recorded, so whoever learns the id from that end finds it naming this
-   * lease (lane-alias.lua). An id that has a lane of its own already (someone named the
-   * sandbox before its acquire said what it was) keeps it, and the history says so.
+   * A lease's sandbox id is a second name of its lane (lane-alias.lua): named by the acquire's
+   * attempt as soon as it learns the id (its result, or what it observed while the sandbox was
+   * still being made), before anything it writes can show the id to anyone; and renewed by any
+   * later operation of the lane that names the lease by its other id. An id that has a lane of
+   * its own already (someone named the sandbox before its acquire learnt it) keeps it, and the
+   * acquire's end says so. `acquired`: the acquire completed with this sandbox.
    */
-  private async nameSandbox(laneId: string, lease: LeaseIdentity, result: unknown, log: () => Logger): Promise<void> {
-    const sandbox = (result as { providerLeaseId?: unknown } | null)?.providerLeaseId;
-    if (typeof sandbox !== 'string' || sandbox === lease.leaseId) return;
+  private async nameSandbox(laneId: string, lease: LeaseIdentity, sandbox: string, log: () => Logger, acquired: boolean): Promise<void> {
+    if (sandbox === lease.leaseId) return;
     const named = await this.laneStep(() => this.deps.ops.names.name(laneIdOf({ ...lease, leaseId: sandbox }), laneId));
-    if (named === 'named') {
-      await this.laneStep(() => this.deps.records.noteAcquiredAs(laneId, lease.leaseId));
+    if (acquired && (named === 'new' || named === 'named')) await this.laneStep(() => this.deps.records.noteAcquiredAs(laneId, lease.leaseId));
+    if (named === 'new') {
       this.deps.history.append(laneId, { kind: 'named', jobId: this.jobId, op: 'acquire', sandbox, message: `sandbox ${sandbox} names this lease from now on` });
       return;
     }
+    if (named === 'named' || !acquired) return;
     const why = named === 'busy' ? 'it has a lane of its own with work in it' : 'it names another lease already';
     log().warn({ sandbox }, `the acquired sandbox does not name this lease: ${why}; its operations run in the sandbox's own lane`);
     this.deps.history.append(laneId, { kind: 'named', jobId: this.jobId, op: 'acquire', sandbox, message: `sandbox ${sandbox} keeps a lane of its own: ${why}` });
@@ -275,6 +292,8 @@ export class AttemptLife {
       ...this.deps.backoff,
       ...this.deps.backoffByOp[data.op],
     });
+    // An acquire that learnt its sandbox's id names the lease by it before anything shows it.
+    if (observed && observed[0] !== data.lease.leaseId) await this.nameSandbox(laneId, data.lease, observed[0], log, false);
     await this.record(laneId, data.lease, observed, log);
     if (isProviderError(err) && err.requestMayBeInFlight && this.deps.inFlightGraceMs > 0) {
       // The cloud may still be running the request that timed out or was cut: this attempt

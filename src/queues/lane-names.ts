@@ -5,7 +5,8 @@ import type { AliasResult, Lanes } from './lane.ts';
  * enqueued under, and the id of the sandbox the acquire made. The acquire's lane is the lane;
  * the sandbox's own lane id is a second name of it, kept in Redis (Lanes.alias) and learnt
  * here as this process meets it. A name only ever points at the lane its acquire ran in, so
- * what is learnt stays true; it is looked up again now and then, which renews it in Redis.
+ * what is learnt stays true; it is looked up again now and then (which renews it in Redis, as
+ * does every operation of the lane by its other name: AttemptLife.nameSandbox).
  */
 export class LaneNames {
   private readonly known = new Map<string, { laneId: string; until: number }>();
@@ -40,7 +41,7 @@ export class LaneNames {
   async name(own: string, laneId: string): Promise<AliasResult> {
     if (own === laneId) return 'named';
     const result = await this.lanesOf(own).alias(own, laneId);
-    if (result === 'named') this.learn(own, laneId);
+    if (result === 'new' || result === 'named') this.learn(own, laneId);
     return result;
   }
 

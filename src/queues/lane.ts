@@ -50,8 +50,8 @@ export type PushResult =
  */
 export const ALIAS_TTL_MS = 7 * 24 * 3_600_000;
 
-/** How naming a sandbox after its acquire's lane went (see lane-alias.lua). */
-export type AliasResult = 'named' | 'busy' | 'taken';
+/** How naming a sandbox after its acquire's lane went (see lane-alias.lua): `new`, or `named` already. */
+export type AliasResult = 'new' | 'named' | 'busy' | 'taken';
 
 /** The company and environment a lane belongs to: what its operations count against. */
 export type LaneScope = { companyId: string; environmentId: string };
@@ -65,7 +65,7 @@ function toQueueLimit(reply: string | undefined): QueueLimit {
   return 'queue';
 }
 
-export type ReleaseResult = { kind: 'stale' } | { kind: 'next'; handOff: HandOff } | { kind: 'idle' };
+export type ReleaseResult = { kind: 'stale' } | { kind: 'cancelled' } | { kind: 'next'; handOff: HandOff } | { kind: 'idle' };
 
 export type DropResult = { kind: 'stale' } | { kind: 'executing' } | { kind: 'absent' } | { kind: 'dropped'; next: HandOff | null };
 
@@ -162,12 +162,12 @@ export class Lanes {
    */
   async alias(sandboxLaneId: string, laneId: string): Promise<AliasResult> {
     const r = await this.run('lane-alias', this.aliasKey(sandboxLaneId), this.listKey(sandboxLaneId), this.execKey(sandboxLaneId), laneId, ALIAS_TTL_MS);
-    return r === 'busy' || r === 'taken' ? r : 'named';
+    return r === 'new' || r === 'busy' || r === 'taken' ? r : 'named';
   }
 
-  /** The lane a lease's own lane id is a second name of, or null when it names its own. */
+  /** The lane a lease's own lane id is a second name of, or null when it names its own. A look-up renews the name. */
   async aliasOf(laneId: string): Promise<string | null> {
-    return this.client.get(this.aliasKey(laneId));
+    return this.client.getex(this.aliasKey(laneId), 'PX', ALIAS_TTL_MS);
   }
 
   private jobKey(jobId: string): string {
@@ -338,6 +338,7 @@ export class Lanes {
       historyEntry,
     )) as string[];
     if (r[0] === 'stale') return { kind: 'stale' };
+    if (r[0] === 'cancelled') return { kind: 'cancelled' };
     if (r[0] === 'next') return { kind: 'next', handOff: toHandOff(r[1], r[2]) };
     return { kind: 'idle' };
   }

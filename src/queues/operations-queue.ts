@@ -12,7 +12,7 @@ import {
   type OperationName,
   OperationNameSchema,
 } from '../operations.ts';
-import { IdempotencyKeyReusedError, QueueFullError, type QueueLimit } from '../errors.ts';
+import { IdempotencyKeyReusedError, LeaseHasSandboxError, QueueFullError, type QueueLimit } from '../errors.ts';
 import { assertTestedBullmq } from './bullmq-version.ts';
 import { faultPoint } from '../fault-points.ts';
 import { PartitionLayoutError } from './layout.ts';
@@ -200,6 +200,15 @@ export class OperationsQueue {
         }
       }
     }
+    if (data.op === 'acquire') {
+      // One lease, one sandbox: a lease whose acquire handed out a sandbox that lives is not
+      // acquired again (its record, its watchdog and its views would follow one of the two).
+      const [kind, sandbox, acquiredAs] = await this.connection.hmget(`${this.settings.LEASE_OPS_PREFIX}:lease:${laneId}`, 'kind', 'providerLeaseId', 'acquiredAs');
+      if (acquiredAs && sandbox && kind !== 'gone') {
+        if (idem) await this.deleteIfEqual(idem.key, pendingValue(jobId, idem.fingerprint));
+        throw new LeaseHasSandboxError(sandbox);
+      }
+    }
     const coalesceAs = coalescingKey(data);
     if (data.op === 'force-stop' && data.params.ifStoppingSince === undefined) {
       // A force-stop absorbs a stop of the same sandbox that has not started yet (a
@@ -321,7 +330,8 @@ export class OperationsQueue {
   }
 
   async enqueueAbandon(lease: LeaseIdentity, acquireJobId: string, checkpoint: Record<string, unknown> | null): Promise<Enqueued> {
-    const laneId = laneIdOf(lease);
+    // The lane the acquire ran in: the lease's, whichever of its names the acquire was enqueued under.
+    const laneId = laneIdOfJobId(acquireJobId) ?? laneIdOf(lease);
     const now = Date.now();
     const strings = checkpoint && Object.fromEntries(Object.entries(checkpoint).filter((e): e is [string, string] => typeof e[1] === 'string'));
     const data = OperationJobDataSchema.parse({

@@ -238,6 +238,7 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
       throw toProviderError(err);
     }
     const sb = view(handle.data);
+    if (sb.id !== id) throw new PermanentError('not_a_sandbox_id', `${name}: ${id} is not a sandbox id: name the sandbox by its id`);
     if (!belongs(ctx, sb)) throw new PermanentError('lease_environment_mismatch', `${name}: sandbox ${id} is not one lease-ops made for this company and environment`);
     ctx.observe(sb.id, createosState(sb.status));
     return { handle, sb };
@@ -459,7 +460,7 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
             break;
           }
         });
-        return { ok: true, code: 'ok', message: `${name}: ${new URL(settings.apiUrl).host} takes the API key` };
+        return { ok: true, code: 'ok', message: `${name}: the service takes the API key` };
       } catch (err) {
         return probeFailure(err);
       }

@@ -275,6 +275,12 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
   const read = async (ctx: OperationContext, idOrName: string, lookup = false): Promise<SandboxReply | null> => {
     try {
       const sb = parseReply((await send(ctx, 'authenticated', (o) => api.getSandbox(idOrName, org, undefined, o))).data);
+      // Daytona finds a sandbox by its name too: a lease names its sandbox by id only, or the
+      // same sandbox could be two leases (two lanes, their calls overlapping).
+      // (An acquire reads its own sandbox by the name it gave it.)
+      if (!lookup && sb.id !== idOrName && idOrName !== daytonaSandboxName(ctx.jobId)) {
+        throw new PermanentError('not_a_sandbox_id', `${name}: ${idOrName} is not a sandbox id: name the sandbox by its id`);
+      }
       if (!belongs(ctx, sb)) {
         if (lookup) return null;
         throw notThisEnvironments(idOrName);
@@ -286,7 +292,7 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
         if (!lookup) ctx.observe(idOrName, { kind: 'gone' });
         return null;
       }
-      throw isStale(err) || isMismatch(err) ? err : toProviderError(err);
+      throw isStale(err) || err instanceof PermanentError ? err : toProviderError(err);
     }
   };
   const notThisEnvironments = (id: string) =>
@@ -448,7 +454,9 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
   };
 
   /** The snapshot of an acquire: its adapter type's, else the configured one, else Daytona's default. */
-  const snapshotFor = (params: OperationParams['acquire']) => (params.adapterType ? settings.snapshotsByAdapter[params.adapterType] : undefined) ?? settings.snapshot;
+  const snapshotFor = (params: OperationParams['acquire']) =>
+    // An own entry only: an adapter type like `constructor` must not reach Object.prototype.
+    (params.adapterType && Object.hasOwn(settings.snapshotsByAdapter, params.adapterType) ? settings.snapshotsByAdapter[params.adapterType] : undefined) ?? settings.snapshot;
 
   return {
     name,
@@ -457,6 +465,10 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
     capabilities: { stop: true, pause: false, forceStop: true, expiry: true, resources: false, archive: true },
 
     async acquire(ctx, params: OperationParams['acquire']): Promise<Lease> {
+      if (params.requireExpiry && params.requestedExpiresAt && ttlMinutesUntil(Date.parse(params.requestedExpiresAt), Date.now()) === null) {
+        // Refused before anything is made: Daytona counts a TTL in whole minutes from now.
+        throw new PermanentError('expiry_unsupported', `${name}: ${params.requestedExpiresAt} is less than a minute away: Daytona cannot bound a sandbox that soon`);
+      }
       const sandboxName = daytonaSandboxName(ctx.jobId);
       const sb = (await read(ctx, sandboxName, true)) ?? (await create(ctx, sandboxName, params));
       if (!sb) throw new SettlingError('sandbox_not_visible', `${name}: sandbox ${sandboxName} was created but is not readable yet`);
@@ -558,7 +570,7 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
         // listSandboxes takes 30 filters before its options, all left out here but the page size.
         const list = api.listSandboxes.bind(api) as (...args: unknown[]) => ReturnType<typeof api.listSandboxes>;
         await call(ctx, 'authenticated', (o) => list(org, undefined, 1, ...new Array<undefined>(27).fill(undefined), o));
-        return { ok: true, code: 'ok', message: `${name}: ${new URL(settings.apiUrl).host} takes the API key${org ? ' for the organization' : ''}` };
+        return { ok: true, code: 'ok', message: `${name}: the service takes the API key${org ? ' for the organization' : ''}` };
       } catch (err) {
         return probeFailure(err);
       }

@@ -27,7 +27,12 @@
   (see lease-history.ts), or '' for none: written here, so an attempt's end costs no round
   trip of its own, and never for a stale attempt
 
-  Returns {'stale'} | {'next', jobId, handOffResult} | {'idle'}
+  An acquire that completed, but was cancelled (job-cancel.lua marked its job) while it ran,
+  is not released: {'cancelled'}, and the attempt fails it instead, queueing the clean-up of
+  its sandbox first. The mark and the release are each atomic, so a cancel that was answered
+  as taken is always honoured, and one that came after the release finds the outcome there.
+
+  Returns {'stale'} | {'cancelled'} | {'next', jobId, handOffResult} | {'idle'}
 ]]
 local rcall = redis.call
 --- @include "lane"
@@ -39,6 +44,9 @@ local jobId, token, outcome, laneId, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], t
 local holder = rcall('HMGET', k.holder, 'job', 'token')
 if holder[1] ~= jobId or holder[2] ~= token then
   return {'stale'}
+end
+if ARGV[10] == '1' and rcall('HEXISTS', jobKey, 'lo:cancel') == 1 then
+  return {'cancelled'}
 end
 
 -- The holder is always the head: only release, drop and repair remove a head, and force-
