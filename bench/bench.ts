@@ -12,6 +12,7 @@ import { createRedis, deleteKeysUnder } from '../src/queues/redis.ts';
 import { REAL_TIMING, runningScenarioPrefixes, scenario } from '../src/demo.ts';
 import { exitEarlyOnSignals } from '../src/runtime.ts';
 import { maskUrl } from '../src/secrets.ts';
+import { activityCost } from './activities.ts';
 import { hookOverhead } from './hooks.ts';
 import { measureRedis, type RedisCost } from './redis-cost.ts';
 
@@ -40,6 +41,8 @@ export interface Figures {
   stuck_stop_recovery_s: number;
   hook_overhead_p50_ms: number;
   hook_overhead_p99_ms: number;
+  activity_redis_cpu_us_per_call: number;
+  activity_script_us_per_call: number;
   lane_keys_left: number;
   loads: Record<string, number>;
 }
@@ -161,7 +164,7 @@ async function countKeys(redis: Redis, pattern: string): Promise<number> {
 }
 
 /** The benchmark measures one Redis server (memory, keys); a cluster would spread both. */
-function singleRedis(url: string): Redis {
+export function singleRedis(url: string): Redis {
   const redis = createRedis(url);
   if (!(redis instanceof Redis)) throw new Error('npm run bench measures a single Redis server; REDIS_URL names a cluster');
   return redis;
@@ -352,6 +355,7 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
     hot_ops: Math.round(2_000 * scale),
     many_leases: Math.round(100_000 * scale),
     hooks: Math.round(200 * scale),
+    activity_cycles: Math.round(10_000 * scale),
   };
   out(`bench: ${WORKERS} worker processes x concurrency ${CONCURRENCY}, Redis ${maskUrl(loadConfig().REDIS_URL)}`);
   const stopCleaningUp = exitEarlyOnSignals(cleanUpAfterSignal);
@@ -389,6 +393,8 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
   const stuck = await scenario(loadConfig({ ...process.env, LEASE_OPS_LOG_LEVEL: 'silent' }), REAL_TIMING, true, false);
   out(`(f) paperclip plugin: ${loads.hooks} resume hooks on a quiet lease, over the HTTP API ...`);
   const hooks = await hookOverhead(loads.hooks);
+  out(`(g) activity gates: ${loads.activity_cycles} begin, heartbeat and end cycles ...`);
+  const activities = await activityCost(loads.activity_cycles);
 
   const figures: Figures = {
     lanes_ops_per_s: Math.round(lanes.opsPerS),
@@ -411,6 +417,8 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
     stuck_stop_recovery_s: Number(stuck.seconds.toFixed(1)),
     hook_overhead_p50_ms: hooks.p50Ms,
     hook_overhead_p99_ms: hooks.p99Ms,
+    activity_redis_cpu_us_per_call: activities.cpu_us_per_call,
+    activity_script_us_per_call: activities.script_us_per_call,
     lane_keys_left: lanesRounds.reduce((n, r) => n + r.laneKeysLeft, 0) + hot.laneKeysLeft + hotOne.laneKeysLeft + many.laneKeysLeft,
     loads,
   };
@@ -437,6 +445,7 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
       [`    lane keys left in Redis`, `${figures.lane_keys_left}`],
       [`(e) stuck stop: resume enqueued to completed (watchdog, 30 s budget)`, `${figures.stuck_stop_recovery_s} s`],
       [`(f) paperclip resume hook on a quiet lease, minus its provider calls: p50 / p99`, `${figures.hook_overhead_p50_ms} / ${figures.hook_overhead_p99_ms} ms`],
+      [`(g) activity gates: Redis CPU / script time per begin, heartbeat or end`, `${figures.activity_redis_cpu_us_per_call} / ${figures.activity_script_us_per_call} µs`],
     ];
     const w = Math.max(...rows.map((r) => r[0].length));
     process.stdout.write(`${rows.map(([k, v]) => `${k.padEnd(w)}  ${v}`).join('\n')}\n`);

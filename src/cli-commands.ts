@@ -1,7 +1,7 @@
 import { userInfo } from 'node:os';
 import { LeaseOpsClient } from './client.ts';
 import { loadConfig, unknownSettings } from './config.ts';
-import { InvalidRequestError } from './errors.ts';
+import { ActivityNotFoundError, InvalidRequestError, LeaseClosingError } from './errors.ts';
 import type { LeaseIdentity } from './lease.ts';
 import { OperationNameSchema } from './operations.ts';
 import type { LeaseView, OperationView, QueueOverview } from './queues/inspect.ts';
@@ -186,6 +186,7 @@ function formatLease(view: LeaseView): string {
   lines.push(`  backing off: ${view.backingOff ? opLine(view.backingOff) : '-'}`);
   lines.push(`  queued:      ${view.queuedTotal}`);
   for (const q of view.queued) lines.push(`    ${opLine(q)}`);
+  if (view.sandboxId || view.acquiredAs) lines.push(`  names:       ${[view.acquiredAs ? `acquired as ${view.acquiredAs}` : '', view.sandboxId ? `sandbox ${view.sandboxId}` : ''].filter(Boolean).join(', ')}`);
   lines.push(`  observed:    ${view.observed ? `${view.observed.providerState} (${view.observed.kind}) for ${age(view.observed.since)}, sandbox ${view.observed.providerLeaseId}` : '-'}`);
   lines.push(`  last failure: ${view.lastFailure ? `${view.lastFailure.code}: ${view.lastFailure.message} (${age(view.lastFailure.at)} ago)` : '-'}`);
   return lines.join('\n');
@@ -272,4 +273,81 @@ export async function runPartitions(opts: { set?: string; json?: boolean }): Pro
     await shown.close();
     await alsoOne?.close();
   }
+}
+
+export interface ActivityCliOptions extends LeaseCliOptions {
+  kind?: string;
+  ttlMs: string;
+  json?: boolean;
+}
+
+/**
+ * `lease-ops activity begin|heartbeat|end|run`: activity gates from the shell. `run` begins an
+ * activity, runs a command while heartbeating it, sends the command SIGTERM once a stop asks the
+ * activity to cancel, and ends it when the command exits (with the command's exit code).
+ * 1 when refused (lease_closing) or gone, 2 for bad input.
+ */
+export async function runActivity(action: 'begin' | 'heartbeat' | 'end' | 'run', token: string | undefined, opts: ActivityCliOptions, command: string[] = []): Promise<number> {
+  const ttlMs = Number(opts.ttlMs);
+  if ((action === 'begin' || action === 'run') && ([opts.provider, opts.company, opts.environment, opts.lease, opts.kind].some((v) => v === undefined) || (action === 'run' && command.length === 0))) {
+    err(`activity ${action} needs --provider, --company, --environment, --lease and --kind${action === 'run' ? ', and a command after --' : ''}`);
+    return EXIT.badInput;
+  }
+  return withClient(async (client) => {
+    try {
+      if (action === 'begin') {
+        const begun = await client.beginActivity(leaseOf(opts), opts.kind!, ttlMs);
+        out(opts.json ? JSON.stringify(begun) : begun.token);
+        return EXIT.ok;
+      }
+      if (action === 'heartbeat') {
+        const beat = await client.heartbeatActivity(token ?? '', ttlMs);
+        out(opts.json ? JSON.stringify(beat) : `open until ${new Date(beat.expiresAt).toISOString()}${beat.cancel ? '; a stop asked it to cancel' : ''}`);
+        return EXIT.ok;
+      }
+      if (action === 'end') {
+        if (!(await client.endActivity(token ?? ''))) throw new ActivityNotFoundError();
+        return EXIT.ok;
+      }
+      return await runUnderActivity(client, leaseOf(opts), opts.kind!, ttlMs, command);
+    } catch (e) {
+      if (e instanceof LeaseClosingError || e instanceof ActivityNotFoundError) {
+        err(`${e.code}: ${e.message}`);
+        return EXIT.operationFailed;
+      }
+      if (e instanceof InvalidRequestError) {
+        err(`invalid request:\n${e.message}`);
+        return EXIT.badInput;
+      }
+      throw e;
+    }
+  });
+}
+
+async function runUnderActivity(client: LeaseOpsClient, lease: LeaseIdentity, kind: string, ttlMs: number, command: string[]): Promise<number> {
+  const { spawn } = await import('node:child_process');
+  const { token } = await client.beginActivity(lease, kind, ttlMs);
+  const child = spawn(command[0]!, command.slice(1), { stdio: 'inherit' });
+  let cancelled = false;
+  const beat = setInterval(() => {
+    client.heartbeatActivity(token, ttlMs).then(
+      ({ cancel }) => {
+        if (cancel && !cancelled) {
+          cancelled = true;
+          child.kill('SIGTERM');
+        }
+      },
+      (e: unknown) => err(`heartbeat: ${(e as Error).message}`),
+    );
+  }, Math.max(200, Math.floor(ttlMs / 3)));
+  const code = await new Promise<number>((resolve) => {
+    child.on('exit', (exitCode, signal) => resolve(exitCode ?? (signal === 'SIGTERM' ? 143 : 1)));
+    child.on('error', (e) => {
+      err(`cannot run ${command[0]}: ${e.message}`);
+      resolve(127);
+    });
+  });
+  clearInterval(beat);
+  await client.endActivity(token);
+  return code;
 }

@@ -4,7 +4,7 @@ import { RedisUnavailableError } from './errors.ts';
 import { LayoutError } from './queues/layout.ts';
 import { exitEarlyOnSignals, loggerFor, reportRedisTrouble, serveWorkerMetrics, startWorker } from './runtime.ts';
 
-import type { EnqueueCliOptions, StatusCliOptions } from './cli-commands.ts';
+import type { ActivityCliOptions, EnqueueCliOptions, StatusCliOptions } from './cli-commands.ts';
 import { OPERATIONS } from './operations.ts';
 import { VERSION } from './version.ts';
 
@@ -120,6 +120,46 @@ for (const action of ['pause', 'unpause'] as const) {
       process.exitCode = await runOperatorAction(action, undefined, opts);
     });
 }
+
+const activity = program.command('activity').description('activity gates: work inside a sandbox that its stops, releases and destroys wait for');
+const leaseActivityOptions = (command: Command) =>
+  command
+    .requiredOption('--provider <name>', 'provider key')
+    .requiredOption('--company <id>', 'company id')
+    .requiredOption('--environment <id>', 'environment id')
+    .requiredOption('--lease <id>', 'the lease, by its sandbox id or the id its acquire was enqueued under')
+    .requiredOption('--kind <kind>', 'what runs: exec, sync, ...')
+    .option('--ttl-ms <ms>', 'how long it lives without a heartbeat', '30000')
+    .option('--json', 'print JSON instead of text');
+leaseActivityOptions(activity.command('begin'))
+  .description('begin an activity on a lease and print its token; refused (exit 1) while a stop, release or destroy of the lease is queued or runs')
+  .action(async (opts: ActivityCliOptions) => {
+    const { runActivity } = await import('./cli-commands.ts');
+    process.exitCode = await runActivity('begin', undefined, opts);
+  });
+leaseActivityOptions(activity.command('run'))
+  .description('begin an activity, run the command after -- while heartbeating it (SIGTERM to it once a stop asks to cancel), end it when the command exits; exits with its code')
+  .argument('<command...>', 'the command and its arguments')
+  .action(async (command: string[], opts: ActivityCliOptions) => {
+    const { runActivity } = await import('./cli-commands.ts');
+    process.exitCode = await runActivity('run', undefined, opts, command);
+  });
+activity
+  .command('heartbeat <token>')
+  .description('keep an activity open for --ttl-ms more; says whether a stop asked it to cancel; exit 1 once it is gone')
+  .option('--ttl-ms <ms>', 'how long from now it lives without another heartbeat', '30000')
+  .option('--json', 'print JSON instead of text')
+  .action(async (token: string, opts: ActivityCliOptions) => {
+    const { runActivity } = await import('./cli-commands.ts');
+    process.exitCode = await runActivity('heartbeat', token, opts);
+  });
+activity
+  .command('end <token>')
+  .description('end an activity: what waits for it goes on; exit 1 when it was gone')
+  .action(async (token: string) => {
+    const { runActivity } = await import('./cli-commands.ts');
+    process.exitCode = await runActivity('end', token, { ttlMs: '30000' });
+  });
 
 program
   .command('start')

@@ -1,7 +1,9 @@
-import { Job, QueueEvents } from 'bullmq';
+import { Job, type QueueEvents } from 'bullmq';
+import { openQueueEvents } from './queues/queue-events.ts';
 import { z } from 'zod';
 import { loadConfig, type Config } from './config.ts';
-import { InvalidRequestError, OperationNotFoundError, QueueFullError, RedisUnavailableError, WaitTimeoutError } from './errors.ts';
+import { ActivityNotFoundError, InvalidRequestError, LeaseClosingError, OperationNotFoundError, QueueFullError, RedisUnavailableError, WaitTimeoutError } from './errors.ts';
+import { laneOfToken, MAX_ACTIVITY_TTL_MS, MIN_ACTIVITY_TTL_MS } from './queues/activities.ts';
 import { LeaseIdentitySchema, laneIdOf, laneIdOfJobId, type LeaseIdentity } from './lease.ts';
 import { partitionOfLane, partitionPrefixes } from './partitions.ts';
 import { claimPartitionLayout, heldPartitionCount, LayoutError } from './queues/layout.ts';
@@ -15,7 +17,18 @@ import { ProviderProbes, type ProviderProbe } from './queues/provider-probes.ts'
 import { createRedis, isRedisUnavailable, reportRedisError, type RedisClient } from './queues/redis.ts';
 import { maskUrl, withoutInfrastructure } from './secrets.ts';
 
-export { IdempotencyKeyReusedError, InvalidRequestError, LeaseHasSandboxError, LeaseOpsError, OperationNotFoundError, QueueFullError, RedisUnavailableError, WaitTimeoutError } from './errors.ts';
+export {
+  ActivityNotFoundError,
+  IdempotencyKeyReusedError,
+  InvalidRequestError,
+  LeaseClosingError,
+  LeaseHasSandboxError,
+  LeaseOpsError,
+  OperationNotFoundError,
+  QueueFullError,
+  RedisUnavailableError,
+  WaitTimeoutError,
+} from './errors.ts';
 
 export interface OperationResult {
   jobId: string;
@@ -225,6 +238,45 @@ export class LeaseOpsClient {
     return this.call(async () => (await this.laneOf(parsed.data)).partition.actions.unpause(parsed.data, by));
   }
 
+  /**
+   * Begins an activity (work inside the lease's sandbox: an exec, a sync) on a lease, by
+   * either of its names: a stop, release or destroy of it waits until the activity ends (or
+   * its heartbeats stop for `ttlMs`). LeaseClosingError while such an operation is queued or
+   * runs. Returns the token to heartbeat and end it with.
+   */
+  async beginActivity(lease: LeaseIdentity, kind: string, ttlMs: number): Promise<{ token: string; laneId: string; expiresAt: number }> {
+    const parsed = ActivityRequestSchema.safeParse({ lease, kind, ttlMs });
+    if (!parsed.success) throw InvalidRequestError.fromZod(parsed.error);
+    return this.call(async () => {
+      const { laneId, partition } = await this.laneOf(parsed.data.lease);
+      const begun = await partition.ops.activities.begin(laneId, parsed.data.lease, parsed.data.kind, parsed.data.ttlMs);
+      if (begun.kind === 'closing') throw new LeaseClosingError(begun.jobId, begun.op);
+      return { token: begun.token, laneId, expiresAt: begun.expiresAt };
+    });
+  }
+
+  /** Extends an open activity by `ttlMs` from now; `cancel` says a stop asked it to cancel. ActivityNotFoundError once it is gone. */
+  async heartbeatActivity(token: string, ttlMs: number): Promise<{ expiresAt: number; cancel: boolean }> {
+    const ttl = ActivityRequestSchema.shape.ttlMs.safeParse(ttlMs);
+    if (!ttl.success) throw InvalidRequestError.fromZod(ttl.error);
+    if (!laneOfToken(token)) throw new ActivityNotFoundError();
+    const beat = await this.call(() => this.partitionOf(laneOfToken(token)!).ops.activities.heartbeat(token, ttl.data));
+    if (!beat) throw new ActivityNotFoundError();
+    return beat;
+  }
+
+  /** Ends an activity; false when it was gone already. */
+  async endActivity(token: string): Promise<boolean> {
+    if (!laneOfToken(token)) return false;
+    return this.call(() => this.partitionOf(laneOfToken(token)!).ops.activities.end(token));
+  }
+
+  /** The lease an open activity was begun on (null once it is gone): what a caller's scope is checked against. */
+  async activityLease(token: string): Promise<LeaseIdentity | null> {
+    if (!laneOfToken(token)) return null;
+    return this.call(() => this.partitionOf(laneOfToken(token)!).ops.activities.leaseOf(token));
+  }
+
   /** The providers the workers serve, each with what it can do (expiry, archive, force-stop, ...). */
   providers(): Promise<AnnouncedProvider[]> {
     return this.call(() => this.partitions[0]!.ops.providerDetails());
@@ -370,22 +422,10 @@ export class ClientPartition {
   }
 
   queueEvents(): Promise<QueueEvents> {
-    this.events ??= (async () => {
-      this.eventsConnection = createRedis(this.settings.REDIS_URL);
-      // Read from the stream's end as it is now, not from wherever it ends when the reading
-      // starts: an operation that ends in between (after its caller looked) is not missed.
-      const [last] = await this.eventsConnection.xrevrange(this.ops.queue.keys.events!, '+', '-', 'COUNT', 1);
-      const events = new QueueEvents(this.settings.LEASE_OPS_QUEUE, {
-        connection: this.eventsConnection,
-        prefix: this.settings.LEASE_OPS_PREFIX,
-        lastEventId: last?.[0] ?? '0-0',
-      });
-      // Every waiting caller adds a listener; many concurrent waits are normal here.
-      events.setMaxListeners(0);
-      events.on('error', reportRedisError);
-      await events.waitUntilReady();
+    this.events ??= openQueueEvents(this.settings.REDIS_URL, this.settings.LEASE_OPS_QUEUE, this.settings.LEASE_OPS_PREFIX).then(({ events, connection }) => {
+      this.eventsConnection = connection;
       return events;
-    })();
+    });
     return this.events;
   }
 
@@ -398,6 +438,12 @@ export class ClientPartition {
     this.eventsConnection?.disconnect();
   }
 }
+
+const ActivityRequestSchema = z.object({
+  lease: LeaseIdentitySchema,
+  kind: z.string().min(1).max(64).regex(/^[^\p{Cc}]+$/u, 'kind must not contain control characters'),
+  ttlMs: z.number().int().min(MIN_ACTIVITY_TTL_MS).max(MAX_ACTIVITY_TTL_MS),
+});
 
 /** How often a client looks at the deployment's partition count again. */
 const LAYOUT_RECHECK_MS = 5_000;

@@ -113,3 +113,26 @@ export class LeaseHasSandboxError extends LeaseOpsError {
     super('lease_has_sandbox', `this lease has sandbox ${sandboxId} already: destroy it first, or acquire under another id`);
   }
 }
+
+/**
+ * An activity was refused: a stop, release or destroy of the lease is queued or runs (it
+ * waits for the lease's open activities, so a new one would outlive it). Try again once it ended.
+ */
+export class LeaseClosingError extends LeaseOpsError {
+  override name = 'LeaseClosingError';
+  constructor(
+    readonly jobId: string,
+    readonly op: string,
+    readonly retryAfterMs = 1_000,
+  ) {
+    super('lease_closing', `a ${op} of this lease is queued or running (${jobId}): no activity begins until it ended`);
+  }
+}
+
+/** No open activity has this token (it ended, its TTL passed, or it never was). */
+export class ActivityNotFoundError extends LeaseOpsError {
+  override name = 'ActivityNotFoundError';
+  constructor() {
+    super('activity_not_found', 'no open activity has this token (it ended, or its holder stopped heartbeating past its TTL)');
+  }
+}

@@ -1,6 +1,17 @@
 // The package's public surface for control planes written in TypeScript.
 export { LeaseOpsClient, type EnqueueOptions, type OperationResult } from './client.ts';
-export { IdempotencyKeyReusedError, InvalidRequestError, LeaseHasSandboxError, LeaseOpsError, OperationNotFoundError, QueueFullError, RedisUnavailableError, WaitTimeoutError } from './errors.ts';
+export {
+  ActivityNotFoundError,
+  IdempotencyKeyReusedError,
+  InvalidRequestError,
+  LeaseClosingError,
+  LeaseHasSandboxError,
+  LeaseOpsError,
+  OperationNotFoundError,
+  QueueFullError,
+  RedisUnavailableError,
+  WaitTimeoutError,
+} from './errors.ts';
 export type { AttentionItem, LeaseTimeline, LeaseView, OperationState, OperationView, QueueOverview } from './queues/inspect.ts';
 export type { HistoryEvent, HistoryEventKind } from './queues/lease-history.ts';
 export { OperatorActionRefusedError, type CancelResult, type PauseResult, type RerunResult } from './queues/operator-actions.ts';

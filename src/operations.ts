@@ -87,7 +87,11 @@ export const ReleaseParamsSchema = z
     path: ['cancelActiveWork'],
     message: 'cancelActiveWork ends the work in the sandbox: it needs a disposition that ends it (stop_and_retain, archive or destroy), not keep_running',
   });
-export const TargetParamsSchema = z.strictObject({ providerLeaseId });
+/**
+ * A stop or destroy. Either waits, in its lane, for the work open in the sandbox (activity
+ * gates) to end; with `cancelActiveWork` it first asks that work to cancel.
+ */
+export const TargetParamsSchema = z.strictObject({ providerLeaseId, cancelActiveWork: z.boolean().optional() });
 /**
  * A force-stop may be conditional: `ifStoppingSince` (epoch ms, as the watchdog saw it) makes
  * it read the sandbox inside its lane first and force only if it is still on its way to

@@ -258,8 +258,11 @@ describe('HTTP API', () => {
     const doc = await get<{ openapi: string; paths: Record<string, Record<string, unknown>>; components: { schemas: Record<string, unknown> } }>('/v1/openapi.json', {});
     expect(doc.body.openapi).toBe('3.1.0');
     expect(Object.keys(doc.body.paths).sort()).toEqual([
+      '/v1/activities/{token}',
+      '/v1/activities/{token}/heartbeat',
       '/v1/attention',
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}',
+      '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/activities',
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/operations',
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/pause',
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/timeline',

@@ -2,6 +2,7 @@ import { DelayedError, Job, Queue, QueueEvents, UnrecoverableError, Worker, type
 import { beforeAll, describe, expect, it } from 'vitest';
 import { BULLMQ_TESTED_RANGE, checkBullmqVersion } from '../src/queues/bullmq-version.ts';
 import { bullmqFetchingScripts, FETCHING_SCRIPTS, quietScript } from '../src/queues/quiet-fetch.ts';
+import { openQueueEvents } from '../src/queues/queue-events.ts';
 import { createRedis, keepCopies, type RedisClient } from '../src/queues/redis.ts';
 import { LOCK_RENEWAL_FAILED } from '../src/queues/worker.ts';
 import { gate, REDIS_URL, scratchRedis, waitForJobs } from './helpers/env.ts';
@@ -303,5 +304,44 @@ describe('BullMQ, as lease-ops relies on it', () => {
     await queue.add('d', {}, { jobId: 'd', delay: 60_000 });
     await queue.add('w', {}, { jobId: 'w' });
     expect([await queue.getJobState('d'), await queue.getJobState('w')]).toEqual(['delayed', 'waiting']);
+  });
+
+  it('QueueEvents reading from "$" misses an end written before its first read; opened from the stream\'s end as read before (openQueueEvents), it does not', async () => {
+    const xreadIssuedBy = async (name: string) => {
+      for (;;) {
+        const list = String(await redis.client('LIST'));
+        if (list.split('\n').some((line) => line.includes(`:${Buffer.from(name).toString("base64")}:qe `) && line.includes('cmd=xread'))) return;
+        await new Promise((r) => setImmediate(r));
+      }
+    };
+    const endOf = (jobId: string) => ['event', 'completed', 'jobId', jobId, 'returnvalue', '1'];
+    for (const opened of ['bullmq-default', 'open-queue-events'] as const) {
+      const name = `events-${opened}`;
+      const stream = `${prefix}:${name}:events`;
+      await redis.xadd(stream, '*', 'event', 'older', 'jobId', 'x');
+      const { events, connection } =
+        opened === 'open-queue-events'
+          ? await openQueueEvents(REDIS_URL, name, prefix)
+          : await (async () => {
+              const c = createRedis(REDIS_URL);
+              const e = new QueueEvents(name, { connection: c, prefix });
+              await e.waitUntilReady();
+              return { events: e, connection: c };
+            })();
+      closers.push(async () => {
+        await events.close();
+        connection.disconnect();
+      });
+      const seen: string[] = [];
+      events.on('completed', ({ jobId }) => void seen.push(jobId));
+      // On the events' own connection: Redis runs it before the first XREAD, which BullMQ
+      // sends only once its CLIENT SETNAME is answered.
+      await connection.xadd(stream, '*', ...endOf('early'));
+      await xreadIssuedBy(name);
+      const late = new Promise<void>((resolve) => events.on('completed', ({ jobId }) => jobId === 'late' && resolve()));
+      await redis.xadd(stream, '*', ...endOf('late'));
+      await late;
+      expect(seen, opened).toEqual(opened === 'open-queue-events' ? ['early', 'late'] : ['late']);
+    }
   });
 });

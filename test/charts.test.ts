@@ -52,6 +52,8 @@ describe('the bench charts', () => {
       stuck_stop_recovery_s: 33,
       hook_overhead_p50_ms: 12,
       hook_overhead_p99_ms: 40,
+      activity_redis_cpu_us_per_call: 30,
+      activity_script_us_per_call: 10,
       lane_keys_left: 0,
       loads: { jobs: 20_000, leases: 1_000, hot_ops: 2_000, many_leases: 100_000 },
     } satisfies Figures;

@@ -222,6 +222,17 @@ describe('one lease identity, attacked (helper-2)', () => {
     expect((await bed.waitForAll([anew.jobId])).get(anew.jobId)).toBe('completed');
   }, 30_000);
 
+  it('two acquires of one lease accepted while the first still runs (other keys): the second makes nothing and fails with lease_has_sandbox', async () => {
+    const { bed, fake } = await daytonaBed({ create: 400 });
+    const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-two'), params: { runId: 'run-two' }, idempotencyKey: 'k-a' });
+    const second = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-two'), params: { runId: 'run-two' }, idempotencyKey: 'k-b' });
+    const ended = await bed.waitForAll([first.jobId, second.jobId], 20_000);
+    expect(ended.get(first.jobId)).toBe('completed');
+    expect(ended.get(second.jobId)).toBe('failed');
+    expect((await bed.ops.queue.getJob(second.jobId))!.failedReason).toMatch(/^lease_has_sandbox: /);
+    expect([...fake.sandboxes.values()].filter((sb) => sb.labels['lease-ops/run'] === 'run-two')).toHaveLength(1);
+  });
+
   it('an acquire enqueued under a sandbox id (its lease destroyed) runs in the lease\'s lane, and cancelled, its clean-up runs there too', async () => {
     const { bed, fake } = await daytonaBed({ create: 600 });
     const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-again'), params: { runId: 'run-again' } });

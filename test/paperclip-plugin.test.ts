@@ -9,6 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CreateosFake } from '../src/fakes/createos-fake.ts';
 import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
 import { LeaseOpsClient } from '../src/client.ts';
+import { laneIdOf } from '../src/lease.ts';
 import { createLeaseOpsPlugin, DRIVER_KEY, manifest } from '../src/paperclip/index.ts';
 import type { AcquireParams, ReleaseParams } from '../src/paperclip/driver.ts';
 import { QUICK_RECOVERY, readUntil, TestBed, workerEnv } from './helpers/env.ts';
@@ -253,6 +254,37 @@ describe('in-process: the plugin on the typed client of a lease-ops in the host\
     } finally {
       await client.close();
     }
+  });
+});
+
+describe('activity gates across processes', () => {
+  it('an activity begun over the API holds a release run by a worker process; a holder process SIGKILLed, the release goes on at its TTL', { timeout: 60_000 }, async () => {
+    const env = environment('acme', 'gates', 'daytona');
+    const { providerLeaseId: id } = await env.acquire('run-gates');
+    const api = (path: string, init: RequestInit, token = tokenOf('acme')) =>
+      fetch(`${apiUrl}${path}`, { ...init, headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' } });
+    const begun = await api(`/v1/leases/daytona/acme/gates/${id}/activities`, { method: 'POST', body: JSON.stringify({ kind: 'exec', ttlMs: 5_000 }) });
+    expect(begun.status).toBe(201);
+    const { token } = (await begun.json()) as { token: string };
+    // Another company cannot see it, nor end it.
+    expect((await api(`/v1/activities/${token}/heartbeat`, { method: 'POST', body: JSON.stringify({ ttlMs: 5_000 }) }, tokenOf('globex'))).status).toBe(404);
+    // A holder in a process of its own: `lease-ops activity run` around a command that ignores SIGTERM.
+    const holder = spawn(
+      process.execPath,
+      [BIN, 'activity', 'run', '--provider', 'daytona', '--company', 'acme', '--environment', 'gates', '--lease', id!, '--kind', 'exec', '--ttl-ms', '1500', '--', process.execPath, '-e', "process.on('SIGTERM', () => {}); setInterval(() => {}, 1000)"],
+      { env: { ...process.env, REDIS_URL: bed.config.REDIS_URL, LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX }, stdio: 'ignore', detached: true },
+    );
+    // The lease's lane is its acquire's.
+    const lane = laneIdOf({ provider: 'daytona', companyId: 'acme', environmentId: 'gates', leaseId: 'run-gates' });
+    const activities = async () => Object.keys(await bed.redis.hgetall(`${bed.config.LEASE_OPS_PREFIX}:activity:${lane}`)).filter((k) => !k.startsWith('~'));
+    await readUntil(async () => (await activities()).length === 2, 10_000, 'the holder process begun');
+    process.kill(-holder.pid!, 'SIGKILL');
+    const killedAt = process.hrtime.bigint();
+    expect((await api(`/v1/activities/${token}`, { method: 'DELETE' })).status).toBe(204);
+    expect(await env.release(id!)).toEqual({ providerLeaseId: id, state: 'stopped' });
+    // The dead holder's activity held the release until its TTL passed (1.5 s after its last heartbeat).
+    const stoppedAt = daytona.calls.find((c) => c.sandboxId === id && c.path.endsWith('/stop'))!.start;
+    expect(Number(stoppedAt - killedAt) / 1e6).toBeGreaterThanOrEqual(900);
   });
 });
 

@@ -408,6 +408,15 @@ describe('Daytona specifics', () => {
     expect(fake.stateOf(id)).toBe('started');
   });
 
+  it('refuses, before any request, what cannot be a sandbox id (capitals, paths, its own names): no other lease\'s calls meet this one\'s', async () => {
+    const id = await fresh('not-ids');
+    const before = fake.calls.length;
+    for (const notAnId of [id.toUpperCase(), `${id}/pause`, `${id}?x=1`, `../${id}`, `${id} `, id.replaceAll('-', '%2D'), fake.sandboxes.get(id)!.name]) {
+      await expect(provider.stop(ctx('not-ids'), { providerLeaseId: notAnId })).rejects.toMatchObject({ kind: 'permanent', code: 'not_a_sandbox_id' });
+    }
+    expect(fake.calls.length).toBe(before);
+  });
+
   it('an adapter type that is no own entry of snapshotsByAdapter (constructor, __proto__) gets the configured snapshot', async () => {
     const configured = createDaytonaProvider({ apiUrl: fake.http.url, apiKey: 'k', snapshot: 'operator-hardened', snapshotsByAdapter: { claude_local: 'claude-snap' } });
     for (const adapterType of ['constructor', 'toString', '__proto__']) {

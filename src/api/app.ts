@@ -10,7 +10,16 @@ import { z } from 'zod';
 import type { ClientPartition, LeaseOpsClient } from '../client.ts';
 import { LayoutError } from '../queues/layout.ts';
 import type { Config } from '../config.ts';
-import { IdempotencyKeyReusedError, InvalidRequestError, LeaseHasSandboxError, LeaseOpsError, QueueFullError, RedisUnavailableError } from '../errors.ts';
+import {
+  ActivityNotFoundError,
+  IdempotencyKeyReusedError,
+  InvalidRequestError,
+  LeaseClosingError,
+  LeaseHasSandboxError,
+  LeaseOpsError,
+  QueueFullError,
+  RedisUnavailableError,
+} from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import { laneIdOfJobId } from '../lease.ts';
 import { isRedisUnavailable } from '../queues/redis.ts';
@@ -19,7 +28,10 @@ import { sweepEveryLane } from '../queues/sweep.ts';
 import { canSee, metricsAllowed, type Principal, TokenAuthority } from './auth.ts';
 import { openApiDocument } from './openapi.ts';
 import {
+  ActivityBodySchema,
+  ActivityPathSchema,
   AttentionQuerySchema,
+  HeartbeatBodySchema,
   EnqueueBodySchema,
   IdempotencyHeaderSchema,
   LeasePathSchema,
@@ -326,6 +338,30 @@ export function createApiApp(deps: ApiDeps): express.Express {
     res.status(202).location(location).json({ ...enqueued, location });
   });
 
+  // Activity gates: work inside a lease's sandbox that its stops wait for.
+  v1.post('/leases/:provider/:companyId/:environmentId/:leaseId/activities', leaseInScope, jsonBody, async (req, res) => {
+    const lease = parse(LeasePathSchema, req.params, 'path');
+    const body = parse(ActivityBodySchema, req.body, 'body');
+    res.status(201).json(await client.beginActivity(lease, body.kind, body.ttlMs));
+  });
+  const activityInScope = async (token: string, principal: Principal) => {
+    const lease = await client.activityLease(token);
+    // Another company's activity is answered as one that does not exist.
+    if (!lease || !canSee(principal, lease)) throw new ActivityNotFoundError();
+  };
+  v1.post('/activities/:token/heartbeat', jsonBody, async (req, res) => {
+    const { token } = parse(ActivityPathSchema, req.params, 'path');
+    const body = parse(HeartbeatBodySchema, req.body, 'body');
+    await activityInScope(token, res.locals.principal as Principal);
+    res.json(await client.heartbeatActivity(token, body.ttlMs));
+  });
+  v1.delete('/activities/:token', async (req, res) => {
+    const { token } = parse(ActivityPathSchema, req.params, 'path');
+    await activityInScope(token, res.locals.principal as Principal);
+    if (!(await client.endActivity(token))) throw new ActivityNotFoundError();
+    res.status(204).end();
+  });
+
   v1.get('/leases/:provider/:companyId/:environmentId/:leaseId', async (req, res) => {
     const lease = parse(LeasePathSchema, req.params, 'path');
     if (!canSee(res.locals.principal as Principal, lease)) throw leaseNotFound();
@@ -514,6 +550,13 @@ function errorHandler(log: Logger): ErrorRequestHandler {
       body = { code: err.code, message: err.message, ...(err.earlierJobId ? { jobId: err.earlierJobId } : {}) };
     } else if (err instanceof OperatorActionRefusedError || err instanceof LeaseHasSandboxError) {
       status = 409;
+      body = { code: err.code, message: err.message };
+    } else if (err instanceof LeaseClosingError) {
+      status = 409;
+      body = { code: err.code, message: err.message };
+      res.setHeader('Retry-After', String(Math.ceil(err.retryAfterMs / 1000)));
+    } else if (err instanceof ActivityNotFoundError) {
+      status = 404;
       body = { code: err.code, message: err.message };
     } else if (err instanceof QueueFullError) {
       status = 429;

@@ -1,6 +1,11 @@
 import { z } from 'zod';
 import { createDocument } from 'zod-openapi';
 import {
+  ActivityBodySchema,
+  ActivityPathSchema,
+  ActivitySchema,
+  HeartbeatBodySchema,
+  HeartbeatSchema,
   AttentionListSchema,
   AttentionQuerySchema,
   EnqueueBodySchema,
@@ -41,14 +46,14 @@ const ERROR_DESCRIPTIONS: Record<string, string> = {
     'invalid_request (with zod details: a path, query, header or body field that does not validate, leaseMetadata over 16 KiB or nested deeper than 32 levels, a path that is not valid percent-encoding, no body), invalid_json or invalid_body (a body that cannot be read: bad gzip, say); Node answers a malformed request (bad chunked encoding) with 400 and no body',
   '401': 'unauthorized: no or unknown bearer token',
   '403': 'forbidden: the token is scoped to a company and this needs an admin',
-  '404': 'not found (also for leases and operations outside the token scope)',
+  '404': 'not found (also for leases, operations and activities outside the token scope): lease_not_found, operation_not_found, activity_not_found (ended, or past its TTL), unknown_provider',
   '413': 'payload_too_large: bodies are capped at 64 KiB',
   '415': 'unsupported_media_type: send application/json',
   '422': 'idempotency_key_reused: the idempotency key came with a different request (lease, operation or parameters) before (`jobId` names the operation it names); unknown_provider: no worker has ever served the provider named in the path',
   '429':
     'lease_queue_full, environment_queue_full, company_queue_full or queue_full, with Retry-After (LEASE_OPS_MAX_QUEUED_PER_LEASE, LEASE_OPS_MAX_QUEUED_PER_ENVIRONMENT, LEASE_OPS_MAX_QUEUED_PER_COMPANY, LEASE_OPS_MAX_QUEUED and a fair share)',
   '409':
-    'lease_has_sandbox (an acquire of a lease whose sandbox lives: destroy it first, or acquire under another id), operation_executing (it runs: an attempt in flight cannot be taken back), operation_ended (it completed or failed), operation_not_failed (only a failed operation runs again), operation_not_rerunnable (an acquire: enqueue a new one), operation_not_waiting (not in its lane any more)',
+    'lease_closing (with Retry-After: a stop, release or destroy of the lease is queued or running), lease_has_sandbox (an acquire of a lease whose sandbox lives: destroy it first, or acquire under another id), operation_executing (it runs: an attempt in flight cannot be taken back), operation_ended (it completed or failed), operation_not_failed (only a failed operation runs again), operation_not_rerunnable (an acquire: enqueue a new one), operation_not_waiting (not in its lane any more)',
   '503': 'redis_unavailable',
 };
 
@@ -144,6 +149,32 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
           summary: "An operation's state, result or error; optionally waits for it to end",
           requestParams: { path: OperationPathSchema, query: WaitQuerySchema },
           responses: { '200': json(OperationViewSchema, 'the operation'), ...errors('400', '401', '404', '503'), ...NODE_ANSWERS },
+        },
+      },
+      '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/activities': {
+        post: {
+          operationId: 'beginActivity',
+          summary: "Begin an activity (work inside the lease's sandbox): its stops, releases and destroys wait until it ends, or its heartbeats stop for ttlMs; refused (409 lease_closing, Retry-After) while one of them is queued or runs",
+          requestParams: { path: LeasePathSchema },
+          requestBody: { content: { 'application/json': { schema: ActivityBodySchema } } },
+          responses: { '201': json(ActivitySchema, 'begun'), ...errors('400', '401', '404', '409', '413', '415', '503'), ...NODE_ANSWERS },
+        },
+      },
+      '/v1/activities/{token}/heartbeat': {
+        post: {
+          operationId: 'heartbeatActivity',
+          summary: 'Keep an activity open for ttlMs more; says whether a stop asked it to cancel. An activity past its TTL is gone for good (404)',
+          requestParams: { path: ActivityPathSchema },
+          requestBody: { content: { 'application/json': { schema: HeartbeatBodySchema } } },
+          responses: { '200': json(HeartbeatSchema, 'extended'), ...errors('400', '401', '404', '413', '415', '503'), ...NODE_ANSWERS },
+        },
+      },
+      '/v1/activities/{token}': {
+        delete: {
+          operationId: 'endActivity',
+          summary: 'End an activity: what waits for it goes on',
+          requestParams: { path: ActivityPathSchema },
+          responses: { '204': { description: 'ended' }, ...errors('400', '401', '404', '503'), ...NODE_ANSWERS },
         },
       },
       '/v1/providers': {

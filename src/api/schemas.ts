@@ -207,6 +207,30 @@ export const ProbeQuerySchema = z.strictObject({
   probe: z.enum(['true', 'false']).optional().meta({ description: 'true: have a worker ask the service whether it takes the credentials (bounded, paced, shared for 30 s)' }),
 });
 
+export const ActivityBodySchema = z
+  .strictObject({
+    kind: z.string().min(1).max(64).regex(/^[^\p{Cc}]+$/u, 'kind must not contain control characters').meta({ description: 'what runs: exec, sync, ...' }),
+    ttlMs: z.number().int().min(1_000).max(3_600_000).meta({ description: 'how long it lives without a heartbeat (1 s to 1 h)' }),
+  })
+  .meta({ id: 'ActivityRequest' });
+export const HeartbeatBodySchema = z
+  .strictObject({ ttlMs: z.number().int().min(1_000).max(3_600_000).meta({ description: 'how long from now it lives without another heartbeat' }) })
+  .meta({ id: 'HeartbeatRequest' });
+export const ActivityPathSchema = z.strictObject({ token: z.string().min(1).max(64).meta({ description: 'the token beginActivity answered' }) });
+export const ActivitySchema = z
+  .object({
+    token: z.string().meta({ description: 'heartbeat it within ttlMs, end it when the work ends' }),
+    laneId: z.string(),
+    expiresAt: z.number().meta({ description: "epoch ms (Redis' clock) it is gone at without a heartbeat" }),
+  })
+  .meta({ id: 'Activity' });
+export const HeartbeatSchema = z
+  .object({
+    expiresAt: z.number(),
+    cancel: z.boolean().meta({ description: 'a stop, release or destroy with cancelActiveWork asked the work to cancel' }),
+  })
+  .meta({ id: 'Heartbeat' });
+
 export const CancelResultSchema = z
   .object({
     jobId: z.string(),

@@ -15,12 +15,13 @@ export class LeaseOpsHookError extends Error {
   override name = 'LeaseOpsHookError';
   constructor(
     readonly code: string,
-    message: string,
+    /** What happened, without the `lease-ops: <code>: ` the message starts with. */
+    readonly detail: string,
     readonly jobId?: string,
     /** The operation that failed was an earlier request's, which this hook's key joined. */
     readonly joined = false,
   ) {
-    super(`lease-ops: ${code}: ${message}`);
+    super(`lease-ops: ${code}: ${detail}`);
   }
 }
 
@@ -47,8 +48,11 @@ export interface LeaseOpsBackend {
   enqueue(request: EnqueueRequest, waitMs: number, deadline: number): Promise<Started>;
   /** The operation after waiting up to `waitMs` for it to end (still on its way, maybe). */
   wait(jobId: string, waitMs: number, deadline: number): Promise<OperationView>;
-  /** Cancels an operation (an acquire executing stops at its next step); ended ones are left alone. */
-  cancel(jobId: string, deadline: number): Promise<void>;
+  /**
+   * Cancels an operation (an acquire executing stops at its next step): `cancelled`, `ended`
+   * (it ended first: read it), or `unknown` (lease-ops could not be asked).
+   */
+  cancel(jobId: string, deadline: number): Promise<'cancelled' | 'ended' | 'unknown'>;
   /** A provider and what it can do, with a probe of its credentials if asked; null if none is served by that name. */
   provider(name: string, probe: boolean, deadline: number): Promise<(AnnouncedProvider & { probe?: ProviderProbe }) | null>;
 }
@@ -76,7 +80,11 @@ export function clientBackend(client: LeaseOpsClient): LeaseOpsBackend {
       return view;
     },
     async cancel(jobId) {
-      await client.cancelOperation(jobId, 'paperclip (the host gave up)').catch(() => undefined);
+      try {
+        return (await client.cancelOperation(jobId, 'paperclip (the host gave up)')) ? 'cancelled' : 'unknown';
+      } catch (err) {
+        return err instanceof LeaseOpsError && err.code === 'operation_ended' ? 'ended' : 'unknown';
+      }
     },
     async provider(name, probe) {
       const found = (await client.providers().catch(hookError)).find((p) => p.name === name);
@@ -160,7 +168,9 @@ export function httpBackend(base: string, token: string | undefined, fetchImpl: 
       return res.body as unknown as OperationView;
     },
     async cancel(jobId, deadline) {
-      await request('POST', `/v1/operations/${encodeURIComponent(jobId)}/cancel`, deadline).catch(() => undefined);
+      const res = await request('POST', `/v1/operations/${encodeURIComponent(jobId)}/cancel`, deadline).catch(() => null);
+      if (res?.status === 200) return 'cancelled';
+      return res?.status === 409 && (res.body.error as { code?: unknown } | undefined)?.code === 'operation_ended' ? 'ended' : 'unknown';
     },
     async provider(name, probe, deadline) {
       const res = await request('GET', `/v1/providers/${encodeURIComponent(name)}${probe ? '?probe=true' : ''}`, deadline, { answerMs: probe ? 15_000 : 0 });

@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { z } from 'zod';
 import type { LeaseIdentity } from '../lease.ts';
 import type { OperationName } from '../operations.ts';
+import type { OperationView } from '../queues/inspect.ts';
 import { ended, LeaseOpsHookError, type LeaseOpsBackend, type Started } from './backend.ts';
 import { LeaseOpsDriverConfigSchema, releaseDispositionOf, type LeaseOpsDriverConfig } from './config.ts';
 
@@ -99,7 +100,10 @@ export function leaseOpsDriverHooks(backendFor: (config: LeaseOpsDriverConfig) =
       started = await backend.enqueue(request, waitFor(), deadline);
     } catch (err) {
       // Given up before the enqueue answered: the acquire may have been accepted all the same.
-      if (op === 'acquire' && err instanceof LeaseOpsHookError && err.code === 'hook_timeout') await abandon(backend, request, end);
+      if (op === 'acquire' && err instanceof LeaseOpsHookError && err.code === 'hook_timeout') {
+        const known = await backend.enqueue(request, 0, Math.max(end, Date.now() + 500)).catch(() => null);
+        if (known) return giveUp(backend, known.jobId, end, err);
+      }
       throw err;
     }
     const { jobId } = started;
@@ -107,28 +111,38 @@ export function leaseOpsDriverHooks(backendFor: (config: LeaseOpsDriverConfig) =
     try {
       while (!ended(view)) {
         if (Date.now() >= deadline - ANSWER_MARGIN_MS) {
-          throw new LeaseOpsHookError('hook_timeout', `${op} did not end within ${config.hookTimeoutMs} ms (hookTimeoutMs)${op === 'acquire' ? '; it was cancelled, and what it made is destroyed' : ''}`, jobId);
+          throw new LeaseOpsHookError('hook_timeout', `${op} did not end within ${config.hookTimeoutMs} ms (hookTimeoutMs)`, jobId);
         }
         view = await backend.wait(jobId, waitFor(), deadline);
       }
     } catch (err) {
       // The host gives up on this hook: an acquire must not leave a sandbox behind with no owner.
-      if (op === 'acquire' && err instanceof LeaseOpsHookError && (err.code === 'hook_timeout' || err.code === 'unreachable')) await backend.cancel(jobId, Math.max(end, Date.now() + 500));
+      if (op === 'acquire' && err instanceof LeaseOpsHookError && (err.code === 'hook_timeout' || err.code === 'unreachable')) return giveUp(backend, jobId, end, err);
       throw err;
     }
-    if (view.state === 'failed') throw new LeaseOpsHookError(view.error?.code ?? 'failed', view.error?.message ?? 'the operation failed', jobId, started.joined);
+    return resultOf(view, jobId, started.joined);
+  }
+
+  /** An operation's result, or its failure as a LeaseOpsHookError. */
+  function resultOf(view: OperationView, jobId: string, joined: boolean): unknown {
+    if (view.state === 'failed') throw new LeaseOpsHookError(view.error?.code ?? 'failed', view.error?.message ?? 'the operation failed', jobId, joined);
     return view.result;
   }
 
   /**
-   * Cancels an acquire whose enqueue got no answer in time: the same request under its key
-   * names its job if it was accepted (and, if it was not, is accepted now and cancelled while
-   * it waits, making nothing).
+   * Cancels an acquire the hook gives up on; its clean-up destroys what it made. One that
+   * completed first is a lease the host must not lose: the hook answers with it (a host that
+   * retries the acquire for the run gets the same one). One that cannot be cancelled (lease-ops
+   * unreachable) leaves the hook's error as it was.
    */
-  async function abandon(backend: LeaseOpsBackend, request: { op: OperationName; lease: LeaseIdentity; params: Record<string, unknown>; idempotencyKey: string }, end: number): Promise<void> {
+  async function giveUp(backend: LeaseOpsBackend, jobId: string, end: number, err: LeaseOpsHookError): Promise<unknown> {
     const until = Math.max(end, Date.now() + 500);
-    const known = await backend.enqueue(request, 0, until).catch(() => null);
-    if (known) await backend.cancel(known.jobId, until);
+    const outcome = await backend.cancel(jobId, until);
+    if (outcome === 'cancelled') throw new LeaseOpsHookError(err.code, `${err.detail}; the acquire was cancelled, and what it made is destroyed`, jobId);
+    if (outcome === 'unknown') throw new LeaseOpsHookError(err.code, `${err.detail}; the acquire could not be cancelled (lease-ops did not answer), and may still make its sandbox`, jobId);
+    const view = await backend.wait(jobId, 0, Math.max(until, Date.now() + 500)).catch(() => null);
+    if (!ended(view)) throw err;
+    return resultOf(view, jobId, false);
   }
 
   const leaseOf = (config: LeaseOpsDriverConfig, params: BaseParams, leaseId: string): LeaseIdentity => ({

@@ -6,14 +6,14 @@ import type { Logger } from '../logger.ts';
 import { attemptEnded } from '../metrics.ts';
 import { OperationJobDataSchema, type OperationJobData } from '../operations.ts';
 import { runOperation } from '../processors/index.ts';
-import { isProviderError, PermanentError, TransientError } from '../providers/errors.ts';
+import { isProviderError, PermanentError, SettlingError, TransientError } from '../providers/errors.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
 import type { LeaseProvider, OperationContext, SandboxState } from '../providers/types.ts';
 import * as telemetry from '../telemetry.ts';
 import { Attempt, type Fencing, StaleAttemptError } from './fencing.ts';
 import type { Lanes, LaneOutcome } from './lane.ts';
 import { historyEntry, type LeaseHistory } from './lease-history.ts';
-import { isStopping, type LeaseRecords } from './lease-records.ts';
+import { hasAcquiredSandbox, isStopping, type LeaseRecords } from './lease-records.ts';
 import { parkDelay, type OperationsQueue } from './operations-queue.ts';
 import type { RedisClient } from './redis.ts';
 import { type BackoffSettings, decideRetry, DeadlineExceededError, OperationFailedError, RetryLaterError } from './retry-policy.ts';
@@ -132,6 +132,17 @@ export class AttemptLife {
       // its failure, and a re-run succeeded): its sandbox is a lease now, not debris.
       return this.complete(laneId, fence, data, { providerLeaseId: null, state: 'none' }, null, log);
     }
+    if (data.op === 'acquire') {
+      // Cancelled while an earlier attempt ran (which then died): that is what ends it.
+      const cancelledBy = await this.laneStep(() => this.cancelledBy());
+      if (cancelledBy !== null) return this.failForGood(laneId, fence, data, 'cancelled', `cancelled by ${cancelledBy} while it ran; what it made is destroyed`, log);
+      // One lease, one sandbox: an acquire that reaches the head of a lease whose acquire
+      // handed out a sandbox that lives (accepted before that one ended) makes nothing.
+      const record = await this.laneStep(() => this.deps.records.get(laneId));
+      if (record && hasAcquiredSandbox(record)) {
+        return this.failForGood(laneId, fence, data, 'lease_has_sandbox', `this lease has sandbox ${record.providerLeaseId} already: destroy it first, or acquire under another id`, log);
+      }
+    }
     // A clean-up's own deadline bounds it; a stall limit would leave the sandbox behind.
     if (this.job.stalledCounter > this.deps.maxStalled && data.op !== 'abandon-acquire') {
       // Its attempts keep dying with their workers (a poison operation, or a crash loop).
@@ -182,6 +193,7 @@ export class AttemptLife {
       // Stale already (its worker closed without waiting while its lane step was out, say):
       // the provider is not called at all, not even to be refused by its first fence.
       if (held.stale) throw held.staleError();
+      await this.waitForActivities(laneId, data);
       const spanAttributes = { 'lease.op': data.op, 'lease.provider': data.lease.provider, 'lease.job_id': this.jobId, 'lease.attempt': ctx.attempt };
       result = await telemetry.processSpan(this.deps.ops.queue.name, this.jobId, spanAttributes, () =>
         data.op === 'force-stop' ? telemetry.forceStopSpan(spanAttributes, () => runOperation(provider, ctx, data)) : runOperation(provider, ctx, data),
@@ -254,6 +266,23 @@ export class AttemptLife {
     return result;
   }
 
+  /**
+   * Activity gates: a stop, release or destroy does not touch the sandbox while work in it is
+   * open (asking it to cancel first with cancelActiveWork), and a resume not while work of
+   * the episode the last stop ended is; it waits as for a settling sandbox, in its lane and
+   * within its deadline, and its timeline says for what.
+   */
+  private async waitForActivities(laneId: string, data: OperationJobData): Promise<void> {
+    const mode = gateModeOf(data);
+    if (!mode) return;
+    const cancel = 'cancelActiveWork' in data.params && data.params.cancelActiveWork === true;
+    const gate = await this.laneStep(() => this.deps.ops.activities.gate(laneId, mode, cancel));
+    // A force-stop kills what runs: it waits for nothing, but what was open belongs to the episode it ends.
+    if (gate.waiting === 0 || data.op === 'force-stop') return;
+    const what = `${gate.waiting} ${gate.waiting === 1 ? 'activity' : 'activities'} in the sandbox (${gate.kinds.join(', ')}${gate.waiting > gate.kinds.length ? ', ...' : ''}; the oldest open ${Math.round((gate.now - gate.oldestSince) / 100) / 10} s)`;
+    throw new SettlingError('activities_open', mode === 'close' ? `waiting for ${what} to end${cancel ? ': asked to cancel' : ''}` : `waiting for ${what} of the stopped episode to end`);
+  }
+
   /** Who cancelled this (executing) acquire, or null (OperatorActions.cancel marks the job). */
   private async cancelledBy(): Promise<string | null> {
     return this.deps.redis.hget(this.deps.ops.queue.toKey(this.jobId), 'lo:cancel');
@@ -275,7 +304,7 @@ export class AttemptLife {
   private async nameSandbox(laneId: string, lease: LeaseIdentity, sandbox: string, log: () => Logger, acquired: boolean): Promise<void> {
     if (sandbox === lease.leaseId) return;
     const named = await this.laneStep(() => this.deps.ops.names.name(laneIdOf({ ...lease, leaseId: sandbox }), laneId));
-    if (acquired && (named === 'new' || named === 'named')) await this.laneStep(() => this.deps.records.noteAcquiredAs(laneId, lease.leaseId));
+    if (acquired && (named === 'new' || named === 'named')) await this.laneStep(() => this.deps.records.noteAcquired(laneId, lease.leaseId, sandbox));
     if (named === 'new') {
       this.deps.history.append(laneId, { kind: 'named', jobId: this.jobId, op: 'acquire', sandbox, message: `sandbox ${sandbox} names this lease from now on` });
       return;
@@ -513,4 +542,20 @@ function errorCode(err: unknown): string {
     if (code) return code;
   }
   return 'provider_error';
+}
+
+/** Which activity gate an operation passes (see Activities): none for a keep_running release, an acquire or a clean-up. */
+function gateModeOf(data: OperationJobData): 'close' | 'resume' | null {
+  switch (data.op) {
+    case 'stop':
+    case 'force-stop':
+    case 'destroy':
+      return 'close';
+    case 'release':
+      return data.params.resourceDisposition === 'keep_running' ? null : 'close';
+    case 'resume':
+      return 'resume';
+    default:
+      return null;
+  }
 }

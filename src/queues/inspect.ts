@@ -50,7 +50,7 @@ export interface LeaseView {
   queued: OperationView[];
   queuedTotal: number;
   /** What lease-ops last saw of the sandbox, and since when it has been in that state. */
-  observed: Omit<LeaseRecord, 'lease' | 'acquiredAs'> | null;
+  observed: Omit<LeaseRecord, 'lease' | 'acquiredAs' | 'acquiredSandbox'> | null;
   /** The lease's last operation failed for good (cleared by its next success). */
   lastFailure: { jobId: string; at: number; code: string; message: string } | null;
   /** An operator paused the lane (nothing new starts): who, and since when. */
@@ -185,7 +185,7 @@ export class Inspector {
         message: failed?.error?.message ?? 'the failed operation was already removed',
       };
     }
-    const observed = record ? (({ lease: _lease, acquiredAs: _acquiredAs, ...rest }) => rest)(record) : null;
+    const observed = record ? (({ lease: _lease, acquiredAs: _acquiredAs, acquiredSandbox: _acquiredSandbox, ...rest }) => rest)(record) : null;
     return {
       lease,
       laneId,

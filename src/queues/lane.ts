@@ -1,5 +1,5 @@
 import { layoutKey } from './layout.ts';
-import { historyKey } from './lease-history.ts';
+import { historyKey, type HistoryNote } from './lease-history.ts';
 import { luaCommand, luaCommandName, type LuaCommand } from './lua-scripts.ts';
 import type { RedisClient } from './redis.ts';
 import type { QueueLimit } from '../errors.ts';
@@ -222,6 +222,7 @@ export class Lanes {
     limits: QueueLimits = NO_LIMITS,
     adopt = false,
     idempotency: { key: string; fingerprint: string } | null = null,
+    note: HistoryNote | null = null,
   ): Promise<PushResult> {
     const r = (await this.run(
       'lane-push',
@@ -248,6 +249,8 @@ export class Lanes {
       limits.perEnvironment,
       this.partitions,
       ALIAS_TTL_MS,
+      note?.kind ?? '',
+      note?.fields ?? '',
     )) as string[];
     if (r[0] === 'alias') return { kind: 'alias', laneId: String(r[1]) };
     if (r[0] === 'layout') return { kind: 'layout', held: Number(r[1]) };

@@ -104,6 +104,19 @@ export function historyEntry(event: EventInput): string {
   return fields.join(SEPARATOR);
 }
 
+/**
+ * An event written by lane-push with the operation it is about, just before that one's
+ * `accepted` (the watchdog's `stuck` with its force-stop): its kind, and its fields after the
+ * job id, which the script fills in.
+ */
+export type HistoryNote = { kind: 'stuck'; fields: string };
+
+export function historyNote(event: Omit<EventInput, 'jobId'> & { kind: 'stuck' }): HistoryNote {
+  const entry = historyEntry({ ...event, jobId: '' });
+  // ['e', kind, 'job', '', ...rest]: the rest, after the four.
+  return { kind: event.kind, fields: entry.split(SEPARATOR).slice(4).join(SEPARATOR) };
+}
+
 /** Reads and appends a lease's history (accepted, absorbed and observed are written by the lane and record scripts). */
 export class LeaseHistory {
   private readonly appendScript: LuaCommand;

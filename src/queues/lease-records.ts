@@ -27,6 +27,13 @@ export interface LeaseRecord {
   forceJob: string | null;
   /** The id the lease's acquire was enqueued under, once that acquire named its sandbox (a second name of the lease). */
   acquiredAs: string | null;
+  /** The sandbox the lease's last completed acquire handed out. */
+  acquiredSandbox: string | null;
+}
+
+/** Whether a lease has a live sandbox its acquire handed out: then it is not acquired again. */
+export function hasAcquiredSandbox(record: Pick<LeaseRecord, 'acquiredSandbox' | 'providerLeaseId' | 'kind'> | null): boolean {
+  return !!record?.acquiredSandbox && record.acquiredSandbox === record.providerLeaseId && record.kind !== 'gone';
 }
 
 /** A week without news and the record goes: it is a cache of observations, not a source of truth. */
@@ -97,6 +104,7 @@ export class LeaseRecords {
       forceStops: Number(h.forceStops ?? 0),
       forceJob: h.forceJob ?? null,
       acquiredAs: h.acquiredAs ?? null,
+      acquiredSandbox: h.acquiredSandbox ?? null,
     };
   }
 
@@ -116,9 +124,12 @@ export class LeaseRecords {
     await this.redis.zrem(this.stoppingKey, laneId);
   }
 
-  /** Notes the id a lease's acquire was enqueued under, once its sandbox became a second name of it. */
-  async noteAcquiredAs(laneId: string, leaseId: string): Promise<void> {
-    await this.redis.multi().hset(this.recordKey(laneId), 'acquiredAs', leaseId).expire(this.recordKey(laneId), RECORD_TTL_S).exec();
+  /**
+   * Notes that the lease's acquire (enqueued under `leaseId`) handed out `sandbox`: the lease
+   * has a sandbox while the record shows that one and not gone (one lease, one sandbox).
+   */
+  async noteAcquired(laneId: string, leaseId: string, sandbox: string): Promise<void> {
+    await this.redis.multi().hset(this.recordKey(laneId), 'acquiredAs', leaseId, 'acquiredSandbox', sandbox).expire(this.recordKey(laneId), RECORD_TTL_S).exec();
   }
 
   /** Counts a force-stop the watchdog queued for the episode that began at `since`; false once that episode is over. */

@@ -16,10 +16,12 @@ import { IdempotencyKeyReusedError, LeaseHasSandboxError, QueueFullError, type Q
 import { assertTestedBullmq } from './bullmq-version.ts';
 import { faultPoint } from '../fault-points.ts';
 import { PartitionLayoutError } from './layout.ts';
-import { LeaseHistory } from './lease-history.ts';
+import { LeaseHistory, type HistoryNote } from './lease-history.ts';
 import { Lanes, NO_LIMITS, type LaneOutcome, type QueueLimits } from './lane.ts';
+import { Activities } from './activities.ts';
 import { LaneNames, LaneRedirect } from './lane-names.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
+import { hasAcquiredSandbox, type LeaseRecord } from './lease-records.ts';
 import type { ProviderCapabilities } from '../providers/types.ts';
 
 /**
@@ -42,6 +44,8 @@ export type EnqueueRequest = {
   deadlineMs?: number;
   /** The caller's key for this request: the same key returns the same job (for 24 h). */
   idempotencyKey?: string;
+  /** lease-ops' own: an event on the lease's timeline written with this operation, just before it is accepted. */
+  note?: HistoryNote;
 };
 
 export interface Enqueued {
@@ -61,7 +65,8 @@ const FULL_RETRY_AFTER_MS = 5_000;
  * the same sandbox, or a release with the same parameters. '' for none.
  */
 export function coalescingKey(data: OperationJobData): string {
-  if (data.op === 'stop') return `stop:${data.params.providerLeaseId}`;
+  // A stop that asks the work in the sandbox to cancel is not the same request as one that waits for it.
+  if (data.op === 'stop') return `stop:${data.params.providerLeaseId}${data.params.cancelActiveWork ? ':cancel' : ''}`;
   if (data.op === 'release') return `release:${createHash('sha256').update(JSON.stringify(data.params)).digest('base64url')}`;
   return '';
 }
@@ -103,6 +108,8 @@ export class OperationsQueue {
 
   /** The second names of lanes (a sandbox's id, after its acquire), shared by a deployment's partitions. */
   readonly names: LaneNames;
+  /** Work inside the leases' sandboxes that their stops wait for (activity gates). */
+  readonly activities: Activities;
 
   constructor(
     readonly connection: RedisClient,
@@ -116,6 +123,7 @@ export class OperationsQueue {
     this.queue.on('error', reportRedisError);
     this.lanes = this.lanesOn(connection);
     this.names = names ?? new LaneNames(() => this.lanes);
+    this.activities = new Activities(connection, settings.LEASE_OPS_PREFIX, this.queue.toKey(''));
     this.history = new LeaseHistory(connection, settings.LEASE_OPS_PREFIX);
     this.deleteIfEqual = luaCommand(connection, 'delete-if-equal', 1);
     this.replaceIfEqual = luaCommand(connection, 'replace-if-equal', 1);
@@ -203,8 +211,9 @@ export class OperationsQueue {
     if (data.op === 'acquire') {
       // One lease, one sandbox: a lease whose acquire handed out a sandbox that lives is not
       // acquired again (its record, its watchdog and its views would follow one of the two).
-      const [kind, sandbox, acquiredAs] = await this.connection.hmget(`${this.settings.LEASE_OPS_PREFIX}:lease:${laneId}`, 'kind', 'providerLeaseId', 'acquiredAs');
-      if (acquiredAs && sandbox && kind !== 'gone') {
+      const [kind, providerLeaseId, acquiredSandbox] = await this.connection.hmget(`${this.settings.LEASE_OPS_PREFIX}:lease:${laneId}`, 'kind', 'providerLeaseId', 'acquiredSandbox');
+      if (hasAcquiredSandbox({ kind: kind as LeaseRecord['kind'], providerLeaseId: providerLeaseId ?? '', acquiredSandbox: acquiredSandbox ?? null })) {
+        const sandbox = providerLeaseId!;
         if (idem) await this.deleteIfEqual(idem.key, pendingValue(jobId, idem.fingerprint));
         throw new LeaseHasSandboxError(sandbox);
       }
@@ -220,7 +229,7 @@ export class OperationsQueue {
       }
     }
     await this.queue.add(data.op, data, { ...this.jobOptions, jobId, delay: parkDelay(data, now) });
-    return this.joinLane(laneId, jobId, data, coalesceAs, idem, false);
+    return this.joinLane(laneId, jobId, data, coalesceAs, idem, false, request.note);
   }
 
   /**
@@ -237,13 +246,14 @@ export class OperationsQueue {
     coalesceAs: string,
     idem: { key: string; fingerprint: string } | null,
     adopt: boolean,
+    note?: HistoryNote,
   ): Promise<Enqueued | { movedTo: string } | null> {
     // Until it ends, an acquire is known here with its lease: if its job vanishes (an operator
     // removed it), the sweep still knows what to clean up after it (reconcileAcquires).
     if (data.op === 'acquire') await this.connection.hset(this.acquiresKey, jobId, JSON.stringify(data.lease));
     // The sanctioned exception: a force-stop goes ahead of queued and backing-off
     // operations of its lease, never alongside an executing one.
-    const pushed = await this.lanes.push(laneId, jobId, data.op === 'force-stop' ? 'front' : 'tail', coalesceAs, data.lease, this.limitsFor(data.lease), adopt, idem);
+    const pushed = await this.lanes.push(laneId, jobId, data.op === 'force-stop' ? 'front' : 'tail', coalesceAs, data.lease, this.limitsFor(data.lease), adopt, idem, note ?? null);
     if (pushed.kind === 'gone') {
       // Its key no longer names it: no request can put this job in a lane any more, and this
       // request may have stored it again after the one that took it back removed it.
@@ -387,8 +397,11 @@ export class OperationsQueue {
         await this.connection.hdel(this.acquiresKey, jobId);
         continue;
       }
-      // Another replica may have queued it meanwhile (and its clean-up may have ended).
-      if (!(await this.connection.hexists(this.acquiresKey, jobId))) continue;
+      // Read again, after the look at its job: the listing may be older than the acquire's end
+      // (its release marks it completed, in the step before BullMQ removes the job), and another
+      // replica may have queued its clean-up meanwhile (and that may have ended).
+      const current = await this.connection.hget(this.acquiresKey, jobId);
+      if (current === null || completedAcquireAt(current) !== null) continue;
       await this.enqueueAbandon(lease.data, jobId, null);
       queued++;
     }

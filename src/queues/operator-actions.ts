@@ -67,10 +67,15 @@ export class OperatorActions {
     }
     if (dropped.kind === 'absent') throw new OperatorActionRefusedError('operation_not_waiting', `${jobId} is not waiting in its lane; read it again`);
     this.ops.history.append(laneId, { kind: 'cancelled', jobId, op: job.name, message: `cancelled by ${by}` });
-    if (isAcquire && (job.attemptsMade > 0 || job.stalledCounter > 0)) {
-      // It ran before (it backs off): it may have made a sandbox, which its clean-up finds and destroys.
-      const checkpoint = JSON.parse((await this.ops.connection.hget(this.ops.queue.toKey(jobId), 'lo:checkpoint')) ?? 'null') as Record<string, unknown> | null;
-      await this.ops.enqueueAbandon(acquire.data!.lease, jobId, checkpoint);
+    if (isAcquire) {
+      // It may have run (it backs off) and made a sandbox, which its clean-up finds and destroys.
+      // Read after the drop, which no attempt can start after: an attempt that ended just
+      // before it shows in its counts, or in the checkpoint a provider writes before it creates.
+      const [atm, stc, checkpointText] = await this.ops.connection.hmget(this.ops.queue.toKey(jobId), 'atm', 'stc', 'lo:checkpoint');
+      const checkpoint = JSON.parse(checkpointText ?? 'null') as Record<string, unknown> | null;
+      if (Number(atm ?? 0) > 0 || Number(stc ?? 0) > 0 || (checkpoint !== null && Object.keys(checkpoint).length > 0)) {
+        await this.ops.enqueueAbandon(acquire.data!.lease, jobId, checkpoint);
+      }
     }
     // The lane recorded its outcome; a worker that takes it now repeats it (fails it with
     // `cancelled`) at once instead of when its park or backoff ends.

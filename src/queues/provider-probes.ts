@@ -1,9 +1,10 @@
-import { Queue, QueueEvents, type Job } from 'bullmq';
+import { Queue, type QueueEvents, type Job } from 'bullmq';
 import { z } from 'zod';
 import type { Logger } from '../logger.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
 import type { OperationContext, ProbeResult } from '../providers/types.ts';
-import { createRedis, reportRedisError, type RedisClient } from './redis.ts';
+import { openQueueEvents } from './queue-events.ts';
+import { reportRedisError, type RedisClient } from './redis.ts';
 
 /** The maintenance job that probes a provider's credentials on a worker (which holds them). */
 export const PROBE_JOB = 'probe';
@@ -86,11 +87,8 @@ export class ProviderProbes {
   }
 
   private async queueEvents(): Promise<QueueEvents> {
-    this.eventsConnection = createRedis(this.settings.REDIS_URL);
-    const events = new QueueEvents(`${this.settings.LEASE_OPS_QUEUE}-maintenance`, { connection: this.eventsConnection, prefix: this.settings.LEASE_OPS_PREFIX });
-    events.setMaxListeners(0);
-    events.on('error', reportRedisError);
-    await events.waitUntilReady();
+    const { events, connection } = await openQueueEvents(this.settings.REDIS_URL, `${this.settings.LEASE_OPS_QUEUE}-maintenance`, this.settings.LEASE_OPS_PREFIX);
+    this.eventsConnection = connection;
     return events;
   }
 

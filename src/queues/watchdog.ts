@@ -1,8 +1,8 @@
 import type { Logger } from '../logger.ts';
 import * as telemetry from '../telemetry.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
-import { laneIdOf, laneIdOfJobId } from '../lease.ts';
-import type { LeaseHistory } from './lease-history.ts';
+import { laneIdOf } from '../lease.ts';
+import { historyNote } from './lease-history.ts';
 import type { LeaseRecords } from './lease-records.ts';
 import type { LaneNames } from './lane-names.ts';
 import { enqueueRouted, type OperationsQueue } from './operations-queue.ts';
@@ -48,7 +48,6 @@ export class Watchdog {
     private readonly providers: ProviderRegistry,
     private readonly settings: WatchdogSettings,
     private readonly log: Logger,
-    private readonly history: LeaseHistory | null = null,
     /**
      * The queue of the partition a lane belongs to: the force-stop goes through the lane of
      * the record's sandbox, which is the record's own lane once its acquire named it, and
@@ -102,26 +101,23 @@ export class Watchdog {
       return report;
     }
     const n = record.forceStops + 1;
-    const { jobId, deduplicated } = await enqueueRouted(this.queueOf, this.names, {
+    const { jobId } = await enqueueRouted(this.queueOf, this.names, {
       op: 'force-stop',
       // Named by its sandbox: it joins the lane the sandbox's operations run in.
       lease: sandboxLease,
       params: { providerLeaseId: record.providerLeaseId, ifStoppingSince: record.since },
       idempotencyKey: `lease-ops:watchdog:${laneId}:${record.since}:${n}`,
-    });
-    if (!(await this.records.noteForceStop(laneId, record.since, n, jobId))) return report;
-    report.queued++;
-    // A scan and the episode's own check may both get here; the one whose request queued the job tells.
-    const forceLane = deduplicated ? null : laneIdOfJobId(jobId);
-    if (forceLane) {
-      (forceQueue === this.ops ? this.history : forceQueue.history)?.append(forceLane, {
+      // On the timeline with the force-stop, in the step that queues it (before its attempt
+      // can begin); a scan and the episode's own check both getting here write it once.
+      note: historyNote({
         kind: 'stuck',
-        jobId,
         op: 'force-stop',
         since: record.since,
         message: `"${record.providerState}" for ${tenths(stuckFor)} s (budget ${tenths(this.settings.stuckAfterMs)} s): force-stop ${n} of at most ${this.settings.maxForceStops} queued`,
-      });
-    }
+      }),
+    });
+    if (!(await this.records.noteForceStop(laneId, record.since, n, jobId))) return report;
+    report.queued++;
     telemetry.forceStop('queued', { 'lease.provider': provider.name });
     telemetry.stuckStopping(stuckFor / 1000, { 'lease.provider': provider.name });
     log.warn({ jobId, stuckForMs: stuckFor, forceStop: n }, 'sandbox stuck on its way to stopped; force-stop queued');

@@ -197,7 +197,7 @@ export class LeaseWorker {
     this.watchdog = new Watchdog(this.ops, this.records, providers, {
       stuckAfterMs: settings.LEASE_OPS_STUCK_STOPPING_MS,
       maxForceStops: settings.LEASE_OPS_WATCHDOG_MAX_FORCE,
-    }, log, this.history, (laneId) => (queueOf && !this.ownsLane(laneId) ? queueOf(laneId) : this.ops), this.ops.names);
+    }, log, (laneId) => (queueOf && !this.ownsLane(laneId) ? queueOf(laneId) : this.ops), this.ops.names);
     this.maintenanceWorker = new Worker(
       maintenanceName,
       async (job) => {

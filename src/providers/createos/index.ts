@@ -227,6 +227,8 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
    * recorded or returned: a stop or destroy of it must not end with a receipt while it runs on.
    */
   const readHandle = async (ctx: OperationContext, id: string): Promise<{ handle: Sandbox; sb: View } | null> => {
+    // Refused before any request: a path segment that is no id (a name, a path) names no sandbox of a lease.
+    if (!/^[A-Za-z0-9][A-Za-z0-9_-]*$/.test(id) || id.startsWith('lo-')) throw new PermanentError('not_a_sandbox_id', `${name}: ${id} is not a sandbox id: name the sandbox by its id`);
     let handle: Sandbox;
     try {
       handle = await clientFor(ctx).getSandbox(id, options(ctx));

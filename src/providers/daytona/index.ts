@@ -147,6 +147,15 @@ export function daytonaState(sb: Pick<SandboxReply, 'state' | 'desiredState' | '
   return toward ? { kind: 'transitioning', providerState: state, toward } : { kind: 'transitioning', providerState: state };
 }
 
+/**
+ * Whether a string can be a Daytona sandbox id (a UUID: lowercase, no separators but `-`).
+ * Daytona also finds a sandbox by its name, or by its id in capitals: either would make one
+ * sandbox two leases, whose calls could overlap. lease-ops' own names are never ids.
+ */
+export function looksLikeDaytonaId(id: string): boolean {
+  return /^[0-9a-z][0-9a-z-]*$/.test(id) && !id.startsWith('lease-ops-');
+}
+
 /** The sandbox an acquire makes is named after its job: every attempt of the job finds the same one. */
 export function daytonaSandboxName(jobId: string): string {
   return `lease-ops-${jobId.replace(/[^A-Za-z0-9-]/g, '-')}`;
@@ -273,6 +282,10 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
    * create records nothing and takes a foreign sandbox for none.
    */
   const read = async (ctx: OperationContext, idOrName: string, lookup = false): Promise<SandboxReply | null> => {
+    // Refused before any request: another lease's calls must not meet this one's at the cloud.
+    if (!lookup && idOrName !== daytonaSandboxName(ctx.jobId) && !looksLikeDaytonaId(idOrName)) {
+      throw new PermanentError('not_a_sandbox_id', `${name}: ${idOrName} is not a sandbox id: name the sandbox by its id`);
+    }
     try {
       const sb = parseReply((await send(ctx, 'authenticated', (o) => api.getSandbox(idOrName, org, undefined, o))).data);
       // Daytona finds a sandbox by its name too: a lease names its sandbox by id only, or the

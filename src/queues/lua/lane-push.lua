@@ -187,6 +187,9 @@ else
   waits = rcall('RPUSH', k.list, jobId) > 1
 end
 recount(k, laneId, company, environment)
+if ARGV[18] ~= '' then
+  historyAppendJoined(KEYS[21], 'e\31' .. ARGV[18] .. '\31job\31' .. jobId .. (ARGV[19] ~= '' and ('\31' .. ARGV[19]) or ''))
+end
 historyAppend(KEYS[21], {'e', 'accepted', 'job', jobId, 'op', rcall('HGET', jobKey, 'name') or '', 'ahead', rcall('LPOS', k.list, jobId) or 0})
 if waits then
   rcall('HSET', jobKey, 'lo:parked', '1')
