@@ -307,41 +307,48 @@ describe('BullMQ, as lease-ops relies on it', () => {
   });
 
   it('QueueEvents reading from "$" misses an end written before its first read; opened from the stream\'s end as read before (openQueueEvents), it does not', async () => {
-    const xreadIssuedBy = async (name: string) => {
-      for (;;) {
-        const list = String(await redis.client('LIST'));
-        if (list.split('\n').some((line) => line.includes(`:${Buffer.from(name).toString("base64")}:qe `) && line.includes('cmd=xread'))) return;
-        await new Promise((r) => setImmediate(r));
-      }
-    };
     const endOf = (jobId: string) => ['event', 'completed', 'jobId', jobId, 'returnvalue', '1'];
-    for (const opened of ['bullmq-default', 'open-queue-events'] as const) {
-      const name = `events-${opened}`;
-      const stream = `${prefix}:${name}:events`;
-      await redis.xadd(stream, '*', 'event', 'older', 'jobId', 'x');
-      const { events, connection } =
-        opened === 'open-queue-events'
-          ? await openQueueEvents(REDIS_URL, name, prefix)
-          : await (async () => {
-              const c = createRedis(REDIS_URL);
-              const e = new QueueEvents(name, { connection: c, prefix });
-              await e.waitUntilReady();
-              return { events: e, connection: c };
-            })();
-      closers.push(async () => {
-        await events.close();
-        connection.disconnect();
-      });
-      const seen: string[] = [];
-      events.on('completed', ({ jobId }) => void seen.push(jobId));
-      // On the events' own connection: Redis runs it before the first XREAD, which BullMQ
-      // sends only once its CLIENT SETNAME is answered.
-      await connection.xadd(stream, '*', ...endOf('early'));
-      await xreadIssuedBy(name);
-      const late = new Promise<void>((resolve) => events.on('completed', ({ jobId }) => jobId === 'late' && resolve()));
-      await redis.xadd(stream, '*', ...endOf('late'));
-      await late;
-      expect(seen, opened).toEqual(opened === 'open-queue-events' ? ['early', 'late'] : ['late']);
+    const streamOf = (name: string) => `${prefix}:${name}:events`;
+
+    // BullMQ's default: '$' means "the end when the first XREAD runs". An end written
+    // before that read (here: before run() starts the loop) is never delivered.
+    const name = 'events-bullmq-default';
+    await redis.xadd(streamOf(name), '*', 'event', 'older', 'jobId', 'x');
+    const connection = createRedis(REDIS_URL);
+    const events = new QueueEvents(name, { connection, prefix, autorun: false });
+    closers.push(async () => {
+      await events.close();
+      connection.disconnect();
+    });
+    const seen: string[] = [];
+    events.on('completed', ({ jobId }) => void seen.push(jobId));
+    await redis.xadd(streamOf(name), '*', ...endOf('early'));
+    const running = events.run();
+    running.catch(() => undefined);
+    // Ends written after the loop started are delivered: write them until one is seen (the
+    // first XREAD may not have run yet when the first is written).
+    const delivered = new Promise<void>((resolve) => events.once('completed', () => resolve()));
+    for (let i = 0; seen.length === 0; i++) {
+      await redis.xadd(streamOf(name), '*', ...endOf(`late-${i}`));
+      await Promise.race([delivered, new Promise((r) => setTimeout(r, 50))]);
     }
+    expect(seen).not.toContain('early');
+    expect(seen[0]).toMatch(/^late-/);
+
+    // openQueueEvents fixes the start as read before it returns: an end written at any time
+    // after that, before or after the first XREAD, is delivered, and nothing older is.
+    await redis.xadd(streamOf('events-opened'), '*', ...endOf('before-open'));
+    const opened = await openQueueEvents(REDIS_URL, 'events-opened', prefix);
+    closers.push(async () => {
+      await opened.events.close();
+      opened.connection.disconnect();
+    });
+    const seenOpened: string[] = [];
+    opened.events.on('completed', ({ jobId }) => void seenOpened.push(jobId));
+    const late = new Promise<void>((resolve) => opened.events.on('completed', ({ jobId }) => jobId === 'late' && resolve()));
+    await redis.xadd(streamOf('events-opened'), '*', ...endOf('early'));
+    await redis.xadd(streamOf('events-opened'), '*', ...endOf('late'));
+    await late;
+    expect(seenOpened).toEqual(['early', 'late']);
   });
 });
