@@ -28,14 +28,15 @@ export interface StatusCliOptions extends LeaseCliOptions {
 /** The CLI's exit codes, one per outcome (README, Commands). */
 export const EXIT = { ok: 0, operationFailed: 1, badInput: 2, notEnded: 3, redisUnavailable: 4 } as const;
 
-const out = (line: string) => process.stdout.write(`${line}\n`);
-const err = (line: string) => process.stderr.write(`lease-ops: ${line}\n`);
+export const out = (line: string) => process.stdout.write(`${line}\n`);
+export const err = (line: string) => process.stderr.write(`lease-ops: ${line}\n`);
 
 function leaseOf(opts: LeaseCliOptions): LeaseIdentity {
   return { provider: opts.provider ?? '', companyId: opts.company ?? '', environmentId: opts.environment ?? '', leaseId: opts.lease ?? '' };
 }
 
-async function withClient<T>(run: (client: LeaseOpsClient) => Promise<T>): Promise<T> {
+/** Runs `run` with a client of the environment's settings, closed after. */
+export async function withClient<T>(run: (client: LeaseOpsClient) => Promise<T>): Promise<T> {
   for (const { name, closest } of unknownSettings()) err(`warning: ${name} is not a lease-ops setting (did you mean ${closest}?); it is ignored`);
   const client = new LeaseOpsClient(loadConfig({ LEASE_OPS_LOG_LEVEL: 'warn', ...process.env }));
   try {

@@ -5,6 +5,7 @@ import { LayoutError } from './queues/layout.ts';
 import { exitEarlyOnSignals, loggerFor, reportRedisTrouble, serveWorkerMetrics, startWorker } from './runtime.ts';
 
 import type { ActivityCliOptions, EnqueueCliOptions, StatusCliOptions } from './cli-commands.ts';
+import type { ProviderCliOptions } from './cli-providers.ts';
 import { OPERATIONS } from './operations.ts';
 import { VERSION } from './version.ts';
 
@@ -159,6 +160,74 @@ activity
   .action(async (token: string) => {
     const { runActivity } = await import('./cli-commands.ts');
     process.exitCode = await runActivity('end', token, { ttlMs: '30000' });
+  });
+
+const providers = program.command('providers').description("provider instances saved at run time (a company's own Daytona or CreateOS key and settings); keys are read from a variable or stdin, never from the command line");
+const saveOptions = (command: Command) =>
+  command
+    .requiredOption('--company <id>', 'the company it belongs to')
+    .option('--environments <ids>', 'comma-separated environments whose leases may use it (default: all of the company)')
+    .option('--config <json>', 'the provider settings as JSON, e.g. {"snapshot":"agent","autoStopMinutes":30}')
+    .option('--api-key-env <var>', 'the environment variable that holds the API key')
+    .option('--api-key-stdin', 'read the API key from standard input')
+    .option('--no-probe', 'save without asking the service whether it takes the key')
+    .option('--json', 'print JSON instead of text');
+providers
+  .command('list')
+  .description('list provider instances (every company, or one)')
+  .option('--company <id>', 'one company')
+  .option('--cursor <cursor>', 'the next page, as the previous one printed')
+  .option('--limit <n>', 'per page (1 to 500)', '100')
+  .option('--json', 'print JSON instead of text')
+  .action(async (opts: ProviderCliOptions) => {
+    const { runProviders } = await import('./cli-providers.ts');
+    process.exitCode = await runProviders('list', undefined, opts);
+  });
+providers
+  .command('show <name>')
+  .description("show one instance (its key's fingerprint, never the key)")
+  .requiredOption('--company <id>', 'the company it belongs to')
+  .option('--probe', 'have a worker ask the service whether it takes the saved key (exit 1 if not)')
+  .option('--json', 'print JSON instead of text')
+  .action(async (name: string, opts: ProviderCliOptions) => {
+    const { runProviders } = await import('./cli-providers.ts');
+    process.exitCode = await runProviders('show', name, opts);
+  });
+saveOptions(providers.command('add <name>'))
+  .description('save a new instance; a worker probes its key first, and a key the service refuses is not saved (exit 1)')
+  .requiredOption('--type <type>', 'daytona or createos')
+  .action(async (name: string, opts: ProviderCliOptions) => {
+    const { runProviders } = await import('./cli-providers.ts');
+    process.exitCode = await runProviders('add', name, opts);
+  });
+saveOptions(providers.command('update <name>'))
+  .description('change an instance: each option given replaces that field; workers use it from their next attempt')
+  .option('--all-environments', 'let every environment of the company use it')
+  .option('--if-rev <rev>', 'only if it is still at this revision')
+  .action(async (name: string, opts: ProviderCliOptions) => {
+    const { runProviders } = await import('./cli-providers.ts');
+    process.exitCode = await runProviders('update', name, opts);
+  });
+providers
+  .command('remove <name>')
+  .description('delete an instance: operations that name it fail with provider_deleted')
+  .requiredOption('--company <id>', 'the company it belongs to')
+  .option('--if-rev <rev>', 'only if it is still at this revision')
+  .option('--json', 'print JSON instead of text')
+  .action(async (name: string, opts: ProviderCliOptions) => {
+    const { runProviders } = await import('./cli-providers.ts');
+    process.exitCode = await runProviders('remove', name, opts);
+  });
+
+program
+  .command('secrets')
+  .description('the master key of the provider registry')
+  .command('rewrap')
+  .description('wrap every instance\'s data key with the current master key (LEASE_OPS_SECRETS_KEY), during a rotation (the old one as LEASE_OPS_SECRETS_KEY_PREVIOUS); exit 1 if any could not be')
+  .option('--json', 'print JSON instead of text')
+  .action(async (opts: { json?: boolean }) => {
+    const { runRewrap } = await import('./cli-providers.ts');
+    process.exitCode = await runRewrap(opts);
   });
 
 program

@@ -13,7 +13,12 @@ import { Inspector, type AttentionItem, type AttentionReason, type LeaseTimeline
 import { LeaseRecords } from './queues/lease-records.ts';
 import { LaneNames } from './queues/lane-names.ts';
 import { enqueueRouted, OperationsQueue, type AnnouncedProvider, type Enqueued } from './queues/operations-queue.ts';
-import { ProviderProbes, type ProviderProbe } from './queues/provider-probes.ts';
+import { ProviderProbes, type ProbeTarget, type ProviderProbe } from './queues/provider-probes.ts';
+import { ProviderInstances } from './providers/instances/manager.ts';
+import { checkMasterKeys } from './providers/instances/resolver.ts';
+import { parseAllowedApiUrls } from './providers/instances/schemas.ts';
+import { loadMasterKeys, type MasterKeys } from './providers/instances/sealing.ts';
+import { ProviderInstanceStore } from './providers/instances/store.ts';
 import { createRedis, isRedisUnavailable, reportRedisError, type RedisClient } from './queues/redis.ts';
 import { maskUrl, withoutInfrastructure } from './secrets.ts';
 
@@ -67,7 +72,11 @@ export class LeaseOpsClient {
   constructor(
     private readonly settings: Config = loadConfig(),
     /** failFast (the default): calls fail with RedisUnavailableError while Redis does not answer. */
-    opts: { failFast?: boolean } = {},
+    private readonly opts: {
+      failFast?: boolean;
+      /** The provider registry's master keys; from LEASE_OPS_SECRETS_KEY (and _PREVIOUS) when left out. */
+      masterKeys?: MasterKeys | null;
+    } = {},
   ) {
     this.timeoutMs = settings.LEASE_OPS_REDIS_TIMEOUT_MS;
     this.connection = createRedis(
@@ -277,6 +286,32 @@ export class LeaseOpsClient {
     return this.call(() => this.partitionOf(laneOfToken(token)!).ops.activities.leaseOf(token));
   }
 
+  private instanceManager: ProviderInstances | null = null;
+
+  /**
+   * Provider instances saved at run time (the provider registry in Redis): create, update,
+   * list and delete a company's instances, their credentials sealed with the master key.
+   */
+  get instances(): ProviderInstances {
+    this.instanceManager ??= new ProviderInstances(
+      new ProviderInstanceStore(this.connection, this.settings.LEASE_OPS_PREFIX, {
+        keys: this.opts.masterKeys === undefined ? loadMasterKeys() : this.opts.masterKeys,
+        allowedApiUrls: parseAllowedApiUrls(this.settings.LEASE_OPS_INSTANCE_API_URLS),
+      }),
+      {
+        configuredNames: async () => (await this.providers()).map((p) => p.name),
+        probe: (target) => this.probeProvider(target),
+        call: (run) => this.call(run),
+      },
+    );
+    return this.instanceManager;
+  }
+
+  /** Refuses (ConfigError) a master key that does not open the registry's instances: an API's start check. */
+  async checkMasterKeys(): Promise<void> {
+    await this.call(() => checkMasterKeys(this.instances.store));
+  }
+
   /** The providers the workers serve, each with what it can do (expiry, archive, force-stop, ...). */
   providers(): Promise<AnnouncedProvider[]> {
     return this.call(() => this.partitions[0]!.ops.providerDetails());
@@ -286,12 +321,12 @@ export class LeaseOpsClient {
    * Has a worker ask the service whether it takes the provider's credentials (one paced read;
    * answers are shared for 30 s). Never throws for the provider's answer: `ok` says.
    */
-  probeProvider(name: string): Promise<ProviderProbe> {
+  probeProvider(target: string | ProbeTarget): Promise<ProviderProbe> {
     this.probes ??= new ProviderProbes(this.connection, this.partitions[0]!.settings);
     const probes = this.probes;
     // Any caller may read it: no addresses or paths of the infrastructure (a network error's, say).
     return this.call(async () => {
-      const probe = await probes.probe(name);
+      const probe = await probes.probe(target);
       return { ...probe, message: withoutInfrastructure(probe.message) };
     });
   }

@@ -160,6 +160,19 @@ export const EnvSchema = z.object({
   LEASE_OPS_KEEP_FAILED_S: int(7 * 24 * 3_600, 0),
   /** Built-in provider names or module paths, comma separated (see README, providers). */
   LEASE_OPS_PROVIDERS: z.string().default('simulated'),
+  /**
+   * Addresses provider instances saved at run time may use besides the services' public ones
+   * (comma-separated URL prefixes): a tenant cannot point the workers anywhere else.
+   */
+  LEASE_OPS_INSTANCE_API_URLS: z.string().default(''),
+  /**
+   * The configured providers (LEASE_OPS_PROVIDERS, the providers file) that company-scoped
+   * API tokens may use: `*` (all, the default) or a comma-separated list; the others are
+   * admin-only (to a scoped token they do not exist).
+   */
+  LEASE_OPS_SHARED_PROVIDERS: z.string().default('*'),
+  /** Instance providers a worker keeps built (least recently used go first). */
+  LEASE_OPS_INSTANCE_CACHE: int(1_000, 1),
   /** The HTTP API with Bull Board (`lease-ops api`, `lease-ops start`). */
   LEASE_OPS_API_HOST: z.string().min(1).default('127.0.0.1'),
   LEASE_OPS_API_PORT: z.coerce.number().int().min(0).max(65_535).default(3000),
@@ -208,8 +221,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   return parsed.data;
 }
 
+/** The master key of the provider registry (providers/instances/sealing.ts): read there, never kept in the config. */
+export const SECRETS_KEY_VARIABLES = ['LEASE_OPS_SECRETS_KEY', 'LEASE_OPS_SECRETS_KEY_FILE', 'LEASE_OPS_SECRETS_KEY_PREVIOUS', 'LEASE_OPS_SECRETS_KEY_PREVIOUS_FILE'] as const;
+
 /** LEASE_OPS_ variables read outside this schema (by the providers, the fault points, the tests and tools). */
-const READ_ELSEWHERE = ['LEASE_OPS_PROVIDERS_FILE', 'LEASE_OPS_SIMULATED_URL', 'LEASE_OPS_FAULT_POINTS', 'LEASE_OPS_CHAOS', 'LEASE_OPS_CHROMIUM', 'LEASE_OPS_FUZZ_REPORT', 'LEASE_OPS_TEST_BUILT'];
+const READ_ELSEWHERE = [...SECRETS_KEY_VARIABLES, 'LEASE_OPS_PROVIDERS_FILE', 'LEASE_OPS_SIMULATED_URL', 'LEASE_OPS_FAULT_POINTS', 'LEASE_OPS_CHAOS', 'LEASE_OPS_CHROMIUM', 'LEASE_OPS_FUZZ_REPORT', 'LEASE_OPS_TEST_BUILT'];
 
 /**
  * LEASE_OPS_ variables set in `env` that lease-ops does not read (a misspelling, most

@@ -6,6 +6,7 @@ import { enableProcessMetrics, registry } from './metrics.ts';
 import { createLogger, type Logger } from './logger.ts';
 import { redisRateLimiters } from './providers/pacing.ts';
 import { loadProviders } from './providers/registry.ts';
+import { instanceProviders, openInstanceStore } from './providers/instances/index.ts';
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import { luaCommand } from './queues/lua-scripts.ts';
@@ -31,12 +32,17 @@ export function loggerFor(config: Config, name = 'lease-ops'): Logger {
 export async function startWorker(config: Config, log: Logger): Promise<LeaseWorkers> {
   reportRedisTrouble(config, log);
   const pacing = createRedis(config.REDIS_URL);
-  const providers = await loadProviders(config.LEASE_OPS_PROVIDERS, process.env, {
-    rateLimiters: redisRateLimiters(pacing, config.LEASE_OPS_PREFIX),
-  }).catch((err: unknown) => {
+  const services = { rateLimiters: redisRateLimiters(pacing, config.LEASE_OPS_PREFIX) };
+  // The registry's master key is checked before anything starts: a wrong one exits 2.
+  const store = await openInstanceStore(pacing, config).catch((err: unknown) => {
     pacing.disconnect();
     throw err;
   });
+  const providers = await loadProviders(config.LEASE_OPS_PROVIDERS, process.env, services).catch((err: unknown) => {
+    pacing.disconnect();
+    throw err;
+  });
+  providers.instances = instanceProviders(store, config, services);
   if (providers.names().includes('simulated') && !process.env.LEASE_OPS_SIMULATED_URL) {
     const release = await claimEmbeddedCloud(pacing, config.LEASE_OPS_PREFIX).catch(async (err: unknown) => {
       await providers.close();

@@ -8,6 +8,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
 import { gate, TestBed } from './helpers/env.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
+import { MasterKeys } from '../src/providers/instances/sealing.ts';
+import { randomBytes } from 'node:crypto';
 import { arbitraryFor, type JsonSchema } from './helpers/openapi-arbitrary.ts';
 
 const TOKENS = {
@@ -174,7 +176,8 @@ describe('an OpenAPI-driven fuzzer (issue 12, scenario 14)', () => {
       LEASE_OPS_MAX_QUEUED_PER_LEASE: '3',
       LEASE_OPS_MAX_QUEUED_PER_COMPANY: '20',
     });
-    api = await startTestApi(bed);
+    // With a master key, so provider instances can be saved (and their routes answer more than 503).
+    api = await startTestApi(bed, undefined, { masterKeys: new MasterKeys(randomBytes(32)) });
     // A worker runs the accepted operations, so leases have lanes, results and observed
     // states to show; it serves "recording": other provider names are 422 unknown_provider.
     // Operations on lease l2 hold their lane till the end, so its lane fills (429 comes up).

@@ -37,14 +37,22 @@ import {
   LeasePathSchema,
   OperationPathSchema,
   preferredWaitMs,
+  IfMatchHeaderSchema,
+  InstanceDeleteQuerySchema,
+  InstanceSaveQuerySchema,
   ProbeQuerySchema,
+  ProviderListQuerySchema,
   ProviderPathSchema,
   WaitQuerySchema,
 } from './schemas.ts';
 import { redactQuery } from '../secrets.ts';
+import { CredentialsRefusedError } from '../providers/instances/manager.ts';
+import { instanceCapabilities } from '../providers/instances/resolver.ts';
+import type { InstanceView } from '../providers/instances/schemas.ts';
+import { instanceNotFound, ProviderInstanceError } from '../providers/instances/store.ts';
 
 export interface ApiDeps {
-  config: Pick<Config, 'LEASE_OPS_API_TOKENS' | 'LEASE_OPS_API_MAX_WAIT_MS' | 'LEASE_OPS_BOARD_READ_ONLY' | 'LEASE_OPS_METRICS_TOKEN'>;
+  config: Pick<Config, 'LEASE_OPS_API_TOKENS' | 'LEASE_OPS_API_MAX_WAIT_MS' | 'LEASE_OPS_BOARD_READ_ONLY' | 'LEASE_OPS_METRICS_TOKEN'> & Partial<Pick<Config, 'LEASE_OPS_SHARED_PROVIDERS'>>;
   client: LeaseOpsClient;
   log: Logger;
   /** Queues Bull Board shows besides the operations queue (the maintenance queue). */
@@ -299,6 +307,25 @@ export function createApiApp(deps: ApiDeps): express.Express {
     next();
   };
 
+  // The providers a token may use: the workers' configured ones (shared, or admin-only as
+  // LEASE_OPS_SHARED_PROVIDERS says), and its company's instances saved at run time.
+  const sharedProviders = (deps.config.LEASE_OPS_SHARED_PROVIDERS ?? '*').split(',').map((s) => s.trim()).filter(Boolean);
+  const mayUseConfigured = (principal: Principal, name: string) => principal.admin || sharedProviders.includes('*') || sharedProviders.includes(name);
+  /** Whether a principal sees an instance: its company's, and (an environment-scoped token) only one bound to its environments. */
+  const seesInstance = (principal: Principal, instance: Pick<InstanceView, 'companyId' | 'environmentIds'>) =>
+    principal.admin ||
+    (instance.companyId === principal.companyId && (!principal.environmentIds || (instance.environmentIds !== null && instance.environmentIds.every((e) => principal.environmentIds!.includes(e)))));
+  /** The company an instance route acts for: a scoped token's own (naming another reads as missing), an admin's ?companyId. */
+  const companyFor = (principal: Principal, requested: string | undefined, name: string): string => {
+    if (principal.admin) {
+      if (requested === undefined) throw new HttpError(400, 'invalid_request', 'an admin token names the company: ?companyId=');
+      return requested;
+    }
+    if (requested !== undefined && requested !== principal.companyId) throw instanceNotFound(name);
+    return principal.companyId!;
+  };
+  const withCapabilities = (view: InstanceView) => ({ ...view, capabilities: instanceCapabilities(view.type) });
+
   v1.post('/leases/:provider/:companyId/:environmentId/:leaseId/operations', leaseInScope, jsonBody, async (req, res) => {
     const type = req.is('application/json');
     // req.is says null when there is no body at all.
@@ -312,10 +339,18 @@ export function createApiApp(deps: ApiDeps): express.Express {
     // Until some worker said what it serves (none started yet, or Redis lost its data) there
     // is nothing to tell a typo by, and the request is taken; a request repeated under its
     // idempotency key gets its receipt whatever the workers say.
+    // A company's instance (saved at run time, for this environment) counts as served; a
+    // configured provider that is admin-only does not exist for a scoped token.
     const ops = client.partitionOf(lease).ops;
-    const providers = await ops.announcedProviders();
-    if (providers.length > 0 && !providers.includes(lease.provider) && !(idempotencyKey !== undefined && (await ops.idempotencyKeyUsed(lease, idempotencyKey)))) {
-      throw new HttpError(422, 'unknown_provider', `no worker serves provider "${lease.provider}" (served: ${providers.sort().join(', ')})`);
+    const principal = res.locals.principal as Principal;
+    const announced = await ops.announcedProviders();
+    const providers = announced.filter((name) => mayUseConfigured(principal, name));
+    if (!providers.includes(lease.provider) && !(idempotencyKey !== undefined && (await ops.idempotencyKeyUsed(lease, idempotencyKey)))) {
+      const instance = await client.instances.get(lease.companyId, lease.provider);
+      const usable = instance !== null && (instance.environmentIds === null || instance.environmentIds.includes(lease.environmentId));
+      if (!usable && announced.length > 0) {
+        throw new HttpError(422, 'unknown_provider', `no worker serves provider "${lease.provider}", and company ${lease.companyId} has no provider instance of that name for environment ${lease.environmentId}${providers.length > 0 ? ` (served: ${providers.sort().join(', ')})` : ''}`);
+      }
     }
     const enqueued = await client.enqueue(body.op, lease, body.params, {
       ...(body.deadlineMs === undefined ? {} : { deadlineMs: body.deadlineMs }),
@@ -423,18 +458,80 @@ export function createApiApp(deps: ApiDeps): express.Express {
     res.json(view);
   });
 
-  // The providers every token may use (the workers' configuration: shared by all companies).
   v1.get('/providers', async (req, res) => {
     // `/providers/` is the one-provider route with no name (Express matches it here).
     if (req.path.endsWith('/')) parse(ProviderPathSchema, { name: '' }, 'path');
-    res.json({ providers: await client.providers() });
+    const principal = res.locals.principal as Principal;
+    const query = parse(ProviderListQuerySchema, req.query, 'query');
+    const companyId = principal.admin ? query.companyId : principal.companyId;
+    if (!principal.admin && query.companyId !== undefined && query.companyId !== principal.companyId) throw new HttpError(403, 'forbidden', 'this token lists only its own company');
+    const page = await client.instances.list({ ...(companyId === undefined ? {} : { companyId }), ...(query.cursor ? { after: query.cursor } : {}), limit: query.limit ?? 100 });
+    res.json({
+      providers: query.cursor ? [] : (await client.providers()).filter((p) => mayUseConfigured(principal, p.name)),
+      instances: page.instances.filter((i) => seesInstance(principal, i)).map(withCapabilities),
+      nextCursor: page.nextCursor,
+    });
+  });
+  v1.post('/providers', jsonBody, async (req, res) => {
+    const principal = res.locals.principal as Principal;
+    const { probe } = parse(InstanceSaveQuerySchema, req.query, 'query');
+    if (!req.is('application/json')) throw new HttpError(415, 'unsupported_media_type', 'send the instance as application/json');
+    const body = (typeof req.body === 'object' && req.body !== null ? req.body : {}) as Record<string, unknown>;
+    if (!principal.admin) {
+      if (body.companyId !== undefined && body.companyId !== principal.companyId) throw new HttpError(403, 'forbidden', `this token manages only company ${principal.companyId}'s providers`);
+      const envs = body.environmentIds;
+      if (principal.environmentIds && !(Array.isArray(envs) && envs.length > 0 && envs.every((e) => principal.environmentIds!.includes(e as string)))) {
+        throw new HttpError(403, 'forbidden', `this token is scoped to environments ${principal.environmentIds.join(', ')}: an instance it saves names environmentIds among them`);
+      }
+    }
+    const saved = await client.instances.create({ ...body, companyId: principal.admin ? body.companyId : principal.companyId }, { by: principal.name, probe: probe !== 'false' });
+    res.status(201).location(`/v1/providers/${encodeURIComponent(saved.instance.name)}`).json({ ...withCapabilities(saved.instance), ...(saved.probe ? { probe: saved.probe } : {}) });
   });
   v1.get('/providers/:name', async (req, res) => {
+    const principal = res.locals.principal as Principal;
     const { name } = parse(ProviderPathSchema, req.params, 'path');
-    const { probe } = parse(ProbeQuerySchema, req.query, 'query');
-    const found = (await client.providers()).find((p) => p.name === name);
-    if (!found) throw new HttpError(404, 'unknown_provider', `no worker serves provider "${name}"`);
-    res.json(probe === 'true' ? { ...found, probe: await client.probeProvider(name) } : found);
+    const { probe, companyId: requested } = parse(ProbeQuerySchema, req.query, 'query');
+    const configured = (await client.providers()).find((p) => p.name === name);
+    if (configured && mayUseConfigured(principal, name) && (requested === undefined || !principal.admin)) {
+      res.json(probe === 'true' ? { ...configured, probe: await client.probeProvider(name) } : configured);
+      return;
+    }
+    if (principal.admin && requested === undefined) throw instanceNotFound(name);
+    const companyId = companyFor(principal, requested, name);
+    const instance = await client.instances.get(companyId, name);
+    if (!instance || !seesInstance(principal, instance)) throw instanceNotFound(name);
+    // Probed as a lease of one of its environments would use it.
+    res.json(probe === 'true' ? { ...withCapabilities(instance), probe: await client.instances.probe(companyId, name, instance.environmentIds?.[0]) } : withCapabilities(instance));
+  });
+  v1.patch('/providers/:name', jsonBody, async (req, res) => {
+    const principal = res.locals.principal as Principal;
+    const { name } = parse(ProviderPathSchema, req.params, 'path');
+    const { probe, companyId: requested } = parse(InstanceSaveQuerySchema, req.query, 'query');
+    const { 'if-match': expectedRev } = parse(IfMatchHeaderSchema, { 'if-match': req.get('if-match') }, 'If-Match header');
+    if (!req.is('application/json')) throw new HttpError(415, 'unsupported_media_type', 'send the changes as application/json');
+    const companyId = companyFor(principal, requested, name);
+    const current = await client.instances.get(companyId, name);
+    if (!current || !seesInstance(principal, current)) throw instanceNotFound(name);
+    const body = req.body as Record<string, unknown>;
+    if (principal.environmentIds && body && 'environmentIds' in body) {
+      const envs = body.environmentIds;
+      if (!(Array.isArray(envs) && envs.length > 0 && envs.every((e) => principal.environmentIds!.includes(e as string)))) {
+        throw new HttpError(403, 'forbidden', `this token is scoped to environments ${principal.environmentIds.join(', ')}: an instance it saves names environmentIds among them`);
+      }
+    }
+    const saved = await client.instances.update(companyId, name, body, { by: principal.name, probe: probe !== 'false', ...(expectedRev === undefined ? {} : { expectedRev }) });
+    res.json({ ...withCapabilities(saved.instance), ...(saved.probe ? { probe: saved.probe } : {}) });
+  });
+  v1.delete('/providers/:name', async (req, res) => {
+    const principal = res.locals.principal as Principal;
+    const { name } = parse(ProviderPathSchema, req.params, 'path');
+    const { companyId: requested } = parse(InstanceDeleteQuerySchema, req.query, 'query');
+    const { 'if-match': expectedRev } = parse(IfMatchHeaderSchema, { 'if-match': req.get('if-match') }, 'If-Match header');
+    const companyId = companyFor(principal, requested, name);
+    const current = await client.instances.get(companyId, name);
+    if (!current || !seesInstance(principal, current)) throw instanceNotFound(name);
+    await client.instances.remove(companyId, name, expectedRev);
+    res.status(204).end();
   });
 
   v1.get('/attention', async (req, res) => {
@@ -537,7 +634,7 @@ const operationNotFound = (jobId: string) => new HttpError(404, 'operation_not_f
 function errorHandler(log: Logger): ErrorRequestHandler {
   return (err: unknown, req, res, _next) => {
     let status = 500;
-    let body: { code: string; message: string; details?: unknown[]; jobId?: string } = { code: 'internal_error', message: 'internal error' };
+    let body: { code: string; message: string; details?: unknown[]; jobId?: string; probe?: unknown } = { code: 'internal_error', message: 'internal error' };
     if (err instanceof HttpError) {
       status = err.status;
       body = { code: err.code, message: err.message };
@@ -555,6 +652,9 @@ function errorHandler(log: Logger): ErrorRequestHandler {
       status = 409;
       body = { code: err.code, message: err.message };
       res.setHeader('Retry-After', String(Math.ceil(err.retryAfterMs / 1000)));
+    } else if (err instanceof ProviderInstanceError) {
+      status = err.status;
+      body = { code: err.code, message: err.message, ...(err instanceof CredentialsRefusedError ? { probe: err.probe } : {}) };
     } else if (err instanceof ActivityNotFoundError) {
       status = 404;
       body = { code: err.code, message: err.message };

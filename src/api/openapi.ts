@@ -14,6 +14,13 @@ import {
   ErrorBodySchema,
   PreferHeaderSchema,
   ProbeQuerySchema,
+  IfMatchHeaderSchema,
+  InstanceCreateBodySchema,
+  InstanceDeleteQuerySchema,
+  InstancePatchBodySchema,
+  InstanceSaveQuerySchema,
+  ProviderInstanceSchema,
+  ProviderListQuerySchema,
   ProviderListSchema,
   ProviderPathSchema,
   ProviderSchema,
@@ -45,16 +52,17 @@ const ERROR_DESCRIPTIONS: Record<string, string> = {
   '400':
     'invalid_request (with zod details: a path, query, header or body field that does not validate, leaseMetadata over 16 KiB or nested deeper than 32 levels, a path that is not valid percent-encoding, no body), invalid_json or invalid_body (a body that cannot be read: bad gzip, say); Node answers a malformed request (bad chunked encoding) with 400 and no body',
   '401': 'unauthorized: no or unknown bearer token',
-  '403': 'forbidden: the token is scoped to a company and this needs an admin',
+  '403': "forbidden: the token is scoped to a company and this needs an admin, or names another company's or environment's provider instances",
   '404': 'not found (also for leases, operations and activities outside the token scope): lease_not_found, operation_not_found, activity_not_found (ended, or past its TTL), unknown_provider',
   '413': 'payload_too_large: bodies are capped at 64 KiB',
   '415': 'unsupported_media_type: send application/json',
-  '422': 'idempotency_key_reused: the idempotency key came with a different request (lease, operation or parameters) before (`jobId` names the operation it names); unknown_provider: no worker has ever served the provider named in the path',
+  '412': 'rev_conflict: the provider instance changed since the revision If-Match names',
+  '422': 'credentials_refused: the service refused the credentials of a provider instance, which was not saved (`probe` says what it answered); idempotency_key_reused: the idempotency key came with a different request (lease, operation or parameters) before (`jobId` names the operation it names); unknown_provider: no worker has ever served the provider named in the path',
   '429':
     'lease_queue_full, environment_queue_full, company_queue_full or queue_full, with Retry-After (LEASE_OPS_MAX_QUEUED_PER_LEASE, LEASE_OPS_MAX_QUEUED_PER_ENVIRONMENT, LEASE_OPS_MAX_QUEUED_PER_COMPANY, LEASE_OPS_MAX_QUEUED and a fair share)',
   '409':
-    'lease_closing (with Retry-After: a stop, release or destroy of the lease is queued or running), lease_has_sandbox (an acquire of a lease whose sandbox lives: destroy it first, or acquire under another id), operation_executing (it runs: an attempt in flight cannot be taken back), operation_ended (it completed or failed), operation_not_failed (only a failed operation runs again), operation_not_rerunnable (an acquire: enqueue a new one), operation_not_waiting (not in its lane any more)',
-  '503': 'redis_unavailable',
+    'lease_closing (with Retry-After: a stop, release or destroy of the lease is queued or running), lease_has_sandbox (an acquire of a lease whose sandbox lives: destroy it first, or acquire under another id), operation_executing (it runs: an attempt in flight cannot be taken back), operation_ended (it completed or failed), operation_not_failed (only a failed operation runs again), operation_not_rerunnable (an acquire: enqueue a new one), operation_not_waiting (not in its lane any more), provider_exists (the company has an instance of that name), provider_name_taken (a configured provider has that name)',
+  '503': 'redis_unavailable; secrets_key_missing (saving credentials needs LEASE_OPS_SECRETS_KEY on the API)',
 };
 
 /** The OpenAPI 3.1 document of the HTTP API, generated from the zod schemas it validates with. */
@@ -180,16 +188,37 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
       '/v1/providers': {
         get: {
           operationId: 'listProviders',
-          summary: 'The providers the workers serve, each with what it can do',
-          responses: { '200': json(ProviderListSchema, 'the providers'), ...NODE_BAD_REQUEST, ...errors('401', '503'), ...NODE_ANSWERS },
+          summary: "The workers' configured providers this token may use, and the provider instances saved at run time within its scope (a page at a time), each with what it can do",
+          requestParams: { query: ProviderListQuerySchema },
+          responses: { '200': json(ProviderListSchema, 'the providers'), ...errors('400', '401', '403', '503'), ...NODE_ANSWERS },
+        },
+        post: {
+          operationId: 'createProviderInstance',
+          summary: "Save a company's provider instance (its own key and settings); a worker tries the credentials first and refused ones are not saved (422 credentials_refused). The key is sealed with the master key and never returned",
+          requestParams: { query: InstanceSaveQuerySchema },
+          requestBody: { content: { 'application/json': { schema: InstanceCreateBodySchema } } },
+          responses: { '201': json(ProviderInstanceSchema, 'saved (Location names it)'), ...errors('400', '401', '403', '409', '413', '415', '422', '503'), ...NODE_ANSWERS },
         },
       },
       '/v1/providers/{name}': {
         get: {
           operationId: 'getProvider',
-          summary: 'One provider and what it can do; with probe=true, whether its service takes its credentials (a worker asks it)',
+          summary: "A configured provider, or the company's instance of that name, and what it can do; with probe=true, whether its service takes its credentials (a worker asks it)",
           requestParams: { path: ProviderPathSchema, query: ProbeQuerySchema },
-          responses: { '200': json(ProviderSchema, 'the provider'), ...errors('400', '401', '404', '503'), ...NODE_ANSWERS },
+          responses: { '200': json(z.union([ProviderSchema, ProviderInstanceSchema]), 'the provider'), ...errors('400', '401', '404', '503'), ...NODE_ANSWERS },
+        },
+        patch: {
+          operationId: 'updateProviderInstance',
+          summary: 'Change a provider instance: each field given replaces that field; new credentials are tried first. Workers use it from their next attempt',
+          requestParams: { path: ProviderPathSchema, query: InstanceSaveQuerySchema, header: IfMatchHeaderSchema },
+          requestBody: { content: { 'application/json': { schema: InstancePatchBodySchema } } },
+          responses: { '200': json(ProviderInstanceSchema, 'saved'), ...errors('400', '401', '403', '404', '412', '413', '415', '422', '503'), ...NODE_ANSWERS },
+        },
+        delete: {
+          operationId: 'deleteProviderInstance',
+          summary: 'Delete a provider instance: operations that name it fail with provider_deleted',
+          requestParams: { path: ProviderPathSchema, query: InstanceDeleteQuerySchema, header: IfMatchHeaderSchema },
+          responses: { '204': { description: 'deleted' }, ...errors('400', '401', '404', '412', '503'), ...NODE_ANSWERS },
         },
       },
       '/v1/attention': {

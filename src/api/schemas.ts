@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { InstanceCreateSchema, InstancePatchSchema, INSTANCE_TYPES } from '../providers/instances/schemas.ts';
 import { LeaseIdentitySchema } from '../lease.ts';
 import { OPERATIONS, OperationParamsSchemas } from '../operations.ts';
 import type { AttentionItem, LeaseTimeline, LeaseView, OperationView, QueueOverview } from '../queues/inspect.ts';
@@ -201,11 +202,56 @@ export const ProviderSchema = z
     probe: ProbeSchema.optional().meta({ description: 'with ?probe=true: whether the service takes the credentials, asked by a worker now' }),
   })
   .meta({ id: 'Provider' });
-export const ProviderListSchema = z.object({ providers: z.array(ProviderSchema) }).meta({ id: 'ProviderList' });
+export const ProviderInstanceSchema = z
+  .object({
+    name: z.string(),
+    type: z.enum(INSTANCE_TYPES),
+    companyId: z.string(),
+    environmentIds: z.array(z.string()).nullable().meta({ description: 'the environments whose leases may use it; null: every environment of the company' }),
+    source: z.literal('instance'),
+    config: z.record(z.string(), z.unknown()).meta({ description: 'its settings, as saved' }),
+    credentials: z.object({ fingerprint: z.string().meta({ description: 'sha256: and the first 8 hex digits of SHA-256 of the API key; the key itself is never returned' }) }),
+    rev: z.number().meta({ description: 'changes with every save; send it as If-Match to refuse a lost update' }),
+    createdAt: z.string(),
+    updatedAt: z.string(),
+    updatedBy: z.string(),
+    capabilities: CapabilitiesSchema.optional(),
+    probe: ProbeSchema.optional().meta({ description: 'what the service answered when a worker tried the credentials (on save, or with ?probe=true)' }),
+  })
+  .meta({ id: 'ProviderInstance' });
+export const ProviderListSchema = z
+  .object({
+    providers: z.array(ProviderSchema).meta({ description: "the workers' configured providers this token may use (on the first page only)" }),
+    instances: z.array(ProviderInstanceSchema).meta({ description: 'provider instances saved at run time, by company then name, within the token scope' }),
+    nextCursor: z.string().nullable().meta({ description: 'pass as ?cursor= for the next page of instances; null on the last' }),
+  })
+  .meta({ id: 'ProviderList' });
+export const ProviderListQuerySchema = z.strictObject({
+  companyId: z.string().min(1).max(256).optional().meta({ description: "admin tokens: one company's instances (all companies' if left out); a scoped token's own company always" }),
+  cursor: z.string().min(1).max(600).optional(),
+  limit: z.coerce.number().int().min(1).max(500).optional().meta({ description: 'instances per page (default 100)' }),
+});
 export const ProviderPathSchema = z.strictObject({ name: LeaseIdentitySchema.shape.provider.meta({ description: 'the provider key, as in a lease path' }) });
 export const ProbeQuerySchema = z.strictObject({
   probe: z.enum(['true', 'false']).optional().meta({ description: 'true: have a worker ask the service whether it takes the credentials (bounded, paced, shared for 30 s)' }),
+  companyId: z.string().min(1).max(256).optional().meta({ description: "admin tokens: the company whose instance this names (a scoped token's own company always)" }),
 });
+export const InstanceSaveQuerySchema = z.strictObject({
+  probe: z.enum(['true', 'false']).optional().meta({ description: 'false: save without having a worker try the credentials first (default true: refused credentials are not saved)' }),
+  companyId: z.string().min(1).max(256).optional().meta({ description: "admin tokens: the company whose instance this names (a scoped token's own company always)" }),
+});
+export const InstanceDeleteQuerySchema = z.strictObject({
+  companyId: z.string().min(1).max(256).optional().meta({ description: "admin tokens: the company whose instance this names (a scoped token's own company always)" }),
+});
+export const IfMatchHeaderSchema = z.strictObject({
+  'if-match': z
+    .string()
+    .regex(/^(W\/)?"?[0-9]{1,15}"?$/, 'If-Match is an instance revision, e.g. "12"')
+    .transform((v) => Number(v.replace(/^W\//, '').replaceAll('"', '')))
+    .optional(),
+});
+export const InstanceCreateBodySchema = InstanceCreateSchema.meta({ id: 'ProviderInstanceCreate', description: "a provider instance: its settings per type (Daytona's or CreateOS' settings without name and key), its credentials, its company and environments" });
+export const InstancePatchBodySchema = InstancePatchSchema.meta({ id: 'ProviderInstancePatch', description: 'each field given replaces that field (config as a whole)' });
 
 export const ActivityBodySchema = z
   .strictObject({

@@ -3,7 +3,8 @@ import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Queue } from 'bullmq';
 import { LeaseOpsClient } from '../client.ts';
-import type { Config } from '../config.ts';
+import { ConfigError, type Config } from '../config.ts';
+import { loadMasterKeys } from '../providers/instances/sealing.ts';
 import type { Logger } from '../logger.ts';
 import { queueMetrics } from '../metrics.ts';
 import { pingWithin, reportRedisError } from '../queues/redis.ts';
@@ -19,8 +20,10 @@ export interface ApiServer {
 
 /** Starts the HTTP API with Bull Board and the operations endpoints. */
 export async function startApiServer(config: Config, log: Logger): Promise<ApiServer> {
+  // A malformed master key is refused before anything listens (ConfigError: exit 2).
+  const masterKeys = loadMasterKeys();
   // Not waiting for Redis: the API listens at once, and answers 503 until Redis does.
-  const client = new LeaseOpsClient(config, { failFast: true });
+  const client = new LeaseOpsClient(config, { failFast: true, masterKeys });
   // Bull Board also shows each partition's maintenance queue (lane sweep, stuck-stop watchdog).
   const maintenance = client.partitions.map((p) => {
     const queue = new Queue(`${config.LEASE_OPS_QUEUE}-maintenance`, { connection: client.ops.connection, prefix: p.settings.LEASE_OPS_PREFIX });
@@ -75,20 +78,36 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
   log.info({ url }, 'API listening');
   // Listening already (answering 503 until Redis does); callers get it once Redis answers, or
   // after LEASE_OPS_REDIS_TIMEOUT_MS without.
-  await within(client.connected(), config.LEASE_OPS_REDIS_TIMEOUT_MS).catch(() => undefined);
+  const connected = await within(client.connected(), config.LEASE_OPS_REDIS_TIMEOUT_MS).then(
+    () => true,
+    () => false,
+  );
+  const close = async () => {
+    const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+    server.closeIdleConnections();
+    // Requests waiting for an operation (?waitMs) get a moment, then their sockets go.
+    const cut = setTimeout(() => server.closeAllConnections(), 2_000);
+    await closed;
+    clearTimeout(cut);
+    await Promise.all(maintenance.map(({ queue }) => queue.close()));
+    await client.close();
+  };
+  // A master key that does not open the registry's instances: stop (exit 2), nothing decrypted.
+  if (connected) {
+    try {
+      await client.checkMasterKeys();
+    } catch (err) {
+      if (err instanceof ConfigError) {
+        await close();
+        throw err;
+      }
+      log.warn({ err }, 'could not check the master key against the provider registry');
+    }
+  }
   return {
     url,
     client,
-    close: async () => {
-      const closed = new Promise<void>((resolve) => server.close(() => resolve()));
-      server.closeIdleConnections();
-      // Requests waiting for an operation (?waitMs) get a moment, then their sockets go.
-      const cut = setTimeout(() => server.closeAllConnections(), 2_000);
-      await closed;
-      clearTimeout(cut);
-      await Promise.all(maintenance.map(({ queue }) => queue.close()));
-      await client.close();
-    },
+    close,
   };
 }
 

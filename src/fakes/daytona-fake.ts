@@ -134,10 +134,14 @@ const API_CODES: Record<number, string> = {
  */
 export class DaytonaFake extends ApiFake {
   readonly sandboxes = new Map<string, FakeSandbox>();
-  private readonly timings: DaytonaTimings;
+  private timings: DaytonaTimings;
   private readonly random: (() => number) | null;
   private readonly limits = new Map<DaytonaThrottler, WindowLimit>();
   private readonly extraFields: Record<string, unknown>;
+  /** The API keys this organization takes (none set: any); rotated by acceptKeys. */
+  private apiKeys: Set<string> | null;
+  /** Requests per API key presented (accepted or not). */
+  readonly requestsByKey = new Map<string, number>();
 
   constructor(private readonly opts: DaytonaFakeOptions = {}) {
     super((req) => this.route(req));
@@ -145,6 +149,17 @@ export class DaytonaFake extends ApiFake {
     this.random = opts.faults ? seededRandom(opts.faults.seed) : null;
     for (const [name, l] of Object.entries(opts.rateLimits ?? {})) this.limits.set(name as DaytonaThrottler, new WindowLimit(l.limit, l.windowMs));
     this.extraFields = opts.extraFields ?? DEFAULT_EXTRA_FIELDS;
+    this.apiKeys = opts.apiKey ? new Set([opts.apiKey]) : null;
+  }
+
+  /** Changes how long transitions take from now on. */
+  setTimings(timings: Partial<DaytonaTimings>): void {
+    this.timings = { ...this.timings, ...timings };
+  }
+
+  /** From now on only these API keys are accepted (a key revoked or added in Daytona's dashboard). */
+  acceptKeys(...keys: string[]): void {
+    this.apiKeys = new Set(keys);
   }
 
   /** Every sandbox created so far and not destroyed. */
@@ -303,7 +318,9 @@ export class DaytonaFake extends ApiFake {
     const { method, path, query, body } = req;
     const none = (reply: FakeReply) => ({ reply, sandboxId: null });
     const auth = req.headers.authorization;
-    if (this.opts.apiKey && auth !== `Bearer ${this.opts.apiKey}`) return none(this.error(req, 401, 'Unauthorized'));
+    const presented = auth?.startsWith('Bearer ') ? auth.slice('Bearer '.length) : '';
+    this.requestsByKey.set(presented, (this.requestsByKey.get(presented) ?? 0) + 1);
+    if (this.apiKeys && !this.apiKeys.has(presented)) return none(this.error(req, 401, 'Unauthorized'));
     const limited = this.throttled(req, auth ?? '');
     if (limited) return none(limited);
 

@@ -6,12 +6,16 @@ import { createCreateosProvider } from './createos/index.ts';
 import { createDaytonaProvider, DAYTONA_THROTTLERS } from './daytona/index.ts';
 import { localRateLimiters } from './pacing.ts';
 import { createSimulatedProvider } from './simulated/index.ts';
+import type { LeaseIdentity } from '../lease.ts';
+import type { InstanceProviders, Resolution } from './instances/resolver.ts';
 import type { LeaseProvider, ProviderFactory, ProviderServices } from './types.ts';
 
 /** The providers a worker serves, by the key jobs name in `lease.provider`. */
 export class ProviderRegistry {
   private readonly byName = new Map<string, LeaseProvider>();
   private readonly closers: (() => void | Promise<void>)[] = [];
+  /** The instances saved at run time (the provider registry in Redis), if this worker serves them. */
+  instances: InstanceProviders | null = null;
 
   constructor(
     providers: LeaseProvider[] = [],
@@ -23,7 +27,20 @@ export class ProviderRegistry {
 
   /** The same providers for one of several users (a partition's worker): its close() leaves them open. */
   shared(): ProviderRegistry {
-    return new ProviderRegistry([...this.byName.values()], false);
+    const view = new ProviderRegistry([...this.byName.values()], false);
+    view.instances = this.instances;
+    return view;
+  }
+
+  /**
+   * The provider of a lease: a configured one by its name, else the lease's company's
+   * instance of that name (read from Redis, built once per revision).
+   */
+  async resolve(lease: Pick<LeaseIdentity, 'provider' | 'companyId' | 'environmentId'>): Promise<Resolution> {
+    const configured = this.byName.get(lease.provider);
+    if (configured) return { provider: configured };
+    if (this.instances) return this.instances.resolve(lease.companyId, lease.environmentId, lease.provider);
+    return { code: 'unknown_provider', message: `no provider named "${lease.provider}" is configured on this worker`, forGood: false };
   }
 
   add(provider: LeaseProvider): void {

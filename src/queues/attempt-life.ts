@@ -120,13 +120,15 @@ export class AttemptLife {
     const data = parsed.data;
     const log = () => (this.logger ??= this.deps.log.child({ leaseId: data.lease.leaseId, provider: data.lease.provider, jobId: this.jobId, op: data.op, attempt: this.job.attemptsMade + 1 }));
 
-    const provider = this.deps.providers.get(data.lease.provider);
-    if (!provider) {
-      // Another replica may serve it (a rolling change of LEASE_OPS_PROVIDERS): retried
-      // like a transient error, so it fails only at its deadline.
-      const unknown = new TransientError('unknown_provider', `no provider named "${data.lease.provider}" is configured on this worker`);
-      return this.endFailed(laneId, fence, data, unknown, null, log);
+    const resolved = await this.laneStep(() => this.deps.providers.resolve(data.lease));
+    if (!('provider' in resolved)) {
+      // Deleted, unreadable or not for this environment: that ends it. Not served here:
+      // another replica may serve it (a rolling change of LEASE_OPS_PROVIDERS), so it is
+      // retried like a transient error and fails only at its deadline.
+      if (resolved.forGood) return this.failForGood(laneId, fence, data, resolved.code, resolved.message, log);
+      return this.endFailed(laneId, fence, data, new TransientError(resolved.code, resolved.message), null, log);
     }
+    const provider = resolved.provider;
     if (data.op === 'abandon-acquire' && (await this.laneStep(() => this.deps.ops.acquireCompleted(data.params.acquireJobId)))) {
       // The acquire completed after all (a crash came between queueing this and recording
       // its failure, and a re-run succeeded): its sandbox is a lease now, not debris.

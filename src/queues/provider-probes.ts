@@ -20,16 +20,34 @@ export interface ProviderProbe extends ProbeResult {
   at: number;
 }
 
+/** What a probe job names: a configured provider, a company's instance, or a draft being saved. */
+export const ProbeTargetSchema = z.object({
+  provider: z.string(),
+  companyId: z.string().optional(),
+  environmentId: z.string().optional(),
+  draft: z.string().optional(),
+});
+export type ProbeTarget = z.infer<typeof ProbeTargetSchema>;
+
 const ProbeSchema = z.object({ ok: z.boolean(), code: z.string(), message: z.string(), at: z.number() });
 
 /**
  * Runs a probe on a worker: one paced read with the provider's own credentials, outside any
  * lane (it touches no sandbox), bounded by its own deadline.
  */
-export async function runProbe(providers: ProviderRegistry, name: string, log: Logger): Promise<ProviderProbe> {
-  const provider = providers.get(name);
+export async function runProbe(providers: ProviderRegistry, target: ProbeTarget, log: Logger): Promise<ProviderProbe> {
   const at = Date.now();
-  if (!provider) return { ok: false, code: 'unknown_provider', message: `this worker serves no provider named "${name}"`, at };
+  const name = target.provider;
+  const resolved = target.draft
+    ? providers.instances
+      ? await providers.instances.resolveDraft(target.draft)
+      : ({ code: 'unknown_provider', message: 'this worker serves no saved provider instances', forGood: true } as const)
+    : await providers.resolve({ provider: name, companyId: target.companyId ?? '', environmentId: target.environmentId ?? '' });
+  if (!('provider' in resolved)) {
+    // An unknown name stays unknown_provider; a deleted or unreadable instance says so.
+    return { ok: false, code: resolved.code, message: resolved.code === 'unknown_provider' && !target.companyId ? `this worker serves no provider named "${name}"` : resolved.message, at };
+  }
+  const provider = resolved.provider;
   if (!provider.probe) return { ok: true, code: 'nothing_to_check', message: `${name} has no credentials to check`, at };
   let saved: Record<string, unknown> = {};
   const ctx: OperationContext = {
@@ -64,11 +82,15 @@ export class ProviderProbes {
     private readonly settings: { REDIS_URL: string; LEASE_OPS_QUEUE: string; LEASE_OPS_PREFIX: string },
   ) {}
 
-  async probe(name: string, timeoutMs = PROBE_DEADLINE_MS + 2_000): Promise<ProviderProbe> {
+  async probe(target: string | ProbeTarget, timeoutMs = PROBE_DEADLINE_MS + 2_000): Promise<ProviderProbe> {
+    const probe: ProbeTarget = typeof target === 'string' ? { provider: target } : target;
+    const name = probe.provider;
     const queue = (this.queue ??= this.maintenanceQueue());
     const events = await (this.events ??= this.queueEvents());
-    const jobId = `${PROBE_JOB}.${Buffer.from(name).toString('base64url')}.${Math.floor(Date.now() / PROBE_REUSE_MS)}`;
-    const job: Job = await queue.add(PROBE_JOB, { provider: name }, { jobId, attempts: 1, removeOnComplete: { age: 120 }, removeOnFail: { age: 120 } });
+    // Shared for a while per provider (per instance); a draft's probe is its own.
+    const subject = probe.draft ? `draft.${probe.draft}` : Buffer.from(JSON.stringify([name, probe.companyId ?? null, probe.environmentId ?? null])).toString('base64url');
+    const jobId = `${PROBE_JOB}.${subject}.${Math.floor(Date.now() / PROBE_REUSE_MS)}`;
+    const job: Job = await queue.add(PROBE_JOB, probe, { jobId, attempts: 1, removeOnComplete: { age: 120 }, removeOnFail: { age: 120 } });
     try {
       const result = ProbeSchema.safeParse(await job.waitUntilFinished(events, timeoutMs));
       if (result.success) return result.data;

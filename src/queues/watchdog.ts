@@ -78,8 +78,9 @@ export class Watchdog {
     }
     const stuckFor = (await this.records.now()) - record.since;
     if (record.kind !== 'transitioning' || stuckFor < this.settings.stuckAfterMs) return report;
-    const provider = this.providers.get(record.lease.provider);
-    if (!provider) return report; // another replica serves it
+    const resolved = await this.providers.resolve(record.lease);
+    if (!('provider' in resolved)) return report; // another replica serves it, or it is gone
+    const provider = resolved.provider;
     const log = this.log.child({ laneId, leaseId: record.providerLeaseId, provider: provider.name, providerState: record.providerState });
     if (!provider.capabilities.forceStop) {
       report.unsupported++;

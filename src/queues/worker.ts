@@ -17,7 +17,7 @@ import { defineQuietFetch } from './quiet-fetch.ts';
 import { BACKOFF_TYPE, OperationsQueue } from './operations-queue.ts';
 import { answerWithin, closeForGood, createRedis, keepCopies, isRedisUnavailable, pingWithin, reportRedisError, type RedisClient } from './redis.ts';
 import { type BackoffSettings, DEFAULT_BACKOFF, RetryLaterError } from './retry-policy.ts';
-import { PROBE_JOB, runProbe } from './provider-probes.ts';
+import { PROBE_JOB, ProbeTargetSchema, runProbe } from './provider-probes.ts';
 import { sweepLanes } from './sweep.ts';
 import { Watchdog } from './watchdog.ts';
 
@@ -207,7 +207,11 @@ export class LeaseWorker {
           case STUCK_CHECK:
             return this.watchdog.consider((job.data as { laneId: string }).laneId);
           case PROBE_JOB:
-            return runProbe(this.providers, String((job.data as { provider?: unknown }).provider), this.log);
+            {
+            const target = ProbeTargetSchema.safeParse(job.data);
+            if (!target.success) throw new UnrecoverableError('a probe job that names no provider');
+            return runProbe(this.providers, target.data, this.log);
+          }
           case SWEEP_SCHEDULER_ID: {
             const report = await sweepLanes(this.ops, settings.LEASE_OPS_SWEEP_STALE_MS, this.log);
             if (report.dropped || report.handedOff) this.log.info(report, 'lane sweep repaired lanes');

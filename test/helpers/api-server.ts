@@ -3,6 +3,7 @@ import type { AddressInfo } from 'node:net';
 import { createApiApp } from '../../src/api/app.ts';
 import { LeaseOpsClient } from '../../src/client.ts';
 import type { Logger } from '../../src/logger.ts';
+import type { MasterKeys } from '../../src/providers/instances/sealing.ts';
 import { createLogger } from '../../src/logger.ts';
 import { queueMetrics } from '../../src/metrics.ts';
 import type { TestBed } from './env.ts';
@@ -15,8 +16,8 @@ export interface TestApi {
 }
 
 /** The HTTP API for a test bed, on a real listening socket (readiness always true). */
-export async function startTestApi(bed: TestBed, log: Logger = createLogger({ level: 'silent' })): Promise<TestApi> {
-  const client = new LeaseOpsClient(bed.config, { failFast: true });
+export async function startTestApi(bed: TestBed, log: Logger = createLogger({ level: 'silent' }), opts: { masterKeys?: MasterKeys | null } = {}): Promise<TestApi> {
+  const client = new LeaseOpsClient(bed.config, { failFast: true, masterKeys: opts.masterKeys ?? null });
   await client.connected();
   const app = createApiApp({
     config: bed.config,

@@ -83,7 +83,12 @@ export class TestBed {
   }
 
   async startWorker(...providers: LeaseProvider[]): Promise<LeaseWorker> {
-    const worker = new LeaseWorker(this.config, new ProviderRegistry(providers), createLogger({ level: 'silent' }));
+    return this.startWorkerWith(new ProviderRegistry(providers));
+  }
+
+  /** A worker with a registry of the test's making (provider instances attached, say). */
+  async startWorkerWith(registry: ProviderRegistry): Promise<LeaseWorker> {
+    const worker = new LeaseWorker(this.config, registry, createLogger({ level: 'silent' }));
     await worker.start();
     this.workers.push(worker);
     return worker;

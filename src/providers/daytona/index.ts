@@ -48,8 +48,8 @@ export const DaytonaSettingsSchema = z.strictObject({
   timeoutMs: z.number().int().positive().default(30_000),
   /** Create's timeout: Daytona's create may wait up to 30 s for the sandbox to start before it answers. */
   createTimeoutMs: z.number().int().positive().default(60_000),
-  /** Minutes of inactivity before Daytona stops a sandbox it created (reference: 15). */
-  autoStopMinutes: z.number().int().min(0).default(15),
+  /** Minutes of inactivity before Daytona stops a sandbox it created (reference: 15; 0 = never; at most 30 days). */
+  autoStopMinutes: z.number().int().min(0).max(43_200).default(15),
   /** The snapshot sandboxes start from (Daytona's default when unset). */
   snapshot: z.string().min(1).optional(),
   /** A snapshot per adapter type (the host's `adapterType` of an acquire), over `snapshot`. */

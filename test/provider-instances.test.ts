@@ -1,0 +1,414 @@
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { inspect } from 'node:util';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ConfigError } from '../src/config.ts';
+import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
+import { InstanceProviders } from '../src/providers/instances/resolver.ts';
+import { instanceAad, keyId, loadMasterKeys, MasterKeys, rewrap, seal, unseal, UnsealError, type Sealed } from '../src/providers/instances/sealing.ts';
+import { ProviderInstanceStore } from '../src/providers/instances/store.ts';
+import { redisRateLimiters } from '../src/providers/pacing.ts';
+import { ProviderRegistry } from '../src/providers/registry.ts';
+import { startTestApi, type TestApi } from './helpers/api-server.ts';
+import { scanKeys, TestBed } from './helpers/env.ts';
+import { captureLog } from './helpers/log-capture.ts';
+import { createRecordingProvider } from './helpers/recording-provider.ts';
+
+// Issue 25 part 1: provider instances saved at run time, their credentials sealed with a
+// master key. Everything here runs over a real Redis, the real API and the Daytona fake.
+
+const hexKey = () => randomBytes(32).toString('hex');
+
+describe('sealing: envelope encryption of credentials', () => {
+  const oldKey = randomBytes(32);
+  const newKey = randomBytes(32);
+  const aad = instanceAad('acme', 'dt');
+
+  it('opens what it sealed, and nothing altered, moved to another instance or sealed under another key', () => {
+    const keys = new MasterKeys(oldKey);
+    const sealed = seal(keys, aad, { apiKey: 'dtn_secret_value' });
+    expect(JSON.stringify(sealed)).not.toContain('dtn_secret_value');
+    expect(sealed.kid).toBe(keyId(oldKey));
+    expect(unseal(keys, aad, sealed)).toEqual({ apiKey: 'dtn_secret_value' });
+
+    const flip = (text: string, at: number) => {
+      const bytes = Buffer.from(text, 'base64');
+      bytes[at % bytes.length]! ^= 0x01;
+      return bytes.toString('base64');
+    };
+    const reasonOf = (f: () => unknown) => {
+      try {
+        f();
+      } catch (err) {
+        if (err instanceof UnsealError) return err.reason;
+        throw err;
+      }
+      return 'opened';
+    };
+    for (const at of [0, 5, 13, 40]) {
+      expect(reasonOf(() => unseal(keys, aad, { ...sealed, sealed: flip(sealed.sealed, at) }))).toBe('tampered');
+      expect(reasonOf(() => unseal(keys, aad, { ...sealed, wrapped: flip(sealed.wrapped, at) }))).toBe('tampered');
+    }
+    // The same record copied under another company's or another name's key.
+    expect(reasonOf(() => unseal(keys, instanceAad('globex', 'dt'), sealed))).toBe('tampered');
+    expect(reasonOf(() => unseal(keys, instanceAad('acme', 'dt2'), sealed))).toBe('tampered');
+    // A process that holds another key.
+    expect(reasonOf(() => unseal(new MasterKeys(newKey), aad, sealed))).toBe('key_not_held');
+    // A kid rewritten to the key the process holds does not make it open.
+    expect(reasonOf(() => unseal(new MasterKeys(newKey), aad, { ...sealed, kid: keyId(newKey) }))).toBe('tampered');
+  });
+
+  it('rotates: old and new keys both open while the rotation runs; a rewrap moves a record to the new key', () => {
+    const sealed = seal(new MasterKeys(oldKey), aad, { apiKey: 'k1' });
+    const rotating = new MasterKeys(newKey, oldKey);
+    expect(unseal(rotating, aad, sealed)).toEqual({ apiKey: 'k1' });
+    const rewrapped: Sealed = rewrap(rotating, aad, sealed);
+    expect(rewrapped.kid).toBe(keyId(newKey));
+    // The data key and its ciphertext stay; only the wrapping changes.
+    expect(rewrapped.sealed).toBe(sealed.sealed);
+    expect(unseal(new MasterKeys(newKey), aad, rewrapped)).toEqual({ apiKey: 'k1' });
+    expect(() => unseal(new MasterKeys(oldKey), aad, rewrapped)).toThrow(UnsealError);
+  });
+
+  it('reads keys from the environment or a file; a malformed one is a ConfigError that never shows it; a key never prints', () => {
+    expect(loadMasterKeys({})).toBeNull();
+    const hex = hexKey();
+    const keys = loadMasterKeys({ LEASE_OPS_SECRETS_KEY: hex })!;
+    expect(keys.currentKid).toBe(keyId(Buffer.from(hex, 'hex')));
+    const b64 = randomBytes(32).toString('base64');
+    expect(loadMasterKeys({ LEASE_OPS_SECRETS_KEY: hex, LEASE_OPS_SECRETS_KEY_PREVIOUS: b64 })!.previousKid).toBe(keyId(Buffer.from(b64, 'base64')));
+    const dir = mkdtempSync(join(tmpdir(), 'lease-ops-key-'));
+    writeFileSync(join(dir, 'key'), `${hex}\n`);
+    expect(loadMasterKeys({ LEASE_OPS_SECRETS_KEY_FILE: join(dir, 'key') })!.currentKid).toBe(keys.currentKid);
+
+    for (const bad of ['short', `${hex}00`, 'z'.repeat(64), randomBytes(31).toString('base64')]) {
+      let caught: unknown;
+      try {
+        loadMasterKeys({ LEASE_OPS_SECRETS_KEY: bad });
+      } catch (err) {
+        caught = err;
+      }
+      expect(caught).toBeInstanceOf(ConfigError);
+      expect((caught as Error).message).toContain('LEASE_OPS_SECRETS_KEY');
+      expect((caught as Error).message).not.toContain(bad);
+      expect((caught as Error).message.split('\n')).toHaveLength(1);
+    }
+    expect(() => loadMasterKeys({ LEASE_OPS_SECRETS_KEY_FILE: join(dir, 'missing') })).toThrow(ConfigError);
+    // However a key object is printed, the key is not in it.
+    for (const shown of [JSON.stringify(keys), inspect(keys, { showHidden: true, depth: 5 }), String(keys)]) {
+      expect(shown).not.toContain(hex);
+      expect(shown).not.toContain(Buffer.from(hex, 'hex').toString('base64'));
+    }
+  });
+});
+
+const ADMIN = 'instances-admin-token-0123456789';
+const ACME = 'instances-acme-token-0123456789';
+const ACME_PROD = 'instances-acme-prod-token-01234567';
+const GLOBEX = 'instances-globex-token-0123456789';
+const KEY_A = 'dtn_key_A_0123456789abcdef';
+const KEY_B = 'dtn_key_B_fedcba9876543210';
+const KEY_G = 'dtn_key_G_globex_000000000';
+
+describe('provider instances at run time, over the API', () => {
+  let bed: TestBed;
+  let api: TestApi;
+  let fake: DaytonaFake;
+  let keys: MasterKeys;
+  let store: ProviderInstanceStore;
+  let instances: InstanceProviders;
+  const logs = captureLog();
+
+  const call = async (method: string, path: string, token: string, body?: unknown, extra: Record<string, string> = {}) => {
+    const res = await fetch(`${api.base}${path}`, {
+      method,
+      headers: { authorization: `Bearer ${token}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...extra },
+      ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+    });
+    const text = await res.text();
+    return { status: res.status, headers: res.headers, text, body: (text ? JSON.parse(text) : null) as Record<string, any> };
+  };
+  const enqueue = (token: string, provider: string, company: string, env: string, leaseId: string, body: unknown) =>
+    call('POST', `/v1/leases/${provider}/${company}/${env}/${encodeURIComponent(leaseId)}/operations`, token, body, { prefer: 'wait=20' });
+  const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
+  let fakeUrl: string;
+  const daytona = (name: string, apiKey: string, extra: Record<string, unknown> = {}) => ({
+    name,
+    type: 'daytona',
+    config: { apiUrl: fakeUrl, rateLimits: unpaced, autoStopMinutes: 30 },
+    credentials: { apiKey },
+    ...extra,
+  });
+
+  beforeAll(async () => {
+    fake = new DaytonaFake({ timings: { create: 10, start: 20, stop: 20, forceStop: 0, destroy: 10, archive: 20 } });
+    fake.acceptKeys(KEY_A, KEY_G);
+    fakeUrl = await fake.listen();
+    bed = await TestBed.create({
+      LEASE_OPS_API_TOKENS: JSON.stringify([
+        { token: ADMIN, name: 'ops' },
+        { token: ACME, companyId: 'acme', name: 'acme-ci' },
+        { token: ACME_PROD, companyId: 'acme', environmentIds: ['prod'] },
+        { token: GLOBEX, companyId: 'globex' },
+      ]),
+      LEASE_OPS_API_MAX_WAIT_MS: '20000',
+      LEASE_OPS_INSTANCE_API_URLS: fakeUrl,
+    });
+    keys = new MasterKeys(randomBytes(32));
+    store = new ProviderInstanceStore(bed.redis, bed.config.LEASE_OPS_PREFIX, { keys, allowedApiUrls: [fakeUrl] });
+    instances = new InstanceProviders(store, { rateLimiters: redisRateLimiters(bed.redis, bed.config.LEASE_OPS_PREFIX) }, [fakeUrl]);
+    const registry = new ProviderRegistry([createRecordingProvider().provider]);
+    registry.instances = instances;
+    await bed.startWorkerWith(registry);
+    api = await startTestApi(bed, logs.log, { masterKeys: keys });
+  });
+
+  afterAll(async () => {
+    await api?.close();
+    await bed?.close();
+    await fake?.close();
+  });
+
+  it('creates an instance after the service took its key, shows only a fingerprint, and refuses a key the service refuses', async () => {
+    const created = await call('POST', '/v1/providers', ACME, daytona('acme-dt', KEY_A));
+    expect(created.status, created.text).toBe(201);
+    expect(created.headers.get('location')).toBe('/v1/providers/acme-dt');
+    expect(created.body).toMatchObject({
+      name: 'acme-dt',
+      type: 'daytona',
+      companyId: 'acme',
+      environmentIds: null,
+      source: 'instance',
+      credentials: { fingerprint: expect.stringMatching(/^sha256:[0-9a-f]{8}$/) },
+      rev: 1,
+      updatedBy: 'acme-ci',
+      probe: { ok: true },
+      capabilities: expect.objectContaining({ expiry: expect.anything() }),
+    });
+    expect(created.text).not.toContain(KEY_A);
+    // The probe asked the service with the new key.
+    expect(fake.requestsByKey.get(KEY_A)).toBeGreaterThan(0);
+
+    const refused = await call('POST', '/v1/providers', ACME, daytona('acme-wrong', 'dtn_not_a_key'));
+    expect(refused.status, refused.text).toBe(422);
+    expect(refused.body.error).toMatchObject({ code: 'credentials_refused', probe: { ok: false, code: 'unauthorized' } });
+    expect((await call('GET', '/v1/providers/acme-wrong', ACME)).status).toBe(404);
+
+    const again = await call('POST', '/v1/providers', ACME, daytona('acme-dt', KEY_A));
+    expect([again.status, again.body.error.code]).toEqual([409, 'provider_exists']);
+    const configured = await call('POST', '/v1/providers', ACME, daytona('recording', KEY_A));
+    expect([configured.status, configured.body.error.code]).toEqual([409, 'provider_name_taken']);
+  });
+
+  it('checks config per provider type when saved: 400 with the field path', async () => {
+    const cases: [unknown, string][] = [
+      [{ ...daytona('bad-1', KEY_A), config: { apiUrl: fakeUrl, snapshotz: 'x' } }, 'config'],
+      [{ ...daytona('bad-2', KEY_A), config: { apiUrl: fakeUrl, autoStopMinutes: 50_000 } }, 'config.autoStopMinutes'],
+      [{ ...daytona('bad-3', KEY_A), config: { apiUrl: fakeUrl, timeoutMs: 'soon' } }, 'config.timeoutMs'],
+      [{ ...daytona('bad-4', KEY_A), type: 'lambda' }, 'type'],
+      [{ ...daytona('Bad Name', KEY_A) }, 'name'],
+      [{ ...daytona('bad-5', KEY_A), credentials: { apiKey: '' } }, 'credentials.apiKey'],
+      [{ ...daytona('bad-6', KEY_A), extra: true }, ''],
+      [{ ...daytona('bad-7', KEY_A), type: 'createos', config: { apiUrl: fakeUrl, snapshot: 'x' } }, 'config'],
+    ];
+    for (const [body, path] of cases) {
+      const res = await call('POST', '/v1/providers', ACME, body);
+      expect(res.status, `${JSON.stringify(body)} -> ${res.text}`).toBe(400);
+      expect(res.body.error.code).toBe('invalid_request');
+      expect(res.body.error.details.map((d: { path: string[] }) => d.path.join('.'))).toContain(path);
+      expect(res.text).not.toContain(KEY_A);
+    }
+    // An address that is not the service's nor on the operator's list (no SSRF through a tenant).
+    const ssrf = await call('POST', '/v1/providers', ACME, { ...daytona('bad-8', KEY_A), config: { apiUrl: 'http://169.254.169.254/latest' } });
+    expect([ssrf.status, ssrf.body.error.code]).toEqual([400, 'invalid_request']);
+    expect(ssrf.body.error.details.map((d: { path: string[] }) => d.path.join('.'))).toEqual(['config.apiUrl']);
+    const list = await call('GET', '/v1/providers', ACME);
+    expect(list.body.instances.map((i: { name: string }) => i.name)).toEqual(['acme-dt']);
+  });
+
+  it("scopes instances to their company: another company's token finds nothing, as if missing", async () => {
+    const globex = await call('POST', '/v1/providers', GLOBEX, daytona('globex-dt', KEY_G));
+    expect(globex.status, globex.text).toBe(201);
+    const missing = await call('GET', '/v1/providers/no-such-instance', GLOBEX);
+    for (const [method, body] of [['GET'], ['PATCH', { config: { apiUrl: fakeUrl } }], ['DELETE']] as const) {
+      const res = await call(method, '/v1/providers/acme-dt', GLOBEX, body);
+      expect(res.status, `${method}: ${res.text}`).toBe(404);
+      expect(res.body.error.code).toBe(missing.body.error.code);
+      expect(res.body.error.message).toBe(missing.body.error.message.replace('no-such-instance', 'acme-dt'));
+    }
+    const probed = await call('GET', '/v1/providers/acme-dt?companyId=acme', GLOBEX);
+    expect(probed.status).toBe(404);
+    expect((await call('GET', '/v1/providers?companyId=acme', GLOBEX)).status).toBe(403);
+    expect((await call('GET', '/v1/providers', GLOBEX)).body.instances.map((i: { name: string }) => i.name)).toEqual(['globex-dt']);
+    // An operation of globex naming acme's instance is refused at the door.
+    const op = await enqueue(GLOBEX, 'acme-dt', 'globex', 'prod', 'run-x', { op: 'acquire', params: { runId: 'x' } });
+    expect([op.status, op.body.error?.code]).toEqual([422, 'unknown_provider']);
+    // An environment-scoped token sees only instances bound to its environments.
+    expect((await call('GET', '/v1/providers/acme-dt', ACME_PROD)).status).toBe(404);
+    const unbound = await call('POST', '/v1/providers', ACME_PROD, daytona('acme-any-env', KEY_A));
+    expect(unbound.status).toBe(403);
+    const prodOnly = await call('POST', '/v1/providers', ACME_PROD, daytona('acme-prod-dt', KEY_A, { environmentIds: ['prod'] }));
+    expect(prodOnly.status, prodOnly.text).toBe(201);
+    expect((await call('GET', '/v1/providers/acme-prod-dt', ACME_PROD)).status).toBe(200);
+    // An admin names the company.
+    expect((await call('GET', '/v1/providers/acme-dt?companyId=acme', ADMIN)).body.companyId).toBe('acme');
+    const all = await call('GET', '/v1/providers', ADMIN);
+    expect(all.body.instances.map((i: { companyId: string; name: string }) => `${i.companyId}/${i.name}`).sort()).toEqual(['acme/acme-dt', 'acme/acme-prod-dt', 'globex/globex-dt']);
+  });
+
+  it('runs operations with an instance; an update is used on the next operation, a deletion fails the next one with provider_deleted', async () => {
+    const acquired = await enqueue(ACME, 'acme-dt', 'acme', 'prod', 'run-1', { op: 'acquire', params: { runId: 'run-1' } });
+    expect(acquired.status, acquired.text).toBe(200);
+    expect(acquired.body, acquired.text).toMatchObject({ state: 'completed', result: { providerLeaseId: expect.any(String) } });
+    const sandbox = acquired.body.result.providerLeaseId as string;
+    expect(fake.ids()).toContain(sandbox);
+    const usedA = fake.requestsByKey.get(KEY_A)!;
+
+    // Rotate the key: the service takes both while the new one is probed, then only the new one.
+    fake.acceptKeys(KEY_A, KEY_B, KEY_G);
+    const current = (await call('GET', '/v1/providers/acme-dt', ACME)).body;
+    const before = current.credentials.fingerprint;
+    const rotated = await call('PATCH', '/v1/providers/acme-dt', ACME, { credentials: { apiKey: KEY_B } }, { 'if-match': `"${current.rev}"` });
+    expect(rotated.status, rotated.text).toBe(200);
+    expect(rotated.body.rev).toBeGreaterThan(current.rev);
+    expect(rotated.body.credentials.fingerprint).not.toBe(before);
+    expect(rotated.text).not.toContain(KEY_B);
+    fake.acceptKeys(KEY_B, KEY_G);
+    const stale = await call('PATCH', '/v1/providers/acme-dt', ACME, { config: { apiUrl: fakeUrl } }, { 'if-match': `"${current.rev}"` });
+    expect([stale.status, stale.body.error?.code]).toEqual([412, 'rev_conflict']);
+
+    const stopped = await enqueue(ACME, 'acme-dt', 'acme', 'prod', sandbox, { op: 'stop', params: { providerLeaseId: sandbox } });
+    expect(stopped.body, stopped.text).toMatchObject({ state: 'completed', result: { state: 'stopped' } });
+    expect(fake.requestsByKey.get(KEY_B)).toBeGreaterThan(0);
+    // Nothing after the rotation went out with the revoked key.
+    expect(fake.requestsByKey.get(KEY_A)).toBe(usedA);
+
+    const removed = await call('DELETE', '/v1/providers/acme-dt', ACME);
+    expect(removed.status).toBe(204);
+    const after = await enqueue(ACME, 'acme-dt', 'acme', 'prod', sandbox, { op: 'destroy', params: { providerLeaseId: sandbox } });
+    // The API refuses a name that no longer exists; an operation already queued fails at the worker.
+    expect([after.status, after.body.error?.code]).toEqual([422, 'unknown_provider']);
+  });
+
+  it('an operation queued before its instance was deleted fails with provider_deleted', async () => {
+    const created = await call('POST', '/v1/providers', ACME, daytona('acme-gone', KEY_B));
+    expect(created.status, created.text).toBe(201);
+    const lease = { provider: 'acme-gone', companyId: 'acme', environmentId: 'prod', leaseId: 'sb-1' };
+    // Held in a paused lane while the instance is deleted, then let go.
+    await api.client.pauseLane(lease);
+    const queued = await bed.ops.enqueue({ op: 'stop', lease, params: { providerLeaseId: 'sb-1' }, deadlineMs: 10_000 });
+    expect((await call('DELETE', '/v1/providers/acme-gone', ACME)).status).toBe(204);
+    await api.client.unpauseLane(lease);
+    const ended = await waitForEnd(api, ADMIN, queued.jobId);
+    expect(ended).toMatchObject({ state: 'failed', error: { code: 'provider_deleted' } });
+  });
+
+  it('uses rotated credentials on the attempt after a backoff', async () => {
+    const created = await call('POST', '/v1/providers', ACME, daytona('acme-rot', KEY_B));
+    expect(created.status, created.text).toBe(201);
+    // The sandbox takes long to start: the acquire backs off while it starts.
+    fake.setTimings({ create: 1_500 });
+    const job = await bed.ops.enqueue({ op: 'acquire', lease: { provider: 'acme-rot', companyId: 'acme', environmentId: 'prod', leaseId: 'run-rot' }, params: { runId: 'run-rot' } });
+    await new Promise<void>((resolve) => {
+      const onDelayed = ({ jobId }: { jobId: string }) => {
+        if (jobId !== job.jobId) return;
+        bed.events.off('delayed', onDelayed);
+        resolve();
+      };
+      bed.events.on('delayed', onDelayed);
+    });
+    const KEY_C = 'dtn_key_C_rotated_mid_backoff';
+    fake.acceptKeys(KEY_B, KEY_C, KEY_G);
+    expect((await call('PATCH', '/v1/providers/acme-rot', ACME, { credentials: { apiKey: KEY_C } })).status).toBe(200);
+    fake.acceptKeys(KEY_C, KEY_G);
+    const ended = await waitForEnd(api, ADMIN, job.jobId);
+    fake.setTimings({ create: 10 });
+    expect(ended, JSON.stringify(ended)).toMatchObject({ state: 'completed', result: { providerLeaseId: expect.any(String) } });
+    expect(ended.attempts).toBeGreaterThan(1);
+    expect(fake.requestsByKey.get(KEY_C)).toBeGreaterThan(0);
+  });
+
+  it('a tampered ciphertext: that instance refuses (provider_credentials_unreadable), the others work', async () => {
+    const key = 'dtn_key_C_rotated_mid_backoff';
+    expect((await call('POST', '/v1/providers', ACME, daytona('acme-t1', key))).status).toBe(201);
+    expect((await call('POST', '/v1/providers', ACME, daytona('acme-t2', key))).status).toBe(201);
+    const recordKey = `${bed.config.LEASE_OPS_PREFIX}:provider-instance:acme:acme-t1`;
+    const record = JSON.parse((await bed.redis.hget(recordKey, 'sealed'))!) as Sealed;
+    const bytes = Buffer.from(record.sealed, 'base64');
+    bytes[3]! ^= 0x40;
+    // Written as an attacker with Redis access would; the revision moves so workers read it again.
+    await bed.redis.hset(recordKey, 'sealed', JSON.stringify({ ...record, sealed: bytes.toString('base64') }));
+    await bed.redis.hincrby(recordKey, 'rev', 1);
+    const t1 = await enqueue(ACME, 'acme-t1', 'acme', 'prod', 'run-t1', { op: 'acquire', params: { runId: 't1' } });
+    expect(t1.body, t1.text).toMatchObject({ state: 'failed', error: { code: 'provider_credentials_unreadable' } });
+    const t2 = await enqueue(ACME, 'acme-t2', 'acme', 'prod', 'run-t2', { op: 'acquire', params: { runId: 't2' } });
+    expect(t2.body, t2.text).toMatchObject({ state: 'completed', result: { providerLeaseId: expect.any(String) } });
+    // Reads still work and show no plaintext.
+    const read = await call('GET', '/v1/providers/acme-t1', ACME);
+    expect(read.status).toBe(200);
+  });
+
+  it('holds no credential in plaintext anywhere: Redis, job data, logs, /metrics, reads', async () => {
+    const secrets = [KEY_A, KEY_B, KEY_G, 'dtn_key_C_rotated_mid_backoff'];
+    const holds = (text: string) => secrets.filter((s) => text.includes(s) || text.includes(Buffer.from(s).toString('base64')));
+    for (const key of await scanKeys(bed.redis, `${bed.config.LEASE_OPS_PREFIX}*`)) {
+      const dumped = await bed.redis.dumpBuffer(key);
+      const type = await bed.redis.type(key);
+      const values =
+        type === 'string'
+          ? [await bed.redis.get(key)]
+          : type === 'hash'
+            ? Object.values(await bed.redis.hgetall(key))
+            : type === 'list'
+              ? await bed.redis.lrange(key, 0, -1)
+              : type === 'zset'
+                ? await bed.redis.zrange(key, 0, -1)
+                : type === 'set'
+                  ? await bed.redis.smembers(key)
+                  : type === 'stream'
+                    ? (await bed.redis.xrange(key, '-', '+')).flatMap(([, fields]) => fields)
+                    : [];
+      expect(holds([key, ...values.map(String)].join('\n') + (dumped?.toString('latin1') ?? '')), key).toEqual([]);
+    }
+    const metrics = await fetch(`${api.base}/metrics`, { headers: { authorization: `Bearer ${ADMIN}` } });
+    expect(holds(await metrics.text())).toEqual([]);
+    expect(holds(logs.lines.join(''))).toEqual([]);
+    const list = await call('GET', '/v1/providers', ADMIN);
+    expect(holds(list.text)).toEqual([]);
+  });
+
+  it('pages through 10,000 instances of one company', { timeout: 120_000 }, async () => {
+    for (let i = 0; i < 10_000; i += 500) {
+      await Promise.all(
+        Array.from({ length: 500 }, (_, j) => store.create('bulk', { name: `dt-${String(i + j).padStart(5, '0')}`, type: 'daytona', config: { apiUrl: fakeUrl }, credentials: { apiKey: `bulk-key-${i + j}` } }, 'bulk-loader')),
+      );
+    }
+    const seen: string[] = [];
+    let cursor: string | null = null;
+    let pages = 0;
+    do {
+      const page: { status: number; body: Record<string, any> } = await call('GET', `/v1/providers?companyId=bulk&limit=500${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ''}`, ADMIN);
+      expect(page.status).toBe(200);
+      expect(page.body.instances.length).toBeLessThanOrEqual(500);
+      seen.push(...page.body.instances.map((i: { name: string }) => i.name));
+      cursor = page.body.nextCursor;
+      pages++;
+    } while (cursor);
+    expect(pages).toBeGreaterThanOrEqual(20);
+    expect(seen).toHaveLength(10_000);
+    expect(new Set(seen).size).toBe(10_000);
+    expect(seen).toEqual([...seen].sort());
+    // Acme's own list does not see them.
+    expect((await call('GET', '/v1/providers', ACME)).body.instances.every((i: { companyId: string }) => i.companyId === 'acme')).toBe(true);
+  });
+});
+
+async function waitForEnd(api: TestApi, token: string, jobId: string): Promise<Record<string, any>> {
+  for (;;) {
+    const res = await fetch(`${api.base}/v1/operations/${encodeURIComponent(jobId)}?waitMs=5000`, { headers: { authorization: `Bearer ${token}` } });
+    const body = (await res.json()) as Record<string, any>;
+    if (body.state === 'completed' || body.state === 'failed') return body;
+  }
+}
