@@ -56,7 +56,7 @@ describe('the provider registry across processes', () => {
     await fake?.close();
   });
 
-  it('a worker, an API or a CLI with a wrong master key, or none, exits 2 with one line and decrypts nothing', async () => {
+  it('a worker or an API with a wrong master key, or none, exits 2 with one line and decrypts nothing', async () => {
     const apiEnv = { LEASE_OPS_API_TOKENS: 'registry-proc-token-0123456789', LEASE_OPS_API_PORT: '0' };
     for (const [command, extra] of [
       [['worker'], { LEASE_OPS_SECRETS_KEY: K2 }],
