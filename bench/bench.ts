@@ -14,6 +14,7 @@ import { exitEarlyOnSignals } from '../src/runtime.ts';
 import { maskUrl } from '../src/secrets.ts';
 import { activityCost } from './activities.ts';
 import { hookOverhead } from './hooks.ts';
+import { instanceCost, type InstanceFigures } from './instances.ts';
 import { measureRedis, type RedisCost } from './redis-cost.ts';
 
 const WORKERS = 2;
@@ -43,6 +44,8 @@ export interface Figures {
   hook_overhead_p99_ms: number;
   activity_redis_cpu_us_per_call: number;
   activity_script_us_per_call: number;
+  /** (h) The provider registry: 10,000 instances of one company. */
+  instances: InstanceFigures;
   lane_keys_left: number;
   loads: Record<string, number>;
 }
@@ -356,6 +359,7 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
     many_leases: Math.round(100_000 * scale),
     hooks: Math.round(200 * scale),
     activity_cycles: Math.round(10_000 * scale),
+    instances: Math.round(10_000 * scale),
   };
   out(`bench: ${WORKERS} worker processes x concurrency ${CONCURRENCY}, Redis ${maskUrl(loadConfig().REDIS_URL)}`);
   const stopCleaningUp = exitEarlyOnSignals(cleanUpAfterSignal);
@@ -395,6 +399,8 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
   const hooks = await hookOverhead(loads.hooks);
   out(`(g) activity gates: ${loads.activity_cycles} begin, heartbeat and end cycles ...`);
   const activities = await activityCost(loads.activity_cycles);
+  out(`(h) provider registry: ${loads.instances} instances of one company, listed and built ...`);
+  const instances = await instanceCost(loads.instances, Math.min(1_000, loads.instances));
 
   const figures: Figures = {
     lanes_ops_per_s: Math.round(lanes.opsPerS),
@@ -419,6 +425,7 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
     hook_overhead_p99_ms: hooks.p99Ms,
     activity_redis_cpu_us_per_call: activities.cpu_us_per_call,
     activity_script_us_per_call: activities.script_us_per_call,
+    instances,
     lane_keys_left: lanesRounds.reduce((n, r) => n + r.laneKeysLeft, 0) + hot.laneKeysLeft + hotOne.laneKeysLeft + many.laneKeysLeft,
     loads,
   };
@@ -446,6 +453,9 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
       [`(e) stuck stop: resume enqueued to completed (watchdog, 30 s budget)`, `${figures.stuck_stop_recovery_s} s`],
       [`(f) paperclip resume hook on a quiet lease, minus its provider calls: p50 / p99`, `${figures.hook_overhead_p50_ms} / ${figures.hook_overhead_p99_ms} ms`],
       [`(g) activity gates: Redis CPU / script time per begin, heartbeat or end`, `${figures.activity_redis_cpu_us_per_call} / ${figures.activity_script_us_per_call} µs`],
+      [`(h) provider registry: ${instances.instances} instances saved`, `${instances.saves_per_s} saves/s, ${instances.redis_bytes_per_instance} Redis bytes each`],
+      [`    listed in ${instances.list_pages} pages of 500: p50 / max per page`, `${instances.list_page_p50_ms} / ${instances.list_page_max_ms} ms`],
+      [`    worker heap per built instance (${instances.built} built); an attempt's look-up p50`, `${instances.worker_bytes_per_built_instance} bytes; ${instances.resolve_cached_p50_us} µs`],
     ];
     const w = Math.max(...rows.map((r) => r[0].length));
     process.stdout.write(`${rows.map(([k, v]) => `${k.padEnd(w)}  ${v}`).join('\n')}\n`);

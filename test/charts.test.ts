@@ -54,6 +54,7 @@ describe('the bench charts', () => {
       hook_overhead_p99_ms: 40,
       activity_redis_cpu_us_per_call: 30,
       activity_script_us_per_call: 10,
+      instances: { instances: 10_000, saves_per_s: 2_000, redis_bytes_per_instance: 900, list_page_p50_ms: 20, list_page_max_ms: 40, list_pages: 20, worker_bytes_per_built_instance: 20_000, built: 1_000, resolve_cached_p50_us: 100 },
       lane_keys_left: 0,
       loads: { jobs: 20_000, leases: 1_000, hot_ops: 2_000, many_leases: 100_000 },
     } satisfies Figures;
