@@ -3,7 +3,11 @@ import { LeaseOpsClient } from '../src/client.ts';
 import { ActivityNotFoundError, LeaseClosingError } from '../src/errors.ts';
 import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
 import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
-import { gate, readUntil, TestBed } from './helpers/env.ts';
+import { runSimulatedCloud } from '../src/providers/simulated/index.ts';
+import { freePort } from '../src/redis-server.ts';
+import { gate, QUICK_RECOVERY, readUntil, TestBed, testConfig } from './helpers/env.ts';
+import { RedisProcess } from './helpers/redis-process.ts';
+import { WorkerProcess } from './helpers/worker-process.ts';
 
 // Activity gates (issue 25, part 2): work inside a sandbox never outlives its stop (seed 000).
 
@@ -130,5 +134,45 @@ describe('activity gates', () => {
     expect((await bed.waitForAll([resumeAgain.jobId], 10_000)).get(resumeAgain.jobId)).toBe('completed');
     await client.endActivity(next.token);
     void endedAt;
+  });
+});
+
+describe('activity gates across a Redis restart', () => {
+  it('a stop waiting for an open activity keeps waiting across a Redis crash and restart (AOF always), and runs once the activity ends', { timeout: 120_000 }, async () => {
+    const redis = await RedisProcess.start(['--appendonly', 'yes', '--appendfsync', 'always']);
+    const cloudPort = await freePort();
+    const cloud = await runSimulatedCloud(cloudPort, '127.0.0.1');
+    const config = testConfig({ REDIS_URL: redis.url, ...QUICK_RECOVERY });
+    const worker = new WorkerProcess({ REDIS_URL: redis.url, LEASE_OPS_PREFIX: config.LEASE_OPS_PREFIX, LEASE_OPS_PROVIDERS: 'simulated', LEASE_OPS_SIMULATED_URL: `http://127.0.0.1:${cloudPort}`, ...QUICK_RECOVERY });
+    const restartClient = new LeaseOpsClient(config, { failFast: false });
+    try {
+      await worker.ready;
+      const lease = (leaseId: string) => ({ provider: 'simulated', companyId: 'co', environmentId: 'env', leaseId });
+      const acquired = await restartClient.enqueueAndWait('acquire', lease('run'), { runId: 'run' }, { waitMs: 20_000 });
+      const id = (acquired.operation.result as { providerLeaseId: string }).providerLeaseId;
+      const { token } = await restartClient.beginActivity(lease(id), 'exec', 30_000);
+      const stop = await restartClient.enqueue('stop', lease(id), { providerLeaseId: id });
+      // The stop is at its lane's head, waiting for the activity.
+      await readUntil(
+        async () => (await restartClient.getLeaseTimeline(lease(id))).events.some((e) => e.op === 'stop' && /waiting for 1 activity/.test(e.message ?? '')),
+        20_000,
+        'the stop waiting for the activity',
+      );
+      await redis.crash();
+      await redis.restart();
+      // Back: the activity and the stop survived; the stop still waits (no stop reached the cloud).
+      expect((await restartClient.heartbeatActivity(token, 30_000)).cancel).toBe(false);
+      await readUntil(async () => (await restartClient.getOperation(stop.jobId))?.state === 'backing-off', 20_000, 'the stop backing off again after the restart');
+      expect(firstStop(cloud, id)).toBeUndefined();
+      const ended = process.hrtime.bigint();
+      await restartClient.endActivity(token);
+      expect((await restartClient.waitForResult(stop.jobId, 20_000)).result).toMatchObject({ state: 'stopped' });
+      expect(firstStop(cloud, id)!).toBeGreaterThan(ended);
+    } finally {
+      await restartClient.close();
+      await worker.terminate();
+      await cloud.close();
+      await redis.stop();
+    }
   });
 });
