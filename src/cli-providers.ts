@@ -132,6 +132,8 @@ export async function runProviders(action: 'list' | 'show' | 'add' | 'update' | 
 export async function runRewrap(opts: { json?: boolean }): Promise<number> {
   try {
     return await withClient(async (client) => {
+      // A key that opens none of what it should re-wrap is a wrong key: exit 2, as a worker's.
+      await client.checkMasterKeys();
       const report = await client.instances.rewrapAll();
       if (opts.json) out(JSON.stringify(report));
       else {

@@ -1,8 +1,9 @@
+import { randomUUID } from 'node:crypto';
 import { Job, type QueueEvents } from 'bullmq';
 import { openQueueEvents } from './queues/queue-events.ts';
 import { z } from 'zod';
 import { loadConfig, type Config } from './config.ts';
-import { ActivityNotFoundError, InvalidRequestError, LeaseClosingError, OperationNotFoundError, QueueFullError, RedisUnavailableError, WaitTimeoutError } from './errors.ts';
+import { ActivityNotFoundError, ExecError, InvalidRequestError, LeaseClosingError, OperationNotFoundError, QueueFullError, RedisUnavailableError, WaitTimeoutError } from './errors.ts';
 import { laneOfToken, MAX_ACTIVITY_TTL_MS, MIN_ACTIVITY_TTL_MS } from './queues/activities.ts';
 import { LeaseIdentitySchema, laneIdOf, laneIdOfJobId, type LeaseIdentity } from './lease.ts';
 import { partitionOfLane, partitionPrefixes } from './partitions.ts';
@@ -14,6 +15,8 @@ import { LeaseRecords } from './queues/lease-records.ts';
 import { LaneNames } from './queues/lane-names.ts';
 import { enqueueRouted, OperationsQueue, type AnnouncedProvider, type Enqueued } from './queues/operations-queue.ts';
 import { ProviderProbes, type ProbeTarget, type ProviderProbe } from './queues/provider-probes.ts';
+import { ExecJobs, ExecRequestSchema, type ExecRequestInput } from './queues/exec-jobs.ts';
+import type { ExecResult } from './providers/types.ts';
 import { ProviderInstances } from './providers/instances/manager.ts';
 import { checkMasterKeys } from './providers/instances/resolver.ts';
 import { parseAllowedApiUrls } from './providers/instances/schemas.ts';
@@ -62,6 +65,7 @@ export class LeaseOpsClient {
   readonly names: LaneNames;
   private readonly connection: RedisClient;
   private probes: ProviderProbes | null = null;
+  private readonly execJobs = new Map<number, ExecJobs>();
   private layoutClaimed: Promise<void> | null = null;
   private layoutClaimedAt = 0;
 
@@ -307,6 +311,38 @@ export class LeaseOpsClient {
     return this.instanceManager;
   }
 
+  /**
+   * Runs a command in a lease's sandbox and resolves with how it ended (exit code, output).
+   * An activity brackets it: refused with LeaseClosingError while a stop, release or destroy
+   * of the lease is queued or runs; such an operation waits for it, and one with
+   * `cancelActiveWork` cancels it (the answer then says `cancelled`). Its env and stdin travel
+   * sealed with the master key (needed for them). Fails with ExecError when it cannot run.
+   */
+  async exec(lease: LeaseIdentity, request: ExecRequestInput): Promise<ExecResult> {
+    const parsedLease = LeaseIdentitySchema.safeParse(lease);
+    if (!parsedLease.success) throw InvalidRequestError.fromZod(parsedLease.error, 'lease');
+    const parsed = ExecRequestSchema.safeParse(request);
+    if (!parsed.success) throw InvalidRequestError.fromZod(parsed.error, 'exec request');
+    const { laneId, partition } = await this.call(() => this.laneOf(parsedLease.data));
+    const begun = await this.call(() => partition.ops.activities.begin(laneId, parsedLease.data, parsed.data.kind, parsed.data.ttlMs));
+    if (begun.kind === 'closing') throw new LeaseClosingError(begun.jobId, begun.op);
+    let jobs = this.execJobs.get(partition.index);
+    if (!jobs) {
+      jobs = new ExecJobs(this.connection, partition.settings, () => (this.opts.masterKeys === undefined ? loadMasterKeys() : this.opts.masterKeys));
+      this.execJobs.set(partition.index, jobs);
+    }
+    const outcome = await this.call(() => jobs.run(parsedLease.data, begun.token, parsed.data, `exec.${randomUUID()}`)).catch(async (err: unknown) => {
+      await partition.ops.activities.end(begun.token).catch(() => undefined);
+      throw err;
+    });
+    if (!outcome.ok) {
+      // The worker ends it after running; one that never ran it leaves it to this caller.
+      await partition.ops.activities.end(begun.token).catch(() => undefined);
+      throw new ExecError(outcome.code, withoutInfrastructure(outcome.message));
+    }
+    return outcome.result;
+  }
+
   /** Refuses (ConfigError) a master key that does not open the registry's instances: an API's start check. */
   async checkMasterKeys(): Promise<void> {
     await this.call(() => checkMasterKeys(this.instances.store));
@@ -421,7 +457,7 @@ export class LeaseOpsClient {
 
   /** Closes the connections; with Redis gone, gives BullMQ LEASE_OPS_REDIS_TIMEOUT_MS to close, then cuts them. */
   async close(): Promise<void> {
-    const closing = Promise.all([...this.partitions.map((p) => p.close()), this.probes?.close()]);
+    const closing = Promise.all([...this.partitions.map((p) => p.close()), this.probes?.close(), ...[...this.execJobs.values()].map((j) => j.close())]);
     let timer: NodeJS.Timeout | undefined;
     await Promise.race([closing.catch(() => undefined), new Promise((resolve) => (timer = setTimeout(resolve, this.timeoutMs)))]);
     clearTimeout(timer);

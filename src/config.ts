@@ -108,6 +108,8 @@ export const EnvSchema = z.object({
   /** The partitions this worker serves: `all`, or indices and ranges such as `0,2-3`. */
   LEASE_OPS_WORKER_PARTITIONS: z.string().default('all'),
   LEASE_OPS_CONCURRENCY: int(50, 1),
+  /** Commands (exec) one worker runs in sandboxes at once, beside its operations. */
+  LEASE_OPS_EXEC_CONCURRENCY: int(100, 1),
   /** BullMQ lock: a job whose worker stops renewing it for this long is stalled and re-run. */
   LEASE_OPS_LOCK_MS: int(30_000, 1_000),
   // Short: a crashed worker's job runs again within LOCK_MS + 2 x this (BullMQ marks, then moves).

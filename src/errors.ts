@@ -136,3 +136,12 @@ export class ActivityNotFoundError extends LeaseOpsError {
     super('activity_not_found', 'no open activity has this token (it ended, or its holder stopped heartbeating past its TTL)');
   }
 }
+
+/**
+ * A command could not run in a sandbox, or no answer came: `secrets_key_missing`,
+ * `exec_unsupported`, `sandbox_not_running`, `sandbox_gone`, `exec_timeout`, `exec_failed`,
+ * or the provider's own code (`unknown_provider`, `lease_environment_mismatch`, ...).
+ */
+export class ExecError extends LeaseOpsError {
+  override name = 'ExecError';
+}

@@ -94,6 +94,8 @@ describe('the provider registry across processes', () => {
       // The old key alone no longer opens the registry; the new one alone does.
       const old = await cli(['worker'], { ...env, LEASE_OPS_SECRETS_KEY: K1 }, 30_000);
       expect(old.code, old.stderr).toBe(2);
+      const wrongRewrap = await cli(['secrets', 'rewrap'], { ...env, LEASE_OPS_SECRETS_KEY: K1 });
+      expect([wrongRewrap.code, wrongRewrap.stderr.trim().split('\n').length], wrongRewrap.stderr).toEqual([2, 1]);
       const renewed = new WorkerProcess({ ...env, LEASE_OPS_SECRETS_KEY: K2 });
       workers.push(renewed);
       await renewed.ready;

@@ -11,6 +11,8 @@ import { instanceAad, keyId, loadMasterKeys, MasterKeys, rewrap, seal, unseal, U
 import { ProviderInstanceStore } from '../src/providers/instances/store.ts';
 import { redisRateLimiters } from '../src/providers/pacing.ts';
 import { ProviderRegistry } from '../src/providers/registry.ts';
+import { PermanentError } from '../src/providers/errors.ts';
+import { probeFailure } from '../src/providers/types.ts';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
 import { scanKeys, TestBed } from './helpers/env.ts';
 import { captureLog } from './helpers/log-capture.ts';
@@ -24,7 +26,7 @@ const hexKey = () => randomBytes(32).toString('hex');
 describe('sealing: envelope encryption of credentials', () => {
   const oldKey = randomBytes(32);
   const newKey = randomBytes(32);
-  const aad = instanceAad('acme', 'dt');
+  const aad = instanceAad('acme', 'dt', 'sha256:0a1b2c3d');
 
   it('opens what it sealed, and nothing altered, moved to another instance or sealed under another key', () => {
     const keys = new MasterKeys(oldKey);
@@ -52,8 +54,10 @@ describe('sealing: envelope encryption of credentials', () => {
       expect(reasonOf(() => unseal(keys, aad, { ...sealed, wrapped: flip(sealed.wrapped, at) }))).toBe('tampered');
     }
     // The same record copied under another company's or another name's key.
-    expect(reasonOf(() => unseal(keys, instanceAad('globex', 'dt'), sealed))).toBe('tampered');
-    expect(reasonOf(() => unseal(keys, instanceAad('acme', 'dt2'), sealed))).toBe('tampered');
+    expect(reasonOf(() => unseal(keys, instanceAad('globex', 'dt', 'sha256:0a1b2c3d'), sealed))).toBe('tampered');
+    expect(reasonOf(() => unseal(keys, instanceAad('acme', 'dt2', 'sha256:0a1b2c3d'), sealed))).toBe('tampered');
+    // Beside another fingerprint (an earlier ciphertext replayed under the current one's).
+    expect(reasonOf(() => unseal(keys, instanceAad('acme', 'dt', 'sha256:ffffffff'), sealed))).toBe('tampered');
     // A process that holds another key.
     expect(reasonOf(() => unseal(new MasterKeys(newKey), aad, sealed))).toBe('key_not_held');
     // A kid rewritten to the key the process holds does not make it open.
@@ -111,6 +115,7 @@ const GLOBEX = 'instances-globex-token-0123456789';
 const KEY_A = 'dtn_key_A_0123456789abcdef';
 const KEY_B = 'dtn_key_B_fedcba9876543210';
 const KEY_G = 'dtn_key_G_globex_000000000';
+const KEY_C = 'dtn_key_C_rotated_mid_backoff';
 
 describe('provider instances at run time, over the API', () => {
   let bed: TestBed;
@@ -155,6 +160,8 @@ describe('provider instances at run time, over the API', () => {
       ]),
       LEASE_OPS_API_MAX_WAIT_MS: '20000',
       LEASE_OPS_INSTANCE_API_URLS: fakeUrl,
+      // The configured provider ("recording") is the operator's alone.
+      LEASE_OPS_SHARED_PROVIDERS: '',
     });
     keys = new MasterKeys(randomBytes(32));
     store = new ProviderInstanceStore(bed.redis, bed.config.LEASE_OPS_PREFIX, { keys, allowedApiUrls: [fakeUrl] });
@@ -198,8 +205,27 @@ describe('provider instances at run time, over the API', () => {
 
     const again = await call('POST', '/v1/providers', ACME, daytona('acme-dt', KEY_A));
     expect([again.status, again.body.error.code]).toEqual([409, 'provider_exists']);
-    const configured = await call('POST', '/v1/providers', ACME, daytona('recording', KEY_A));
-    expect([configured.status, configured.body.error.code]).toEqual([409, 'provider_name_taken']);
+    // Names of configured providers (announced, or built in) are not a company's to take: a
+    // worker would run the configured one (the operator's key) for a lease naming it.
+    for (const name of ['recording', 'daytona', 'simulated', 'createos']) {
+      const taken = await call('POST', '/v1/providers?probe=false', ACME, daytona(name, KEY_A));
+      expect([taken.status, taken.body.error.code], name).toEqual([409, 'provider_name_taken']);
+    }
+    // An admin-only configured provider does not exist for a company's token; an admin uses it.
+    const tenantOp = await enqueue(ACME, 'recording', 'acme', 'prod', 'r-1', { op: 'stop', params: { providerLeaseId: 'r-1' } });
+    expect([tenantOp.status, tenantOp.body.error?.code]).toEqual([422, 'unknown_provider']);
+    const adminOp = await enqueue(ADMIN, 'recording', 'acme', 'prod', 'r-1', { op: 'stop', params: { providerLeaseId: 'r-1' } });
+    expect(adminOp.status, adminOp.text).toBe(200);
+    // A save that a worker cannot open (the API seals with another master key) is refused.
+    const otherKeyApi = await startTestApi(bed, undefined, { masterKeys: new MasterKeys(randomBytes(32)) });
+    try {
+      const res = await fetch(`${otherKeyApi.base}/v1/providers`, { method: 'POST', headers: { authorization: `Bearer ${ACME}`, 'content-type': 'application/json' }, body: JSON.stringify(daytona('acme-mismatch', KEY_A)) });
+      const body = (await res.json()) as { error: { code: string } };
+      expect([res.status, body.error.code]).toEqual([503, 'secrets_key_mismatch']);
+    } finally {
+      await otherKeyApi.close();
+    }
+    expect((await call('GET', '/v1/providers/acme-mismatch', ACME)).status).toBe(404);
   });
 
   it('checks config per provider type when saved: 400 with the field path', async () => {
@@ -212,6 +238,8 @@ describe('provider instances at run time, over the API', () => {
       [{ ...daytona('bad-5', KEY_A), credentials: { apiKey: '' } }, 'credentials.apiKey'],
       [{ ...daytona('bad-6', KEY_A), extra: true }, ''],
       [{ ...daytona('bad-7', KEY_A), type: 'createos', config: { apiUrl: fakeUrl, snapshot: 'x' } }, 'config'],
+      // A pace no service has: it would hold a budget for years.
+      [{ ...daytona('bad-9', KEY_A), config: { apiUrl: fakeUrl, rateLimits: { authenticated: { perMinute: 0.000001 } } } }, 'config.rateLimits.authenticated.perMinute'],
     ];
     for (const [body, path] of cases) {
       const res = await call('POST', '/v1/providers', ACME, body);
@@ -221,9 +249,13 @@ describe('provider instances at run time, over the API', () => {
       expect(res.text).not.toContain(KEY_A);
     }
     // An address that is not the service's nor on the operator's list (no SSRF through a tenant).
-    const ssrf = await call('POST', '/v1/providers', ACME, { ...daytona('bad-8', KEY_A), config: { apiUrl: 'http://169.254.169.254/latest' } });
-    expect([ssrf.status, ssrf.body.error.code]).toEqual([400, 'invalid_request']);
-    expect(ssrf.body.error.details.map((d: { path: string[] }) => d.path.join('.'))).toEqual(['config.apiUrl']);
+    for (const apiUrl of ['http://169.254.169.254/latest', 'https://app.daytona.io/api/../../admin', 'https://app.daytona.io/api/%2e%2e/%2e%2e/x', 'https://app.daytona.io@evil.example/api', 'https://app.daytona.io.evil.example/api', 'https://app.daytona.io/apix', 'https://app.daytona.io/api?x=1']) {
+      const ssrf = await call('POST', '/v1/providers', ACME, { ...daytona('bad-8', KEY_A), config: { apiUrl } });
+      expect([ssrf.status, ssrf.body.error.code], apiUrl).toEqual([400, 'invalid_request']);
+      expect(ssrf.body.error.details.map((d: { path: string[] }) => d.path.join('.'))).toEqual(['config.apiUrl']);
+    }
+    const empty = await call('PATCH', '/v1/providers/acme-dt', ACME, {});
+    expect([empty.status, empty.body.error.code]).toEqual([400, 'invalid_request']);
     const list = await call('GET', '/v1/providers', ACME);
     expect(list.body.instances.map((i: { name: string }) => i.name)).toEqual(['acme-dt']);
   });
@@ -319,7 +351,6 @@ describe('provider instances at run time, over the API', () => {
       };
       bed.events.on('delayed', onDelayed);
     });
-    const KEY_C = 'dtn_key_C_rotated_mid_backoff';
     fake.acceptKeys(KEY_B, KEY_C, KEY_G);
     expect((await call('PATCH', '/v1/providers/acme-rot', ACME, { credentials: { apiKey: KEY_C } })).status).toBe(200);
     fake.acceptKeys(KEY_C, KEY_G);
@@ -328,6 +359,11 @@ describe('provider instances at run time, over the API', () => {
     expect(ended, JSON.stringify(ended)).toMatchObject({ state: 'completed', result: { providerLeaseId: expect.any(String) } });
     expect(ended.attempts).toBeGreaterThan(1);
     expect(fake.requestsByKey.get(KEY_C)).toBeGreaterThan(0);
+  });
+
+  it('a probe tells a tenant what the service said, never an internal error', () => {
+    expect(probeFailure(new Error('ERR value is not an integer or out of range script: 7570fb2e, on @user_script:35.'))).toEqual({ ok: false, code: 'probe_failed', message: 'the probe failed on the worker (its log says why)' });
+    expect(probeFailure(new PermanentError('unauthorized', 'dt: Unauthorized (HTTP 401)'))).toEqual({ ok: false, code: 'unauthorized', message: 'dt: Unauthorized (HTTP 401)' });
   });
 
   it('a tampered ciphertext: that instance refuses (provider_credentials_unreadable), the others work', async () => {
@@ -348,10 +384,37 @@ describe('provider instances at run time, over the API', () => {
     // Reads still work and show no plaintext.
     const read = await call('GET', '/v1/providers/acme-t1', ACME);
     expect(read.status).toBe(200);
+
+    // A rollback by a Redis writer: an earlier sealed key of the instance written back. Under
+    // the current fingerprint it does not open; with its own fingerprint it does, and reads show that.
+    const t2Key = `${bed.config.LEASE_OPS_PREFIX}:provider-instance:acme:acme-t2`;
+    const [oldSealed, oldFingerprint] = await bed.redis.hmget(t2Key, 'sealed', 'fingerprint');
+    const KEY_D = 'dtn_key_D_after_rollback_test';
+    fake.acceptKeys(key, KEY_D, KEY_G);
+    expect((await call('PATCH', '/v1/providers/acme-t2', ACME, { credentials: { apiKey: KEY_D } })).status).toBe(200);
+    await bed.redis.hset(t2Key, 'sealed', oldSealed!);
+    await bed.redis.hincrby(t2Key, 'rev', 1);
+    const replayed = await enqueue(ACME, 'acme-t2', 'acme', 'prod', 'run-t2b', { op: 'acquire', params: { runId: 't2b' } });
+    expect(replayed.body, replayed.text).toMatchObject({ state: 'failed', error: { code: 'provider_credentials_unreadable' } });
+    await bed.redis.hset(t2Key, 'fingerprint', oldFingerprint!);
+    await bed.redis.hincrby(t2Key, 'rev', 1);
+    expect((await call('GET', '/v1/providers/acme-t2', ACME)).body.credentials.fingerprint).toBe(oldFingerprint);
+  });
+
+  it("paces a company's instances in budgets of its own: another company naming the same organization and a slow pace does not slow it", async () => {
+    fake.acceptKeys(KEY_C, KEY_G);
+    const slow = { 'sandbox-create': { perMinute: 1, burst: 1 }, 'sandbox-lifecycle': { perMinute: 1, burst: 1 }, authenticated: { perMinute: 1, burst: 1 } };
+    const globex = await call('POST', '/v1/providers', GLOBEX, { ...daytona('globex-org', KEY_G), config: { apiUrl: fakeUrl, organizationId: 'org-shared', rateLimits: slow } });
+    expect(globex.status, globex.text).toBe(201);
+    // Globex's own budget is spent (its probe took the one turn a minute).
+    expect((await call('GET', '/v1/providers/globex-org?probe=true', GLOBEX)).body.probe).toMatchObject({ ok: false, code: 'rate_limited' });
+    const acme = await call('POST', '/v1/providers', ACME, { ...daytona('acme-org', KEY_C), config: { apiUrl: fakeUrl, organizationId: 'org-shared' } });
+    expect(acme.status, acme.text).toBe(201);
+    expect(acme.body.probe).toMatchObject({ ok: true });
   });
 
   it('holds no credential in plaintext anywhere: Redis, job data, logs, /metrics, reads', async () => {
-    const secrets = [KEY_A, KEY_B, KEY_G, 'dtn_key_C_rotated_mid_backoff'];
+    const secrets = [KEY_A, KEY_B, KEY_G, KEY_C, 'dtn_key_D_after_rollback_test'];
     const holds = (text: string) => secrets.filter((s) => text.includes(s) || text.includes(Buffer.from(s).toString('base64')));
     for (const key of await scanKeys(bed.redis, `${bed.config.LEASE_OPS_PREFIX}*`)) {
       const dumped = await bed.redis.dumpBuffer(key);

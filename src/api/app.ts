@@ -345,6 +345,11 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const principal = res.locals.principal as Principal;
     const announced = await ops.announcedProviders();
     const providers = announced.filter((name) => mayUseConfigured(principal, name));
+    // A configured provider this token may not use does not exist for it, whatever else bears
+    // its name (workers take a configured provider over a company's instance of that name).
+    if (announced.includes(lease.provider) && !mayUseConfigured(principal, lease.provider)) {
+      throw new HttpError(422, 'unknown_provider', `no worker serves provider "${lease.provider}"${providers.length > 0 ? ` (served: ${providers.sort().join(', ')})` : ''}`);
+    }
     if (!providers.includes(lease.provider) && !(idempotencyKey !== undefined && (await ops.idempotencyKeyUsed(lease, idempotencyKey)))) {
       const instance = await client.instances.get(lease.companyId, lease.provider);
       const usable = instance !== null && (instance.environmentIds === null || instance.environmentIds.includes(lease.environmentId));

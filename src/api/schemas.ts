@@ -182,6 +182,7 @@ const CapabilitiesSchema = z
     expiry: z.boolean().optional().meta({ description: "bounds a sandbox at an acquire's requestedExpiresAt, answering the service's own expiry" }),
     resources: z.boolean().optional().meta({ description: "takes an acquire's resources" }),
     archive: z.boolean().optional().meta({ description: 'takes the archive release disposition' }),
+    exec: z.boolean().optional().meta({ description: 'runs commands in its sandboxes (POST .../exec)' }),
   })
   .meta({ id: 'ProviderCapabilities' });
 

@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto';
+import { DaytonaToolbox } from './daytona-toolbox.ts';
 import { seededRandom } from './seeded-random.ts';
 import { ApiFake, applyCreateFault, WindowLimit, type FakeReply, type FakeRequest, type Transitioning } from './http-fake.ts';
 
@@ -142,6 +143,8 @@ export class DaytonaFake extends ApiFake {
   private apiKeys: Set<string> | null;
   /** Requests per API key presented (accepted or not). */
   readonly requestsByKey = new Map<string, number>();
+  /** The sandboxes' process sessions (the toolbox behind GET /sandbox/{id}/toolbox-proxy-url). */
+  readonly toolbox = new DaytonaToolbox();
 
   constructor(private readonly opts: DaytonaFakeOptions = {}) {
     super((req) => this.route(req));
@@ -150,6 +153,11 @@ export class DaytonaFake extends ApiFake {
     for (const [name, l] of Object.entries(opts.rateLimits ?? {})) this.limits.set(name as DaytonaThrottler, new WindowLimit(l.limit, l.windowMs));
     this.extraFields = opts.extraFields ?? DEFAULT_EXTRA_FIELDS;
     this.apiKeys = opts.apiKey ? new Set([opts.apiKey]) : null;
+  }
+
+  override close(): Promise<void> {
+    this.toolbox.close();
+    return super.close();
   }
 
   /** Changes how long transitions take from now on. */
@@ -330,6 +338,21 @@ export class DaytonaFake extends ApiFake {
       return { reply: applyCreateFault(fault, created.reply), sandboxId: created.sandboxId };
     }
     if (method === 'GET' && path === '/sandbox') return none(this.list(query));
+    // The toolbox: its address per sandbox, then the daemon's routes under it. Its calls are
+    // not lifecycle calls (an exec runs beside them), so they name no sandbox in the call log.
+    const proxy = /^\/sandbox\/([^/]+)\/toolbox-proxy-url$/.exec(path);
+    if (proxy && method === 'GET') {
+      const sb = this.visible(decodeURIComponent(proxy[1]!));
+      if (!sb) return none(this.error(req, 404, `Sandbox with ID or name ${decodeURIComponent(proxy[1]!)} not found`));
+      return none({ status: 200, body: { url: `${this.http.url}/toolbox` } });
+    }
+    const toolbox = /^\/toolbox\/([^/]+)(\/.*)$/.exec(path);
+    if (toolbox) {
+      const sb = this.visible(decodeURIComponent(toolbox[1]!));
+      if (!sb) return none(this.error(req, 404, `Sandbox with ID or name ${decodeURIComponent(toolbox[1]!)} not found`));
+      if (sb.state !== 'started' || sb.desiredState !== 'started') return none(this.error(req, 400, 'Sandbox is not started'));
+      return none(this.toolbox.route(method, sb.id, toolbox[2]!, body));
+    }
     const m = /^\/sandbox\/([^/]+)(?:\/(start|stop|recover|autodelete|ttl|archive)(?:\/(-?\d+))?)?$/.exec(path);
     if (!m) return none(this.error(req, 404, `Cannot ${method} /api${path}`));
     const [, idOrName, action, arg] = m;
@@ -396,6 +419,8 @@ export class DaytonaFake extends ApiFake {
   /** SandboxService.start: idempotent on a started sandbox, 400 errored, 409 pending. */
   private start(req: FakeRequest, sb: FakeSandbox): FakeReply {
     if (sb.state === 'started' && sb.desiredState === 'started') return { status: 200, body: this.view(sb, { withRelations: false }) };
+    // A command the stop cancelled that has not exited yet (seed 000).
+    if (this.toolbox.alive(sb.id) > 0) return this.error(req, 409, 'The stopped Daytona sandbox is still settling cancelled work. Retry shortly.');
     if (ERRORED.has(sb.state)) return this.error(req, 400, 'Sandbox is in an errored state');
     if (sb.state !== sb.desiredState || sb.transition) return this.error(req, 409, 'Sandbox state change in progress');
     if (!['stopped', 'archived', 'archiving', 'paused'].includes(sb.state)) return this.error(req, 400, 'Sandbox is not in valid state');
@@ -418,6 +443,8 @@ export class DaytonaFake extends ApiFake {
     if (sb.autoDeleteInterval === 0) return this.destroy(req, sb); // an ephemeral sandbox is deleted on stop
     sb.desiredState = 'stopped';
     this.begin(sb, 'stopped', force ? this.timings.forceStop : (sb.controls.stuckStoppingMs ?? this.timings.stop));
+    // Its processes are told to end; one that ignores it runs on for a while (seed 000).
+    this.toolbox.signal(sb.id, force ? 'SIGKILL' : 'SIGTERM');
     return { status: 200, body: this.view(sb, { withRelations: false }) };
   }
 
@@ -437,6 +464,7 @@ export class DaytonaFake extends ApiFake {
     if (pending) return this.error(req, 409, 'Sandbox state change in progress');
     sb.desiredState = 'destroyed';
     sb.name = `DESTROYED_${sb.name}_${Date.now()}`;
+    this.toolbox.signal(sb.id, 'SIGKILL');
     this.begin(sb, 'destroyed', this.timings.destroy);
     if (sb.state === 'destroyed') return { status: 200, body: { ...this.view(sb, { withRelations: false }), state: 'destroyed' } };
     return { status: 200, body: this.view(sb, { withRelations: false }) };

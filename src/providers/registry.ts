@@ -128,6 +128,9 @@ function createosFromEnv(env: NodeJS.ProcessEnv) {
 /** Pacing shared through the worker's Redis when a worker builds the providers; per process otherwise. */
 const limitersOf = (services?: ProviderServices) => services?.rateLimiters ?? localRateLimiters;
 
+/** The built-in providers' names: an instance saved at run time may not take one (a worker would pick the configured one). */
+export const BUILT_IN_PROVIDER_NAMES = ['simulated', 'daytona', 'createos'] as const;
+
 /** Built-in providers, configured from the environment (credentials by variable name). */
 const BUILT_IN: Record<string, ProviderFactory> = {
   simulated: (env) => createSimulatedProvider(env),

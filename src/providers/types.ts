@@ -2,6 +2,7 @@ import type { Logger } from '../logger.ts';
 import type { LeaseIdentity } from '../lease.ts';
 import type { OperationParams } from '../operations.ts';
 import type { RateLimiterFactory } from './pacing.ts';
+import { ProviderError } from './errors.ts';
 
 /** A lease as a provider hands it out. */
 export interface Lease {
@@ -58,6 +59,30 @@ export interface ProviderCapabilities {
   resources?: boolean;
   /** Takes the `archive` release disposition. Without it such a release fails with `archive_unsupported`. */
   archive?: boolean;
+  /** Runs commands inside a sandbox (`exec`), cancellable. */
+  exec?: boolean;
+}
+
+/** A command to run inside a sandbox (paperclip's execute hook). */
+export interface ExecRequest {
+  command: string;
+  args?: string[];
+  cwd?: string;
+  env?: Record<string, string>;
+  stdin?: string;
+  /** The command is cancelled after this long (then `timedOut`). */
+  timeoutMs: number;
+}
+
+/** How a command ended, as paperclip's execute hook answers it. */
+export interface ExecResult {
+  exitCode: number | null;
+  signal: string | null;
+  timedOut: boolean;
+  /** It was cancelled (its activity was asked to cancel, or its caller gave up) before it ended by itself. */
+  cancelled: boolean;
+  stdout: string;
+  stderr: string;
 }
 
 /** Everything a provider call gets besides its params. */
@@ -137,6 +162,12 @@ export interface LeaseProvider {
    * to check.
    */
   probe?(ctx: OperationContext): Promise<ProbeResult>;
+  /**
+   * Runs a command inside the sandbox and resolves once it ended. `ctx.signal` aborting
+   * cancels it; the call still resolves only once the command is seen ended (a process may
+   * ignore its cancel for a while) or `graceMs` after the cancel, whichever is first.
+   */
+  exec?(ctx: OperationContext, sandboxId: string, request: ExecRequest, opts: { graceMs: number }): Promise<ExecResult>;
   close?(): Promise<void>;
 }
 
@@ -149,8 +180,10 @@ export interface ProbeResult {
 
 /** A probe's answer from a provider error: its code and message (which name no credential). */
 export function probeFailure(err: unknown): ProbeResult {
-  const code = typeof (err as { code?: unknown } | null)?.code === 'string' ? (err as { code: string }).code : 'probe_failed';
-  return { ok: false, code, message: (err as Error).message ?? String(err) };
+  // Only a provider's own errors say what the service answered; anything else (a Redis or
+  // programming error) is not for tenants to read.
+  if (!(err instanceof ProviderError)) return { ok: false, code: 'probe_failed', message: 'the probe failed on the worker (its log says why)' };
+  return { ok: false, code: err.code, message: err.message };
 }
 
 /** What lease-ops gives a provider it builds: a rate limiter shared by every worker replica. */

@@ -1,10 +1,10 @@
-import { Queue, type QueueEvents, type Job } from 'bullmq';
+import type { Job } from 'bullmq';
 import { z } from 'zod';
 import type { Logger } from '../logger.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
 import type { OperationContext, ProbeResult } from '../providers/types.ts';
-import { openQueueEvents } from './queue-events.ts';
-import { reportRedisError, type RedisClient } from './redis.ts';
+import { WaitedQueue } from './queue-events.ts';
+import type { RedisClient } from './redis.ts';
 
 /** The maintenance job that probes a provider's credentials on a worker (which holds them). */
 export const PROBE_JOB = 'probe';
@@ -73,20 +73,16 @@ export async function runProbe(providers: ProviderRegistry, target: ProbeTarget,
  * per provider per PROBE_REUSE_MS: concurrent and repeated asks share it (its job id).
  */
 export class ProviderProbes {
-  private queue: Queue | null = null;
-  private events: Promise<QueueEvents> | null = null;
-  private eventsConnection: RedisClient | null = null;
+  private readonly waited: WaitedQueue;
 
-  constructor(
-    private readonly connection: RedisClient,
-    private readonly settings: { REDIS_URL: string; LEASE_OPS_QUEUE: string; LEASE_OPS_PREFIX: string },
-  ) {}
+  constructor(connection: RedisClient, settings: { REDIS_URL: string; LEASE_OPS_QUEUE: string; LEASE_OPS_PREFIX: string }) {
+    this.waited = new WaitedQueue(connection, settings, `${settings.LEASE_OPS_QUEUE}-maintenance`);
+  }
 
   async probe(target: string | ProbeTarget, timeoutMs = PROBE_DEADLINE_MS + 2_000): Promise<ProviderProbe> {
     const probe: ProbeTarget = typeof target === 'string' ? { provider: target } : target;
     const name = probe.provider;
-    const queue = (this.queue ??= this.maintenanceQueue());
-    const events = await (this.events ??= this.queueEvents());
+    const { queue, events } = await this.waited.open();
     // Shared for a while per provider (per instance); a draft's probe is its own.
     const subject = probe.draft ? `draft.${probe.draft}` : Buffer.from(JSON.stringify([name, probe.companyId ?? null, probe.environmentId ?? null])).toString('base64url');
     const jobId = `${PROBE_JOB}.${subject}.${Math.floor(Date.now() / PROBE_REUSE_MS)}`;
@@ -102,21 +98,7 @@ export class ProviderProbes {
     }
   }
 
-  private maintenanceQueue(): Queue {
-    const queue = new Queue(`${this.settings.LEASE_OPS_QUEUE}-maintenance`, { connection: this.connection, prefix: this.settings.LEASE_OPS_PREFIX });
-    queue.on('error', reportRedisError);
-    return queue;
-  }
-
-  private async queueEvents(): Promise<QueueEvents> {
-    const { events, connection } = await openQueueEvents(this.settings.REDIS_URL, `${this.settings.LEASE_OPS_QUEUE}-maintenance`, this.settings.LEASE_OPS_PREFIX);
-    this.eventsConnection = connection;
-    return events;
-  }
-
-  async close(): Promise<void> {
-    if (this.events) await (await this.events).close().catch(() => undefined);
-    await this.queue?.close();
-    this.eventsConnection?.disconnect();
+  close(): Promise<void> {
+    return this.waited.close();
   }
 }

@@ -1,4 +1,4 @@
-import { QueueEvents } from 'bullmq';
+import { Queue, QueueEvents } from 'bullmq';
 import { createRedis, reportRedisError, type RedisClient } from './redis.ts';
 
 /**
@@ -16,4 +16,38 @@ export async function openQueueEvents(redisUrl: string, queueName: string, prefi
   events.on('error', reportRedisError);
   await events.waitUntilReady();
   return { events, connection };
+}
+
+/**
+ * A queue that callers add jobs to and wait on (a probe, an exec): the queue and its event
+ * stream, each opened on first use and closed together.
+ */
+export class WaitedQueue {
+  private queue: Queue | null = null;
+  private events: Promise<{ events: QueueEvents; connection: RedisClient }> | null = null;
+
+  constructor(
+    private readonly connection: RedisClient,
+    private readonly settings: { REDIS_URL: string; LEASE_OPS_PREFIX: string },
+    readonly name: string,
+  ) {}
+
+  /** The queue, and its events opened (from the stream's end) before anything is added. */
+  async open(): Promise<{ queue: Queue; events: QueueEvents }> {
+    if (!this.queue) {
+      this.queue = new Queue(this.name, { connection: this.connection, prefix: this.settings.LEASE_OPS_PREFIX });
+      this.queue.on('error', reportRedisError);
+    }
+    const { events } = await (this.events ??= openQueueEvents(this.settings.REDIS_URL, this.name, this.settings.LEASE_OPS_PREFIX));
+    return { queue: this.queue, events };
+  }
+
+  async close(): Promise<void> {
+    if (this.events) {
+      const { events, connection } = await this.events;
+      await events.close().catch(() => undefined);
+      connection.disconnect();
+    }
+    await this.queue?.close();
+  }
 }

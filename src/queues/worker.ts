@@ -18,6 +18,7 @@ import { BACKOFF_TYPE, OperationsQueue } from './operations-queue.ts';
 import { answerWithin, closeForGood, createRedis, keepCopies, isRedisUnavailable, pingWithin, reportRedisError, type RedisClient } from './redis.ts';
 import { type BackoffSettings, DEFAULT_BACKOFF, RetryLaterError } from './retry-policy.ts';
 import { PROBE_JOB, ProbeTargetSchema, runProbe } from './provider-probes.ts';
+import { execQueueName, runExec } from './exec-jobs.ts';
 import { sweepLanes } from './sweep.ts';
 import { Watchdog } from './watchdog.ts';
 
@@ -42,6 +43,7 @@ export type WorkerSettings = Pick<
   | 'LEASE_OPS_PREFIX'
   | 'LEASE_OPS_QUEUE'
   | 'LEASE_OPS_CONCURRENCY'
+  | 'LEASE_OPS_EXEC_CONCURRENCY'
   | 'LEASE_OPS_LOCK_MS'
   | 'LEASE_OPS_STALLED_INTERVAL_MS'
   | 'LEASE_OPS_MAX_STALLED'
@@ -81,6 +83,8 @@ export class LeaseWorker {
   private readonly worker: Worker;
   private readonly maintenanceQueue: Queue;
   private readonly maintenanceWorker: Worker;
+  /** Runs commands in sandboxes (exec), beside the lanes: an activity orders them against stops. */
+  private readonly execWorker: Worker;
   private readonly connection: RedisClient;
   private readonly releaseLanes: Lanes;
   private readonly fencing: Fencing;
@@ -237,6 +241,22 @@ export class LeaseWorker {
       },
     );
     this.maintenanceWorker.on('error', (err) => (isRedisUnavailable(err) ? reportRedisError(err) : this.log.error({ err }, 'maintenance worker error')));
+    // A command is never run twice: a worker that dies mid-command leaves its job failed
+    // (stalled), since the command may have run; the caller is told so.
+    this.execWorker = new Worker(
+      execQueueName(settings.LEASE_OPS_QUEUE),
+      (job) => runExec(job, { providers: this.providers, activities: this.ops.activities, keys: this.providers.instances?.store.keys ?? null, log: this.log }),
+      {
+        connection: connect('lease-ops-worker-exec'),
+        prefix,
+        concurrency: settings.LEASE_OPS_EXEC_CONCURRENCY,
+        autorun: false,
+        maxStalledCount: 0,
+        lockDuration: settings.LEASE_OPS_LOCK_MS,
+        stalledInterval: settings.LEASE_OPS_STALLED_INTERVAL_MS,
+      },
+    );
+    this.execWorker.on('error', (err) => (isRedisUnavailable(err) ? reportRedisError(err) : this.log.error({ err }, 'exec worker error')));
   }
 
   /** Starts processing; resolves once the workers are connected and the maintenance is scheduled. */
@@ -253,7 +273,8 @@ export class LeaseWorker {
     this.scheduleCheck.unref();
     void this.worker.run();
     void this.maintenanceWorker.run();
-    await Promise.all([this.worker.waitUntilReady(), this.maintenanceWorker.waitUntilReady()]);
+    void this.execWorker.run();
+    await Promise.all([this.worker.waitUntilReady(), this.maintenanceWorker.waitUntilReady(), this.execWorker.waitUntilReady()]);
   }
 
   /** One schedule per maintenance task however many replicas upsert it: BullMQ keys it by id. */
@@ -328,7 +349,7 @@ export class LeaseWorker {
       if (this.scheduleCheck) clearInterval(this.scheduleCheck);
       const reachable = await this.redisAnswersWithin(CLOSE_PING_MS);
       if (!reachable) this.log.warn('Redis does not answer: closing without waiting for running jobs (their locks lapse and they run again elsewhere)');
-      const workersClosed = Promise.all([this.worker.close(!reachable), this.maintenanceWorker.close(!reachable)]);
+      const workersClosed = Promise.all([this.worker.close(!reachable), this.maintenanceWorker.close(!reachable), this.execWorker.close(!reachable)]);
       let waited: CloseWait = 'redis-gone';
       if (reachable) waited = await this.waitForClose(workersClosed);
       else await workersClosed;

@@ -49,8 +49,8 @@ export const CreateosSettingsSchema = z.strictObject({
    * Requests per minute, shared by every worker replica (CreateOS allows about 300 a minute
    * per caller IP). Paced at 240 with a burst of 20, so no minute sees more than 260.
    */
-  requestsPerMinute: z.number().positive().default(240),
-  burst: z.number().int().positive().default(20),
+  requestsPerMinute: z.number().min(1).max(1_000_000).default(240),
+  burst: z.number().int().positive().max(100_000).default(20),
   /** Idle seconds before CreateOS pauses a sandbox by itself (60..86400; reference auto-stop: 15 min). */
   autoPauseAfterSeconds: z.number().int().min(60).max(86_400).default(900),
 });

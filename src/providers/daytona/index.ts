@@ -9,6 +9,7 @@ import { fencedTransport, FenceWindowError } from '../fenced-transport.ts';
 import { localRateLimiters, type RateLimit, type RateLimiterFactory } from '../pacing.ts';
 import { releaseByDisposition } from '../release.ts';
 import { probeFailure } from '../types.ts';
+import { daytonaExec } from './exec.ts';
 import type {
   ExpiredLease,
   Lease,
@@ -26,7 +27,8 @@ const FORCE_RESEND_MS = 30_000;
 export const DAYTONA_THROTTLERS = ['sandbox-create', 'sandbox-lifecycle', 'authenticated'] as const;
 type Throttler = (typeof DAYTONA_THROTTLERS)[number];
 
-const RateLimitSchema = z.strictObject({ perMinute: z.number().positive(), burst: z.number().int().positive().optional() });
+// Bounded: a pace of less than one request a minute (or an absurd burst) is a mistake, or an attack on a shared budget.
+const RateLimitSchema = z.strictObject({ perMinute: z.number().min(1).max(1_000_000), burst: z.number().int().positive().max(100_000).optional() });
 
 /**
  * Daytona's documented tier-1 limits per minute are create 300, lifecycle 10,000, other
@@ -204,7 +206,8 @@ function requestOptions(ctx: OperationContext, timeoutMs: number) {
  */
 export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: RateLimiterFactory = localRateLimiters): LeaseProvider {
   const settings = DaytonaSettingsSchema.parse(input);
-  const api = new SandboxApi(new Configuration({ basePath: settings.apiUrl.replace(/\/+$/, ''), accessToken: settings.apiKey }));
+  // No redirects: the address is checked before it is used (instances), and a redirect would go anywhere.
+  const api = new SandboxApi(new Configuration({ basePath: settings.apiUrl.replace(/\/+$/, ''), accessToken: settings.apiKey, baseOptions: { maxRedirects: 0 } }));
   const org = settings.organizationId;
   const name = settings.name;
   const limits: Record<string, RateLimit | null> = { ...DAYTONA_DEFAULT_RATE_LIMITS, ...settings.rateLimits };
@@ -475,7 +478,7 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
     name,
     // Daytona sizes a sandbox by its snapshot and refuses cpu, memory and disk with one; it
     // destroys a sandbox at its TTL whatever its state (expiry), and archives stopped ones.
-    capabilities: { stop: true, pause: false, forceStop: true, expiry: true, resources: false, archive: true },
+    capabilities: { stop: true, pause: false, forceStop: true, expiry: true, resources: false, archive: true, exec: true },
 
     async acquire(ctx, params: OperationParams['acquire']): Promise<Lease> {
       if (params.requireExpiry && params.requestedExpiresAt && ttlMinutesUntil(Date.parse(params.requestedExpiresAt), Date.now()) === null) {
@@ -575,6 +578,28 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
     async status(ctx, params): Promise<SandboxState> {
       const sb = await read(ctx, params.providerLeaseId);
       return sb ? daytonaState(sb) : { kind: 'gone' };
+    },
+
+    // A command inside the sandbox: the lease's own running sandbox only (its labels are read first).
+    async exec(ctx, sandboxId, request, { graceMs }) {
+      const sb = await read(ctx, sandboxId);
+      if (!sb) throw new PermanentError('sandbox_gone', `${name}: sandbox ${sandboxId} does not exist`);
+      if (daytonaState(sb).kind !== 'running') throw new PermanentError('sandbox_not_running', `${name}: sandbox ${sandboxId} is not running (${sb.state ?? 'unknown'}): resume it first`);
+      return daytonaExec(
+        {
+          name,
+          apiKey: settings.apiKey,
+          organizationId: org,
+          timeoutMs: settings.timeoutMs,
+          proxyUrl: async (c, id) => (await call(c, 'authenticated', (o) => api.getToolboxProxyUrl(id, org, o))).url,
+          pace: (c) => limiter.take('authenticated', { deadlineAt: c.deadlineAt }),
+          toProviderError,
+        },
+        ctx,
+        sb.id,
+        request,
+        graceMs,
+      );
     },
 
     // One page of one sandbox: the cheapest read that needs the key (and the organization).

@@ -1,9 +1,12 @@
 import type { ProviderProbe, ProbeTarget } from '../../queues/provider-probes.ts';
+import { BUILT_IN_PROVIDER_NAMES } from '../registry.ts';
 import type { InstanceCreate, InstancePatch, InstanceView } from './schemas.ts';
 import { instanceNotFound, ProviderInstanceError, type ProviderInstanceStore } from './store.ts';
 
 /** Probe answers that mean the service refused the credentials: such a save is refused. */
 const REFUSED = new Set(['unauthorized', 'forbidden']);
+/** Probe answers that mean the worker could not open the sealed credentials (another master key). */
+const UNOPENED = new Set(['provider_credentials_unreadable', 'secrets_key_missing']);
 
 /** A save refused because the service refused the credentials; `probe` says what it answered. */
 export class CredentialsRefusedError extends ProviderInstanceError {
@@ -51,7 +54,7 @@ export class ProviderInstances {
   private async createNow(body: unknown, opts: SaveOptions): Promise<{ instance: InstanceView; probe?: ProviderProbe }> {
     const input = this.store.parseCreate(body);
     if (input.companyId === undefined) throw new ProviderInstanceError('invalid_request', 400, 'a provider instance needs a companyId');
-    if ((await this.deps.configuredNames()).includes(input.name)) {
+    if ((BUILT_IN_PROVIDER_NAMES as readonly string[]).includes(input.name) || (await this.deps.configuredNames()).includes(input.name)) {
       throw new ProviderInstanceError('provider_name_taken', 409, `"${input.name}" names a provider of the workers' configuration: choose another name`);
     }
     if ((await this.store.get(input.companyId, input.name)) !== null) {
@@ -118,6 +121,10 @@ export class ProviderInstances {
     try {
       const probe = await this.deps.probe({ provider: input.name, draft });
       if (REFUSED.has(probe.code)) throw new CredentialsRefusedError(probe);
+      // A worker that cannot open what this process sealed could not run the instance either.
+      if (UNOPENED.has(probe.code)) {
+        throw new ProviderInstanceError('secrets_key_mismatch', 503, 'a worker could not open the credentials this process sealed: LEASE_OPS_SECRETS_KEY differs between the API (or client) and the workers; nothing was saved');
+      }
       return probe;
     } finally {
       await this.store.dropDraft(draft).catch(() => undefined);

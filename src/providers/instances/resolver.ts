@@ -2,6 +2,7 @@ import { ConfigError } from '../../config.ts';
 import { createCreateosProvider } from '../createos/index.ts';
 import { createDaytonaProvider } from '../daytona/index.ts';
 import type { LeaseProvider, ProviderCapabilities, ProviderServices } from '../types.ts';
+import type { RateLimiterFactory } from '../pacing.ts';
 import { instanceAad, type MasterKeys, UnsealError, unseal } from './sealing.ts';
 import { apiUrlAllowed, type InstanceType, PUBLIC_API_URLS } from './schemas.ts';
 import type { InstanceRecord, ProviderInstanceStore } from './store.ts';
@@ -82,7 +83,7 @@ export class InstanceProviders {
     if (!keys) return { code: 'secrets_key_missing', message: `${where} has sealed credentials and this worker holds no master key (LEASE_OPS_SECRETS_KEY)`, forGood: false };
     let credentials: Record<string, string>;
     try {
-      credentials = unseal(keys, instanceAad(record.companyId, record.name), record.sealed);
+      credentials = unseal(keys, instanceAad(record.companyId, record.name, record.fingerprint), record.sealed);
     } catch (err) {
       if (!(err instanceof UnsealError)) throw err;
       return { code: 'provider_credentials_unreadable', message: `${where}: ${err.message}`, forGood: err.reason === 'tampered' };
@@ -92,11 +93,14 @@ export class InstanceProviders {
       return { code: 'provider_address_not_allowed', message: `${where} names an address this worker may not send to (LEASE_OPS_INSTANCE_API_URLS)`, forGood: true };
     }
     const apiKey = credentials.apiKey ?? '';
+    // A company's instances pace in budgets of that company's own: settings a tenant chose
+    // (an organization id, a pace) can never reach another company's or the operator's budget.
+    const limiters: RateLimiterFactory = (bucket, limits) => this.services.rateLimiters(`company:${encodeURIComponent(record.companyId)}:${bucket}`, limits);
     try {
       const provider =
         record.type === 'daytona'
-          ? createDaytonaProvider({ ...(record.config as object), apiUrl, name: record.name, apiKey }, this.services.rateLimiters)
-          : createCreateosProvider({ ...(record.config as object), apiUrl, name: record.name, apiKey }, this.services.rateLimiters);
+          ? createDaytonaProvider({ ...(record.config as object), apiUrl, name: record.name, apiKey }, limiters)
+          : createCreateosProvider({ ...(record.config as object), apiUrl, name: record.name, apiKey }, limiters);
       return { provider };
     } catch {
       // Settings that this version no longer takes (they were checked when saved).

@@ -62,11 +62,13 @@ export function checkConfig(type: InstanceType, config: Record<string, unknown>,
 }
 
 /** PATCH /v1/providers/{name}: each field given replaces that field (config as a whole). */
-export const InstancePatchSchema = z.strictObject({
-  environmentIds: EnvironmentIdsSchema.nullable().optional(),
-  config: ConfigObjectSchema.optional(),
-  credentials: CredentialsSchema.optional(),
-});
+export const InstancePatchSchema = z
+  .strictObject({
+    environmentIds: EnvironmentIdsSchema.nullable().optional(),
+    config: ConfigObjectSchema.optional(),
+    credentials: CredentialsSchema.optional(),
+  })
+  .refine((patch) => Object.keys(patch).length > 0, 'an update names at least one of environmentIds, config, credentials');
 export type InstancePatch = z.infer<typeof InstancePatchSchema>;
 
 /** What reads show of an instance: never its credentials, only their fingerprint. */
@@ -91,9 +93,30 @@ export interface InstanceView {
  * tenant cannot point the workers at an address of their network.
  */
 export function apiUrlAllowed(type: InstanceType, apiUrl: string, allowed: readonly string[]): boolean {
-  const normal = (url: string) => url.replace(/\/+$/, '');
-  const url = normal(apiUrl);
-  return [PUBLIC_API_URLS[type], ...allowed].some((prefix) => url === normal(prefix) || url.startsWith(`${normal(prefix)}/`));
+  const url = normalUrl(apiUrl);
+  if (!url) return false;
+  return [PUBLIC_API_URLS[type], ...allowed].some((text) => {
+    const prefix = normalUrl(text);
+    return prefix !== null && url.origin === prefix.origin && (url.path === prefix.path || url.path.startsWith(`${prefix.path.replace(/\/$/, '')}/`) || prefix.path === '/');
+  });
+}
+
+/**
+ * An address as requests will use it: http(s) only, no user, query or fragment, its path
+ * with `..` and `%2e%2e` resolved (as the URL parser resolves them before sending) and no
+ * trailing slash, so a prefix check sees the path that is really sent to.
+ */
+function normalUrl(text: string): { origin: string; path: string } | null {
+  let url: URL;
+  try {
+    url = new URL(text);
+  } catch {
+    return null;
+  }
+  if ((url.protocol !== 'https:' && url.protocol !== 'http:') || url.username || url.password || url.search || url.hash) return null;
+  // %2e%2e is not resolved by the parser but is by many servers: no dot segments in any form.
+  if (/%2e/i.test(url.pathname)) return null;
+  return { origin: url.origin, path: url.pathname.replace(/\/+$/, '') || '/' };
 }
 
 /** LEASE_OPS_INSTANCE_API_URLS: comma-separated URL prefixes. */

@@ -146,9 +146,12 @@ function decrypt(key: Buffer, text: string, aad: string): Buffer | null {
 
 /**
  * What a ciphertext is bound to (GCM's additional data): the instance it belongs to, so a
- * ciphertext copied into another instance's record (another company's, say) does not open.
+ * ciphertext copied into another instance's record (another company's, say) does not open,
+ * and the fingerprint saved beside it, so an earlier ciphertext of the same instance written
+ * back into its record (a rollback by someone who can write to Redis) opens only with its
+ * own fingerprint beside it, which every read then shows.
  */
-export const instanceAad = (companyId: string, name: string) => `lease-ops/provider-instance/v1\0${companyId}\0${name}`;
+export const instanceAad = (companyId: string, name: string, fingerprint: string) => `lease-ops/provider-instance/v1\0${companyId}\0${name}\0${fingerprint}`;
 
 /** Seals credentials for one instance under a new data key, wrapped by the current master key. */
 export function seal(keys: MasterKeys, aad: string, credentials: Record<string, string>): Sealed {

@@ -44,6 +44,8 @@ export interface InstanceRecord {
   config: Record<string, unknown>;
   environmentIds: string[] | null;
   sealed: Sealed;
+  /** The fingerprint saved beside the sealed credentials (bound into their encryption). */
+  fingerprint: string;
   rev: number;
 }
 
@@ -145,8 +147,9 @@ export class ProviderInstanceStore {
     if (part.config !== undefined) fields.push('config', JSON.stringify(part.config));
     if (part.environmentIds !== undefined) fields.push('envs', part.environmentIds ? JSON.stringify(part.environmentIds) : '');
     if (part.credentials) {
-      const sealed = seal(this.requireKeys(), instanceAad(companyId, name), part.credentials);
-      fields.push('sealed', JSON.stringify(sealed), 'kid', sealed.kid, 'fingerprint', fingerprintOf(part.credentials));
+      const fingerprint = fingerprintOf(part.credentials);
+      const sealed = seal(this.requireKeys(), instanceAad(companyId, name, fingerprint), part.credentials);
+      fields.push('sealed', JSON.stringify(sealed), 'kid', sealed.kid, 'fingerprint', fingerprint);
     }
     return fields;
   }
@@ -279,7 +282,7 @@ export class ProviderInstanceStore {
     const config = safeJson(record.config, z.record(z.string(), z.unknown()));
     const envs = record.envs ? safeJson(record.envs, z.array(z.string())) : null;
     if (!sealed || !config || (record.envs && !envs)) return 'unreadable';
-    return { companyId: record.companyId, name: record.name, type: record.type, config, environmentIds: envs, sealed, rev: record.rev };
+    return { companyId: record.companyId, name: record.name, type: record.type, config, environmentIds: envs, sealed, fingerprint: record.fingerprint, rev: record.rev };
   }
 
   /** An instance's revision (what a worker compares with the provider it built), or null. */
@@ -313,8 +316,8 @@ export class ProviderInstanceStore {
         const [companyId, name] = splitMember(member);
         const key = this.recordKey(companyId, name);
         for (;;) {
-          const raw = await this.redis.hget(key, 'sealed');
-          if (raw === null) break;
+          const [raw, fingerprint] = await this.redis.hmget(key, 'sealed', 'fingerprint');
+          if (raw === null || raw === undefined) break;
           const sealed = safeJson(raw, SealedSchema);
           if (!sealed) {
             report.failed.push({ companyId, name, reason: 'its sealed credentials are not readable' });
@@ -326,7 +329,7 @@ export class ProviderInstanceStore {
           }
           let next: Sealed;
           try {
-            next = rewrap(keys, instanceAad(companyId, name), sealed);
+            next = rewrap(keys, instanceAad(companyId, name, fingerprint ?? ''), sealed);
           } catch (err) {
             report.failed.push({ companyId, name, reason: (err as Error).message });
             break;
@@ -346,7 +349,7 @@ export class ProviderInstanceStore {
   /** Keeps an instance for a probe before it is saved; the probe's worker reads it by id. */
   async saveDraft(companyId: string, input: InstanceCreate): Promise<string> {
     const id = randomUUID();
-    const sealed = seal(this.requireKeys(), instanceAad(companyId, input.name), input.credentials);
+    const sealed = seal(this.requireKeys(), instanceAad(companyId, input.name, fingerprintOf(input.credentials)), input.credentials);
     await this.redis
       .multi()
       .hset(this.draftKey(id), {
