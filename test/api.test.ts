@@ -263,6 +263,7 @@ describe('HTTP API', () => {
       '/v1/attention',
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}',
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/activities',
+      '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/exec',
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/operations',
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/pause',
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/timeline',

@@ -12,6 +12,7 @@ import { LayoutError } from '../queues/layout.ts';
 import type { Config } from '../config.ts';
 import {
   ActivityNotFoundError,
+  ExecError,
   IdempotencyKeyReusedError,
   InvalidRequestError,
   LeaseClosingError,
@@ -38,6 +39,7 @@ import {
   OperationPathSchema,
   preferredWaitMs,
   IfMatchHeaderSchema,
+  ExecBodySchema,
   InstanceDeleteQuerySchema,
   InstanceSaveQuerySchema,
   ProbeQuerySchema,
@@ -384,6 +386,15 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const body = parse(ActivityBodySchema, req.body, 'body');
     res.status(201).json(await client.beginActivity(lease, body.kind, body.ttlMs));
   });
+  // A command in the lease's sandbox, bracketed by an activity (README, Activity gates): the
+  // answer is how it ended. Refused (409 lease_closing) while a stop, release or destroy of the
+  // lease is queued or runs.
+  v1.post('/leases/:provider/:companyId/:environmentId/:leaseId/exec', leaseInScope, jsonBody, async (req, res) => {
+    const lease = parse(LeasePathSchema, req.params, 'path');
+    if (!req.is('application/json')) throw new HttpError(415, 'unsupported_media_type', 'send the command as application/json');
+    const body = parse(ExecBodySchema, req.body, 'body');
+    res.json(await client.exec(lease, body));
+  });
   const activityInScope = async (token: string, principal: Principal) => {
     const lease = await client.activityLease(token);
     // Another company's activity is answered as one that does not exist.
@@ -636,6 +647,21 @@ const operationNotFound = (jobId: string) => new HttpError(404, 'operation_not_f
 
 /** Idempotency keys are namespaced by who may use them. */
 
+/** An exec's failure as HTTP: what the caller can fix (4xx), Redis or the key (503), the service or a worker (502, 504). */
+const EXEC_STATUS: Record<string, number> = {
+  secrets_key_missing: 503,
+  exec_unsupported: 422,
+  unknown_provider: 422,
+  provider_deleted: 422,
+  provider_credentials_unreadable: 422,
+  provider_address_not_allowed: 422,
+  sandbox_not_running: 409,
+  sandbox_gone: 404,
+  not_a_sandbox_id: 404,
+  lease_environment_mismatch: 404,
+  exec_timeout: 504,
+};
+
 function errorHandler(log: Logger): ErrorRequestHandler {
   return (err: unknown, req, res, _next) => {
     let status = 500;
@@ -660,6 +686,9 @@ function errorHandler(log: Logger): ErrorRequestHandler {
     } else if (err instanceof ProviderInstanceError) {
       status = err.status;
       body = { code: err.code, message: err.message, ...(err instanceof CredentialsRefusedError ? { probe: err.probe } : {}) };
+    } else if (err instanceof ExecError) {
+      status = EXEC_STATUS[err.code] ?? 502;
+      body = { code: err.code, message: err.message };
     } else if (err instanceof ActivityNotFoundError) {
       status = 404;
       body = { code: err.code, message: err.message };

@@ -15,6 +15,8 @@ import {
   PreferHeaderSchema,
   ProbeQuerySchema,
   IfMatchHeaderSchema,
+  ExecBodySchema,
+  ExecResultSchema,
   InstanceCreateBodySchema,
   InstanceDeleteQuerySchema,
   InstancePatchBodySchema,
@@ -53,16 +55,18 @@ const ERROR_DESCRIPTIONS: Record<string, string> = {
     'invalid_request (with zod details: a path, query, header or body field that does not validate, leaseMetadata over 16 KiB or nested deeper than 32 levels, a path that is not valid percent-encoding, no body), invalid_json or invalid_body (a body that cannot be read: bad gzip, say); Node answers a malformed request (bad chunked encoding) with 400 and no body',
   '401': 'unauthorized: no or unknown bearer token',
   '403': "forbidden: the token is scoped to a company and this needs an admin, or names another company's or environment's provider instances",
-  '404': 'not found (also for leases, operations and activities outside the token scope): lease_not_found, operation_not_found, activity_not_found (ended, or past its TTL), unknown_provider',
+  '404': 'not found (also for leases, operations and activities outside the token scope): lease_not_found, operation_not_found, activity_not_found (ended, or past its TTL), unknown_provider; exec: sandbox_gone, not_a_sandbox_id, lease_environment_mismatch',
   '413': 'payload_too_large: bodies are capped at 64 KiB',
   '415': 'unsupported_media_type: send application/json',
   '412': 'rev_conflict: the provider instance changed since the revision If-Match names',
-  '422': 'credentials_refused: the service refused the credentials of a provider instance, which was not saved (`probe` says what it answered); idempotency_key_reused: the idempotency key came with a different request (lease, operation or parameters) before (`jobId` names the operation it names); unknown_provider: no worker has ever served the provider named in the path',
+  '422': 'exec_unsupported (the provider cannot run commands), provider_deleted, provider_credentials_unreadable; credentials_refused: the service refused the credentials of a provider instance, which was not saved (`probe` says what it answered); idempotency_key_reused: the idempotency key came with a different request (lease, operation or parameters) before (`jobId` names the operation it names); unknown_provider: no worker has ever served the provider named in the path',
   '429':
     'lease_queue_full, environment_queue_full, company_queue_full or queue_full, with Retry-After (LEASE_OPS_MAX_QUEUED_PER_LEASE, LEASE_OPS_MAX_QUEUED_PER_ENVIRONMENT, LEASE_OPS_MAX_QUEUED_PER_COMPANY, LEASE_OPS_MAX_QUEUED and a fair share)',
   '409':
-    'lease_closing (with Retry-After: a stop, release or destroy of the lease is queued or running), lease_has_sandbox (an acquire of a lease whose sandbox lives: destroy it first, or acquire under another id), operation_executing (it runs: an attempt in flight cannot be taken back), operation_ended (it completed or failed), operation_not_failed (only a failed operation runs again), operation_not_rerunnable (an acquire: enqueue a new one), operation_not_waiting (not in its lane any more), provider_exists (the company has an instance of that name), provider_name_taken (a configured provider has that name)',
-  '503': 'redis_unavailable; secrets_key_missing (saving credentials needs LEASE_OPS_SECRETS_KEY on the API)',
+    'lease_closing (with Retry-After: a stop, release or destroy of the lease is queued or running), lease_has_sandbox (an acquire of a lease whose sandbox lives: destroy it first, or acquire under another id), operation_executing (it runs: an attempt in flight cannot be taken back), operation_ended (it completed or failed), operation_not_failed (only a failed operation runs again), operation_not_rerunnable (an acquire: enqueue a new one), operation_not_waiting (not in its lane any more), provider_exists (the company has an instance of that name), provider_name_taken (a configured provider has that name), sandbox_not_running (exec: resume it first)',
+  '502': 'exec: the service or the worker failed to run the command (its code says why)',
+  '503': 'redis_unavailable; secrets_key_missing (saving credentials, or an exec with env or stdin, needs LEASE_OPS_SECRETS_KEY); secrets_key_mismatch (the workers cannot open what this API seals)',
+  '504': 'exec_timeout: no worker ran the command in time',
 };
 
 /** The OpenAPI 3.1 document of the HTTP API, generated from the zod schemas it validates with. */
@@ -166,6 +170,15 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
           requestParams: { path: LeasePathSchema },
           requestBody: { content: { 'application/json': { schema: ActivityBodySchema } } },
           responses: { '201': json(ActivitySchema, 'begun'), ...errors('400', '401', '404', '409', '413', '415', '503'), ...NODE_ANSWERS },
+        },
+      },
+      '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/exec': {
+        post: {
+          operationId: 'execInSandbox',
+          summary: "Run a command in the lease's sandbox and answer how it ended. An activity brackets it: refused (409 lease_closing, Retry-After) while a stop, release or destroy of the lease is queued or runs; such an operation waits for it, and one with cancelActiveWork cancels it (`cancelled`)",
+          requestParams: { path: LeasePathSchema },
+          requestBody: { content: { 'application/json': { schema: ExecBodySchema } } },
+          responses: { '200': json(ExecResultSchema, 'it ended (whatever its exit code)'), ...errors('400', '401', '404', '409', '413', '415', '422', '502', '503', '504'), ...NODE_ANSWERS },
         },
       },
       '/v1/activities/{token}/heartbeat': {

@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { InstanceCreateSchema, InstancePatchSchema, INSTANCE_TYPES } from '../providers/instances/schemas.ts';
+import { ExecRequestSchema } from '../queues/exec-jobs.ts';
 import { LeaseIdentitySchema } from '../lease.ts';
 import { OPERATIONS, OperationParamsSchemas } from '../operations.ts';
 import type { AttentionItem, LeaseTimeline, LeaseView, OperationView, QueueOverview } from '../queues/inspect.ts';
@@ -251,6 +252,17 @@ export const IfMatchHeaderSchema = z.strictObject({
     .transform((v) => Number(v.replace(/^W\//, '').replaceAll('"', '')))
     .optional(),
 });
+export const ExecBodySchema = ExecRequestSchema.meta({ id: 'ExecRequest', description: "a command to run in the lease's sandbox: `command` with `args` (each quoted), or a shell line with none; env and stdin travel sealed with the master key (needed for them)" });
+export const ExecResultSchema = z
+  .object({
+    exitCode: z.number().nullable().meta({ description: "the command's exit code; null if it had not exited 30 s after a cancel or timeout" }),
+    signal: z.string().nullable(),
+    timedOut: z.boolean().meta({ description: 'ended by its timeoutMs' }),
+    cancelled: z.boolean().meta({ description: 'a stop, release or destroy with cancelActiveWork asked it to end (or its activity lapsed)' }),
+    stdout: z.string(),
+    stderr: z.string(),
+  })
+  .meta({ id: 'ExecResult' });
 export const InstanceCreateBodySchema = InstanceCreateSchema.meta({ id: 'ProviderInstanceCreate', description: "a provider instance: its settings per type (Daytona's or CreateOS' settings without name and key), its credentials, its company and environments" });
 export const InstancePatchBodySchema = InstancePatchSchema.meta({ id: 'ProviderInstancePatch', description: 'each field given replaces that field (config as a whole)' });
 

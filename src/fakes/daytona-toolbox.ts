@@ -14,6 +14,8 @@ interface SessionCommand {
   stderr: string;
   exitCode: number | null;
   ended: boolean;
+  /** When the process exited, on the shared clock (process.hrtime.bigint()). */
+  endedAt: bigint | null;
 }
 
 /**
@@ -35,6 +37,13 @@ export class DaytonaToolbox {
     let n = 0;
     for (const [key, commands] of this.sessions) if (key.startsWith(`${sandboxId}\0`)) for (const c of commands.values()) if (!c.ended) n++;
     return n;
+  }
+
+  /** When each of a sandbox's processes exited (shared clock), in no order; live ones are left out. */
+  exits(sandboxId: string): bigint[] {
+    const found: bigint[] = [];
+    for (const [key, commands] of this.sessions) if (key.startsWith(`${sandboxId}\0`)) for (const c of commands.values()) if (c.endedAt !== null) found.push(c.endedAt);
+    return found;
   }
 
   /** SIGTERM (or `signal`) to every live process of a sandbox, as a stop or a session's end sends. */
@@ -69,11 +78,12 @@ export class DaytonaToolbox {
       if (typeof command !== 'string' || !command) return json(400, { message: 'command is required' });
       const id = randomUUID();
       const child = spawn('sh', ['-c', command], { cwd: this.dirOf(sandboxId), detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
-      const cmd: SessionCommand = { id, command, child, stdout: '', stderr: '', exitCode: null, ended: false };
+      const cmd: SessionCommand = { id, command, child, stdout: '', stderr: '', exitCode: null, ended: false, endedAt: null };
       child.stdout!.on('data', (d) => (cmd.stdout += String(d)));
       child.stderr!.on('data', (d) => (cmd.stderr += String(d)));
       child.on('close', (code, signal) => {
         cmd.ended = true;
+        cmd.endedAt = process.hrtime.bigint();
         // A shell's convention for a command ended by a signal: 128 + its number.
         cmd.exitCode = code ?? 128 + (signal === 'SIGKILL' ? 9 : signal === 'SIGTERM' ? 15 : 1);
       });

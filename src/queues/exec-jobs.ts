@@ -122,6 +122,10 @@ export async function runExec(job: Job, deps: { providers: ProviderRegistry; act
   const { lease, token, ttlMs, request } = parsed.data;
   const log = deps.log.child({ lease, job: job.id, op: 'exec' });
   try {
+    const resolved = await deps.providers.resolve(lease);
+    if (!('provider' in resolved)) return { ok: false, code: resolved.code, message: resolved.message };
+    const provider = resolved.provider;
+    if (!provider.exec) return { ok: false, code: 'exec_unsupported', message: `${lease.provider} cannot run commands in its sandboxes` };
     let env: Record<string, string> | undefined;
     let stdin: string | undefined;
     if (parsed.data.secrets) {
@@ -134,10 +138,6 @@ export async function runExec(job: Job, deps: { providers: ProviderRegistry; act
         return { ok: false, code: 'exec_secrets_unreadable', message: "the command's sealed env and stdin do not open with this worker's key" };
       }
     }
-    const resolved = await deps.providers.resolve(lease);
-    if (!('provider' in resolved)) return { ok: false, code: resolved.code, message: resolved.message };
-    const provider = resolved.provider;
-    if (!provider.exec) return { ok: false, code: 'exec_unsupported', message: `${lease.provider} cannot run commands in its sandboxes` };
     const cancel = new AbortController();
     // The activity is kept open while the command runs; a cancel asked (or the activity gone) cancels it.
     const beat = setInterval(() => {

@@ -1,0 +1,125 @@
+import { randomBytes } from 'node:crypto';
+import { afterEach, describe, expect, it } from 'vitest';
+import { LeaseOpsClient } from '../src/client.ts';
+import { ExecError, LeaseClosingError } from '../src/errors.ts';
+import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
+import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
+import { InstanceProviders } from '../src/providers/instances/resolver.ts';
+import { MasterKeys } from '../src/providers/instances/sealing.ts';
+import { ProviderInstanceStore } from '../src/providers/instances/store.ts';
+import { localRateLimiters } from '../src/providers/pacing.ts';
+import { ProviderRegistry } from '../src/providers/registry.ts';
+import { execQueueName } from '../src/queues/exec-jobs.ts';
+import { startTestApi } from './helpers/api-server.ts';
+import { readUntil, TestBed } from './helpers/env.ts';
+
+// Issue 25 part 2: commands in a sandbox, bracketed by an activity gate, on the simulated
+// cloud's toolbox (real processes). Seed 000 with a command that ignores its cancel for a while.
+
+let bed: TestBed | undefined;
+let fake: DaytonaFake | undefined;
+let client: LeaseOpsClient | undefined;
+afterEach(async () => {
+  await client?.close();
+  await bed?.close();
+  await fake?.close();
+  client = bed = fake = undefined;
+});
+
+const lease = (leaseId: string) => ({ provider: 'daytona', companyId: 'co', environmentId: 'env', leaseId });
+
+const TOKENS = { co: 'exec-co-token-0123456789abc', other: 'exec-other-token-0123456789' };
+
+async function setUp(opts: { workerKeys?: boolean } = {}) {
+  bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600', LEASE_OPS_API_TOKENS: JSON.stringify([{ token: TOKENS.co, companyId: 'co' }, { token: TOKENS.other, companyId: 'other' }]) });
+  fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 50, stop: 50, forceStop: 0, destroy: 10 } });
+  const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
+  const registry = new ProviderRegistry([createDaytonaProvider({ name: 'daytona', apiUrl: await fake.listen(), apiKey: 'k', rateLimits: unpaced })]);
+  const keys = new MasterKeys(randomBytes(32));
+  // The workers' master key, as a worker process holds it with its provider registry.
+  if (opts.workerKeys !== false) registry.instances = new InstanceProviders(new ProviderInstanceStore(bed.redis, bed.config.LEASE_OPS_PREFIX, { keys, allowedApiUrls: [] }), { rateLimiters: localRateLimiters }, []);
+  await bed.startWorkerWith(registry);
+  client = new LeaseOpsClient(bed.config, { masterKeys: keys });
+  const acquired = await client.enqueueAndWait('acquire', lease('run'), { runId: 'run' }, { waitMs: 10_000 });
+  const id = (acquired.operation.result as { providerLeaseId: string }).providerLeaseId;
+  return { bed, fake, client, id, keys };
+}
+
+describe('exec: commands in a sandbox', () => {
+  it('runs a command and answers its exit code and output; env and stdin reach it, and never Redis in plaintext', async () => {
+    const { bed, client, id } = await setUp();
+    expect(await client.exec(lease(id), { providerLeaseId: id, command: 'echo out; echo err >&2; exit 3' })).toEqual({ exitCode: 3, signal: null, timedOut: false, cancelled: false, stdout: 'out\n', stderr: 'err\n' });
+    expect(await client.exec(lease(id), { providerLeaseId: id, command: 'printf', args: ['%s|%s', 'a b', "it's"] })).toMatchObject({ exitCode: 0, stdout: "a b|it's" });
+
+    const secret = `s3cret-${randomBytes(8).toString('hex')}`;
+    const running = client.exec(lease(id), { providerLeaseId: id, command: 'sleep 0.3; printf "%s:" "$GREETING"; cat', env: { GREETING: secret }, stdin: 'piped in' });
+    // While it runs, its job is in Redis: no plaintext of the env or stdin in it.
+    const queue = execQueueName(bed.config.LEASE_OPS_QUEUE);
+    let seen = '';
+    await readUntil(async () => {
+      const keys = await bed.redis.keys(`${bed.config.LEASE_OPS_PREFIX}:${queue}:exec.*`);
+      seen = (await Promise.all(keys.map((k) => bed.redis.hget(k, 'data')))).join('');
+      return seen.length > 0;
+    }, 5_000, 'the exec job in Redis');
+    expect(seen).not.toContain(secret);
+    expect(seen).not.toContain('piped in');
+    expect(await running).toMatchObject({ exitCode: 0, stdout: `${secret}:piped in` });
+  });
+
+  it('times a command out (SIGTERM), and refuses one with env when the worker holds no master key', async () => {
+    const { client, id } = await setUp({ workerKeys: false });
+    const started = Date.now();
+    expect(await client.exec(lease(id), { providerLeaseId: id, command: 'sleep 30', timeoutMs: 300 })).toMatchObject({ timedOut: true, cancelled: false, exitCode: 143 });
+    expect(Date.now() - started).toBeLessThan(5_000);
+    await expect(client.exec(lease(id), { providerLeaseId: id, command: 'true', env: { A: 'b' } })).rejects.toMatchObject({ code: 'secrets_key_missing' });
+    await expect(client.exec(lease(id), { providerLeaseId: 'not-a-sandbox', command: 'true' })).rejects.toBeInstanceOf(ExecError);
+  });
+
+  it('seed 000: a command that ignores its cancel for a while, a release with cancelActiveWork and a resume at once: the stop reaches the cloud only after the command exited, and no one sees an error', async () => {
+    const { bed, fake, client, id } = await setUp();
+    const exec = client.exec(lease(id), { providerLeaseId: id, command: "trap '' TERM; sleep 1.5; echo finished", ttlMs: 3_000 });
+    await readUntil(async () => fake.toolbox.alive(id) === 1, 5_000, 'the command running');
+    const release = await client.enqueue('release', lease(id), { providerLeaseId: id, resourceDisposition: 'stop_and_retain', cancelActiveWork: true });
+    const resume = await client.enqueue('resume', lease(id), { providerLeaseId: id });
+    // No new command begins while the release is queued.
+    await expect(client.exec(lease(id), { providerLeaseId: id, command: 'true' })).rejects.toBeInstanceOf(LeaseClosingError);
+    const result = await exec;
+    // Asked to cancel, it ignored the SIGTERM and finished its work (the shell around it did
+    // not ignore it: the exit code is its 143).
+    expect(result).toMatchObject({ cancelled: true, timedOut: false, stdout: 'finished\n' });
+    const results = await bed.waitForAll([release.jobId, resume.jobId], 20_000);
+    expect([...results.values()]).toEqual(['completed', 'completed']);
+    const firstStop = fake.calls.find((c) => c.sandboxId === id && c.path.endsWith('/stop'))!.start;
+    const [exited] = fake.toolbox.exits(id).sort((a, b) => (a > b ? -1 : 1));
+    expect(firstStop).toBeGreaterThan(exited!);
+    expect(fake.toolbox.alive(id)).toBe(0);
+    // The cloud never had to say "still settling cancelled work" to the resume.
+    expect(fake.calls.filter((c) => c.sandboxId === id && c.path.endsWith('/start') && c.status === 409)).toEqual([]);
+    expect(fake.stateOf(id)).toBe('started');
+  });
+});
+
+describe('exec over the HTTP API', () => {
+  it("answers how the command ended; another company's token finds nothing; refused with 409 lease_closing while a stop is queued", async () => {
+    const { bed, client, id, keys } = await setUp();
+    const api = await startTestApi(bed, undefined, { masterKeys: keys });
+    try {
+      const exec = (token: string, company: string, body: unknown) =>
+        fetch(`${api.base}/v1/leases/daytona/${company}/env/${id}/exec`, { method: 'POST', headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' }, body: JSON.stringify(body) });
+      const ran = await exec(TOKENS.co, 'co', { providerLeaseId: id, command: 'cat; echo " $X"', stdin: 'in', env: { X: 'y' } });
+      expect([ran.status, await ran.json()]).toEqual([200, { exitCode: 0, signal: null, timedOut: false, cancelled: false, stdout: 'in y\n', stderr: '' }]);
+      expect((await exec(TOKENS.other, 'co', { providerLeaseId: id, command: 'true' })).status).toBe(404);
+      const bad = await exec(TOKENS.co, 'co', { providerLeaseId: id, command: 'true', env: { 'NOT-A-NAME': 'x' } });
+      expect(bad.status).toBe(400);
+      const { token } = await client.beginActivity(lease(id), 'hold', 5_000);
+      await client.enqueue('stop', lease(id), { providerLeaseId: id });
+      const closing = await exec(TOKENS.co, 'co', { providerLeaseId: id, command: 'true' });
+      expect(closing.status).toBe(409);
+      expect(closing.headers.get('retry-after')).toMatch(/^\d+$/);
+      expect(((await closing.json()) as { error: { code: string } }).error.code).toBe('lease_closing');
+      await client.endActivity(token);
+    } finally {
+      await api.close();
+    }
+  });
+});
