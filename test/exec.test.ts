@@ -32,7 +32,7 @@ const TOKENS = { co: 'exec-co-token-0123456789abc', other: 'exec-other-token-012
 
 async function setUp(opts: { workerKeys?: boolean } = {}) {
   bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600', LEASE_OPS_API_TOKENS: JSON.stringify([{ token: TOKENS.co, companyId: 'co' }, { token: TOKENS.other, companyId: 'other' }]) });
-  fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 50, stop: 50, forceStop: 0, destroy: 10 } });
+  fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 50, stop: 50, forceStop: 0, destroy: 10 }, execOnThisMachine: true });
   const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
   const registry = new ProviderRegistry([createDaytonaProvider({ name: 'daytona', apiUrl: await fake.listen(), apiKey: 'k', rateLimits: unpaced })]);
   const keys = new MasterKeys(randomBytes(32));
@@ -46,6 +46,18 @@ async function setUp(opts: { workerKeys?: boolean } = {}) {
 }
 
 describe('exec: commands in a sandbox', () => {
+  it('a simulated cloud runs no commands unless told to (LEASE_OPS_SIMULATED_EXEC=true): they would run on its machine', async () => {
+    const off = new DaytonaFake({ apiKey: 'k' });
+    const url = await off.listen();
+    try {
+      const created = (await (await fetch(`${url}/sandbox`, { method: 'POST', headers: { authorization: 'Bearer k', 'content-type': 'application/json' }, body: '{}' })).json()) as { id: string };
+      const res = await fetch(`${url}/toolbox/${created.id}/process/session`, { method: 'POST', headers: { authorization: 'Bearer k', 'content-type': 'application/json' }, body: JSON.stringify({ sessionId: 's' }) });
+      expect(res.status).toBe(403);
+    } finally {
+      await off.close();
+    }
+  });
+
   it('runs a command and answers its exit code and output; env and stdin reach it, and never Redis in plaintext', async () => {
     const { bed, client, id } = await setUp();
     expect(await client.exec(lease(id), { providerLeaseId: id, command: 'echo out; echo err >&2; exit 3' })).toEqual({ exitCode: 3, signal: null, timedOut: false, cancelled: false, stdout: 'out\n', stderr: 'err\n' });

@@ -39,6 +39,9 @@ function backend(cancelAnswer: 'cancelled' | 'ended' | 'unknown'): LeaseOpsBacke
       return cancelAnswer;
     },
     provider: async () => null,
+    exec: async () => {
+      throw new Error('not used here');
+    },
   };
   return b;
 }

@@ -4,7 +4,8 @@ import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { pluginManifestV1Schema } from '@paperclipai/shared';
 import { assertEnvironmentEventOrder, assertLeaseLifecycle, createEnvironmentTestHarness, type EnvironmentTestHarness } from '@paperclipai/plugin-sdk/testing';
-import type { PluginEnvironmentAcquireLeaseParams, PluginEnvironmentReleaseLeaseParams } from '@paperclipai/plugin-sdk';
+import type { PluginEnvironmentAcquireLeaseParams, PluginEnvironmentExecuteParams, PluginEnvironmentReleaseLeaseParams } from '@paperclipai/plugin-sdk';
+import { randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CreateosFake } from '../src/fakes/createos-fake.ts';
 import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
@@ -23,6 +24,8 @@ const BIN = fileURLToPath(new URL('../bin/lease-ops.js', import.meta.url));
 const ADMIN = 'paperclip-admin-token-0123456789';
 const COMPANIES = ['acme', 'globex', 'initech', 'umbrella'];
 const tokenOf = (company: string) => `paperclip-${company}-token-0123456789`;
+/** The deployment's master key: the host's execute env travels sealed with it. */
+const SECRETS_KEY = randomBytes(32).toString('hex');
 
 let bed: TestBed;
 let daytona: DaytonaFake;
@@ -48,6 +51,8 @@ function startWorker(): WorkerProcess {
       // The host's graceful stop budget: a stop still stopping after it is forced.
       LEASE_OPS_STUCK_STOPPING_MS: '30000',
       LEASE_OPS_WATCHDOG_INTERVAL_MS: '1000',
+      LEASE_OPS_SECRETS_KEY: SECRETS_KEY,
+      LEASE_OPS_SIMULATED_EXEC: 'true',
     }),
   );
   workers.push(worker);
@@ -57,12 +62,12 @@ function startWorker(): WorkerProcess {
 beforeAll(async () => {
   const tokens = [{ token: ADMIN }, ...COMPANIES.map((companyId) => ({ token: tokenOf(companyId), companyId }))];
   bed = await TestBed.create({ LEASE_OPS_API_TOKENS: JSON.stringify(tokens) });
-  daytona = new DaytonaFake({ apiKey: 'dk', timings: { create: 50, start: 300, stop: 300, forceStop: 0, destroy: 50, archive: 50 } });
+  daytona = new DaytonaFake({ apiKey: 'dk', timings: { create: 50, start: 300, stop: 300, forceStop: 0, destroy: 50, archive: 50 }, execOnThisMachine: true });
   createos = new CreateosFake({ apiKey: 'ck', timings: { create: 50, pause: 300, resume: 300, destroy: 50 } });
-  simulated = new DaytonaFake({ apiKey: 'simulated-cloud-key', timings: { create: 50, start: 200, stop: 200, forceStop: 0, destroy: 50 } });
+  simulated = new DaytonaFake({ apiKey: 'simulated-cloud-key', timings: { create: 50, start: 200, stop: 200, forceStop: 0, destroy: 50 }, execOnThisMachine: true });
   await Promise.all([daytona.listen(), createos.listen(), simulated.listen()]);
   api = spawn(process.execPath, [BIN, 'api'], {
-    env: { ...process.env, REDIS_URL: bed.config.REDIS_URL, LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX, LEASE_OPS_API_TOKENS: JSON.stringify(tokens), LEASE_OPS_API_PORT: '0', LEASE_OPS_LOG_LEVEL: 'warn' },
+    env: { ...process.env, REDIS_URL: bed.config.REDIS_URL, LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX, LEASE_OPS_API_TOKENS: JSON.stringify(tokens), LEASE_OPS_API_PORT: '0', LEASE_OPS_LOG_LEVEL: 'warn', LEASE_OPS_SECRETS_KEY: SECRETS_KEY },
     stdio: ['ignore', 'pipe', 'inherit'],
   });
   apiUrl = await new Promise<string>((resolve, reject) => {
@@ -99,6 +104,7 @@ function environment(company: string, environmentId: string, provider: string, e
       onResumeLease: d.onEnvironmentResumeLease,
       onReleaseLease: d.onEnvironmentReleaseLease,
       onDestroyLease: d.onEnvironmentDestroyLease,
+      onExecute: d.onEnvironmentExecute,
     },
   });
   const config = { leaseOpsUrl: apiUrl, token: tokenOf(company), provider, reuseLease: true, ...extra };
@@ -111,6 +117,7 @@ function environment(company: string, environmentId: string, provider: string, e
     resume: (providerLeaseId: string, leaseMetadata: Record<string, unknown> = {}) => harness.resumeLease({ ...base, providerLeaseId, leaseMetadata }),
     release: (providerLeaseId: string, more: Partial<ReleaseParams> = {}) => harness.releaseLease({ ...base, providerLeaseId, ...more } as PluginEnvironmentReleaseLeaseParams) as Promise<unknown>,
     destroy: (providerLeaseId: string) => harness.destroyLease({ ...base, providerLeaseId }) as Promise<unknown>,
+    execute: (providerLeaseId: string, command: string, more: Record<string, unknown> = {}) => harness.execute({ ...base, lease: { providerLeaseId }, command, ...more } as PluginEnvironmentExecuteParams),
   };
 }
 
@@ -166,6 +173,31 @@ describe.concurrent('lease lifecycles through the plugin hooks, with paperclip\'
     expect(resumed.providerLeaseId).toBe(id);
     expect(await released).toEqual({ providerLeaseId: id, state: 'stopped' });
     expect(daytona.stateOf(id!)).toBe('started');
+    expect(env.harness.environmentEvents.filter((e) => e.error)).toEqual([]);
+  });
+
+  it("execute: the host's command runs in the sandbox (its env, stdin, exit code and output), bracketed by an activity", { timeout: 60_000 }, async () => {
+    const env = environment('acme', 'exec', 'simulated');
+    const { providerLeaseId: id } = await env.acquire('run-exec');
+    expect(await env.execute(id!, 'printf "%s/" "$GREETING"; cat; exit 2', { env: { GREETING: 'hi' }, stdin: 'piped', timeoutMs: 10_000 })).toEqual({ exitCode: 2, signal: null, timedOut: false, stdout: 'hi/piped', stderr: '', metadata: { cancelled: false } });
+    expect(await env.execute(id!, 'printf', { args: ['%s', "it's quoted"] })).toMatchObject({ exitCode: 0, stdout: "it's quoted" });
+    expect(env.harness.environmentEvents.filter((e) => e.error)).toEqual([]);
+  });
+
+  it('seed 000 as it happened: an execute whose command ignores its cancel, then a release with cancelActiveWork and a resume at once: both end, no error to the host, and the stop waits for the command', { timeout: 60_000 }, async () => {
+    const env = environment('acme', 'seed-000-exec', 'daytona');
+    const { providerLeaseId: id } = await env.acquire('run-000-exec');
+    const executed = env.execute(id!, "trap '' TERM; sleep 1.5; echo done", { timeoutMs: 30_000 });
+    await readUntil(async () => daytona.toolbox.alive(id!) === 1, 10_000, 'the command running in the sandbox');
+    const released = env.release(id!, { cancelActiveWork: true, resourceDisposition: 'stop_and_retain' });
+    const resumed = env.resume(id!);
+    expect(await executed).toMatchObject({ timedOut: false, stdout: 'done\n', metadata: { cancelled: true } });
+    expect(await released).toEqual({ providerLeaseId: id, state: 'stopped' });
+    expect((await resumed).providerLeaseId).toBe(id);
+    const [exited] = daytona.toolbox.exits(id!);
+    const stop = daytona.calls.find((c) => c.sandboxId === id && c.path.endsWith('/stop'))!;
+    expect(stop.start).toBeGreaterThan(exited!);
+    expect(daytona.calls.filter((c) => c.sandboxId === id && c.path.endsWith('/start') && c.status === 409)).toEqual([]);
     expect(env.harness.environmentEvents.filter((e) => e.error)).toEqual([]);
   });
 

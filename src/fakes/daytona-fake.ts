@@ -90,6 +90,11 @@ export type DaytonaThrottler = 'authenticated' | 'sandbox-create' | 'sandbox-lif
 
 export interface DaytonaFakeOptions {
   apiKey?: string;
+  /**
+   * Runs toolbox commands (exec) as real processes on this machine. Off by default: whoever
+   * can call the fake could run anything here.
+   */
+  execOnThisMachine?: boolean;
   organizationId?: string;
   timings?: Partial<DaytonaTimings>;
   faults?: DaytonaFaults;
@@ -350,6 +355,7 @@ export class DaytonaFake extends ApiFake {
     if (toolbox) {
       const sb = this.visible(decodeURIComponent(toolbox[1]!));
       if (!sb) return none(this.error(req, 404, `Sandbox with ID or name ${decodeURIComponent(toolbox[1]!)} not found`));
+      if (!this.opts.execOnThisMachine) return none(this.error(req, 403, 'this simulated cloud runs no commands (LEASE_OPS_SIMULATED_EXEC is off)'));
       if (sb.state !== 'started' || sb.desiredState !== 'started') return none(this.error(req, 400, 'Sandbox is not started'));
       return none(this.toolbox.route(method, sb.id, toolbox[2]!, body));
     }

@@ -5,6 +5,8 @@ import type { OperationName } from '../operations.ts';
 import type { OperationView } from '../queues/inspect.ts';
 import type { AnnouncedProvider } from '../queues/operations-queue.ts';
 import type { ProviderProbe } from '../queues/provider-probes.ts';
+import type { ExecRequestInput } from '../queues/exec-jobs.ts';
+import type { ExecResult } from '../providers/types.ts';
 
 /**
  * A hook's failure, with lease-ops' stable code (`lease_environment_mismatch`,
@@ -55,6 +57,12 @@ export interface LeaseOpsBackend {
   cancel(jobId: string, deadline: number): Promise<'cancelled' | 'ended' | 'unknown'>;
   /** A provider and what it can do, with a probe of its credentials if asked; null if none is served by that name. */
   provider(name: string, probe: boolean, deadline: number): Promise<(AnnouncedProvider & { probe?: ProviderProbe }) | null>;
+  /**
+   * Runs a command in the lease's sandbox, bracketed by an activity: how it ended. Asked once
+   * (never again after no answer: it may have run); lease_closing while a stop, release or
+   * destroy of the lease is queued or runs.
+   */
+  exec(lease: LeaseIdentity, request: ExecRequestInput, deadline: number): Promise<ExecResult>;
 }
 
 /** The typed client of an in-process lease-ops: no token, the host is trusted with every company. */
@@ -85,6 +93,9 @@ export function clientBackend(client: LeaseOpsClient): LeaseOpsBackend {
       } catch (err) {
         return err instanceof LeaseOpsError && err.code === 'operation_ended' ? 'ended' : 'unknown';
       }
+    },
+    exec(lease, request) {
+      return client.exec(lease, request).catch(hookError);
     },
     async provider(name, probe) {
       const found = (await client.providers().catch(hookError)).find((p) => p.name === name);
@@ -171,6 +182,26 @@ export function httpBackend(base: string, token: string | undefined, fetchImpl: 
       const res = await request('POST', `/v1/operations/${encodeURIComponent(jobId)}/cancel`, deadline).catch(() => null);
       if (res?.status === 200) return 'cancelled';
       return res?.status === 409 && (res.body.error as { code?: unknown } | undefined)?.code === 'operation_ended' ? 'ended' : 'unknown';
+    },
+    async exec(lease, body, deadline) {
+      // One request: a command is never sent twice (a 502 or a cut connection may mean it ran).
+      let res: Response;
+      try {
+        res = await fetchImpl(`${origin}${leasePath(lease)}/exec`, { method: 'POST', headers, body: JSON.stringify(body), signal: AbortSignal.timeout(Math.max(1, deadline - Date.now())) });
+      } catch (err) {
+        const name = (err as Error).name;
+        if (name === 'TimeoutError') throw new LeaseOpsHookError('hook_timeout', `lease-ops at ${origin} did not answer the exec before the hook's deadline`);
+        throw new LeaseOpsHookError('unreachable', `lease-ops at ${origin} did not answer (${(err as { cause?: { code?: string } }).cause?.code ?? name})`);
+      }
+      const text = await res.text();
+      let parsed: Record<string, unknown> = {};
+      try {
+        parsed = text ? (JSON.parse(text) as Record<string, unknown>) : {};
+      } catch {
+        // not JSON (a proxy's page): the status says what there is to say
+      }
+      if (res.status !== 200) throw failure({ status: res.status, body: parsed });
+      return parsed as unknown as ExecResult;
     },
     async provider(name, probe, deadline) {
       const res = await request('GET', `/v1/providers/${encodeURIComponent(name)}${probe ? '?probe=true' : ''}`, deadline, { answerMs: probe ? 15_000 : 0 });

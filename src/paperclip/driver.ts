@@ -5,6 +5,7 @@ import type { OperationName } from '../operations.ts';
 import type { OperationView } from '../queues/inspect.ts';
 import { ended, LeaseOpsHookError, type LeaseOpsBackend, type Started } from './backend.ts';
 import { LeaseOpsDriverConfigSchema, releaseDispositionOf, type LeaseOpsDriverConfig } from './config.ts';
+import { MAX_EXEC_TIMEOUT_MS } from '../queues/exec-jobs.ts';
 
 // paperclip's hook parameters and results (its plugin SDK's dist/protocol.d.ts), as far as
 // lease-ops reads and answers them, written out so these hooks work without the SDK (the
@@ -38,6 +39,24 @@ export interface ReleaseParams extends BaseParams {
   /** Newer hosts say what to leave behind; older ones leave it to the driver's config. */
   resourceDisposition?: string;
 }
+export interface ExecuteParams extends BaseParams {
+  lease: Lease;
+  command: string;
+  args?: string[];
+  cwd?: string;
+  env?: Record<string, string>;
+  stdin?: string;
+  timeoutMs?: number;
+  bypassSession?: boolean;
+}
+export interface ExecuteResult {
+  exitCode: number | null;
+  signal?: string | null;
+  timedOut: boolean;
+  stdout: string;
+  stderr: string;
+  metadata?: Record<string, unknown>;
+}
 export interface Lease {
   providerLeaseId: string | null;
   metadata?: Record<string, unknown>;
@@ -68,6 +87,10 @@ const VALIDATE_MS = 5_000;
 const MAX_ACQUIRE_GENERATIONS = 5;
 /** Failures of an earlier hook's acquire that a new acquire may not meet (a refusal it would). */
 const RETRIED_ANEW = new Set(['cancelled', 'deadline_exceeded', 'stalled_too_often', 'orphaned', 'removed', 'hook_timeout']);
+/** A command's timeout when the host gives none (paperclip's adapters give one). */
+const DEFAULT_EXEC_TIMEOUT_MS = 300_000;
+/** What lease-ops may take beyond a command's timeout to answer (its cancel's grace, a queue wait). */
+const EXEC_ANSWER_MARGIN_MS = 45_000;
 /** A long poll asks lease-ops to answer this long before the hook's deadline. */
 const ANSWER_MARGIN_MS = 1_000;
 /** The part of an acquire hook's time kept for cancelling the acquire when it gives up (at most a quarter). */
@@ -257,6 +280,32 @@ export function leaseOpsDriverHooks(backendFor: (config: LeaseOpsDriverConfig) =
         callKey('release'),
       )) as TerminationReceipt | null;
       return receipt ?? undefined;
+    },
+
+    /**
+     * A command in the lease's sandbox, bracketed by an activity gate: a release or destroy
+     * with cancelActiveWork cancels it (its answer then says so in `metadata.cancelled`), any
+     * other waits for it, and none can stop the sandbox under it.
+     */
+    async onExecute(params: ExecuteParams): Promise<ExecuteResult> {
+      const config = configOf(params.config);
+      const sandbox = params.lease?.providerLeaseId;
+      if (!sandbox) throw new LeaseOpsHookError('no_sandbox', 'the lease has no sandbox to run the command in');
+      const timeoutMs = Math.min(params.timeoutMs ?? DEFAULT_EXEC_TIMEOUT_MS, MAX_EXEC_TIMEOUT_MS);
+      const result = await backendFor(config).exec(
+        leaseOf(config, params, sandbox),
+        {
+          providerLeaseId: sandbox,
+          command: params.command,
+          ...(params.args ? { args: params.args } : {}),
+          ...(params.cwd ? { cwd: params.cwd } : {}),
+          ...(params.env && Object.keys(params.env).length > 0 ? { env: params.env } : {}),
+          ...(params.stdin === undefined ? {} : { stdin: params.stdin }),
+          timeoutMs,
+        },
+        Date.now() + timeoutMs + EXEC_ANSWER_MARGIN_MS,
+      );
+      return { exitCode: result.exitCode, signal: result.signal, timedOut: result.timedOut, stdout: result.stdout, stderr: result.stderr, metadata: { cancelled: result.cancelled } };
     },
 
     async onDestroyLease(params: ReleaseParams): Promise<TerminationReceipt | undefined> {

@@ -13,7 +13,7 @@ export interface LeaseOpsPluginOptions {
 
 /**
  * The paperclip plugin: its environment-driver hooks (validateConfig, probe, acquire,
- * resume, release, destroy), each served by lease-ops. With `client`, by an in-process
+ * resume, release, destroy, execute), each served by lease-ops. With `client`, by an in-process
  * lease-ops; otherwise by the HTTP API at each environment's `leaseOpsUrl`, with its `token`.
  */
 export function createLeaseOpsPlugin(options: LeaseOpsPluginOptions = {}): PaperclipPlugin {
@@ -35,5 +35,6 @@ export function createLeaseOpsPlugin(options: LeaseOpsPluginOptions = {}): Paper
     // paperclip's newer SDKs take the receipt these return; older ones ignore it.
     onEnvironmentReleaseLease: hooks.onReleaseLease as (params: Parameters<typeof hooks.onReleaseLease>[0]) => Promise<void>,
     onEnvironmentDestroyLease: hooks.onDestroyLease as (params: Parameters<typeof hooks.onDestroyLease>[0]) => Promise<void>,
+    onEnvironmentExecute: hooks.onExecute,
   });
 }

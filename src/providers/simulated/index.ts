@@ -4,9 +4,13 @@ import type { LeaseProvider } from '../types.ts';
 
 const SIMULATED_KEY = 'simulated-cloud-key';
 
-/** The simulated cloud: a Daytona fake whose transitions take a fraction of a second. */
-const simulatedCloud = () =>
-  new DaytonaFake({ apiKey: SIMULATED_KEY, timings: { create: 50, start: 200, stop: 200, forceStop: 0, destroy: 50 } });
+/**
+ * The simulated cloud: a Daytona fake whose transitions take a fraction of a second. With
+ * LEASE_OPS_SIMULATED_EXEC=true its sandboxes run commands (exec) as real processes on the
+ * machine it runs on: for a laptop or a test, never for a shared host.
+ */
+const simulatedCloud = (env: NodeJS.ProcessEnv = process.env) =>
+  new DaytonaFake({ apiKey: SIMULATED_KEY, timings: { create: 50, start: 200, stop: 200, forceStop: 0, destroy: 50 }, execOnThisMachine: env.LEASE_OPS_SIMULATED_EXEC === 'true' });
 
 /**
  * The embedded default: the Daytona provider (the real client code path) against a local
@@ -19,13 +23,15 @@ export async function createSimulatedProvider(env: NodeJS.ProcessEnv): Promise<L
   let fake: DaytonaFake | null = null;
   let apiUrl = shared;
   if (!apiUrl) {
-    fake = simulatedCloud();
+    fake = simulatedCloud(env);
     apiUrl = await fake.listen();
   }
   // The simulated cloud has no rate limits to pace under.
   const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
   const provider = createDaytonaProvider({ name: 'simulated', apiUrl, apiKey: SIMULATED_KEY, timeoutMs: 10_000, rateLimits: unpaced });
-  return { ...provider, close: async () => fake?.close() };
+  // Commands only when asked for (a shared cloud is started with the same setting).
+  const exec = env.LEASE_OPS_SIMULATED_EXEC === 'true';
+  return { ...provider, capabilities: { ...provider.capabilities, exec }, ...(exec ? {} : { exec: undefined }), close: async () => fake?.close() };
 }
 
 /** Runs the simulated cloud on its own, for several worker processes to share. */
