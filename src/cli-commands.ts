@@ -98,7 +98,11 @@ export async function runEnqueue(op: string, opts: EnqueueCliOptions): Promise<n
       out(opts.json ? JSON.stringify({ ...enqueued, operation: view }) : JSON.stringify(view, null, 2));
       if (view?.state === 'completed') return EXIT.ok;
       if (view?.state === 'failed') return EXIT.operationFailed;
-      err(`operation ${enqueued.jobId} is still ${view?.state ?? 'unknown'} after ${waitMs} ms (is a worker running?)`);
+      if (view?.state === 'paused' && view.paused) {
+        err(`operation ${enqueued.jobId} waits in a paused lane (paused by ${view.paused.by} since ${new Date(view.paused.since).toISOString()}): lease-ops unpause --provider ${opts.provider} --company ${opts.company} --environment ${opts.environment} --lease ${opts.lease} lets it run`);
+      } else {
+        err(`operation ${enqueued.jobId} is still ${view?.state ?? 'unknown'} after ${waitMs} ms (is a worker running?)`);
+      }
       return EXIT.notEnded;
     } catch (e) {
       if (e instanceof InvalidRequestError) {

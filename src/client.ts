@@ -519,7 +519,7 @@ const ActivityRequestSchema = z.object({
 /** How often a client looks at the deployment's partition count again. */
 const LAYOUT_RECHECK_MS = 5_000;
 
-const REASON_ORDER: AttentionReason[] = ['stuck_stopping', 'last_operation_failed', 'blocked'];
+const REASON_ORDER: AttentionReason[] = ['stuck_stopping', 'last_operation_failed', 'paused', 'blocked'];
 
 /** Attention lists of several partitions as one, in the order of reasons each keeps. */
 function mergeByReason(lists: AttentionItem[][]): AttentionItem[] {

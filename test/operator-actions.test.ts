@@ -203,7 +203,7 @@ describe('operator actions keep the lane guarantees: cancel, run again, pause an
     expect((await bed.waitForAll([head.jobId], 10_000)).get(head.jobId)).toBe('completed');
     // The sweep's repair hands nothing off on a paused lane...
     await bed.ops.lanes.repair(laneIdOf(lease('p1')));
-    expect((await client.getOperation(second.jobId))?.state).toBe('queued');
+    expect((await client.getOperation(second.jobId))?.state).toBe('paused');
     // ...and a job promoted by hand parks itself again instead of running.
     const parkedAgain = new Promise<void>((resolve) => {
       const on = ({ jobId }: { jobId: string }) => jobId === second.jobId && (bed.events.off('delayed', on), resolve());

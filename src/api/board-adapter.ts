@@ -16,6 +16,18 @@ interface Place {
   holder: string | null;
   retryAt: number | null;
   head: string | null;
+  /** The lane is paused: by whom, since when. */
+  paused: { by: string; since: number } | null;
+}
+
+/** A pause as the lanes' paused hash holds it (JSON `{by, since}`). */
+function readPause(text: string): { by: string; since: number } | null {
+  try {
+    const parsed = JSON.parse(text) as { by?: unknown; since?: unknown };
+    return { by: typeof parsed.by === 'string' ? parsed.by : 'unknown', since: typeof parsed.since === 'number' ? parsed.since : 0 };
+  } catch {
+    return null;
+  }
 }
 
 /** The lane's recorded outcome of a finished job ('completed' or 'failed'), if it is readable. */
@@ -95,13 +107,14 @@ export class LeaseOpsBoardAdapter extends BullMQAdapter {
         .lpos(lanes.listKey(laneId), job.id)
         .hget(lanes.execKey(laneId), 'job')
         .zscore(lanes.backingOffKey, job.id)
-        .lindex(lanes.listKey(laneId), 0);
+        .lindex(lanes.listKey(laneId), 0)
+        .hget(lanes.pausedKey, laneId);
     });
     const results = (await pipeline.exec()) ?? [];
     let at = 0;
     return jobs.map((job, i) => {
       if (!job.id || !laneIds[i]) return null;
-      const [hash, position, holder, retryAt, head] = results.slice(at, (at += 5)).map(([err, value]) => (err ? null : value));
+      const [hash, position, holder, retryAt, head, pause] = results.slice(at, (at += 6)).map(([err, value]) => (err ? null : value));
       const [parked, outcome] = (hash as (string | null)[] | null) ?? [null, null];
       return {
         parked: parked === '1',
@@ -110,6 +123,7 @@ export class LeaseOpsBoardAdapter extends BullMQAdapter {
         holder: (holder as string | null) ?? null,
         retryAt: retryAt === null || retryAt === undefined ? null : Number(retryAt),
         head: (head as string | null) ?? null,
+        paused: typeof pause === 'string' ? readPause(pause) : null,
       };
     });
   }
@@ -124,6 +138,10 @@ export class LeaseOpsBoardAdapter extends BullMQAdapter {
       where = outcomeStatus(place.outcome) ?? (json.returnvalue === null || json.returnvalue === undefined ? 'failed' : 'completed');
     } else if (place.holder === job.id) {
       where = `executing, attempt ${json.attemptsMade + 1}`;
+    } else if (place.paused && place.position !== null) {
+      where = `paused by ${place.paused.by} since ${clock(place.paused.since)} UTC: runs once the lane is unpaused${place.position > 0 ? ` (queued behind ${place.position})` : ''}`;
+      told.delay = 0;
+      told.opts.delay = 0;
     } else if (place.retryAt !== null) {
       where = `backing off until ${clock(place.retryAt)} UTC${lastError ? `: ${lastError}` : ''}`;
       // The board says "Will run at" accepted time + delay: the retry's time, not the park's.

@@ -313,6 +313,7 @@ export function actionPage(title: string, message: string, back: string): string
 const REASONS: Record<AttentionItem['reason'], string> = {
   stuck_stopping: 'stuck stopping',
   last_operation_failed: 'last operation failed',
+  paused: 'lane paused',
   blocked: 'lane blocked',
 };
 
@@ -322,7 +323,7 @@ export function attentionPage(items: AttentionItem[], next: number | null, now: 
     .map((item) => {
       const name = item.lease ? `${item.lease.provider} · ${item.lease.companyId}/${item.lease.environmentId}/${item.lease.leaseId}` : item.laneId;
       const link = item.lease ? `<a href="${esc(timelinePath(item.lease))}">${esc(name)}</a>` : esc(name);
-      return `<tr data-reason="${esc(item.reason)}"><td><span class="k k-${item.reason === 'stuck_stopping' ? 'stuck' : item.reason === 'blocked' ? 'backing-off' : 'failed'}">${esc(REASONS[item.reason])}</span></td><td>${link}</td><td class="t">${esc(seconds(Math.max(0, now - item.since)))}</td><td>${esc(item.detail)}</td></tr>`;
+      return `<tr data-reason="${esc(item.reason)}"><td><span class="k k-${item.reason === 'stuck_stopping' ? 'stuck' : item.reason === 'blocked' || item.reason === 'paused' ? 'backing-off' : 'failed'}">${esc(REASONS[item.reason])}</span></td><td>${link}</td><td class="t">${esc(seconds(Math.max(0, now - item.since)))}</td><td>${esc(item.detail)}</td></tr>`;
     })
     .join('');
   const more = next === null ? '' : `<p><a href="/ui/attention?offset=${next}">Next page</a></p>`;

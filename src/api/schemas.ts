@@ -96,7 +96,10 @@ export function preferredWaitMs(prefer: string | undefined): number {
   return 0;
 }
 
-const OperationStateSchema = z.enum(['queued', 'ready', 'running', 'backing-off', 'completed', 'failed']);
+/** Where operations are, as the overview counts them (by BullMQ's counts and the lanes'). */
+const CountedStateSchema = z.enum(['queued', 'ready', 'running', 'backing-off', 'completed', 'failed']);
+/** Where one operation is: also `paused`, waiting in a lane an operator paused. */
+const OperationStateSchema = z.enum(['queued', 'ready', 'running', 'backing-off', 'paused', 'completed', 'failed']);
 
 export const OperationViewSchema = z
   .object({
@@ -111,6 +114,7 @@ export const OperationViewSchema = z
     startedAt: z.number().nullable(),
     finishedAt: z.number().nullable(),
     retryAt: z.number().nullable(),
+    paused: z.object({ by: z.string(), since: z.number() }).optional().meta({ description: 'state paused: who paused the lane, and since when (epoch ms)' }),
     result: z.unknown().optional(),
     error: z.object({ code: z.string(), message: z.string() }).optional(),
   })
@@ -319,7 +323,7 @@ export const AttentionItemSchema = z
   .object({
     laneId: z.string(),
     lease: LeaseIdentitySchema.nullable(),
-    reason: z.enum(['stuck_stopping', 'last_operation_failed', 'blocked']),
+    reason: z.enum(['stuck_stopping', 'last_operation_failed', 'paused', 'blocked']),
     since: z.number(),
     detail: z.string(),
   })
@@ -350,7 +354,7 @@ export const AttentionQuerySchema = z.strictObject({
 
 export const OverviewSchema = z
   .object({
-    counts: z.record(OperationStateSchema, z.number().int()),
+    counts: z.record(CountedStateSchema, z.number().int()),
     openLanes: z.number().int(),
     attention: z.array(AttentionItemSchema),
   })

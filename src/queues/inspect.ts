@@ -12,9 +12,10 @@ import { withoutInfrastructure } from '../secrets.ts';
  *   ready        its turn came; waiting for a worker to pick it up
  *   running      a worker is executing it
  *   backing-off  it hit a settling or transient error and retries at `retryAt`
+ *   paused       waiting in a lane an operator paused (`paused` says who, since when)
  *   completed / failed   it ended (kept for LEASE_OPS_KEEP_COMPLETED_S / _FAILED_S)
  */
-export type OperationState = 'queued' | 'ready' | 'running' | 'backing-off' | 'completed' | 'failed';
+export type OperationState = 'queued' | 'ready' | 'running' | 'backing-off' | 'paused' | 'completed' | 'failed';
 
 export interface OperationView {
   jobId: string;
@@ -30,6 +31,8 @@ export interface OperationView {
   startedAt: number | null;
   finishedAt: number | null;
   retryAt: number | null;
+  /** In a paused lane (state `paused`): who paused it, and since when. */
+  paused?: { by: string; since: number };
   result?: unknown;
   error?: { code: string; message: string };
 }
@@ -65,7 +68,7 @@ export interface LeaseTimeline extends LeaseView {
   operations: OperationView[];
 }
 
-export type AttentionReason = 'stuck_stopping' | 'last_operation_failed' | 'blocked';
+export type AttentionReason = 'stuck_stopping' | 'last_operation_failed' | 'paused' | 'blocked';
 
 export interface AttentionItem {
   laneId: string;
@@ -77,7 +80,8 @@ export interface AttentionItem {
 }
 
 export interface QueueOverview {
-  counts: Record<OperationState, number>;
+  /** By BullMQ's counts and the lanes': an operation waiting in a paused lane counts as queued or backing off here. */
+  counts: Record<Exclude<OperationState, 'paused'>, number>;
   openLanes: number;
   attention: AttentionItem[];
 }
@@ -137,6 +141,12 @@ export class Inspector {
       default:
         state = 'ready';
     }
+    // Waiting in a lane an operator paused: it starts when the lane is unpaused, not at any retry time.
+    const paused = state === 'queued' || state === 'backing-off' ? await this.ops.lanes.pausedBy(laneId) : null;
+    if (paused) {
+      state = 'paused';
+      retryAt = null;
+    }
     const view: OperationView = {
       jobId,
       laneId,
@@ -149,6 +159,7 @@ export class Inspector {
       startedAt: job.processedOn ?? null,
       finishedAt: job.finishedOn ?? null,
       retryAt,
+      ...(paused ? { paused } : {}),
     };
     if (state === 'completed') view.result = job.returnvalue;
     if (state === 'failed') {
@@ -252,7 +263,7 @@ export class Inspector {
     const redisNow = await this.records.now();
     const page = Math.max(limit, ATTENTION_PAGE);
     // Each kind is read for all its lanes at once: a scrape of /metrics asks for this too.
-    const [stuck, failures, quiet, running] = await Promise.all([
+    const [stuck, failures, paused, quiet, running] = await Promise.all([
       this.pagedVisible(page, limit, visible, async (offset) => {
         const pairs = await this.records.stoppingSinceWithScores(redisNow - this.limits.stuckStoppingMs, page, offset);
         return { read: pairs.length, items: await Promise.all(pairs.map(([laneId, since]) => this.stuckItem(laneId, since, redisNow))) };
@@ -261,6 +272,7 @@ export class Inspector {
         const entries = await this.ops.lanes.failures(page, offset);
         return { read: entries.length, items: await Promise.all(entries.map((entry) => this.failureItem(entry))) };
       }),
+      this.pausedItems(limit, visible),
       this.pagedVisible(page, limit, visible, async (offset) => {
         const laneIds = await this.ops.lanes.quietLanes(now - this.limits.blockedAfterMs, page, offset);
         return { read: laneIds.length, items: await Promise.all(laneIds.map((laneId) => this.blockedHead(laneId, now))) };
@@ -273,7 +285,7 @@ export class Inspector {
       }),
     ]);
     const quietLanes = new Set(quiet.map((item) => item.laneId));
-    return [...stuck, ...failures, ...quiet, ...running.filter((item) => !quietLanes.has(item.laneId))].slice(0, limit);
+    return [...stuck, ...failures, ...paused, ...quiet, ...running.filter((item) => !quietLanes.has(item.laneId))].slice(0, limit);
   }
 
   /**
@@ -288,7 +300,7 @@ export class Inspector {
       this.ops.lanes.failureCount(),
       this.attention(limit),
     ]);
-    return { stuck_stopping: stuck, last_operation_failed: failed, blocked: items.filter((item) => item.reason === 'blocked').length };
+    return { stuck_stopping: stuck, last_operation_failed: failed, paused: await this.ops.lanes.pausedCount(), blocked: items.filter((item) => item.reason === 'blocked').length };
   }
 
   /** Reads pages of one kind of attention item until `limit` are visible or there are no more. */
@@ -329,6 +341,31 @@ export class Inspector {
     };
   }
 
+  /**
+   * Lanes an operator paused, with who and since when, a page of the paused hash at a time
+   * until `limit` are visible: a paused lane needs someone to unpause it, whether or not
+   * anything waits in it yet.
+   */
+  private async pausedItems(limit: number, visible: (lease: LeaseIdentity | null) => boolean): Promise<AttentionItem[]> {
+    const found: AttentionItem[] = [];
+    let cursor = '0';
+    do {
+      const page = await this.ops.lanes.pausedLanes(cursor, ATTENTION_PAGE);
+      cursor = page.next;
+      const items = await Promise.all(
+        page.lanes.map(async ({ laneId, by, since }): Promise<AttentionItem> => {
+          const lane = await this.ops.lanes.view(laneId);
+          const head = lane.jobs[0] ? await this.operation(lane.jobs[0]) : null;
+          const lease = head?.lease ?? (await this.records.get(laneId))?.lease ?? null;
+          const waiting = lane.jobs.length === 0 ? 'nothing waits in it yet' : `${lane.jobs.length} operation${lane.jobs.length === 1 ? '' : 's'} wait${lane.jobs.length === 1 ? 's' : ''}${head ? ` (${head.op} ${head.jobId} first)` : ''}`;
+          return { laneId, lease, reason: 'paused', since, detail: `paused by ${by}: ${waiting}; unpause the lane to let them run` };
+        }),
+      );
+      for (const item of items) if (visible(item.lease)) found.push(item);
+    } while (cursor !== '0' && found.length < limit);
+    return found.sort((a, b) => a.since - b.since).slice(0, limit);
+  }
+
   /** A lane's head that should have moved by now: not picked up, left parked, or past its deadline. */
   private async blockedHead(laneId: string, now: number): Promise<AttentionItem | null> {
     const lane = await this.ops.lanes.view(laneId);
@@ -341,11 +378,8 @@ export class Inspector {
     if (head.state === 'ready' && now - (head.acceptedAt ?? now) > this.limits.blockedAfterMs) {
       return { laneId, lease, reason: 'blocked', since, detail: `${head.op} ${headId} is ready but no worker has picked it up` };
     }
-    if (head.state === 'queued') {
-      const paused = await this.ops.lanes.pausedBy(laneId);
-      if (paused) return { laneId, lease, reason: 'blocked', since: paused.since, detail: `the lane is paused (by ${paused.by}): ${head.op} ${headId} waits at its head` };
-      return { laneId, lease, reason: 'blocked', since, detail: `${head.op} ${headId} is at the head but still parked` };
-    }
+    // A paused lane is listed as paused (attention's own reason), not as blocked.
+    if (head.state === 'queued') return { laneId, lease, reason: 'blocked', since, detail: `${head.op} ${headId} is at the head but still parked` };
     if (head.state === 'running' && head.deadlineAt !== null && now > head.deadlineAt) {
       return { laneId, lease, reason: 'blocked', since, detail: `${head.op} ${headId} is still running past its deadline` };
     }

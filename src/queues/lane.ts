@@ -72,6 +72,7 @@ export type DropResult = { kind: 'stale' } | { kind: 'executing' } | { kind: 'ab
 export type RepairResult =
   | { kind: 'forgotten' }
   | { kind: 'healthy' }
+  | { kind: 'paused'; jobId: string }
   | { kind: 'dropped'; jobId: string; next: HandOff | null }
   | { kind: 'handed'; jobId: string; result: string };
 
@@ -429,16 +430,22 @@ export class Lanes {
     return was;
   }
 
+  /** Paused lanes, a page at a time (HSCAN: a cursor, `'0'` when done), with who paused each and since when. */
+  async pausedLanes(cursor: string, count: number): Promise<{ next: string; lanes: { laneId: string; by: string; since: number }[] }> {
+    const [next, flat] = await this.client.hscan(this.pausedKey, cursor, 'COUNT', count);
+    const lanes: { laneId: string; by: string; since: number }[] = [];
+    for (let i = 0; i + 1 < flat.length; i += 2) lanes.push({ laneId: flat[i]!, ...parsePause(flat[i + 1]!) });
+    return { next, lanes };
+  }
+
+  async pausedCount(): Promise<number> {
+    return this.client.hlen(this.pausedKey);
+  }
+
   /** Who paused the lane and since when (epoch ms), or null. */
   async pausedBy(laneId: string): Promise<{ by: string; since: number } | null> {
     const text = await this.client.hget(this.pausedKey, laneId);
-    if (!text) return null;
-    try {
-      const parsed = JSON.parse(text) as { by?: unknown; since?: unknown };
-      return { by: typeof parsed.by === 'string' ? parsed.by : 'unknown', since: typeof parsed.since === 'number' ? parsed.since : 0 };
-    } catch {
-      return { by: 'unknown', since: 0 };
-    }
+    return text ? parsePause(text) : null;
   }
 
   /** When the lane's last operation failed for good, and which job it was; null if it did not. */
@@ -477,6 +484,16 @@ function parseFailure(entry: string | null | undefined): { jobId: string; at: nu
   return space > 0 ? { at: Number(entry.slice(0, space)), jobId: entry.slice(space + 1) } : null;
 }
 
+/** A pause as the paused hash holds it (JSON `{by, since}`); what cannot be read says so. */
+function parsePause(text: string): { by: string; since: number } {
+  try {
+    const parsed = JSON.parse(text) as { by?: unknown; since?: unknown };
+    return { by: typeof parsed.by === 'string' ? parsed.by : 'unknown', since: typeof parsed.since === 'number' ? parsed.since : 0 };
+  } catch {
+    return { by: 'unknown', since: 0 };
+  }
+}
+
 function toRepairResult(r: string[]): RepairResult {
   switch (r[0]) {
     case 'forgotten':
@@ -485,6 +502,8 @@ function toRepairResult(r: string[]): RepairResult {
       return { kind: 'dropped', jobId: String(r[1]), next: r[2] === 'next' ? toHandOff(r[3], r[4]) : null };
     case 'handed':
       return { kind: 'handed', jobId: String(r[1]), result: String(r[2]) };
+    case 'paused':
+      return { kind: 'paused', jobId: String(r[1]) };
     default:
       return { kind: 'healthy' };
   }

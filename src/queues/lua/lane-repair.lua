@@ -9,6 +9,7 @@
       corrupted): BullMQ cannot load such a job, so it would stall for ever; as
       {"lo:unreadable":true} it loads, fails validation and fails for good, and the
       original text stays in the job's lo:unreadable-data field;
+    - leaves a paused lane's parked head where it is (an operator unpauses it);
     - otherwise (waiting, active, backing off) marks the lane as seen.
   Every branch but 'forgotten' marks the lane as seen, so a sweep that repairs the quiet lanes
   a page at a time never meets the same lane twice in one pass.
@@ -25,7 +26,7 @@
   ARGV[1] lane id   ARGV[2] now (ms)   ARGV[3] BullMQ job key prefix
   ARGV[4] a job id to mark parked first ('' for none): a job that just parked itself
 
-  Returns {'forgotten'} | {'healthy'} | {'dropped', jobId, ...advance} | {'handed', jobId, r}
+  Returns {'forgotten'} | {'healthy'} | {'paused', jobId} | {'dropped', jobId, ...advance} | {'handed', jobId, r}
 ]]
 local rcall = redis.call
 --- @include "lane"
@@ -74,6 +75,11 @@ end
 -- yield and BullMQ's move sets a timer later than the due time it gave the lane, and the
 -- retry must not start before the delay it chose.
 local delayed = rcall('ZSCORE', k.delayed, head)
+-- A paused lane keeps its head where it is until an operator unpauses it: nothing to repair.
+if delayed and rcall('HEXISTS', k.paused, laneId) == 1 and rcall('HGET', k.holder, 'job') ~= head then
+  rcall('ZADD', k.lanes, 'XX', now, laneId)
+  return {'paused', head}
+end
 local retryDue = delayed and rcall('ZSCORE', k.backingOff, head)
 local timerNotRetry = retryDue and tonumber(now) >= tonumber(retryDue)
   and math.floor(tonumber(delayed) / 4096) > tonumber(retryDue) + 1000
