@@ -92,7 +92,7 @@ export function queueMetrics(client: LeaseOpsClient, opts: { bullmqTotals: boole
   const lanes = new Gauge({ name: 'lease_ops_lanes_open', help: 'Leases with operations in their lane', registers: [queueRegistry] });
   const attention = new Gauge({
     name: 'lease_ops_leases_needing_attention',
-    help: 'Leases stuck stopping and whose last operation failed (exact), and whose lane is blocked (among the first 200 quiet lanes and running jobs)',
+    help: 'Leases stuck stopping, whose last operation failed and whose lane is paused (exact), and whose lane is blocked (among the first 200 quiet lanes and running jobs)',
     labelNames: ['reason'] as const,
     registers: [queueRegistry],
   });
