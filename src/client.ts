@@ -318,14 +318,22 @@ export class LeaseOpsClient {
    * `cancelActiveWork` cancels it (the answer then says `cancelled`). Its env and stdin travel
    * sealed with the master key (needed for them). Fails with ExecError when it cannot run.
    */
-  async exec(lease: LeaseIdentity, request: ExecRequestInput): Promise<ExecResult> {
+  async exec(lease: LeaseIdentity, request: ExecRequestInput, opts: { signal?: AbortSignal } = {}): Promise<ExecResult> {
     const parsedLease = LeaseIdentitySchema.safeParse(lease);
     if (!parsedLease.success) throw InvalidRequestError.fromZod(parsedLease.error, 'lease');
     const parsed = ExecRequestSchema.safeParse(request);
     if (!parsed.success) throw InvalidRequestError.fromZod(parsed.error, 'exec request');
     const { laneId, partition } = await this.call(() => this.laneOf(parsedLease.data));
+    // The sandbox must be this lease's (by its id, or the id its acquire ran under): a
+    // command in another lease's sandbox would run outside that lease's gate.
+    const sandboxLane = await this.call(() => this.laneOf({ ...parsedLease.data, leaseId: parsed.data.providerLeaseId }));
+    if (sandboxLane.laneId !== laneId) throw new ExecError('not_the_lease_sandbox', `${parsed.data.providerLeaseId} is not the sandbox of lease ${parsedLease.data.leaseId}: run the command on that sandbox's own lease`);
     const begun = await this.call(() => partition.ops.activities.begin(laneId, parsedLease.data, parsed.data.kind, parsed.data.ttlMs));
     if (begun.kind === 'closing') throw new LeaseClosingError(begun.jobId, begun.op);
+    // A caller that goes away ends the activity: the worker sees it gone within a second and cancels the command.
+    const onAbort = () => void partition.ops.activities.end(begun.token).catch(() => undefined);
+    if (opts.signal?.aborted) onAbort();
+    opts.signal?.addEventListener('abort', onAbort, { once: true });
     let jobs = this.execJobs.get(partition.index);
     if (!jobs) {
       jobs = new ExecJobs(this.connection, partition.settings, () => (this.opts.masterKeys === undefined ? loadMasterKeys() : this.opts.masterKeys));
@@ -335,6 +343,7 @@ export class LeaseOpsClient {
       await partition.ops.activities.end(begun.token).catch(() => undefined);
       throw err;
     });
+    opts.signal?.removeEventListener('abort', onAbort);
     if (!outcome.ok) {
       // The worker ends it after running; one that never ran it leaves it to this caller.
       await partition.ops.activities.end(begun.token).catch(() => undefined);

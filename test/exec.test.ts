@@ -9,7 +9,10 @@ import { MasterKeys } from '../src/providers/instances/sealing.ts';
 import { ProviderInstanceStore } from '../src/providers/instances/store.ts';
 import { localRateLimiters } from '../src/providers/pacing.ts';
 import { ProviderRegistry } from '../src/providers/registry.ts';
-import { execQueueName } from '../src/queues/exec-jobs.ts';
+import { execQueueName, MAX_EXEC_OUTPUT_CHARS } from '../src/queues/exec-jobs.ts';
+import { existsSync, mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { startTestApi } from './helpers/api-server.ts';
 import { readUntil, TestBed } from './helpers/env.ts';
 
@@ -30,8 +33,8 @@ const lease = (leaseId: string) => ({ provider: 'daytona', companyId: 'co', envi
 
 const TOKENS = { co: 'exec-co-token-0123456789abc', other: 'exec-other-token-0123456789' };
 
-async function setUp(opts: { workerKeys?: boolean } = {}) {
-  bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600', LEASE_OPS_API_TOKENS: JSON.stringify([{ token: TOKENS.co, companyId: 'co' }, { token: TOKENS.other, companyId: 'other' }]) });
+async function setUp(opts: { workerKeys?: boolean; env?: Record<string, string> } = {}) {
+  bed = await TestBed.create({ ...opts.env, LEASE_OPS_KEEP_COMPLETED_S: '600', LEASE_OPS_API_TOKENS: JSON.stringify([{ token: TOKENS.co, companyId: 'co' }, { token: TOKENS.other, companyId: 'other' }]) });
   fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 50, stop: 50, forceStop: 0, destroy: 10 }, execOnThisMachine: true });
   const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
   const registry = new ProviderRegistry([createDaytonaProvider({ name: 'daytona', apiUrl: await fake.listen(), apiKey: 'k', rateLimits: unpaced })]);
@@ -133,5 +136,64 @@ describe('exec over the HTTP API', () => {
     } finally {
       await api.close();
     }
+  });
+});
+
+describe('exec, as an independent attack tried it (helper-5)', () => {
+  it("refuses a sandbox that is not the path lease's own (it would run outside that lease's gate)", async () => {
+    const { client, id } = await setUp();
+    await expect(client.exec(lease('phantom'), { providerLeaseId: id, command: 'true' })).rejects.toMatchObject({ code: 'not_the_lease_sandbox' });
+    // By the id its acquire ran under, the lease is the same one: allowed.
+    expect(await client.exec(lease('run'), { providerLeaseId: id, command: 'echo same' })).toMatchObject({ exitCode: 0, stdout: 'same\n' });
+  });
+
+  it('a command that waited for a worker past its ttlMs never runs (its gate may have let a stop through)', async () => {
+    const { client, id } = await setUp({ env: { LEASE_OPS_EXEC_CONCURRENCY: '1' } });
+    const marker = join(mkdtempSync(join(tmpdir(), 'lease-ops-exec-')), 'ran');
+    const busy = client.exec(lease(id), { providerLeaseId: id, command: 'sleep 2.5' });
+    await readUntil(async () => fake!.toolbox.alive(id) === 1, 5_000, 'the first command running');
+    await expect(client.exec(lease(id), { providerLeaseId: id, command: `echo ran > ${marker}`, ttlMs: 1_000 })).rejects.toMatchObject({ code: 'activity_lapsed' });
+    expect(existsSync(marker)).toBe(false);
+    expect(await busy).toMatchObject({ exitCode: 0 });
+  });
+
+  it('caps output at 1 MiB a stream, says how much was cut, and keeps no output in Redis after the answer (nor in the event stream)', async () => {
+    const { bed, client, id } = await setUp();
+    const flood = await client.exec(lease(id), { providerLeaseId: id, command: "head -c 3000000 /dev/zero | tr '\\0' a; echo marker-out-123 >&2" });
+    expect(flood.stdout.length).toBeLessThan(MAX_EXEC_OUTPUT_CHARS + 100);
+    expect(flood.stdout).toMatch(/\[lease-ops: \d+ more characters cut\]$/);
+    expect(flood.stderr).toBe('marker-out-123\n');
+    const queue = execQueueName(bed.config.LEASE_OPS_QUEUE);
+    const events = JSON.stringify(await bed.redis.xrange(`${bed.config.LEASE_OPS_PREFIX}:${queue}:events`, '-', '+'));
+    expect(events).not.toContain('marker-out-123');
+    expect(await bed.redis.keys(`${bed.config.LEASE_OPS_PREFIX}:exec-outcome:*`)).toEqual([]);
+    // NUL can reach no shell: refused before anything runs.
+    await expect(client.exec(lease(id), { providerLeaseId: id, command: 'true', env: { TOKEN: 'secret\u0000' } })).rejects.toMatchObject({ code: 'invalid_request' });
+  });
+
+  it('a caller that hangs up cancels its command', async () => {
+    const { bed, fake, id, keys } = await setUp();
+    const api = await startTestApi(bed, undefined, { masterKeys: keys });
+    try {
+      const hangUp = new AbortController();
+      const call = fetch(`${api.base}/v1/leases/daytona/co/env/${id}/exec`, { method: 'POST', signal: hangUp.signal, headers: { authorization: `Bearer ${TOKENS.co}`, 'content-type': 'application/json' }, body: JSON.stringify({ providerLeaseId: id, command: 'sleep 20' }) });
+      call.catch(() => undefined);
+      await readUntil(async () => fake.toolbox.alive(id) === 1, 5_000, 'the command running');
+      hangUp.abort();
+      await readUntil(async () => fake.toolbox.alive(id) === 0, 5_000, 'the command cancelled');
+    } finally {
+      await api.close();
+    }
+  });
+
+  it('the simulated cloud kills what a stopped sandbox still runs (a command that ignores SIGTERM does not outlive the stop)', async () => {
+    const { client, fake, id } = await setUp();
+    const exec = client.exec(lease(id), { providerLeaseId: id, command: "trap '' TERM; sleep 30", timeoutMs: 60_000 });
+    await readUntil(async () => fake.toolbox.alive(id) === 1, 5_000, 'the command running');
+    // Straight at the cloud, as a stop lease-ops did not gate would (another control plane, say).
+    const stopped = await fetch(`${fake.http.url}/sandbox/${id}/stop`, { method: 'POST', headers: { authorization: 'Bearer k' } });
+    expect(stopped.status).toBe(200);
+    await readUntil(async () => fake.toolbox.alive(id) === 0, 5_000, 'the command killed with its sandbox');
+    expect(await exec).toMatchObject({ exitCode: null, signal: 'SIGKILL', stderr: expect.stringContaining('the sandbox stopped while the command ran') });
   });
 });

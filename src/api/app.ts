@@ -393,7 +393,10 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const lease = parse(LeasePathSchema, req.params, 'path');
     if (!req.is('application/json')) throw new HttpError(415, 'unsupported_media_type', 'send the command as application/json');
     const body = parse(ExecBodySchema, req.body, 'body');
-    res.json(await client.exec(lease, body));
+    // A caller that hangs up cancels the command (its activity ends; the worker sees it go).
+    const gone = new AbortController();
+    res.on('close', () => res.writableFinished || gone.abort());
+    res.json(await client.exec(lease, body, { signal: gone.signal }));
   });
   const activityInScope = async (token: string, principal: Principal) => {
     const lease = await client.activityLease(token);
@@ -658,6 +661,8 @@ const EXEC_STATUS: Record<string, number> = {
   sandbox_not_running: 409,
   sandbox_gone: 404,
   not_a_sandbox_id: 404,
+  not_the_lease_sandbox: 404,
+  activity_lapsed: 409,
   lease_environment_mismatch: 404,
   exec_timeout: 504,
 };

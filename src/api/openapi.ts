@@ -55,7 +55,7 @@ const ERROR_DESCRIPTIONS: Record<string, string> = {
     'invalid_request (with zod details: a path, query, header or body field that does not validate, leaseMetadata over 16 KiB or nested deeper than 32 levels, a path that is not valid percent-encoding, no body), invalid_json or invalid_body (a body that cannot be read: bad gzip, say); Node answers a malformed request (bad chunked encoding) with 400 and no body',
   '401': 'unauthorized: no or unknown bearer token',
   '403': "forbidden: the token is scoped to a company and this needs an admin, or names another company's or environment's provider instances",
-  '404': 'not found (also for leases, operations and activities outside the token scope): lease_not_found, operation_not_found, activity_not_found (ended, or past its TTL), unknown_provider; exec: sandbox_gone, not_a_sandbox_id, lease_environment_mismatch',
+  '404': 'not found (also for leases, operations and activities outside the token scope): lease_not_found, operation_not_found, activity_not_found (ended, or past its TTL), unknown_provider; exec: sandbox_gone, not_a_sandbox_id, not_the_lease_sandbox (providerLeaseId is not the sandbox of the lease in the path), lease_environment_mismatch',
   '413': 'payload_too_large: bodies are capped at 64 KiB',
   '415': 'unsupported_media_type: send application/json',
   '412': 'rev_conflict: the provider instance changed since the revision If-Match names',
@@ -63,7 +63,7 @@ const ERROR_DESCRIPTIONS: Record<string, string> = {
   '429':
     'lease_queue_full, environment_queue_full, company_queue_full or queue_full, with Retry-After (LEASE_OPS_MAX_QUEUED_PER_LEASE, LEASE_OPS_MAX_QUEUED_PER_ENVIRONMENT, LEASE_OPS_MAX_QUEUED_PER_COMPANY, LEASE_OPS_MAX_QUEUED and a fair share)',
   '409':
-    'lease_closing (with Retry-After: a stop, release or destroy of the lease is queued or running), lease_has_sandbox (an acquire of a lease whose sandbox lives: destroy it first, or acquire under another id), operation_executing (it runs: an attempt in flight cannot be taken back), operation_ended (it completed or failed), operation_not_failed (only a failed operation runs again), operation_not_rerunnable (an acquire: enqueue a new one), operation_not_waiting (not in its lane any more), provider_exists (the company has an instance of that name), provider_name_taken (a configured provider has that name), sandbox_not_running (exec: resume it first)',
+    'lease_closing (with Retry-After: a stop, release or destroy of the lease is queued or running), lease_has_sandbox (an acquire of a lease whose sandbox lives: destroy it first, or acquire under another id), operation_executing (it runs: an attempt in flight cannot be taken back), operation_ended (it completed or failed), operation_not_failed (only a failed operation runs again), operation_not_rerunnable (an acquire: enqueue a new one), operation_not_waiting (not in its lane any more), provider_exists (the company has an instance of that name), provider_name_taken (a configured provider has that name), sandbox_not_running (exec: resume it first), activity_lapsed (exec: the command waited for a worker past its ttlMs, or a stop asked to cancel it before it started: it did not run)',
   '502': 'exec: the service or the worker failed to run the command (its code says why)',
   '503': 'redis_unavailable; secrets_key_missing (saving credentials, or an exec with env or stdin, needs LEASE_OPS_SECRETS_KEY); secrets_key_mismatch (the workers cannot open what this API seals)',
   '504': 'exec_timeout: no worker ran the command in time',

@@ -449,8 +449,11 @@ export class DaytonaFake extends ApiFake {
     if (sb.autoDeleteInterval === 0) return this.destroy(req, sb); // an ephemeral sandbox is deleted on stop
     sb.desiredState = 'stopped';
     this.begin(sb, 'stopped', force ? this.timings.forceStop : (sb.controls.stuckStoppingMs ?? this.timings.stop));
-    // Its processes are told to end; one that ignores it runs on for a while (seed 000).
+    // Its processes are told to end; one that ignores it runs on until the sandbox has
+    // stopped, which kills what is left (a stopped sandbox runs nothing).
+    const stopMs = force ? this.timings.forceStop : (sb.controls.stuckStoppingMs ?? this.timings.stop);
     this.toolbox.signal(sb.id, force ? 'SIGKILL' : 'SIGTERM');
+    setTimeout(() => this.toolbox.signal(sb.id, 'SIGKILL'), stopMs).unref();
     return { status: 200, body: this.view(sb, { withRelations: false }) };
   }
 

@@ -5,6 +5,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { FakeReply } from './http-fake.ts';
 
+const MAX_LOG_CHARS = 16 * 1024 * 1024;
+
 /** A command run in a session: a real process (its own process group), its output and exit. */
 interface SessionCommand {
   id: string;
@@ -77,10 +79,17 @@ export class DaytonaToolbox {
       const command = (body as { command?: unknown } | undefined)?.command;
       if (typeof command !== 'string' || !command) return json(400, { message: 'command is required' });
       const id = randomUUID();
-      const child = spawn('sh', ['-c', command], { cwd: this.dirOf(sandboxId), detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+      let child: ChildProcess;
+      try {
+        child = spawn('sh', ['-c', command], { cwd: this.dirOf(sandboxId), detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+      } catch {
+        // Node's own message would quote the command line.
+        return json(400, { message: 'the command could not be started' });
+      }
       const cmd: SessionCommand = { id, command, child, stdout: '', stderr: '', exitCode: null, ended: false, endedAt: null };
-      child.stdout!.on('data', (d) => (cmd.stdout += String(d)));
-      child.stderr!.on('data', (d) => (cmd.stderr += String(d)));
+      // A daemon keeps a bounded log per command; the rest of a flood is dropped.
+      child.stdout!.on('data', (d) => cmd.stdout.length < MAX_LOG_CHARS && (cmd.stdout += String(d)));
+      child.stderr!.on('data', (d) => cmd.stderr.length < MAX_LOG_CHARS && (cmd.stderr += String(d)));
       child.on('close', (code, signal) => {
         cmd.ended = true;
         cmd.endedAt = process.hrtime.bigint();

@@ -4,6 +4,7 @@ import { LeaseIdentitySchema, type LeaseIdentity } from '../lease.ts';
 import type { Logger } from '../logger.ts';
 import { SealedSchema, seal, unseal, type MasterKeys } from '../providers/instances/sealing.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
+import { ProviderError } from '../providers/errors.ts';
 import type { ExecResult, OperationContext } from '../providers/types.ts';
 import type { Activities } from './activities.ts';
 import { WaitedQueue } from './queue-events.ts';
@@ -17,22 +18,31 @@ export const EXEC_GRACE_MS = 30_000;
 export const MAX_EXEC_TIMEOUT_MS = 15 * 60_000;
 
 const EnvNameSchema = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/, 'an environment variable name is letters, digits and _');
+/** Text that reaches a shell: no NUL (no shell can hold one; a provider's error would quote it back). */
+const ShellTextSchema = (max: number) => z.string().max(max).regex(/^[^\0]*$/, 'must not contain NUL characters');
+/** The whole command as the sandbox's shell gets it (command, args, cwd, env, stdin): below any shell's argument limit. */
+export const MAX_EXEC_REQUEST_CHARS = 96 * 1024;
+/** Of each of stdout and stderr, what an answer carries (the rest is cut, and the answer says how much). */
+export const MAX_EXEC_OUTPUT_CHARS = 1024 * 1024;
 
 /** A command to run in a lease's sandbox (the API's body, the client's argument). */
 export const ExecRequestSchema = z.strictObject({
   /** The sandbox, by the id its acquire answered. */
   providerLeaseId: z.string().min(1).max(256),
-  command: z.string().min(1).max(32_768),
-  args: z.array(z.string().max(32_768)).max(256).optional(),
-  cwd: z.string().min(1).max(4_096).optional(),
-  env: z.record(EnvNameSchema, z.string().max(32_768)).optional(),
-  stdin: z.string().max(1_048_576).optional(),
+  command: ShellTextSchema(32_768).min(1),
+  args: z.array(ShellTextSchema(32_768)).max(256).optional(),
+  cwd: ShellTextSchema(4_096).min(1).optional(),
+  env: z.record(EnvNameSchema, ShellTextSchema(32_768)).optional(),
+  stdin: ShellTextSchema(MAX_EXEC_REQUEST_CHARS).optional(),
   timeoutMs: z.number().int().min(100).max(MAX_EXEC_TIMEOUT_MS).default(60_000),
   /** What the activity that brackets the command is called (the lease's timeline shows it). */
   kind: z.string().min(1).max(64).regex(/^[^\p{Cc}]+$/u).default('exec'),
   /** The activity's TTL: a worker that dies mid-command lets go of the lease this long after its last heartbeat. */
   ttlMs: z.number().int().min(1_000).max(600_000).default(15_000),
-});
+}).refine(
+  (r) => r.command.length + (r.cwd?.length ?? 0) + (r.stdin?.length ?? 0) + (r.args ?? []).reduce((n, a) => n + a.length + 3, 0) + Object.entries(r.env ?? {}).reduce((n, [k, v]) => n + k.length + v.length + 4, 0) <= MAX_EXEC_REQUEST_CHARS,
+  { message: `the command with its args, cwd, env and stdin is over ${MAX_EXEC_REQUEST_CHARS} characters: pass large input as a file in the sandbox` },
+);
 export type ExecRequestInput = z.input<typeof ExecRequestSchema>;
 
 /** What goes in the job: the command, with its environment and stdin sealed (they may hold secrets). */
@@ -61,6 +71,15 @@ const ExecOutcomeSchema = z.union([
 const secretsAad = (jobId: string) => `lease-ops/exec/v1\0${jobId}`;
 
 /**
+ * Where an exec's answer waits for its caller (60 s at most): not in the job's return value,
+ * which BullMQ also copies into the queue's event stream, kept there for as long as the
+ * stream's length allows.
+ */
+const outcomeKey = (prefix: string, jobId: string) => `${prefix}:exec-outcome:${jobId}`;
+const OUTCOME_TTL_MS = 60_000;
+const StoredSchema = z.object({ stored: z.literal(true) });
+
+/**
  * Queues a command for a worker of the lease's partition and waits for its end. The caller
  * has begun the activity that brackets it (`token`); the worker heartbeats it while the
  * command runs, cancels the command when a stop asks, and ends it after.
@@ -69,8 +88,8 @@ export class ExecJobs {
   private readonly waited: WaitedQueue;
 
   constructor(
-    connection: RedisClient,
-    settings: { REDIS_URL: string; LEASE_OPS_QUEUE: string; LEASE_OPS_PREFIX: string },
+    private readonly connection: RedisClient,
+    private readonly settings: { REDIS_URL: string; LEASE_OPS_QUEUE: string; LEASE_OPS_PREFIX: string },
     private readonly keys: () => MasterKeys | null,
   ) {
     this.waited = new WaitedQueue(connection, settings, execQueueName(settings.LEASE_OPS_QUEUE));
@@ -93,9 +112,11 @@ export class ExecJobs {
     };
     const job: Job = await queue.add('exec', data, { jobId, attempts: 1, removeOnComplete: { age: 60 }, removeOnFail: { age: 60 } });
     try {
-      const outcome = ExecOutcomeSchema.safeParse(await job.waitUntilFinished(events, request.timeoutMs + EXEC_GRACE_MS + 15_000));
+      const stored = StoredSchema.safeParse(await job.waitUntilFinished(events, request.timeoutMs + EXEC_GRACE_MS + 15_000));
+      const text = stored.success ? await this.connection.getdel(outcomeKey(this.settings.LEASE_OPS_PREFIX, jobId)) : null;
+      const outcome = ExecOutcomeSchema.safeParse(text === null ? null : JSON.parse(text));
       if (outcome.success) return outcome.data;
-      return { ok: false, code: 'exec_failed', message: 'the worker answered with something this version cannot read' };
+      return { ok: false, code: 'exec_failed', message: 'the worker\'s answer is gone or unreadable' };
     } catch (err) {
       const message = (err as Error).message ?? '';
       // Still waiting (no worker took it): take it back, so it does not run after its caller left.
@@ -116,7 +137,13 @@ export class ExecJobs {
  * activity. Never throws for the command's own outcome; a job is never run twice (a worker
  * that dies mid-command leaves it failed, not re-run: it may have run).
  */
-export async function runExec(job: Job, deps: { providers: ProviderRegistry; activities: Activities; keys: MasterKeys | null; log: Logger }): Promise<ExecOutcome> {
+export async function runExec(job: Job, deps: { providers: ProviderRegistry; activities: Activities; keys: MasterKeys | null; log: Logger; redis: RedisClient; prefix: string }): Promise<{ stored: true }> {
+  const outcome = await runExecJob(job, deps);
+  await deps.redis.set(outcomeKey(deps.prefix, job.id!), JSON.stringify(outcome), 'PX', OUTCOME_TTL_MS);
+  return { stored: true };
+}
+
+async function runExecJob(job: Job, deps: { providers: ProviderRegistry; activities: Activities; keys: MasterKeys | null; log: Logger }): Promise<ExecOutcome> {
   const parsed = ExecJobSchema.safeParse(job.data);
   if (!parsed.success) return { ok: false, code: 'invalid_job', message: 'an exec job this version cannot read' };
   const { lease, token, ttlMs, request } = parsed.data;
@@ -137,6 +164,12 @@ export async function runExec(job: Job, deps: { providers: ProviderRegistry; act
       } catch {
         return { ok: false, code: 'exec_secrets_unreadable', message: "the command's sealed env and stdin do not open with this worker's key" };
       }
+    }
+    // Its activity must still be open as it starts: one that lapsed while the job waited for a
+    // worker (or was cancelled) means a stop may have gone on, and the command must not run.
+    const open = await deps.activities.heartbeat(token, ttlMs);
+    if (open === null || open.cancel) {
+      return { ok: false, code: 'activity_lapsed', message: open === null ? `the command waited for a worker longer than its ttlMs (${ttlMs} ms): it did not run` : 'a stop asked to cancel the command before it started: it did not run' };
     }
     const cancel = new AbortController();
     // The activity is kept open while the command runs; a cancel asked (or the activity gone)
@@ -167,14 +200,23 @@ export async function runExec(job: Job, deps: { providers: ProviderRegistry; act
     try {
       const result = await provider.exec(ctx, request.providerLeaseId, { command: request.command, ...(request.args ? { args: request.args } : {}), ...(request.cwd ? { cwd: request.cwd } : {}), ...(env ? { env } : {}), ...(stdin === undefined ? {} : { stdin }), timeoutMs: request.timeoutMs }, { graceMs: EXEC_GRACE_MS });
       log.info({ exitCode: result.exitCode, cancelled: result.cancelled, timedOut: result.timedOut, ms: Date.now() - startedAt }, 'exec ended');
-      return { ok: true, result };
+      return { ok: true, result: { ...result, stdout: capped(result.stdout), stderr: capped(result.stderr) } };
     } catch (err) {
       const code = typeof (err as { code?: unknown }).code === 'string' ? (err as { code: string }).code : 'exec_failed';
-      return { ok: false, code, message: (err as Error).message };
+      // The provider's own errors say what the service answered (their text never quotes the
+      // command); anything else stays in the worker's log.
+      if (!(err instanceof ProviderError)) log.error({ err }, 'exec failed');
+      return { ok: false, code, message: err instanceof ProviderError ? err.message : 'the command could not be run (the worker\'s log says why)' };
     } finally {
       clearInterval(beat);
     }
   } finally {
     await deps.activities.end(token).catch((err: unknown) => log.warn({ err }, 'could not end the exec\'s activity'));
   }
+}
+
+/** At most MAX_EXEC_OUTPUT_CHARS of an output, the rest cut with a marker saying how much. */
+function capped(text: string): string {
+  if (text.length <= MAX_EXEC_OUTPUT_CHARS) return text;
+  return `${text.slice(0, MAX_EXEC_OUTPUT_CHARS)}\n[lease-ops: ${text.length - MAX_EXEC_OUTPUT_CHARS} more characters cut]`;
 }

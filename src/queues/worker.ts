@@ -245,7 +245,7 @@ export class LeaseWorker {
     // (stalled), since the command may have run; the caller is told so.
     this.execWorker = new Worker(
       execQueueName(settings.LEASE_OPS_QUEUE),
-      (job) => runExec(job, { providers: this.providers, activities: this.ops.activities, keys: this.providers.instances?.store.keys ?? null, log: this.log }),
+      (job) => runExec(job, { providers: this.providers, activities: this.ops.activities, keys: this.providers.instances?.store.keys ?? null, log: this.log, redis: this.connection, prefix }),
       {
         connection: connect('lease-ops-worker-exec'),
         prefix,

@@ -1,7 +1,9 @@
 import { randomUUID } from 'node:crypto';
 import axios from 'axios';
 import { z } from 'zod';
+import { isAxiosError } from 'axios';
 import { PermanentError, TransientError } from '../errors.ts';
+import { errorForStatus, networkError } from '../http-errors.ts';
 import { fencedTransport } from '../fenced-transport.ts';
 import type { ExecRequest, ExecResult, OperationContext } from '../types.ts';
 
@@ -33,7 +35,25 @@ export interface ToolboxDeps {
   proxyUrl(ctx: OperationContext, sandboxId: string): Promise<string>;
   /** Waits for the 'authenticated' throttler's turn. */
   pace(ctx: OperationContext): Promise<void>;
-  toProviderError(err: unknown): Error;
+}
+
+/** The most of a command's output read back from the toolbox (its answer then says it was cut). */
+const MAX_LOGS_BYTES = 8 * 1024 * 1024;
+
+/**
+ * A toolbox call's failure by its status alone: the toolbox may quote the request (the
+ * command line, with the env it carries) in its message, which must not reach anyone.
+ */
+function toolboxError(name: string, err: unknown): Error {
+  if (isAxiosError(err) && err.response) {
+    const status = err.response.status;
+    if (status === 400 && /not started/i.test(JSON.stringify(err.response.data ?? '').slice(0, 500))) {
+      return new PermanentError('sandbox_not_running', `${name}: the sandbox is not running`);
+    }
+    return errorForStatus(name, status, `the toolbox refused the request`);
+  }
+  if (isAxiosError(err) && err.code === 'ERR_BAD_RESPONSE') return new TransientError('exec_output_too_large', `${name}: the command's output is larger than ${MAX_LOGS_BYTES} bytes`);
+  return networkError(name, err) ?? new TransientError('provider_error', `${name}: the toolbox could not be reached`);
 }
 
 /**
@@ -59,10 +79,11 @@ export async function daytonaExec(deps: ToolboxDeps, ctx: OperationContext, sand
           ...(deps.organizationId ? { 'X-Daytona-Organization-ID': deps.organizationId } : {}),
         },
         transport: fencedTransport(() => ctx.fenceIsFresh()),
+        maxContentLength: MAX_LOGS_BYTES,
       });
       return res.data;
     } catch (err) {
-      throw deps.toProviderError(err);
+      throw toolboxError(deps.name, err);
     }
   };
   const parse = <T>(schema: z.ZodType<T>, data: unknown): T => {
@@ -93,6 +114,11 @@ export async function daytonaExec(deps: ToolboxDeps, ctx: OperationContext, sand
       try {
         reply = parse(CommandReplySchema, await toolbox('GET', command));
       } catch (err) {
+        // The sandbox stopped under the command (stopped by someone else): it ended with it.
+        if (err instanceof PermanentError && err.code === 'sandbox_not_running') {
+          sessionOpen = false;
+          return { exitCode: null, signal: 'SIGKILL', timedOut, cancelled, stdout: '', stderr: '[lease-ops: the sandbox stopped while the command ran; its output went with it]' };
+        }
         // After the session was deleted the daemon may not know the command any more.
         if (stoppedAt === null || !(err instanceof PermanentError)) throw err;
       }
@@ -121,7 +147,7 @@ export async function daytonaExec(deps: ToolboxDeps, ctx: OperationContext, sand
     }
     const logs = await toolbox('GET', `${command}/logs`)
       .then((data) => parse(LogsReplySchema, data))
-      .catch(() => ({ stdout: '', stderr: '' }));
+      .catch((err: unknown) => ({ stdout: '', stderr: `[lease-ops: the output could not be read: ${(err as Error).message}]` }));
     return { exitCode, signal: null, timedOut, cancelled, stdout: logs.stdout, stderr: logs.stderr };
   } finally {
     await endSession();

@@ -593,7 +593,6 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
           timeoutMs: settings.timeoutMs,
           proxyUrl: async (c, id) => (await call(c, 'authenticated', (o) => api.getToolboxProxyUrl(id, org, o))).url,
           pace: (c) => limiter.take('authenticated', { deadlineAt: c.deadlineAt }),
-          toProviderError,
         },
         ctx,
         sb.id,
