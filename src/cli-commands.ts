@@ -142,9 +142,9 @@ export async function runStatus(opts: StatusCliOptions): Promise<number> {
  * 0 when done, 1 when refused (it would break the lane's guarantees: the reason is printed),
  * 2 for bad input or no such operation.
  */
-export async function runOperatorAction(action: 'cancel' | 'rerun' | 'pause' | 'unpause', jobId: string | undefined, opts: LeaseCliOptions & { json?: boolean }): Promise<number> {
+export async function runOperatorAction(action: 'cancel' | 'rerun' | 'pause' | 'unpause' | 'ack', jobId: string | undefined, opts: LeaseCliOptions & { json?: boolean }): Promise<number> {
   const by = `cli:${userInfo().username}`;
-  if ((action === 'pause' || action === 'unpause') && [opts.provider, opts.company, opts.environment, opts.lease].some((v) => v === undefined)) {
+  if ((action === 'pause' || action === 'unpause' || action === 'ack') && [opts.provider, opts.company, opts.environment, opts.lease].some((v) => v === undefined)) {
     err(`${action} needs --provider, --company, --environment and --lease`);
     return EXIT.badInput;
   }
@@ -157,7 +157,9 @@ export async function runOperatorAction(action: 'cancel' | 'rerun' | 'pause' | '
             ? await client.rerunOperation(jobId ?? '', by)
             : action === 'pause'
               ? await client.pauseLane(leaseOf(opts), by)
-              : await client.unpauseLane(leaseOf(opts), by);
+              : action === 'ack'
+                ? await client.acknowledgeFailures(leaseOf(opts), by)
+                : await client.unpauseLane(leaseOf(opts), by);
       if (!done) {
         err(`no operation ${jobId}`);
         return EXIT.badInput;
@@ -165,6 +167,7 @@ export async function runOperatorAction(action: 'cancel' | 'rerun' | 'pause' | '
       if (opts.json) out(JSON.stringify(done));
       else if ('cancelled' in done) out(`cancelled ${done.jobId}: it left its lane and fails with code cancelled`);
       else if ('deadlineAt' in done) out(`${done.jobId} runs again: it joined its lane's tail, deadline ${new Date(done.deadlineAt).toISOString()}`);
+      else if ('acknowledged' in done) out(done.acknowledged.length ? `acknowledged ${done.acknowledged.length} failure${done.acknowledged.length === 1 ? '' : 's'} (${done.acknowledged.map((f) => `${f.op} ${f.jobId}`).join(', ')}): they leave the attention list` : 'nothing to acknowledge: no failure of this lease is on the attention list');
       else out(`lane ${done.laneId} ${done.paused ? 'paused' : 'unpaused'}${done.changed ? '' : ' (it already was)'}`);
       return EXIT.ok;
     } catch (e) {

@@ -107,10 +107,15 @@ for (const action of ['cancel', 'rerun'] as const) {
       process.exitCode = await runOperatorAction(action, jobId, opts);
     });
 }
-for (const action of ['pause', 'unpause'] as const) {
+const LEASE_ACTIONS = {
+  pause: "pause a lease's lane: the executing operation finishes, nothing new starts until unpause",
+  unpause: "unpause a lease's lane: its head goes to the workers",
+  ack: "acknowledge a lease's failures: they leave the attention list (each also leaves when that kind of operation next succeeds)",
+} as const;
+for (const action of ['pause', 'unpause', 'ack'] as const) {
   program
     .command(action)
-    .description(action === 'pause' ? "pause a lease's lane: the executing operation finishes, nothing new starts until unpause" : "unpause a lease's lane: its head goes to the workers")
+    .description(LEASE_ACTIONS[action])
     .requiredOption('--provider <name>', 'provider key')
     .requiredOption('--company <id>', 'company id')
     .requiredOption('--environment <id>', 'environment id')

@@ -9,7 +9,7 @@ import { LeaseIdentitySchema, laneIdOf, laneIdOfJobId, type LeaseIdentity } from
 import { partitionOfLane, partitionPrefixes } from './partitions.ts';
 import { claimPartitionLayout, heldPartitionCount, LayoutError } from './queues/layout.ts';
 import type { OperationName, OperationParams } from './operations.ts';
-import { OperatorActions, type CancelResult, type PauseResult, type RerunResult } from './queues/operator-actions.ts';
+import { OperatorActions, type AcknowledgeResult, type CancelResult, type PauseResult, type RerunResult } from './queues/operator-actions.ts';
 import { Inspector, type AttentionItem, type AttentionReason, type LeaseTimeline, type LeaseView, type OperationView, type QueueOverview } from './queues/inspect.ts';
 import { LeaseRecords } from './queues/lease-records.ts';
 import { LaneNames } from './queues/lane-names.ts';
@@ -236,6 +236,16 @@ export class LeaseOpsClient {
   /** Runs a failed operation again, with its original time budget from now (OperatorActionRefusedError unless failed). */
   rerunOperation(jobId: string, by = 'client'): Promise<RerunResult | null> {
     return this.call(() => this.partitionOf(jobId).actions.rerun(jobId, by));
+  }
+
+  /**
+   * Takes a lease's failures off the attention list (an operator saw them). A failure also
+   * leaves it when the lease's next operation of the same kind succeeds.
+   */
+  acknowledgeFailures(lease: LeaseIdentity, by = 'client'): Promise<AcknowledgeResult> {
+    const parsed = LeaseIdentitySchema.safeParse(lease);
+    if (!parsed.success) return Promise.reject(InvalidRequestError.fromZod(parsed.error));
+    return this.call(async () => (await this.laneOf(parsed.data)).partition.actions.acknowledge(parsed.data, by));
   }
 
   /** Pauses a lease's lane: its executing operation finishes, nothing new starts until unpauseLane. */

@@ -262,6 +262,7 @@ describe('HTTP API', () => {
       '/v1/activities/{token}/heartbeat',
       '/v1/attention',
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}',
+      '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/acknowledge',
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/activities',
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/exec',
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/operations',

@@ -457,6 +457,12 @@ export function createApiApp(deps: ApiDeps): express.Express {
     if (!canSee(principal, lease)) throw leaseNotFound();
     res.json(await client.pauseLane(lease, actor(principal)));
   });
+  v1.post('/leases/:provider/:companyId/:environmentId/:leaseId/acknowledge', async (req, res) => {
+    const lease = parse(LeasePathSchema, req.params, 'path');
+    const principal = res.locals.principal as Principal;
+    if (!canSee(principal, lease)) throw leaseNotFound();
+    res.json(await client.acknowledgeFailures(lease, actor(principal)));
+  });
   v1.post('/leases/:provider/:companyId/:environmentId/:leaseId/unpause', async (req, res) => {
     const lease = parse(LeasePathSchema, req.params, 'path');
     const principal = res.locals.principal as Principal;

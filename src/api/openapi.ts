@@ -31,6 +31,7 @@ import {
   CancelResultSchema,
   LeaseTimelineSchema,
   PauseResultSchema,
+  AcknowledgeResultSchema,
   RerunResultSchema,
   LeaseViewSchema,
   OperationPathSchema,
@@ -145,6 +146,14 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
           summary: "Pause a lease's lane: the executing operation finishes, nothing new starts; operations are still accepted (and fail at their deadline)",
           requestParams: { path: LeasePathSchema },
           responses: { '200': json(PauseResultSchema, 'paused'), ...errors('400', '401', '404', '503'), ...NODE_ANSWERS },
+        },
+      },
+      '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/acknowledge': {
+        post: {
+          operationId: 'acknowledgeFailures',
+          summary: "Acknowledge a lease's failures: they leave the attention list (each also leaves when that kind of operation next succeeds)",
+          requestParams: { path: LeasePathSchema },
+          responses: { '200': json(AcknowledgeResultSchema, 'acknowledged'), ...errors('400', '401', '404', '503'), ...NODE_ANSWERS },
         },
       },
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/unpause': {

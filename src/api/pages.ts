@@ -243,6 +243,8 @@ export function describeEvent(e: HistoryEvent): string {
       return `lane ${e.message ?? 'paused'}: nothing new starts`;
     case 'unpaused':
       return `lane ${e.message ?? 'unpaused'}`;
+    case 'acknowledged':
+      return `failures ${e.message ?? 'acknowledged by an operator'}: they leave the attention list`;
     case 'named':
       return e.message ?? `sandbox ${e.sandbox ?? '?'} names this lease from now on`;
   }

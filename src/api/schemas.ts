@@ -319,6 +319,12 @@ export const PauseResultSchema = z
   })
   .meta({ id: 'LanePause' });
 
+export const AcknowledgeResultSchema = z
+  .object({
+    acknowledged: z.array(z.object({ op: z.string(), jobId: z.string(), at: z.number() })).meta({ description: 'each kind of operation whose failure left the attention list (empty: there was none)' }),
+  })
+  .meta({ id: 'Acknowledged' });
+
 export const AttentionItemSchema = z
   .object({
     laneId: z.string(),

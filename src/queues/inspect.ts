@@ -330,15 +330,18 @@ export class Inspector {
     };
   }
 
-  private async failureItem({ laneId, jobId, at }: { laneId: string; jobId: string; at: number }): Promise<AttentionItem> {
-    const failed = await this.operation(jobId);
-    return {
-      laneId,
-      lease: failed?.lease ?? (await this.records.get(laneId))?.lease ?? null,
-      reason: 'last_operation_failed',
-      since: at,
-      detail: failed?.error ? `${failed.op} failed: ${failed.error.code}: ${failed.error.message.replace(`${failed.error.code}: `, '')}` : `operation ${jobId} failed`,
-    };
+  /** One item per lease: every kind of operation that failed since it last succeeded, newest first. */
+  private async failureItem({ laneId, at, kinds }: { laneId: string; jobId: string; at: number; kinds: { op: string; jobId: string; at: number }[] }): Promise<AttentionItem> {
+    const views = await Promise.all(kinds.map((kind) => this.operation(kind.jobId)));
+    const lease = views.find((v) => v?.lease)?.lease ?? (await this.records.get(laneId))?.lease ?? null;
+    const detail = kinds
+      .map((kind, i) => {
+        const failed = views[i];
+        const op = failed?.op ?? kind.op;
+        return failed?.error ? `${op} failed: ${failed.error.code}: ${failed.error.message.replace(`${failed.error.code}: `, '')}` : `${op} ${kind.jobId} failed`;
+      })
+      .join('; ');
+    return { laneId, lease, reason: 'last_operation_failed', since: at, detail: `${detail} (acknowledge to clear, or it clears when that kind of operation next succeeds)` };
   }
 
   /**

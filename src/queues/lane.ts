@@ -16,6 +16,7 @@ const SCRIPTS = {
   'lane-upgrade': 19,
   'lane-drop': 20,
   'lane-forget': 18,
+  'failures-ack': 2,
 } as const;
 type ScriptName = keyof typeof SCRIPTS;
 
@@ -90,7 +91,7 @@ export type RepairResult =
  *                              laneId is the sandbox's own; a week after its last use
  *   <prefix>:lanes             zset laneId -> last progress (ms), read by the sweep
  *   <prefix>:fence             counter behind every fencing token
- *   <prefix>:failures          hash laneId -> "<ms> <jobId>" of leases whose last operation failed
+ *   <prefix>:failures          hash laneId -> JSON {op: {at, job}} of the kinds of operation that failed
  *   <prefix>:failures:at       zset laneId -> that ms (newest first, trimmed to BullMQ's retention)
  *   <prefix>:backing-off       zset jobId -> when its retry comes due
  *   <prefix>:counted           hash laneId -> what the lane adds to the two counts below
@@ -448,20 +449,29 @@ export class Lanes {
     return text ? parsePause(text) : null;
   }
 
-  /** When the lane's last operation failed for good, and which job it was; null if it did not. */
+  /** The lane's newest failure not yet made good (or acknowledged): when, which job; null if none. */
   async lastFailure(laneId: string): Promise<{ jobId: string; at: number } | null> {
-    return parseFailure(await this.client.hget(this.failuresKey, laneId));
+    return parseFailures(await this.client.hget(this.failuresKey, laneId))[0] ?? null;
   }
 
-  /** Lanes whose last operation failed, newest first: `limit` of them from `offset`. */
-  async failures(limit = 200, offset = 0): Promise<{ laneId: string; jobId: string; at: number }[]> {
+  /**
+   * Lanes with failures to attend to, newest first: `limit` of them from `offset`, each with
+   * every kind of operation that failed (newest first) since that kind last succeeded.
+   */
+  async failures(limit = 200, offset = 0): Promise<{ laneId: string; jobId: string; at: number; kinds: Failure[] }[]> {
     const lanes = await this.client.zrevrange(this.failuresAtKey, offset, offset + limit - 1);
     if (!lanes.length) return [];
     const entries = await this.client.hmget(this.failuresKey, ...lanes);
     return lanes.flatMap((laneId, i) => {
-      const failure = parseFailure(entries[i] ?? null);
-      return failure ? [{ laneId, ...failure }] : [];
+      const kinds = parseFailures(entries[i] ?? null);
+      return kinds.length ? [{ laneId, jobId: kinds[0]!.jobId, at: kinds[0]!.at, kinds }] : [];
     });
+  }
+
+  /** Takes a lane's failures off the attention list (an operator saw them); what was acknowledged. */
+  async acknowledgeFailures(laneId: string): Promise<Failure[]> {
+    const text = (await this.run('failures-ack', this.failuresKey, this.failuresAtKey, laneId)) as string | null;
+    return parseFailures(text);
   }
 
   async failureCount(): Promise<number> {
@@ -478,10 +488,27 @@ export class Lanes {
   }
 }
 
-function parseFailure(entry: string | null | undefined): { jobId: string; at: number } | null {
-  if (!entry) return null;
-  const space = entry.indexOf(' ');
-  return space > 0 ? { at: Number(entry.slice(0, space)), jobId: entry.slice(space + 1) } : null;
+/** A failure of one kind of operation, not yet made good by a success of that kind. */
+export interface Failure {
+  op: string;
+  jobId: string;
+  at: number;
+}
+
+/** A failures entry (JSON kinds, or the older '<ms> <jobId>'), newest first. */
+function parseFailures(entry: string | null | undefined): Failure[] {
+  if (!entry) return [];
+  const space = /^(\d+) (.+)$/.exec(entry);
+  if (space) return [{ op: '?', at: Number(space[1]), jobId: space[2]! }];
+  try {
+    const kinds = JSON.parse(entry) as Record<string, { at?: unknown; job?: unknown }>;
+    return Object.entries(kinds)
+      .filter(([, v]) => typeof v?.at === 'number' && typeof v?.job === 'string')
+      .map(([op, v]) => ({ op, at: v.at as number, jobId: v.job as string }))
+      .sort((a, b) => b.at - a.at);
+  } catch {
+    return [];
+  }
 }
 
 /** A pause as the paused hash holds it (JSON `{by, since}`); what cannot be read says so. */

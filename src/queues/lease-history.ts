@@ -23,6 +23,7 @@ export function historyKey(prefix: string, laneId: string): string {
  *   removed      an operator removed a waiting operation (Bull Board)
  *   cancelled / rerun   an operator cancelled a waiting operation, or ran a failed one again
  *   paused / unpaused   an operator paused the lane (nothing new starts), or unpaused it
+ *   acknowledged an operator saw the lease's failures: they leave the attention list
  *   named        an acquire's sandbox became a second name of this lease (`sandbox`), or could
  *                not (its id had a lane of its own already: `message` says so)
  */
@@ -41,6 +42,7 @@ export const HISTORY_EVENT_KINDS = [
   'paused',
   'unpaused',
   'named',
+  'acknowledged',
 ] as const;
 export type HistoryEventKind = (typeof HISTORY_EVENT_KINDS)[number];
 

@@ -23,6 +23,8 @@ export class OperatorActionRefusedError extends LeaseOpsError {
 export type CancelResult = { jobId: string; laneId: string; cancelled: true; whileExecuting: boolean };
 export type RerunResult = { jobId: string; laneId: string; deadlineAt: number };
 export type PauseResult = { laneId: string; paused: boolean; changed: boolean; since: number | null };
+/** What an acknowledgement took off the attention list: each kind of operation whose failure it was. */
+export type AcknowledgeResult = { acknowledged: { op: string; jobId: string; at: number }[] };
 
 /**
  * What an operator may do to a lease's operations without breaking its lane's guarantees,
@@ -123,6 +125,14 @@ export class OperatorActions {
     const changed = await this.ops.lanes.pause(laneId, by, now);
     if (changed) this.ops.history.append(laneId, { kind: 'paused', jobId: '', message: `paused by ${by}` });
     return { laneId, paused: true, changed, since: (await this.ops.lanes.pausedBy(laneId))?.since ?? now };
+  }
+
+  /** An operator saw the lease's failures: they leave attention (until the next one). */
+  async acknowledge(lease: LeaseIdentity, by: string): Promise<AcknowledgeResult> {
+    const laneId = await this.ops.laneOf(lease);
+    const acknowledged = await this.ops.lanes.acknowledgeFailures(laneId);
+    if (acknowledged.length) this.ops.history.append(laneId, { kind: 'acknowledged', jobId: '', message: `acknowledged by ${by}: ${acknowledged.map((f) => f.op).join(', ')}` });
+    return { acknowledged };
   }
 
   async unpause(lease: LeaseIdentity, by: string): Promise<PauseResult> {

@@ -78,7 +78,7 @@ describe('scenario 16: the failures index shrinks', () => {
       await new Promise((r) => setTimeout(r, 1_100)); // older than the retention of failed jobs
       const fresh = await bed.ops.enqueue({ op: 'stop', lease: lease('fresh'), params: { providerLeaseId: 'fresh' } });
       await bed.waitForAll([fresh.jobId]);
-      expect(await bed.ops.lanes.failures()).toEqual([{ laneId: fresh.laneId, jobId: fresh.jobId, at: expect.any(Number) }]);
+      expect(await bed.ops.lanes.failures()).toEqual([{ laneId: fresh.laneId, jobId: fresh.jobId, at: expect.any(Number), kinds: [{ op: 'stop', jobId: fresh.jobId, at: expect.any(Number) }] }]);
       expect(await bed.ops.lanes.failureCount()).toBe(1);
     } finally {
       await bed.close();

@@ -50,7 +50,10 @@ forgetCoalescing(k, jobId)
 rcall('HDEL', jobKey, 'lo:parked')
 recordOutcome(jobKey, ARGV[5])
 rcall('ZREM', k.backingOff, jobId)
-noteFailure(k, laneId, jobId, now, true, tonumber(ARGV[6]))
+-- An operator's cancel is no failure for anyone to attend to.
+if ARGV[7] ~= '1' then
+  noteFailure(k, laneId, jobId, now, true, tonumber(ARGV[6]), rcall('HGET', jobKey, 'name') or '?')
+end
 if at == 0 then
   local advanced = advanceLane(k, ARGV[4], laneId, false)
   return {'dropped', advanced[1], advanced[2], advanced[3]}

@@ -61,7 +61,11 @@ else
   rcall('HDEL', KEYS[20], jobId)
 end
 recordOutcome(jobKey, outcome)
-noteFailure(k, laneId, jobId, now, ARGV[8] == '1', tonumber(ARGV[9]))
+-- A cancel (an operator's, or a host that gave up) is no failure for anyone to attend to.
+local cancelled = ARGV[8] == '1' and string.find(outcome, '"code":"cancelled"', 1, true) ~= nil
+if not cancelled then
+  noteFailure(k, laneId, jobId, now, ARGV[8] == '1', tonumber(ARGV[9]), rcall('HGET', jobKey, 'name') or '?')
+end
 if ARGV[11] ~= '' then
   historyAppendJoined(KEYS[21], ARGV[11])
 end

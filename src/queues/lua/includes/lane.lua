@@ -233,20 +233,42 @@ local function queueFront(k, jobPrefix, jobId)
   return false
 end
 
--- Notes that a lane's last operation failed (or clears it), trimming entries older than
--- BullMQ keeps failed jobs: the failures index never grows past what attention can show.
-local function noteFailure(k, laneId, jobId, now, failed, keepMs)
+-- Notes what failed in a lane, per kind of operation, until the lease's next operation of
+-- that kind succeeds or an operator acknowledges it: a failed acquire stays although its
+-- clean-up completes, a failed resume although a force-stop succeeds. The entry is JSON
+-- {"<op>": {"at": ms, "job": jobId}, ...}; its index score is the newest failure's time.
+-- An older entry '<ms> <jobId>' (from before kinds were kept) reads as one of kind '?'.
+-- Entries older than BullMQ keeps failed jobs are trimmed: the index never outgrows attention.
+local function failureKinds(k, laneId)
+  local text = rcall('HGET', k.failures, laneId)
+  if not text then return {} end
+  local ok, kinds = pcall(cjson.decode, text)
+  if ok and type(kinds) == 'table' then return kinds end
+  local at, job = string.match(text, '^(%d+) (.+)$')
+  if at then return { ['?'] = { at = tonumber(at), job = job } } end
+  return {}
+end
+
+local function noteFailure(k, laneId, jobId, now, failed, keepMs, op)
+  local kinds = failureKinds(k, laneId)
   if failed then
-    rcall('HSET', k.failures, laneId, now .. ' ' .. jobId)
+    kinds[op] = { at = now, job = jobId }
+    rcall('HSET', k.failures, laneId, cjson.encode(kinds))
     rcall('ZADD', k.failuresAt, now, laneId)
     local old = rcall('ZRANGEBYSCORE', k.failuresAt, '-inf', now - keepMs, 'LIMIT', 0, 100)
     for i = 1, #old do
       rcall('HDEL', k.failures, old[i])
       rcall('ZREM', k.failuresAt, old[i])
     end
-  elseif rcall('HDEL', k.failures, laneId) == 1 then
-    -- The two are written together, here only: a lane missing from one is in neither.
-    rcall('ZREM', k.failuresAt, laneId)
+  elseif kinds[op] ~= nil then
+    kinds[op] = nil
+    if next(kinds) == nil then
+      -- The two are written together, here only: a lane missing from one is in neither.
+      rcall('HDEL', k.failures, laneId)
+      rcall('ZREM', k.failuresAt, laneId)
+    else
+      rcall('HSET', k.failures, laneId, cjson.encode(kinds))
+    end
   end
 end
 
