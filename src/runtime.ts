@@ -33,12 +33,14 @@ export async function startWorker(config: Config, log: Logger): Promise<LeaseWor
   reportRedisTrouble(config, log);
   const pacing = createRedis(config.REDIS_URL);
   const services = { rateLimiters: redisRateLimiters(pacing, config.LEASE_OPS_PREFIX) };
-  // The registry's master key is checked before anything starts: a wrong one exits 2.
-  const store = await openInstanceStore(pacing, config).catch((err: unknown) => {
+  // What the configuration says is checked first (no Redis needed to tell a bad one), then
+  // the registry's master key, before anything starts: a wrong one exits 2.
+  const providers = await loadProviders(config.LEASE_OPS_PROVIDERS, process.env, services).catch((err: unknown) => {
     pacing.disconnect();
     throw err;
   });
-  const providers = await loadProviders(config.LEASE_OPS_PROVIDERS, process.env, services).catch((err: unknown) => {
+  const store = await openInstanceStore(pacing, config).catch(async (err: unknown) => {
+    await providers.close();
     pacing.disconnect();
     throw err;
   });

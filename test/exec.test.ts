@@ -72,7 +72,8 @@ describe('exec: commands in a sandbox', () => {
     const queue = execQueueName(bed.config.LEASE_OPS_QUEUE);
     let seen = '';
     await readUntil(async () => {
-      const keys = await bed.redis.keys(`${bed.config.LEASE_OPS_PREFIX}:${queue}:exec.*`);
+      // The jobs' hashes only (their locks and logs share the prefix).
+      const keys = (await bed.redis.keys(`${bed.config.LEASE_OPS_PREFIX}:${queue}:exec.*`)).filter((k) => /:exec\.[^:]+$/.test(k));
       seen = (await Promise.all(keys.map((k) => bed.redis.hget(k, 'data')))).join('');
       return seen.length > 0;
     }, 5_000, 'the exec job in Redis');

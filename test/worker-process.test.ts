@@ -340,15 +340,16 @@ describe('LeaseWorker.close() in a process that lives on (lease-ops as a library
         .sort();
     const before = await clientNames();
     const w = await b.startWorker(provider);
-    expect((await clientNames()).filter((name) => name.startsWith(`${prefix}:b3Bz`) && !name.endsWith(':qe'))).toHaveLength(2);
+    // BullMQ's blocking connections of the operations, maintenance and exec queues (ops, ops-*).
+    expect((await clientNames()).filter((name) => name.startsWith(`${prefix}:b3Bz`) && !name.endsWith(':qe'))).toHaveLength(3);
     await b.ops.enqueue({ op: 'stop', lease: lease('l'), params: { providerLeaseId: 'l' } });
     await started.promise;
     server.pause();
     await w.close();
     finish.open();
     server.resume();
-    const bullmq = w as unknown as { worker: { isRunning(): boolean }; maintenanceWorker: { isRunning(): boolean } };
-    await readUntil(async () => !bullmq.worker.isRunning() && !bullmq.maintenanceWorker.isRunning(), 30_000, 'BullMQ\'s fetch loops to end');
+    const bullmq = w as unknown as { worker: { isRunning(): boolean }; maintenanceWorker: { isRunning(): boolean }; execWorker: { isRunning(): boolean } };
+    await readUntil(async () => !bullmq.worker.isRunning() && !bullmq.maintenanceWorker.isRunning() && !bullmq.execWorker.isRunning(), 30_000, 'BullMQ\'s fetch loops to end');
     expect(await clientNames()).toEqual(before);
   });
 

@@ -341,7 +341,7 @@ describe('issue 12, scenario 12: a provider no worker serves is refused at enque
         });
       const refused = await post('daytonna');
       expect(refused.status).toBe(422);
-      expect(await refused.json()).toEqual({ error: { code: 'unknown_provider', message: 'no worker serves provider "daytonna" (served: recording)' } });
+      expect(await refused.json()).toEqual({ error: { code: 'unknown_provider', message: 'no worker serves provider "daytonna", and company co has no provider instance of that name for environment env (served: recording)' } });
       expect(await bed.ops.queue.count()).toBe(0);
       expect((await post('recording')).status).toBe(202);
     } finally {
