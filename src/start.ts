@@ -68,6 +68,7 @@ export async function runStart(opts: { once: boolean }): Promise<void> {
   out(`lease-ops: worker running against ${maskUrl(config.REDIS_URL)} (providers: ${config.LEASE_OPS_PROVIDERS})`);
   out(`lease-ops: API ${api.url}/v1  (OpenAPI: ${api.url}/v1/openapi.json)`);
   out(`lease-ops: Bull Board ${api.url}/board  (any user name, the token as password)`);
+  out(`lease-ops: pages ${api.url}/ui/attention  (what needs attention; each lease's timeline is linked from it; the same password)`);
   out(`lease-ops: metrics ${api.url}/metrics  health ${api.url}/healthz  ready ${api.url}/readyz`);
   out(`lease-ops: token ${shownToken ? `${shownToken} (from LEASE_OPS_API_TOKENS)` : token}`);
 
@@ -95,6 +96,7 @@ export async function runStart(opts: { once: boolean }): Promise<void> {
     await run(sandbox, 'release', { ...target, leaseMetadata: {}, resourceDisposition: 'destroy' });
     out(`${stamp()}  lifecycle done: every operation ran in order through the lease's lane`);
     out(`         try: curl -H 'authorization: Bearer ${shownToken ?? token}' ${api.url}${leasePath(sandbox)}`);
+    out(`         its timeline: ${api.url}/ui/leases/simulated/demo-co/demo-env/${encodeURIComponent(sandbox)}`);
   } catch (err) {
     // Stopped by a signal meanwhile: the lifecycle's requests fail, and that is no error.
     if (stopping) return;

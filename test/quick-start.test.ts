@@ -129,6 +129,16 @@ describe("the README's quick start, in a fresh copy of the repository", () => {
     const board = await fetch(`${api}/board`, { headers: { authorization: `Basic ${Buffer.from(`me:${token}`).toString('base64')}` } });
     expect(board.status).toBe(200);
     expect(await board.text()).toContain('<div id="root">');
+    // The front door: the printed pages answer, and / leads to them.
+    const basic = { authorization: `Basic ${Buffer.from(`me:${token}`).toString('base64')}` };
+    const [, attentionUrl] = /lease-ops: pages (\S+)/.exec(output.text)!;
+    expect((await fetch(attentionUrl!, { headers: basic })).status).toBe(200);
+    const [, timelineUrl] = /its timeline: (\S+)/.exec(output.text)!;
+    const timeline = await fetch(timelineUrl!, { headers: basic });
+    expect(timeline.status).toBe(200);
+    expect(await timeline.text()).toContain('release');
+    const root = await fetch(`${api}/`, { redirect: 'manual' });
+    expect([root.status, root.headers.get('location')]).toEqual([302, '/ui/attention']);
 
     // Ctrl-C equivalent: everything stops gracefully.
     const exited = new Promise((resolve) => child!.on('exit', resolve));

@@ -219,6 +219,10 @@ export function createApiApp(deps: ApiDeps): express.Express {
   );
 
   // Operations endpoints: no authentication, so probes and Prometheus can reach them.
+  // The front door: the operator's pages (they ask for the token as a password).
+  app.get('/', (_req, res) => {
+    res.redirect(302, '/ui/attention');
+  });
   app.get('/healthz', (_req, res) => {
     res.json({ status: 'ok' });
   });
