@@ -155,6 +155,19 @@ describe.skipIf(!haveChromium)('Bull Board in a real browser', () => {
     expect(failed.stacktrace).toEqual([]);
     expect(JSON.stringify(failed)).not.toMatch(/\/work\/|\.ts:\d|node_modules|at async/);
 
+    // A paused lane's operations say so; one cancelled before it ever ran shows no start on its card.
+    await client.pauseLane(lease('still'), 'ops:erin');
+    const waitsPaused = await client.enqueue('stop', lease('still'), { providerLeaseId: 'still' });
+    const cancelledBefore = await client.enqueue('destroy', lease('still'), { providerLeaseId: 'still' });
+    await expect.poll(async () => (await client.getOperation(waitsPaused.jobId))?.state, { timeout: 10_000 }).toBe('paused');
+    expect(await client.cancelOperation(cancelledBefore.jobId, 'ops:erin')).toBeTruthy();
+    expect((await tab('delayed')).get(waitsPaused.jobId)?.name).toMatch(/^stop · acme\/prod\/still · paused by ops:erin since \d\d:\d\d:\d\d UTC/);
+    const never = (await tab('failed')).get(cancelledBefore.jobId) as (BoardJob & { processedOn?: number }) | undefined;
+    expect(never).toBeDefined();
+    expect(never!.processedOn).toBeUndefined();
+    await client.unpauseLane(lease('still'), 'ops:erin');
+    expect((await client.waitForResult(waitsPaused.jobId, 10_000)).state).toBe('completed');
+
     // And in the browser: a "Will run at" on the delayed tab only for the backoff; a picture for the README.
     const context = await browser.newContext({ httpCredentials: { username: 'operator', password: ADMIN }, viewport: { width: 1280, height: 900 } });
     const page = await context.newPage();

@@ -1,3 +1,4 @@
+import { Queue } from 'bullmq';
 import { afterEach, describe, expect, it } from 'vitest';
 import { LeaseOpsClient } from '../src/client.ts';
 import { createLogger } from '../src/logger.ts';
@@ -58,6 +59,13 @@ describe('paused lanes', () => {
     expect(waited.code).toBe(3);
     expect(waited.stderr).toMatch(/paused by ops:alice since .*: lease-ops unpause/);
     expect(waited.stderr).not.toContain('is a worker running');
+
+    // The worker's own sweep passes stay on the maintenance queue, each with what it did.
+    const maintenance = new Queue(`${bed.config.LEASE_OPS_QUEUE}-maintenance`, { connection: bed.redis, prefix: bed.config.LEASE_OPS_PREFIX });
+    await readUntil(async () => (await maintenance.getCompleted(0, 0)).length > 0, 10_000, 'a finished sweep pass kept');
+    const [pass] = await maintenance.getCompleted(0, 0);
+    expect(pass!.returnvalue).toMatchObject({ inspected: expect.any(Number), dropped: 0, handedOff: 0 });
+    await maintenance.close();
 
     await client.unpauseLane(lease('p1'), 'ops:alice');
     const results = await bed.waitForAll([stop.jobId, behind.jobId], 10_000);

@@ -41,6 +41,20 @@ function outcomeStatus(text: string | null): string | null {
   }
 }
 
+/** Failure codes of an operation taken out of its lane before it ever ran (no provider call). */
+const NEVER_RAN = new Set(['cancelled', 'removed', 'orphaned']);
+
+/** The failure code the lane recorded for a finished job, if it is readable. */
+function outcomeCode(text: string | null): string | null {
+  if (!text) return null;
+  try {
+    const code = (JSON.parse(text) as { code?: unknown }).code;
+    return typeof code === 'string' ? code : null;
+  } catch {
+    return null;
+  }
+}
+
 const clock = (ms: number) => new Date(ms).toISOString().slice(11, 19);
 
 /**
@@ -160,6 +174,9 @@ export class LeaseOpsBoardAdapter extends BullMQAdapter {
       where = place.parked ? 'waiting outside its lane (the sweep repairs it)' : 'not in its lane';
     }
     told.name = `${who} · ${where}`;
+    // Failed without ever running (cancelled or removed while it waited, or never in its
+    // lane): no "process started" on its card.
+    if (json.finishedOn && (json.attemptsMade === 0 || NEVER_RAN.has(outcomeCode(place.outcome) ?? ''))) told.processedOn = undefined;
     if (json.failedReason) {
       // Code and message only: stack traces carry the server's paths.
       told.failedReason = lastError ?? '';

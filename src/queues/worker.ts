@@ -74,6 +74,9 @@ export function backoffStrategy(_attempts: number, type?: string, err?: Error): 
   return type === BACKOFF_TYPE && err instanceof RetryLaterError ? err.delayMs : -1;
 }
 
+/** Finished maintenance passes kept, each with its report (a sweep every 5 s: the last ~15 minutes). */
+const MAINTENANCE_KEPT = 200;
+
 /**
  * A worker replica: runs lease operations from the shared queue, one at a time per lease,
  * and takes part in the lane sweep. Start as many as you like.
@@ -282,13 +285,14 @@ export class LeaseWorker {
     await this.maintenanceQueue.upsertJobScheduler(
       SWEEP_SCHEDULER_ID,
       { every: this.settings.LEASE_OPS_SWEEP_INTERVAL_MS },
-      { name: SWEEP_SCHEDULER_ID, opts: { removeOnComplete: true, removeOnFail: 100 } },
+      // The last passes stay (Bull Board shows what each did: lanes repaired, acquires cleaned up).
+      { name: SWEEP_SCHEDULER_ID, opts: { removeOnComplete: { count: MAINTENANCE_KEPT }, removeOnFail: 100 } },
     );
     if (this.settings.LEASE_OPS_WATCHDOG) {
       await this.maintenanceQueue.upsertJobScheduler(
         WATCHDOG_SCHEDULER_ID,
         { every: this.settings.LEASE_OPS_WATCHDOG_INTERVAL_MS },
-        { name: WATCHDOG_SCHEDULER_ID, opts: { removeOnComplete: true, removeOnFail: 100 } },
+        { name: WATCHDOG_SCHEDULER_ID, opts: { removeOnComplete: { count: MAINTENANCE_KEPT }, removeOnFail: 100 } },
       );
     }
     this.schedulesMissing = false;
