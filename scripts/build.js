@@ -6,6 +6,7 @@ import { cpSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:f
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { sourceHash } from './source-hash.js';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
 const dist = join(root, 'dist');
@@ -24,3 +25,6 @@ for (const entry of readdirSync(dist, { recursive: true, withFileTypes: true }))
   const rewritten = text.replace(relativeTs, (_all, lead, quote, stem) => `${lead}${quote}${stem}.js${quote}`);
   if (rewritten !== text) writeFileSync(path, rewritten);
 }
+
+// What it was built from (test/helpers/build-setup.ts skips a rebuild of the same sources).
+writeFileSync(join(dist, '.source-hash'), sourceHash(root));
