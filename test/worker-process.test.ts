@@ -337,6 +337,9 @@ describe('LeaseWorker.close() in a process that lives on (lease-ops as a library
         .split('\n')
         .filter(Boolean)
         .map((line) => /\bname=(\S*)/.exec(line)?.[1] ?? '')
+        // The test bed's own event stream names its connection when its loop starts, which may
+        // be after the first look: the same connection, named or not.
+        .map((name) => (name.endsWith(':qe') ? '' : name))
         .sort();
     const before = await clientNames();
     const w = await b.startWorker(provider);
