@@ -2,6 +2,7 @@
 export { LeaseOpsClient, type EnqueueOptions, type OperationResult } from './client.ts';
 export {
   ActivityNotFoundError,
+  ExecError,
   IdempotencyKeyReusedError,
   InvalidRequestError,
   LeaseClosingError,
@@ -12,9 +13,13 @@ export {
   RedisUnavailableError,
   WaitTimeoutError,
 } from './errors.ts';
+export { CredentialsRefusedError } from './providers/instances/manager.ts';
+export { ProviderInstanceError } from './providers/instances/store.ts';
+export type { InstanceView } from './providers/instances/schemas.ts';
+export type { ExecRequestInput } from './queues/exec-jobs.ts';
 export type { AttentionItem, LeaseTimeline, LeaseView, OperationState, OperationView, QueueOverview } from './queues/inspect.ts';
 export type { HistoryEvent, HistoryEventKind } from './queues/lease-history.ts';
-export { OperatorActionRefusedError, type CancelResult, type PauseResult, type RerunResult } from './queues/operator-actions.ts';
+export { OperatorActionRefusedError, type AcknowledgeResult, type CancelResult, type PauseResult, type RerunResult } from './queues/operator-actions.ts';
 export type { Enqueued } from './queues/operations-queue.ts';
 export { loadConfig, ConfigError, type Config } from './config.ts';
 export { laneIdOf, LeaseIdentitySchema, type LeaseIdentity } from './lease.ts';

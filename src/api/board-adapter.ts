@@ -1,6 +1,7 @@
 import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import type { Job } from 'bullmq';
 import { laneIdOfJobId } from '../lease.ts';
+import { parsePause } from '../queues/lane.ts';
 import { OperationJobDataSchema } from '../operations.ts';
 import type { OperationsQueue } from '../queues/operations-queue.ts';
 import { withoutInfrastructure } from '../secrets.ts';
@@ -18,16 +19,6 @@ interface Place {
   head: string | null;
   /** The lane is paused: by whom, since when. */
   paused: { by: string; since: number } | null;
-}
-
-/** A pause as the lanes' paused hash holds it (JSON `{by, since}`). */
-function readPause(text: string): { by: string; since: number } | null {
-  try {
-    const parsed = JSON.parse(text) as { by?: unknown; since?: unknown };
-    return { by: typeof parsed.by === 'string' ? parsed.by : 'unknown', since: typeof parsed.since === 'number' ? parsed.since : 0 };
-  } catch {
-    return null;
-  }
 }
 
 /** The lane's recorded outcome of a finished job ('completed' or 'failed'), if it is readable. */
@@ -137,7 +128,7 @@ export class LeaseOpsBoardAdapter extends BullMQAdapter {
         holder: (holder as string | null) ?? null,
         retryAt: retryAt === null || retryAt === undefined ? null : Number(retryAt),
         head: (head as string | null) ?? null,
-        paused: typeof pause === 'string' ? readPause(pause) : null,
+        paused: typeof pause === 'string' ? parsePause(pause) : null,
       };
     });
   }

@@ -111,10 +111,11 @@ export class Inspector {
     // The state first, then the job: a job that finishes in between then shows its old
     // state with its new data, never "completed" without its result.
     const bullState = await this.ops.queue.getJobState(jobId);
-    const [job, [outcomeText, parked], delayedScore] = await Promise.all([
+    const [job, [outcomeText, parked], delayedScore, lanePause] = await Promise.all([
       Job.fromId(this.ops.queue, jobId),
       this.ops.connection.hmget(this.ops.queue.toKey(jobId), 'lo:outcome', 'lo:parked'),
       this.ops.connection.zscore(this.ops.queue.toKey('delayed'), jobId),
+      this.ops.lanes.pausedBy(laneId),
     ]);
     if (!job) return null;
     const parsed = OperationJobDataSchema.safeParse(job.data);
@@ -142,7 +143,7 @@ export class Inspector {
         state = 'ready';
     }
     // Waiting in a lane an operator paused: it starts when the lane is unpaused, not at any retry time.
-    const paused = state === 'queued' || state === 'backing-off' ? await this.ops.lanes.pausedBy(laneId) : null;
+    const paused = state === 'queued' || state === 'backing-off' ? lanePause : null;
     if (paused) {
       state = 'paused';
       retryAt = null;

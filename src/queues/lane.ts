@@ -512,7 +512,7 @@ function parseFailures(entry: string | null | undefined): Failure[] {
 }
 
 /** A pause as the paused hash holds it (JSON `{by, since}`); what cannot be read says so. */
-function parsePause(text: string): { by: string; since: number } {
+export function parsePause(text: string): { by: string; since: number } {
   try {
     const parsed = JSON.parse(text) as { by?: unknown; since?: unknown };
     return { by: typeof parsed.by === 'string' ? parsed.by : 'unknown', since: typeof parsed.since === 'number' ? parsed.since : 0 };
