@@ -162,6 +162,9 @@ describe('provider instances at run time, over the API', () => {
       LEASE_OPS_INSTANCE_API_URLS: fakeUrl,
       // The configured provider ("recording") is the operator's alone.
       LEASE_OPS_SHARED_PROVIDERS: '',
+      // An acquire's backoff long enough that a rotation lands inside it, not beside a retry
+      // already under way (with 20 ms a retry could start with the old key mid-rotation).
+      LEASE_OPS_BACKOFF_BY_OP: JSON.stringify({ acquire: { baseMs: 1_000, capMs: 1_000 } }),
     });
     keys = new MasterKeys(randomBytes(32));
     store = new ProviderInstanceStore(bed.redis, bed.config.LEASE_OPS_PREFIX, { keys, allowedApiUrls: [fakeUrl] });
