@@ -5,6 +5,7 @@ import { ActivityNotFoundError, InvalidRequestError, LeaseClosingError } from '.
 import type { LeaseIdentity } from './lease.ts';
 import { OperationNameSchema } from './operations.ts';
 import type { LeaseView, OperationView, QueueOverview } from './queues/inspect.ts';
+import { duration, moment } from './time-format.ts';
 import { OperatorActionRefusedError } from './queues/operator-actions.ts';
 import { changePartitionCount } from './queues/layout.ts';
 
@@ -184,8 +185,8 @@ export async function runOperatorAction(action: 'cancel' | 'rerun' | 'pause' | '
   });
 }
 
-const age = (since: number) => `${Math.max(0, Math.round((Date.now() - since) / 1000))} s`;
-const opLine = (v: OperationView) => `${v.op} ${v.jobId} ${v.state}${v.attempts ? `, ${v.attempts} attempt(s) ended` : ''}${v.retryAt ? `, retry in ${Math.max(0, v.retryAt - Date.now())} ms` : ''}`;
+const opLine = (v: OperationView) =>
+  `${v.op} ${v.jobId} ${v.state}${v.attempts ? `, ${v.attempts} attempt(s) ended` : ''}${v.retryAt ? `, retry ${moment(v.retryAt, Date.now())}` : ''}${v.paused ? `, lane paused by ${v.paused.by}` : ''}`;
 
 function formatLease(view: LeaseView): string {
   const l = view.lease;
@@ -195,8 +196,11 @@ function formatLease(view: LeaseView): string {
   lines.push(`  queued:      ${view.queuedTotal}`);
   for (const q of view.queued) lines.push(`    ${opLine(q)}`);
   if (view.sandboxId || view.acquiredAs) lines.push(`  names:       ${[view.acquiredAs ? `acquired as ${view.acquiredAs}` : '', view.sandboxId ? `sandbox ${view.sandboxId}` : ''].filter(Boolean).join(', ')}`);
-  lines.push(`  observed:    ${view.observed ? `${view.observed.providerState} (${view.observed.kind}) for ${age(view.observed.since)}, sandbox ${view.observed.providerLeaseId}` : '-'}`);
-  lines.push(`  last failure: ${view.lastFailure ? `${view.lastFailure.code}: ${view.lastFailure.message} (${age(view.lastFailure.at)} ago)` : '-'}`);
+  const now = Date.now();
+  lines.push(`  observed:    ${view.observed ? `${view.observed.providerState} (${view.observed.kind}) since ${moment(view.observed.since, now)}, sandbox ${view.observed.providerLeaseId}` : '-'}`);
+  if (view.stuck) lines.push(`  STUCK:       stopping since ${moment(view.stuck.since, now)}, past the budget of ${duration(view.stuck.budgetMs)}: the watchdog forces it`);
+  if (view.paused) lines.push(`  PAUSED:      by ${view.paused.by} since ${moment(view.paused.since, now)}: nothing new starts (lease-ops unpause)`);
+  lines.push(`  last failure: ${view.lastFailure ? `${view.lastFailure.code}: ${view.lastFailure.message} (${moment(view.lastFailure.at, now)})` : '-'}`);
   return lines.join('\n');
 }
 

@@ -9,7 +9,8 @@ import type { LeaseIdentity } from '../src/lease.ts';
 import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
 import type { LeaseTimeline } from '../src/queues/inspect.ts';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
-import { TestBed } from './helpers/env.ts';
+import { cli } from './helpers/cli.ts';
+import { readUntil, TestBed, workerEnv } from './helpers/env.ts';
 
 // Debian's chromium, installed by .ci/run (apt-get), driven by playwright-core: no browser download.
 const CHROMIUM = process.env.LEASE_OPS_CHROMIUM ?? '/usr/bin/chromium';
@@ -33,6 +34,7 @@ describe.skipIf(!haveChromium)('the operator pages in a real browser: the stuck-
   let lane: LeaseIdentity;
   let timeline: LeaseTimeline;
   let failedLease: LeaseIdentity;
+  let stuckLease: LeaseIdentity;
 
   beforeAll(async () => {
     bed = await TestBed.create({
@@ -64,6 +66,16 @@ describe.skipIf(!haveChromium)('the operator pages in a real browser: the stuck-
     failedLease = { ...lease, leaseId: broken };
     const failed = await client.enqueue('resume', failedLease, { providerLeaseId: broken, leaseMetadata: {} }, { deadlineMs: 5_000 });
     expect((await client.waitForResult(failed.jobId, 15_000)).state).toBe('failed');
+
+    // A lease stuck now: its sandbox stays stopping, the provider refuses every force-stop, so
+    // the watchdog's force-stop (which jumps ahead of the stop) retries on and on; then paused.
+    const third = await client.enqueue('acquire', { ...lease, leaseId: 'stuck' }, { runId: 'pages-stuck' });
+    const stuckId = ((await client.waitForResult(third.jobId, 15_000)).result as { providerLeaseId: string }).providerLeaseId;
+    fake.control(stuckId, { stuckStoppingMs: 30 * 60_000, refuseForceStops: 1_000_000 });
+    stuckLease = { ...lease, leaseId: stuckId };
+    await client.enqueue('stop', stuckLease, { providerLeaseId: stuckId }, { deadlineMs: 120_000 });
+    await readUntil(async () => (await client.getLeaseTimeline(stuckLease)).events.filter((e) => e.kind === 'backing-off' && e.op === 'force-stop').length >= 4, 20_000, 'four retries of the force-stop');
+    await client.pauseLane(stuckLease, 'pages-test');
 
     browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'] });
     mkdirSync(SHOTS, { recursive: true });
@@ -189,6 +201,90 @@ describe.skipIf(!haveChromium)('the operator pages in a real browser: the stuck-
     await client.unpauseLane(lane);
   });
 
+  it('shows a stuck lease as stuck, its retries folded, the overtaken stop still waiting, every label inside its bar at 1400 px, every time in ISO UTC', async () => {
+    const context = await browser.newContext({ httpCredentials: { username: 'operator', password: ADMIN }, viewport: { width: 1400, height: 900 } });
+    const page = await context.newPage();
+    const path = `/ui/leases/daytona/acme/prod/${encodeURIComponent(stuckLease.leaseId)}`;
+    expect((await page.goto(`${api.base}${path}`))?.status()).toBe(200);
+    // The badges say what the lease is now, as the API and the CLI do.
+    const view = await client.getLease(stuckLease);
+    expect(view.stuck).toMatchObject({ budgetMs: 1_500 });
+    expect(await page.locator('[data-badge="stuck"]').innerText()).toMatch(/^stuck stopping for /);
+    expect(await page.locator('[data-badge="paused"]').count()).toBe(1);
+    const status = await cli(['status', '--provider', 'daytona', '--company', 'acme', '--environment', 'prod', '--lease', stuckLease.leaseId], workerEnv(bed, { LEASE_OPS_STUCK_STOPPING_MS: '1500' }));
+    expect(status.stdout).toMatch(/STUCK: +stopping since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \(.* ago\), past the budget of 1\.50 s/);
+    expect(status.stdout).toMatch(/PAUSED: +by pages-test since \d{4}-/);
+    // The force-stop the watchdog queued is counted.
+    expect(Number(await page.locator('[data-fact="force-stops"]').innerText())).toBeGreaterThanOrEqual(1);
+    // The force-stop's retries: one bar, and one row of the table holding its raw events.
+    const forceRow = page.locator('svg g[data-op="force-stop"]').first();
+    expect(await forceRow.locator('rect.span-backoff title').first().textContent()).toMatch(/^\d+ attempts retried, last backing off: /);
+    const retries = page.locator('tr[data-kind="retries"]', { hasText: 'force-stop: attempts' }).first();
+    const count = Number(await retries.getAttribute('data-count'));
+    expect(count).toBeGreaterThanOrEqual(3);
+    expect(await retries.innerText()).toMatch(/force-stop: attempts \d+–\d+ each ended with \S+ and were retried/);
+    expect(await retries.locator('details tr[data-kind="backing-off"]').count()).toBe(count);
+    // The stop the force-stop overtook is still queued: its bar runs to now (the plot's right end).
+    const stopBars = page.locator('svg g[data-op="stop"] rect');
+    const last = stopBars.last();
+    expect(await last.getAttribute('class')).toBe('span-waiting');
+    const right = Number(await last.getAttribute('x')) + Number(await last.getAttribute('width'));
+    expect(right).toBeGreaterThan(1200 - 16 - 3);
+    // No label runs out of its bar or under another bar (labels are drawn last), none is cut by the page.
+    const escaped = await page.evaluate(() => {
+      // The browser's document (this file compiles without the DOM's types).
+      type El = { textContent: string | null; getAttribute(n: string): string | null; getBoundingClientRect(): { left: number; right: number; width: number }; querySelectorAll(q: string): El[]; querySelector(q: string): El | null };
+      const doc = (globalThis as unknown as { document: El }).document;
+      const bad: string[] = [];
+      const svg = doc.querySelector('svg[aria-label="lease timeline"]')!;
+      const box = svg.getBoundingClientRect();
+      for (const text of svg.querySelectorAll('text')) {
+        const t = text.getBoundingClientRect();
+        if (t.left < box.left - 0.5 || t.right > box.right + 0.5) bad.push(`outside the picture: ${text.textContent}`);
+        const id = text.getAttribute('data-label-of');
+        if (id === null) continue;
+        const r = svg.querySelector(`rect[data-bar="${id}"]`)!.getBoundingClientRect();
+        if (t.left < r.left - 0.5 || t.right > r.right + 0.5) bad.push(`${text.textContent}: ${t.left.toFixed(1)}-${t.right.toFixed(1)} outside ${r.left.toFixed(1)}-${r.right.toFixed(1)}`);
+      }
+      for (const name of svg.querySelectorAll('text.row-name')) if (name.getBoundingClientRect().right > box.left + 200 * (box.width / 1200)) bad.push(`row name: ${name.textContent}`);
+      return bad;
+    });
+    expect(escaped).toEqual([]);
+    expect(await page.locator('svg text[data-label-of]').count()).toBeGreaterThan(0);
+    // One format for a moment: every <time> is ISO 8601 UTC, and no other clock format shows.
+    const times = await page.locator('time').evaluateAll((els) => els.map((el) => [el.getAttribute('datetime'), el.textContent]));
+    expect(times.length).toBeGreaterThan(5);
+    for (const [iso, text] of times) {
+      expect(iso).toMatch(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+      expect(text!.startsWith(iso!)).toBe(true);
+    }
+    const body = await page.locator('body').innerText();
+    expect(body).not.toMatch(/\b\d{1,2}:\d\d:\d\d (?:AM|PM)\b/);
+    expect(body.replace(/\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z/g, '')).not.toMatch(/\d\d:\d\d:\d\d/);
+    expect(body).not.toMatch(/\b1[6-9]\d{11}\b/);
+    await page.screenshot({ path: join(SHOTS, 'timeline-stuck.png'), fullPage: true });
+    await context.close();
+  });
+
+  it('acknowledges a lease\'s failures from its page: the attention list lets it go, its history keeps it', async () => {
+    const context = await browser.newContext({ httpCredentials: { username: 'operator', password: ACME }, viewport: { width: 1400, height: 900 } });
+    const page = await context.newPage();
+    const path = `/ui/leases/daytona/acme/prod/${encodeURIComponent(failedLease.leaseId)}`;
+    await page.goto(`${api.base}${path}`);
+    expect(await page.locator('[data-badge="failed"]').count()).toBe(1);
+    await page.screenshot({ path: join(SHOTS, 'timeline-failed.png'), fullPage: true });
+    await page.getByRole('button', { name: 'Acknowledge failures' }).click();
+    await page.waitForURL((url) => url.pathname === path);
+    expect(await page.locator('[data-badge="failed"]').count()).toBe(0);
+    expect(await page.locator('tr[data-kind="acknowledged"]').count()).toBe(1);
+    expect(await page.locator('tr[data-kind="failed"]').count()).toBe(1);
+    expect((await client.getLease(failedLease)).lastFailure).toBeNull();
+    await page.goto(`${api.base}/ui/attention`);
+    expect(await page.locator('body').innerText()).not.toContain(failedLease.leaseId);
+    expect(await page.locator(`tr[data-reason="stuck_stopping"]`).count()).toBe(1);
+    await context.close();
+  });
+
   it("the Grafana dashboard queries only series /metrics exports, with the labels and values it filters on", async () => {
     const dashboard = JSON.parse(readFileSync(new URL('../docs/grafana/lease-ops.json', import.meta.url), 'utf8')) as {
       title: string;
@@ -224,6 +320,6 @@ describe.skipIf(!haveChromium)('the operator pages in a real browser: the stuck-
   });
 
   it('took its screenshots where it was told', () => {
-    for (const name of ['timeline.png', 'attention.png']) expect(existsSync(join(SHOTS, name))).toBe(true);
+    for (const name of ['timeline.png', 'attention.png', 'timeline-stuck.png', 'timeline-failed.png']) expect(existsSync(join(SHOTS, name))).toBe(true);
   });
 });

@@ -622,8 +622,11 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const lease = parse(LeasePathSchema, path, 'path');
     const principal = res.locals.principal as Principal;
     if (!canSee(principal, lease)) throw leaseNotFound();
-    if (action !== 'pause' && action !== 'unpause') throw new HttpError(404, 'not_found', `no action ${action}`);
-    await (action === 'pause' ? client.pauseLane(lease, `${principal.name} (page)`) : client.unpauseLane(lease, `${principal.name} (page)`));
+    const by = `${principal.name} (page)`;
+    if (action === 'pause') await client.pauseLane(lease, by);
+    else if (action === 'unpause') await client.unpauseLane(lease, by);
+    else if (action === 'acknowledge') await client.acknowledgeFailures(lease, by);
+    else throw new HttpError(404, 'not_found', `no action ${action}`);
     acted(res, timelinePath(lease));
   });
   ui.post('/operations/:jobId/:action', samePageOrigin, async (req, res) => {

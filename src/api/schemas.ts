@@ -151,6 +151,10 @@ export const LeaseViewSchema = z
       .object({ by: z.string(), since: z.number() })
       .nullable()
       .meta({ description: 'an operator paused the lane: nothing new starts until it is unpaused' }),
+    stuck: z
+      .object({ since: z.number(), budgetMs: z.number().int() })
+      .nullable()
+      .meta({ description: 'the sandbox has been on its way to stopped since `since` (epoch ms), longer than LEASE_OPS_STUCK_STOPPING_MS (`budgetMs`): what the watchdog forces and attention lists' }),
   })
   .meta({ id: 'Lease' });
 
@@ -175,7 +179,8 @@ export const HistoryEventSchema = z
 
 export const LeaseTimelineSchema = LeaseViewSchema.extend({
   now: z.number().meta({ description: "Redis' clock when read (epoch ms)" }),
-  events: z.array(HistoryEventSchema).meta({ description: 'about the last 200 events, oldest first, kept a week past the last one' }),
+  events: z.array(HistoryEventSchema).meta({ description: "the lease's last 200 history entries, oldest first, kept a week past the last one (an attempt's start and end are one entry, so up to 400 events)" }),
+  historyFull: z.boolean().meta({ description: 'the history holds as many entries as it keeps (200): older events were dropped' }),
   operations: z.array(OperationViewSchema).meta({ description: 'the operations the events name, while BullMQ keeps them' }),
 }).meta({ id: 'LeaseTimeline' });
 

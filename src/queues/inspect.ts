@@ -1,7 +1,7 @@
 import { Job } from 'bullmq';
 import { laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
 import { OperationJobDataSchema, type OperationName } from '../operations.ts';
-import { type HistoryEvent, placeStart } from './lease-history.ts';
+import { HISTORY_CAPACITY, type HistoryEvent, placeStart } from './lease-history.ts';
 import type { LeaseRecord, LeaseRecords } from './lease-records.ts';
 import type { OperationsQueue } from './operations-queue.ts';
 import { withoutInfrastructure } from '../secrets.ts';
@@ -58,6 +58,11 @@ export interface LeaseView {
   lastFailure: { jobId: string; at: number; code: string; message: string } | null;
   /** An operator paused the lane (nothing new starts): who, and since when. */
   paused: { by: string; since: number } | null;
+  /**
+   * The sandbox has been on its way to stopped for longer than LEASE_OPS_STUCK_STOPPING_MS
+   * (`budgetMs`): the watchdog's and attention's own test, read from the same index.
+   */
+  stuck: { since: number; budgetMs: number } | null;
 }
 
 /** A lease's lane now, with its history and the operations the history names. */
@@ -65,6 +70,8 @@ export interface LeaseTimeline extends LeaseView {
   /** Redis' clock when read (ms): the events' clock. */
   now: number;
   events: HistoryEvent[];
+  /** The history holds as many entries as it keeps: older events were dropped. */
+  historyFull: boolean;
   operations: OperationView[];
 }
 
@@ -174,12 +181,15 @@ export class Inspector {
   /** A lease's lane, by either of its names (the id its acquire was enqueued under, or its sandbox's). */
   async lease(lease: LeaseIdentity, limit = 50): Promise<LeaseView> {
     const laneId = await this.ops.laneOf(lease);
-    const [lane, record, failure, paused] = await Promise.all([
+    const [lane, record, failure, paused, stoppingSince, now] = await Promise.all([
       this.ops.lanes.view(laneId),
       this.records.get(laneId),
       this.ops.lanes.lastFailure(laneId),
       this.ops.lanes.pausedBy(laneId),
+      this.records.stoppingSince(laneId),
+      this.records.now(),
     ]);
+    const budgetMs = this.limits.stuckStoppingMs;
     const views = (await Promise.all(lane.jobs.slice(0, limit + 1).map((jobId) => this.viewOf(jobId, laneId)))).filter(
       (v): v is OperationView => v !== null,
     );
@@ -210,6 +220,7 @@ export class Inspector {
       observed,
       lastFailure,
       paused,
+      stuck: stoppingSince !== null && now - stoppingSince >= budgetMs ? { since: stoppingSince, budgetMs } : null,
     };
   }
 
@@ -219,7 +230,7 @@ export class Inspector {
    */
   async timeline(lease: LeaseIdentity, limit = 40): Promise<LeaseTimeline> {
     const laneId = await this.ops.laneOf(lease);
-    const [now, events, view] = await Promise.all([this.records.now(), this.ops.history.read(laneId), this.lease(lease)]);
+    const [now, events, entries, view] = await Promise.all([this.records.now(), this.ops.history.read(laneId), this.ops.history.entries(laneId), this.lease(lease)]);
     // An attempt's start is kept with its end (see LeaseHistory); a running one's is its job's.
     const running = view.executing;
     if (running?.state === 'running' && running.startedAt !== null) {
@@ -228,7 +239,7 @@ export class Inspector {
     }
     const named = [...new Set(events.map((e) => e.jobId).filter((id): id is string => id !== null))].slice(-limit);
     const views = await Promise.all(named.map((jobId) => this.viewOf(jobId, laneId)));
-    return { ...view, now, events, operations: views.filter((v): v is OperationView => v !== null) };
+    return { ...view, now, events, historyFull: entries >= HISTORY_CAPACITY, operations: views.filter((v): v is OperationView => v !== null) };
   }
 
   /**

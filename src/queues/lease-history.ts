@@ -4,7 +4,10 @@ import { withoutInfrastructure } from '../secrets.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 import type { RedisClient } from './redis.ts';
 
-/** A lease's history: a list of its last events (includes/history.lua keeps 200, for a week). */
+/** Entries a lease's history keeps (includes/history.lua trims to it): an attempt's start and end are one. */
+export const HISTORY_CAPACITY = 200;
+
+/** A lease's history: a list of its last events (includes/history.lua keeps 200 entries, for a week). */
 export function historyKey(prefix: string, laneId: string): string {
   return `${prefix}:history:${laneId}`;
 }
@@ -139,8 +142,13 @@ export class LeaseHistory {
     this.appendScript(historyKey(this.prefix, laneId), historyEntry(event)).catch((err: unknown) => this.log?.debug({ err, laneId }, 'history append failed'));
   }
 
+  /** How many entries the lease's history holds (HISTORY_CAPACITY once it drops its oldest). */
+  async entries(laneId: string): Promise<number> {
+    return this.redis.llen(historyKey(this.prefix, laneId));
+  }
+
   /** The last `limit` events, oldest first; entries this version cannot read are skipped. */
-  async read(laneId: string, limit = 200): Promise<HistoryEvent[]> {
+  async read(laneId: string, limit = HISTORY_CAPACITY): Promise<HistoryEvent[]> {
     const entries = await this.redis.lrange(historyKey(this.prefix, laneId), -limit, -1);
     const events: HistoryEvent[] = [];
     for (const entry of entries) {

@@ -116,6 +116,12 @@ export class LeaseRecords {
     return pairs;
   }
 
+  /** Since when (epoch ms) a lane's sandbox has been on its way to stopped; null when it is not. */
+  async stoppingSince(laneId: string): Promise<number | null> {
+    const score = await this.redis.zscore(this.stoppingKey, laneId);
+    return score === null ? null : Number(score);
+  }
+
   async stoppingCount(before: number): Promise<number> {
     return this.redis.zcount(this.stoppingKey, '-inf', before);
   }
