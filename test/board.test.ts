@@ -138,9 +138,10 @@ describe.skipIf(!haveChromium)('Bull Board in a real browser', () => {
       return new Map(body.queues.find((q) => q.name === 'ops')!.jobs.map((j) => [j.id, j]));
     };
     const delayed = await tab('delayed');
-    expect(delayed.get(stop.jobId)?.name).toMatch(/^stop · acme\/prod\/busy · backing off until \d\d:\d\d:\d\d UTC: .*still settling/);
-    expect(delayed.get(resume.jobId)?.name).toBe('resume · acme/prod/busy · queued behind 1');
-    expect(delayed.get(release2.jobId)?.name).toBe('release · acme/prod/busy · queued behind 2');
+    expect(delayed.get(stop.jobId)?.name).toMatch(/^stop · acme\/prod\/busy · lane head, backing off until \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z: .*still settling/);
+    // Every job behind the head names it, by its job id (the board finds a job by its id).
+    expect(delayed.get(resume.jobId)?.name).toBe(`resume · acme/prod/busy · queued behind 1 (lane head: stop ${stop.jobId})`);
+    expect(delayed.get(release2.jobId)?.name).toBe(`release · acme/prod/busy · queued behind 2 (lane head: stop ${stop.jobId})`);
     // Queued ones carry no delay (the board would say "Will run at" a day away); the backoff's is its retry time.
     expect(delayed.get(resume.jobId)?.delay).toBe(0);
     expect(delayed.get(resume.jobId)?.opts.delay).toBe(0);
@@ -148,7 +149,7 @@ describe.skipIf(!haveChromium)('Bull Board in a real browser', () => {
     const backoff = delayed.get(stop.jobId)!;
     expect(Math.abs(backoff.delay - (retryAt - (await client.ops.queue.getJob(stop.jobId))!.timestamp))).toBeLessThan(2_000);
     expect(backoff.externalUrl?.href).toBe('/ui/leases/recording/acme/prod/busy');
-    expect((await tab('active')).get(running.jobId)?.name).toBe('resume · acme/prod/held · executing, attempt 1');
+    expect((await tab('active')).get(running.jobId)?.name).toBe('resume · acme/prod/held · lane head, executing, attempt 1');
     const failed = (await tab('failed')).get(refused.jobId)!;
     expect(failed.name).toBe('destroy · acme/prod/refused · failed');
     expect(failed.failedReason).toContain('refused destroy');
@@ -161,7 +162,7 @@ describe.skipIf(!haveChromium)('Bull Board in a real browser', () => {
     const cancelledBefore = await client.enqueue('destroy', lease('still'), { providerLeaseId: 'still' });
     await expect.poll(async () => (await client.getOperation(waitsPaused.jobId))?.state, { timeout: 10_000 }).toBe('paused');
     expect(await client.cancelOperation(cancelledBefore.jobId, 'ops:erin')).toBeTruthy();
-    expect((await tab('delayed')).get(waitsPaused.jobId)?.name).toMatch(/^stop · acme\/prod\/still · paused by ops:erin since \d\d:\d\d:\d\d UTC/);
+    expect((await tab('delayed')).get(waitsPaused.jobId)?.name).toMatch(/^stop · acme\/prod\/still · lane head, paused by ops:erin since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z/);
     const never = (await tab('failed')).get(cancelledBefore.jobId) as (BoardJob & { processedOn?: number }) | undefined;
     expect(never).toBeDefined();
     expect(never!.processedOn).toBeUndefined();
@@ -174,7 +175,7 @@ describe.skipIf(!haveChromium)('Bull Board in a real browser', () => {
     await page.goto(`${base}/board/queue/ops?status=delayed`);
     await page.getByText('queued behind 2').first().waitFor({ timeout: 15_000 });
     const text = await page.locator('body').innerText();
-    expect(text).toContain('resume · acme/prod/busy · queued behind 1');
+    expect(text).toContain(`resume · acme/prod/busy · queued behind 1 (lane head: stop ${stop.jobId})`);
     expect(text.match(/Will run at/g) ?? []).toHaveLength(1);
     expect((text.match(/· queued behind \d/g) ?? []).length).toBe(2);
     await page.screenshot({ path: join(SHOTS, 'board-delayed.png'), fullPage: true });

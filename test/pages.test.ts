@@ -1,6 +1,7 @@
 import { existsSync, mkdirSync, mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { Queue } from 'bullmq';
 import { chromium, type Browser } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { LeaseOpsClient } from '../src/client.ts';
@@ -214,6 +215,12 @@ describe.skipIf(!haveChromium)('the operator pages in a real browser: the stuck-
     const status = await cli(['status', '--provider', 'daytona', '--company', 'acme', '--environment', 'prod', '--lease', stuckLease.leaseId], workerEnv(bed, { LEASE_OPS_STUCK_STOPPING_MS: '1500' }));
     expect(status.stdout).toMatch(/STUCK: +stopping since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \(.* ago\), past the budget of 1\.50 s/);
     expect(status.stdout).toMatch(/PAUSED: +by pages-test since \d{4}-/);
+    // The maintenance pass that queued it says so on its card (its return value), as each sweep says what it repaired.
+    const maintenance = new Queue(`${bed.config.LEASE_OPS_QUEUE}-maintenance`, { connection: bed.redis, prefix: bed.config.LEASE_OPS_PREFIX });
+    const passes = await maintenance.getCompleted(0, 199);
+    await maintenance.close();
+    expect(passes.filter((p) => (p.returnvalue as { queued?: number } | null)?.queued).length).toBeGreaterThanOrEqual(1);
+    expect(passes.some((p) => p.returnvalue && 'handedOff' in (p.returnvalue as object))).toBe(true);
     // The force-stop the watchdog queued is counted.
     expect(Number(await page.locator('[data-fact="force-stops"]').innerText())).toBeGreaterThanOrEqual(1);
     // The force-stop's retries: one bar, and one row of the table holding its raw events.

@@ -5,6 +5,7 @@ import { parsePause } from '../queues/lane.ts';
 import { OperationJobDataSchema } from '../operations.ts';
 import type { OperationsQueue } from '../queues/operations-queue.ts';
 import { withoutInfrastructure } from '../secrets.ts';
+import { isoUtc } from '../time-format.ts';
 import { timelinePath } from './pages.ts';
 
 type Options = ConstructorParameters<typeof BullMQAdapter>[1];
@@ -17,6 +18,8 @@ interface Place {
   holder: string | null;
   retryAt: number | null;
   head: string | null;
+  /** The head's operation (its BullMQ job name), when it is another job. */
+  headOp: string | null;
   /** The lane is paused: by whom, since when. */
   paused: { by: string; since: number } | null;
 }
@@ -46,7 +49,6 @@ function outcomeCode(text: string | null): string | null {
   }
 }
 
-const clock = (ms: number) => new Date(ms).toISOString().slice(11, 19);
 
 /**
  * Bull Board's view of the operations queue, told the way lease-ops runs it. BullMQ keeps an
@@ -116,6 +118,13 @@ export class LeaseOpsBoardAdapter extends BullMQAdapter {
         .hget(lanes.pausedKey, laneId);
     });
     const results = (await pipeline.exec()) ?? [];
+    // The heads' operations, so a job behind one names it (a second round trip, for the page's distinct heads).
+    const heads = [...new Set(results.filter((_, k) => k % 6 === 4).map(([err, value]) => (err ? null : value)).filter((id): id is string => typeof id === 'string'))];
+    const headOps = new Map<string, string | null>();
+    if (heads.length) {
+      const names = await this.ops.connection.pipeline(heads.map((id) => ['hget', this.ops.queue.toKey(id), 'name'])).exec();
+      heads.forEach((id, k) => headOps.set(id, (names?.[k]?.[1] as string | null | undefined) ?? null));
+    }
     let at = 0;
     return jobs.map((job, i) => {
       if (!job.id || !laneIds[i]) return null;
@@ -128,6 +137,7 @@ export class LeaseOpsBoardAdapter extends BullMQAdapter {
         holder: (holder as string | null) ?? null,
         retryAt: retryAt === null || retryAt === undefined ? null : Number(retryAt),
         head: (head as string | null) ?? null,
+        headOp: typeof head === 'string' ? (headOps.get(head) ?? null) : null,
         paused: typeof pause === 'string' ? parsePause(pause) : null,
       };
     });
@@ -139,26 +149,31 @@ export class LeaseOpsBoardAdapter extends BullMQAdapter {
     const told = { ...json, opts: { ...json.opts } };
     const lastError = json.failedReason ? withoutInfrastructure(json.failedReason) : null;
     let where: string;
+    // Where the lane's head is: a job behind it names it (its job id finds it on the board);
+    // the head says it is the head.
+    const isHead = place.position === 0 || place.head === job.id;
+    const behind = (n: number) => `queued behind ${n}${place.head && place.head !== job.id ? ` (lane head: ${place.headOp ?? 'job'} ${place.head})` : ''}`;
+    const headMark = isHead ? 'lane head, ' : '';
     if (json.finishedOn) {
       where = outcomeStatus(place.outcome) ?? (json.returnvalue === null || json.returnvalue === undefined ? 'failed' : 'completed');
     } else if (place.holder === job.id) {
-      where = `executing, attempt ${json.attemptsMade + 1}`;
+      where = `lane head, executing, attempt ${json.attemptsMade + 1}`;
     } else if (place.paused && place.position !== null) {
-      where = `paused by ${place.paused.by} since ${clock(place.paused.since)} UTC: runs once the lane is unpaused${place.position > 0 ? ` (queued behind ${place.position})` : ''}`;
+      where = `${headMark}paused by ${place.paused.by} since ${isoUtc(place.paused.since)}: runs once the lane is unpaused${place.position > 0 ? ` (${behind(place.position)})` : ''}`;
       told.delay = 0;
       told.opts.delay = 0;
     } else if (place.retryAt !== null) {
-      where = `backing off until ${clock(place.retryAt)} UTC${lastError ? `: ${lastError}` : ''}`;
+      where = `${headMark}backing off until ${isoUtc(place.retryAt)}${lastError ? `: ${lastError}` : ''}`;
       // The board says "Will run at" accepted time + delay: the retry's time, not the park's.
       told.delay = Math.max(0, place.retryAt - json.timestamp);
       told.opts.delay = told.delay;
     } else if (place.position !== null && place.position > 0) {
-      where = `queued behind ${place.position}`;
+      where = behind(place.position);
       // Waiting its turn, not delayed: nothing "will run at" a time.
       told.delay = 0;
       told.opts.delay = 0;
-    } else if (place.position === 0 || place.head === job.id) {
-      where = 'next: waiting for a worker';
+    } else if (isHead) {
+      where = 'lane head, next: waiting for a worker';
       told.delay = 0;
       told.opts.delay = 0;
     } else {

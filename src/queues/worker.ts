@@ -316,13 +316,14 @@ export class LeaseWorker {
   /**
    * An operation saw a sandbox begin a stopping episode: check it again the moment it would
    * be stuck (the watchdog's scan is the safety net). One check per episode: the job id names it.
+   * Kept once done like the scans (the last MAINTENANCE_KEPT), so the board shows what it did.
    */
   private stuckCheck(laneId: string, since: number, redisNow: number): void {
     if (!this.settings.LEASE_OPS_WATCHDOG) return;
     // Both times are Redis': the delay is right whatever this process' clock says.
     const delay = Math.max(0, since + this.settings.LEASE_OPS_STUCK_STOPPING_MS - redisNow) + 5;
     void this.maintenanceQueue
-      .add(STUCK_CHECK, { laneId }, { jobId: `${STUCK_CHECK}.${laneId}.${since}`, delay, removeOnComplete: true, removeOnFail: 100 })
+      .add(STUCK_CHECK, { laneId }, { jobId: `${STUCK_CHECK}.${laneId}.${since}`, delay, removeOnComplete: { count: MAINTENANCE_KEPT }, removeOnFail: 100 })
       .catch((err: unknown) => this.log.warn({ err, laneId }, 'could not schedule the stuck check of a stopping sandbox; the watchdog scan will see it'));
   }
 
