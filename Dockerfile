@@ -6,6 +6,7 @@ RUN npm ci --ignore-scripts
 COPY tsconfig.json tsconfig.build.json ./
 COPY scripts ./scripts
 COPY src ./src
+COPY packages/client ./packages/client
 RUN npm run build
 
 # Runtime: the current LTS line, production dependencies only, as the unprivileged node user.

@@ -5,6 +5,9 @@ import { defineConfig } from 'vitest/config';
 const ON_CLUSTER = ['test/partitioned.test.ts', 'test/lane.test.ts', 'test/lane-scripts.test.ts', 'test/fencing.test.ts', 'test/watchdog.test.ts', 'test/on-cluster.test.ts'];
 
 export default defineConfig({
+  // Vite's caches outside node_modules: a folder created there makes npm's record of the
+  // installed tree look stale, and the next `npx` walks all of node_modules to rebuild it.
+  cacheDir: '.cache/vite',
   test: {
     // The suites share one Redis and two cores; running files one at a time keeps the
     // multi-process tests' timing honest.

@@ -9,7 +9,7 @@ try {
   // The idempotency key makes a retried request (say, after a timeout) return the same job.
   const { jobId } = await client.enqueue('acquire', lease, { runId: 'run-42' }, { idempotencyKey: `acquire:${lease.leaseId}`, deadlineMs: 120_000 });
   const acquired = await client.waitForResult(jobId, 30_000);
-  if (acquired.state === 'failed') throw new Error(`acquire failed: ${acquired.error}`);
+  if (acquired.state === 'failed') throw new Error(`acquire failed: ${acquired.error?.code}: ${acquired.error?.message}`);
   const { providerLeaseId } = acquired.result as { providerLeaseId: string };
 
   // Later operations name the sandbox; they run one at a time, in this order.

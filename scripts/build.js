@@ -1,6 +1,6 @@
 #!/usr/bin/env node
-// Builds the package: dist/ holds the compiled JavaScript, its declarations and the Lua
-// scripts the lanes load at run time. `npm run build`; `npm ci` runs it too (prepare).
+// Builds the packages: dist/ holds the compiled JavaScript, its declarations and the Lua
+// scripts the lanes load at run time; packages/client/dist/ the light HTTP client. `npm run build`; `npm ci` runs it too (prepare).
 import { execFileSync } from 'node:child_process';
 import { cpSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -25,6 +25,11 @@ for (const entry of readdirSync(dist, { recursive: true, withFileTypes: true }))
   const rewritten = text.replace(relativeTs, (_all, lead, quote, stem) => `${lead}${quote}${stem}.js${quote}`);
   if (rewritten !== text) writeFileSync(path, rewritten);
 }
+
+// The light client (packages/client): a package of its own, with no dependencies.
+const clientDist = join(root, 'packages', 'client', 'dist');
+rmSync(clientDist, { recursive: true, force: true });
+execFileSync(process.execPath, [tsc, '-p', join(root, 'packages', 'client', 'tsconfig.json')], { stdio: 'inherit' });
 
 // What it was built from (test/helpers/build-setup.ts skips a rebuild of the same sources).
 writeFileSync(join(dist, '.source-hash'), sourceHash(root));

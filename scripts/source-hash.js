@@ -1,16 +1,19 @@
-// What dist/ is built from, as one digest: every file under src/, the build's tsconfig and
-// package.json. The build writes it into dist/; a test run whose sources hash the same skips
-// the rebuild (dist/ is already the code under test).
+// What dist/ (and packages/client/dist/) is built from, as one digest: every file under src/
+// and packages/client/src/, the builds' tsconfigs and package.json files. The build writes it
+// into dist/; a test run whose sources hash the same skips the rebuild.
 import { createHash } from 'node:crypto';
 import { readdirSync, readFileSync } from 'node:fs';
 import { join, relative } from 'node:path';
 
 export function sourceHash(root) {
   const hash = createHash('sha256');
-  const files = readdirSync(join(root, 'src'), { recursive: true, withFileTypes: true })
+  const client = join(root, 'packages', 'client');
+  const files = [join(root, 'src'), join(client, 'src')]
+    .flatMap((dir) => readdirSync(dir, { recursive: true, withFileTypes: true }))
     .filter((entry) => entry.isFile())
     .map((entry) => join(entry.parentPath, entry.name))
     .concat([join(root, 'tsconfig.build.json'), join(root, 'tsconfig.json'), join(root, 'package.json'), join(root, 'scripts', 'build.js')])
+    .concat([join(client, 'tsconfig.json'), join(client, 'package.json')])
     .sort();
   for (const file of files) hash.update(relative(root, file)).update('\0').update(readFileSync(file)).update('\0');
   return hash.digest('hex');

@@ -38,11 +38,12 @@ export {
   WaitTimeoutError,
 } from './errors.ts';
 
+/** How an operation ended: a failure's `error` has the one shape of lease-ops' errors, `{ code, message }`. */
 export interface OperationResult {
   jobId: string;
   state: 'completed' | 'failed';
   result?: unknown;
-  error?: string;
+  error?: { code: string; message: string };
 }
 
 
@@ -207,7 +208,7 @@ export class LeaseOpsClient {
     const view = await this.getOperation(jobId, { waitMs: timeoutMs });
     if (!view) throw new OperationNotFoundError(jobId);
     if (view.state === 'completed') return { jobId, state: 'completed', result: view.result };
-    if (view.state === 'failed') return { jobId, state: 'failed', error: view.error?.message };
+    if (view.state === 'failed') return { jobId, state: 'failed', error: view.error ?? { code: 'failed', message: 'the operation failed' } };
     throw new WaitTimeoutError(`operation ${jobId} still ${view.state} after ${timeoutMs} ms`);
   }
 

@@ -2,7 +2,7 @@
 // empty consumer that already uses bullmq and ioredis (an older patch of it than lease-ops was
 // tested with), and used the ways a control plane would.
 import { execFile } from 'node:child_process';
-import { mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -24,25 +24,31 @@ async function copiesOf(nodeModules: string, name: string): Promise<string[]> {
   return found;
 }
 
+/**
+ * Packs the package in `dir` into a new temporary directory and installs the tarball (and
+ * `extra`) into a consumer there with `dependencies` of its own: what was packed, where, and
+ * what npm said while installing (from npm's cache where it can, else the registry).
+ */
+async function packAndInstall(dir: string, dependencies: Record<string, string>, extra: string[] = []) {
+  const work = await mkdtemp(join(tmpdir(), 'lease-ops-pack-'));
+  const { stdout } = await run('npm', ['pack', '--json', '--pack-destination', work], { cwd: dir, maxBuffer: 16 * 1024 * 1024 });
+  const [packed] = JSON.parse(stdout.slice(stdout.indexOf('['))) as { filename: string; files: { path: string }[] }[];
+  const consumer = join(work, 'consumer');
+  await run('mkdir', ['-p', consumer]);
+  await writeFile(join(consumer, 'package.json'), JSON.stringify({ name: 'consumer', private: true, type: 'module', dependencies }));
+  const installed = await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund', join(work, packed!.filename), ...extra], { cwd: consumer, maxBuffer: 16 * 1024 * 1024 });
+  return { work, consumer, files: packed!.files.map((f) => f.path), installLog: `${installed.stdout}\n${installed.stderr}` };
+}
+
 describe('the packed package, installed into a consumer', () => {
   let work: string;
   let consumer: string;
   let files: string[];
+  let installLog: string;
 
   beforeAll(async () => {
-    work = await mkdtemp(join(tmpdir(), 'lease-ops-pack-'));
-    // `npm pack` builds first (prepare), so the tarball holds what the sources say now.
-    const { stdout } = await run('npm', ['pack', '--json', '--pack-destination', work], { cwd: ROOT, maxBuffer: 16 * 1024 * 1024 });
-    const [packed] = JSON.parse(stdout.slice(stdout.indexOf('['))) as { filename: string; files: { path: string }[] }[];
-    files = packed!.files.map((f) => f.path);
-    consumer = join(work, 'consumer');
-    await run('mkdir', ['-p', consumer]);
-    await writeFile(join(consumer, 'package.json'), JSON.stringify({ name: 'consumer', private: true, type: 'module', dependencies: { bullmq: '6.7.0', ioredis: '5.9.2' } }));
-    // From npm's cache where it can (npm ci filled it), else the registry.
-    await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund', '--loglevel=error', join(work, packed!.filename), '@types/node@20'], {
-      cwd: consumer,
-      maxBuffer: 16 * 1024 * 1024,
-    });
+    // `npm pack` builds first (prepack), so the tarball holds what the sources say now.
+    ({ work, consumer, files, installLog } = await packAndInstall(ROOT, { bullmq: '6.7.0', ioredis: '5.9.2' }, ['@types/node@20']));
   }, 300_000);
 
   afterAll(async () => {
@@ -114,10 +120,111 @@ describe('the packed package, installed into a consumer', () => {
     expect(withSdk.stdout.trim()).toBe('lease-ops function');
   }, 120_000);
 
+  it('runs no script of its own at install (no `prepare`: npm would warn everyone who installs it)', () => {
+    const manifest = createRequire(import.meta.url)('../package.json') as { scripts: Record<string, string> };
+    for (const hook of ['preinstall', 'install', 'postinstall', 'prepare']) expect(manifest.scripts[hook]).toBeUndefined();
+    expect(installLog).not.toMatch(/lease-ops@[\d.]+ \(/);
+  });
+
+  it('says what installing it weighs (the light client is the package for a control plane that only enqueues and reads)', async () => {
+    const bytes = await bytesUnder(join(consumer, 'node_modules'));
+    console.log(`lease-ops installed (with bullmq, ioredis and @types/node the consumer had): ${(bytes / 1024 / 1024).toFixed(1)} MiB`);
+    expect(bytes).toBeGreaterThan(1024 * 1024);
+  });
+
   it('gives a host that already uses bullmq and ioredis no second copy of either', async () => {
     const nodeModules = join(consumer, 'node_modules');
     expect(await copiesOf(nodeModules, 'bullmq')).toEqual([join(nodeModules, 'bullmq')]);
     expect(await copiesOf(nodeModules, 'ioredis')).toEqual([join(nodeModules, 'ioredis')]);
+  });
+});
+
+/** Bytes of every file under `dir`. */
+async function bytesUnder(dir: string): Promise<number> {
+  let total = 0;
+  for (const entry of await readdir(dir, { recursive: true, withFileTypes: true })) if (entry.isFile()) total += (await stat(join(entry.parentPath, entry.name))).size;
+  return total;
+}
+
+// Issue 26 item 8: a control plane that only enqueues and reads installs the light client
+// (packages/client, lease-ops-client): no dependencies, no install scripts, a few tens of KB.
+describe('the light client package, installed alone', () => {
+  let work: string;
+  let consumer: string;
+  let files: string[];
+  let installLog: string;
+
+  beforeAll(async () => {
+    ({ work, consumer, files, installLog } = await packAndInstall(join(ROOT, 'packages', 'client'), {}));
+  }, 120_000);
+
+  afterAll(async () => {
+    if (work) await rm(work, { recursive: true, force: true });
+  });
+
+  it('ships compiled code and declarations only, with no dependencies and no install scripts (npm warns of none)', async () => {
+    expect(files.sort()).toEqual(['README.md', 'dist/index.d.ts', 'dist/index.js', 'package.json']);
+    const manifest = JSON.parse(await readFile(join(consumer, 'node_modules', 'lease-ops-client', 'package.json'), 'utf8')) as Record<string, unknown>;
+    expect(manifest.dependencies ?? {}).toEqual({});
+    expect(manifest.peerDependencies ?? {}).toEqual({});
+    expect(manifest.scripts ?? {}).toEqual({});
+    expect(installLog).not.toMatch(/install-scripts|prepare/);
+    // Nothing but itself in node_modules, and small (the full package pulls express, Bull Board and both cloud SDKs).
+    const installed = (await readdir(join(consumer, 'node_modules'))).filter((name) => !name.startsWith('.'));
+    expect(installed).toEqual(['lease-ops-client']);
+    const bytes = await bytesUnder(join(consumer, 'node_modules'));
+    console.log(`lease-ops-client installed: ${(bytes / 1024).toFixed(1)} KiB in 1 package`);
+    expect(bytes).toBeLessThan(64 * 1024);
+  });
+
+  it('imports from plain node and fails with { code, message } when lease-ops is not there', async () => {
+    const script = [
+      "import { LeaseOpsHttpClient, LeaseOpsRequestError } from 'lease-ops-client';",
+      "const client = new LeaseOpsHttpClient({ url: 'http://127.0.0.1:9', token: 'x' });",
+      "const err = await client.getLease({ provider: 'p', companyId: 'c', environmentId: 'e', leaseId: 'l' }).catch((e) => e);",
+      'console.log(JSON.stringify({ light: err instanceof LeaseOpsRequestError, code: err.code, status: err.status, message: typeof err.message }));',
+    ].join('\n');
+    const { stdout } = await run(process.execPath, ['--input-type=module', '-e', script], { cwd: consumer });
+    expect(JSON.parse(stdout)).toEqual({ light: true, code: 'unreachable', status: 0, message: 'string' });
+  });
+
+  it('compiles a strict TypeScript consumer against its declarations', async () => {
+    await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund', '--loglevel=error', '@types/node@20'], { cwd: consumer, maxBuffer: 16 * 1024 * 1024 });
+    await writeFile(
+      join(consumer, 'tsconfig.json'),
+      JSON.stringify({
+        compilerOptions: { target: 'ES2022', module: 'NodeNext', moduleResolution: 'NodeNext', strict: true, exactOptionalPropertyTypes: true, noEmit: true, skipLibCheck: false, types: ['node'] },
+        include: ['main.ts'],
+      }),
+    );
+    await writeFile(
+      join(consumer, 'main.ts'),
+      [
+        "import { LeaseOpsHttpClient, type LeaseView, type OperationResult } from 'lease-ops-client';",
+        "const client = new LeaseOpsHttpClient({ url: 'http://lease-ops:3000', token: 'a-token-of-sixteen-chars' });",
+        "const lease = { provider: 'daytona', companyId: 'acme', environmentId: 'prod', leaseId: 'run-1' };",
+        "const { jobId } = await client.enqueue('acquire', lease, { runId: 'run-1' }, { idempotencyKey: 'k1' });",
+        'const ended: OperationResult = await client.waitForResult(jobId, 60_000);',
+        'const view: LeaseView = await client.getLease(lease);',
+        "export const seen: string = ended.error?.code ?? view.observed?.providerState ?? '-';",
+      ].join('\n'),
+    );
+    const compiled = await run(process.execPath, [TSC, '-p', consumer], { cwd: consumer }).catch((err: { stdout: string }) => err);
+    expect(compiled.stdout).toBe('');
+  }, 60_000);
+});
+
+// Issue 26 item 6: the first `npx lease-ops` after a test run took 23 s. npm exec trusts its
+// record of the installed tree (node_modules/.package-lock.json) only while node_modules is
+// not newer than it; vitest used to create its cache and config folders there, so npx
+// walked every installed package. In CI (a clean clone, `npm ci`, then this run) node_modules
+// must be as npm left it.
+describe.runIf(process.env.CI === 'true' && process.env.npm_lifecycle_event === 'test')('a test run, seen from npm', () => {
+  it('leaves node_modules as npm ci left it, so npx reads its record of the tree instead of walking it', async () => {
+    const modules = join(ROOT, 'node_modules');
+    const entries = await readdir(modules);
+    expect(entries.filter((name) => name === '.vite' || name === '.vite-temp')).toEqual([]);
+    expect((await stat(modules)).mtimeMs).toBeLessThanOrEqual((await stat(join(modules, '.package-lock.json'))).mtimeMs);
   });
 });
 

@@ -368,10 +368,10 @@ export class Inspector {
       const page = await this.ops.lanes.pausedLanes(cursor, ATTENTION_PAGE);
       cursor = page.next;
       const items = await Promise.all(
-        page.lanes.map(async ({ laneId, by, since }): Promise<AttentionItem> => {
+        page.lanes.map(async ({ laneId, by, since, lease: pausedFor }): Promise<AttentionItem> => {
           const lane = await this.ops.lanes.view(laneId);
           const head = lane.jobs[0] ? await this.operation(lane.jobs[0]) : null;
-          const lease = head?.lease ?? (await this.records.get(laneId))?.lease ?? null;
+          const lease = head?.lease ?? (await this.records.get(laneId))?.lease ?? pausedFor;
           const waiting = lane.jobs.length === 0 ? 'nothing waits in it yet' : `${lane.jobs.length} operation${lane.jobs.length === 1 ? '' : 's'} wait${lane.jobs.length === 1 ? 's' : ''}${head ? ` (${head.op} ${head.jobId} first)` : ''}`;
           return { laneId, lease, reason: 'paused', since, detail: `paused by ${by}: ${waiting}; unpause the lane to let them run` };
         }),

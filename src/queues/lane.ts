@@ -3,6 +3,7 @@ import { historyKey, type HistoryNote } from './lease-history.ts';
 import { luaCommand, luaCommandName, type LuaCommand } from './lua-scripts.ts';
 import type { RedisClient } from './redis.ts';
 import type { QueueLimit } from '../errors.ts';
+import { LeaseIdentitySchema, type LeaseIdentity } from '../lease.ts';
 
 // Every lane script takes the lane key layout of includes/lane.lua (18 keys), and some
 // the job's hash (and the request's idempotency key, and the lease's history) after it.
@@ -420,8 +421,9 @@ export class Lanes {
    * operations keep being accepted and queued (a queued one whose deadline passes fails as
    * usual). False when it was paused already.
    */
-  async pause(laneId: string, by: string, at: number): Promise<boolean> {
-    return (await this.client.hsetnx(this.pausedKey, laneId, JSON.stringify({ by, since: at }))) === 1;
+  async pause(laneId: string, by: string, at: number, lease: LeaseIdentity): Promise<boolean> {
+    // The lease goes with it: attention names a paused lane's lease when nothing of it is queued or seen yet.
+    return (await this.client.hsetnx(this.pausedKey, laneId, JSON.stringify({ by, since: at, lease }))) === 1;
   }
 
   /** Unpauses a lane and hands its head to the workers. False when it was not paused. */
@@ -432,10 +434,10 @@ export class Lanes {
   }
 
   /** Paused lanes, a page at a time (HSCAN: a cursor, `'0'` when done), with who paused each and since when. */
-  async pausedLanes(cursor: string, count: number): Promise<{ next: string; lanes: { laneId: string; by: string; since: number }[] }> {
+  async pausedLanes(cursor: string, count: number): Promise<{ next: string; lanes: { laneId: string; by: string; since: number; lease: LeaseIdentity | null }[] }> {
     const [next, flat] = await this.client.hscan(this.pausedKey, cursor, 'COUNT', count);
-    const lanes: { laneId: string; by: string; since: number }[] = [];
-    for (let i = 0; i + 1 < flat.length; i += 2) lanes.push({ laneId: flat[i]!, ...parsePause(flat[i + 1]!) });
+    const lanes: { laneId: string; by: string; since: number; lease: LeaseIdentity | null }[] = [];
+    for (let i = 0; i + 1 < flat.length; i += 2) lanes.push({ laneId: flat[i]!, ...parsePause(flat[i + 1]!), lease: pausedLease(flat[i + 1]!) });
     return { next, lanes };
   }
 
@@ -518,6 +520,16 @@ export function parsePause(text: string): { by: string; since: number } {
     return { by: typeof parsed.by === 'string' ? parsed.by : 'unknown', since: typeof parsed.since === 'number' ? parsed.since : 0 };
   } catch {
     return { by: 'unknown', since: 0 };
+  }
+}
+
+/** The lease a pause was asked for, when its entry records it (pauses from before it did do not). */
+function pausedLease(text: string): LeaseIdentity | null {
+  try {
+    const parsed = LeaseIdentitySchema.safeParse((JSON.parse(text) as { lease?: unknown }).lease);
+    return parsed.success ? parsed.data : null;
+  } catch {
+    return null;
   }
 }
 

@@ -122,7 +122,7 @@ export class OperatorActions {
   async pause(lease: LeaseIdentity, by: string): Promise<PauseResult> {
     const laneId = await this.ops.laneOf(lease);
     const now = Date.now();
-    const changed = await this.ops.lanes.pause(laneId, by, now);
+    const changed = await this.ops.lanes.pause(laneId, by, now, lease);
     if (changed) this.ops.history.append(laneId, { kind: 'paused', jobId: '', message: `paused by ${by}` });
     return { laneId, paused: true, changed, since: (await this.ops.lanes.pausedBy(laneId))?.since ?? now };
   }

@@ -191,7 +191,7 @@ describe('a replica that dies between fetching a sweep and scheduling the next',
     // its two steps (the flag gone, its repair never sent).
     const L = lease('swept');
     const laneId = laneIdOf(L);
-    await b.ops.lanes.pause(laneId, 'operator', Date.now());
+    await b.ops.lanes.pause(laneId, 'operator', Date.now(), L);
     const J = (await b.ops.enqueue({ op: 'resume', lease: L, params: { providerLeaseId: 'swept', leaseMetadata: {} } })).jobId;
     const K = (await b.ops.enqueue({ op: 'stop', lease: L, params: { providerLeaseId: 'swept' } })).jobId;
     await b.redis.hdel(b.ops.lanes.pausedKey, laneId);

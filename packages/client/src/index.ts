@@ -1,0 +1,352 @@
+/**
+ * lease-ops-client: the HTTP API of lease-ops as a typed client, for a control plane that
+ * enqueues lease operations and reads leases without running lease-ops itself. No
+ * dependencies: it needs only `fetch`.
+ *
+ * Every failure is a LeaseOpsRequestError with the API's own `{ code, message }` (and the
+ * HTTP status, 0 when no answer came); an operation that failed carries the same shape in
+ * its `error`.
+ */
+
+export type OperationName = 'acquire' | 'resume' | 'release' | 'stop' | 'force-stop' | 'destroy';
+
+/** A lease: by the id its acquire was enqueued under, or by its sandbox's id (one lease, either name). */
+export interface LeaseIdentity {
+  provider: string;
+  companyId: string;
+  environmentId: string;
+  leaseId: string;
+}
+
+/** The one shape of an error: the API's bodies, an operation's failure, and this client's throws. */
+export interface ErrorShape {
+  code: string;
+  message: string;
+}
+
+export type OperationState = 'queued' | 'ready' | 'running' | 'backing-off' | 'paused' | 'completed' | 'failed';
+
+export interface OperationView {
+  jobId: string;
+  laneId: string;
+  op: OperationName | string;
+  lease: LeaseIdentity | null;
+  state: OperationState;
+  /** Attempts that ended (failed and were retried, or the final one). */
+  attempts: number;
+  acceptedAt: number | null;
+  deadlineAt: number | null;
+  startedAt: number | null;
+  finishedAt: number | null;
+  retryAt: number | null;
+  paused?: { by: string; since: number };
+  result?: unknown;
+  error?: ErrorShape;
+}
+
+export interface LeaseView {
+  lease: LeaseIdentity;
+  laneId: string;
+  sandboxId: string | null;
+  acquiredAs: string | null;
+  executing: OperationView | null;
+  backingOff: OperationView | null;
+  queued: OperationView[];
+  queuedTotal: number;
+  observed: {
+    providerLeaseId: string;
+    kind: string;
+    providerState: string;
+    since: number;
+    observedAt: number;
+    forceStops: number;
+    forceJob: string | null;
+  } | null;
+  lastFailure: { jobId: string; at: number; code: string; message: string } | null;
+  paused: { by: string; since: number } | null;
+  stuck: { since: number; budgetMs: number } | null;
+}
+
+export type HistoryEventKind =
+  | 'accepted'
+  | 'absorbed'
+  | 'started'
+  | 'observed'
+  | 'backing-off'
+  | 'completed'
+  | 'failed'
+  | 'stuck'
+  | 'removed'
+  | 'cancelled'
+  | 'rerun'
+  | 'paused'
+  | 'unpaused'
+  | 'named'
+  | 'acknowledged';
+
+export interface HistoryEvent {
+  at: number;
+  kind: HistoryEventKind;
+  jobId: string | null;
+  op?: string;
+  ahead?: number;
+  attempt?: number;
+  until?: number;
+  since?: number;
+  by?: string;
+  code?: string;
+  message?: string;
+  state?: string;
+  providerState?: string;
+  sandbox?: string;
+}
+
+export interface LeaseTimeline extends LeaseView {
+  now: number;
+  events: HistoryEvent[];
+  historyFull: boolean;
+  operations: OperationView[];
+}
+
+export type AttentionReason = 'stuck_stopping' | 'last_operation_failed' | 'paused' | 'blocked';
+
+export interface AttentionItem {
+  laneId: string;
+  lease: LeaseIdentity | null;
+  reason: AttentionReason;
+  since: number;
+  detail: string;
+}
+
+export interface Enqueued {
+  jobId: string;
+  laneId: string;
+  deduplicated?: 'coalesced' | 'idempotency-key' | 'absorbed-stop';
+  location: string;
+}
+
+/** How an operation ended, as `waitForResult` answers: a failure carries `{ code, message }`. */
+export interface OperationResult {
+  jobId: string;
+  state: 'completed' | 'failed';
+  result?: unknown;
+  error?: ErrorShape;
+}
+
+export interface EnqueueOptions {
+  /** The same key returns the same operation for 24 h. */
+  idempotencyKey?: string;
+  /** ms after acceptance by which the operation must have succeeded. */
+  deadlineMs?: number;
+}
+
+export interface ExecRequest {
+  providerLeaseId: string;
+  command: string;
+  args?: string[];
+  cwd?: string;
+  env?: Record<string, string>;
+  stdin?: string;
+  timeoutMs?: number;
+  kind?: string;
+  ttlMs?: number;
+}
+
+export interface ExecResult {
+  exitCode: number | null;
+  signal: string | null;
+  timedOut: boolean;
+  cancelled: boolean;
+  stdout: string;
+  stderr: string;
+}
+
+export interface Activity {
+  token: string;
+  laneId: string;
+  expiresAt: number;
+}
+
+export type CancelResult = { jobId: string; laneId: string; cancelled: true; whileExecuting: boolean };
+export type RerunResult = { jobId: string; laneId: string; deadlineAt: number; location: string };
+export type PauseResult = { laneId: string; paused: boolean; changed: boolean; since: number | null };
+export type AcknowledgeResult = { acknowledged: { op: string; jobId: string; at: number }[] };
+
+/** A request lease-ops refused or could not answer: its `{ code, message }`, and the HTTP status (0: no answer). */
+export class LeaseOpsRequestError extends Error implements ErrorShape {
+  override name = 'LeaseOpsRequestError';
+  constructor(
+    readonly code: string,
+    message: string,
+    readonly status: number,
+    /** From Retry-After, when the API sent one (a full queue, Redis away). */
+    readonly retryAfterMs: number | null = null,
+    /** The body's other fields (the job id an idempotency key already names, ...). */
+    readonly details: Record<string, unknown> = {},
+  ) {
+    super(message);
+  }
+}
+
+export interface LeaseOpsHttpClientOptions {
+  /** Where the API is, e.g. http://lease-ops:3000 (without /v1). */
+  url: string;
+  /** A token of LEASE_OPS_API_TOKENS (sent as a Bearer token). */
+  token: string;
+  /** Another fetch (a proxy agent's, a test's). */
+  fetch?: typeof fetch;
+  /** How long one request may take besides the waits it asks for (default 10 s). */
+  requestTimeoutMs?: number;
+}
+
+/** The longest one wait the API takes (LEASE_OPS_API_MAX_WAIT_MS caps it lower on a server). */
+const ONE_WAIT_MS = 20_000;
+
+const leasePath = (l: LeaseIdentity) => `/v1/leases/${[l.provider, l.companyId, l.environmentId, l.leaseId].map(encodeURIComponent).join('/')}`;
+const operationPath = (jobId: string) => `/v1/operations/${encodeURIComponent(jobId)}`;
+
+export class LeaseOpsHttpClient {
+  private readonly base: string;
+  private readonly fetch: typeof fetch;
+  private readonly timeoutMs: number;
+
+  constructor(private readonly options: LeaseOpsHttpClientOptions) {
+    if (!URL.canParse(options.url)) throw new LeaseOpsRequestError('invalid_request', `url "${options.url}" is not a URL`, 0);
+    this.base = options.url.replace(/\/+$/, '');
+    this.fetch = options.fetch ?? globalThis.fetch;
+    this.timeoutMs = options.requestTimeoutMs ?? 10_000;
+  }
+
+  /** Accepts an operation into its lease's lane: 202 at once with its job id. */
+  enqueue(op: OperationName, lease: LeaseIdentity, params: Record<string, unknown>, opts: EnqueueOptions = {}): Promise<Enqueued> {
+    return this.request<Enqueued>('POST', `${leasePath(lease)}/operations`, { body: { op, params, ...opts } });
+  }
+
+  /** An operation now, or after waiting up to `waitMs` for it to end; null when there is no such operation. */
+  async getOperation(jobId: string, opts: { waitMs?: number } = {}): Promise<OperationView | null> {
+    const wait = Math.max(0, Math.min(opts.waitMs ?? 0, ONE_WAIT_MS));
+    try {
+      return await this.request<OperationView>('GET', `${operationPath(jobId)}${wait ? `?waitMs=${wait}` : ''}`, { waitMs: wait });
+    } catch (err) {
+      if (err instanceof LeaseOpsRequestError && err.code === 'operation_not_found') return null;
+      throw err;
+    }
+  }
+
+  /**
+   * Waits for an operation to end (long polls of at most 20 s each). Throws `operation_not_found`
+   * when there is no such operation, `wait_timeout` when it has not ended in `timeoutMs`.
+   */
+  async waitForResult(jobId: string, timeoutMs = 60_000): Promise<OperationResult> {
+    const until = Date.now() + timeoutMs;
+    for (;;) {
+      const left = until - Date.now();
+      const view = await this.getOperation(jobId, { waitMs: Math.max(0, left) });
+      if (!view) throw new LeaseOpsRequestError('operation_not_found', `no operation ${jobId}`, 404);
+      if (view.state === 'completed') return { jobId, state: 'completed', result: view.result };
+      if (view.state === 'failed') return { jobId, state: 'failed', ...(view.error ? { error: view.error } : {}) };
+      if (until - Date.now() <= 0) throw new LeaseOpsRequestError('wait_timeout', `operation ${jobId} still ${view.state} after ${timeoutMs} ms`, 0);
+    }
+  }
+
+  /** A lease's lane now: what executes, waits and backs off, what was last seen of the sandbox, whether it is stuck or paused. */
+  getLease(lease: LeaseIdentity): Promise<LeaseView> {
+    return this.request<LeaseView>('GET', leasePath(lease));
+  }
+
+  /** A lease's lane with its recent history and the operations it names. */
+  getLeaseTimeline(lease: LeaseIdentity): Promise<LeaseTimeline> {
+    return this.request<LeaseTimeline>('GET', `${leasePath(lease)}/timeline`);
+  }
+
+  /** Leases that need someone (a page of them; `next` is the next page's offset). */
+  attention(opts: { offset?: number; limit?: number } = {}): Promise<{ items: AttentionItem[]; next: number | null }> {
+    const query = new URLSearchParams();
+    if (opts.offset !== undefined) query.set('offset', String(opts.offset));
+    if (opts.limit !== undefined) query.set('limit', String(opts.limit));
+    return this.request('GET', `/v1/attention${query.size ? `?${query}` : ''}`);
+  }
+
+  cancelOperation(jobId: string): Promise<CancelResult> {
+    return this.request('POST', `${operationPath(jobId)}/cancel`);
+  }
+
+  rerunOperation(jobId: string): Promise<RerunResult> {
+    return this.request('POST', `${operationPath(jobId)}/rerun`);
+  }
+
+  pauseLane(lease: LeaseIdentity): Promise<PauseResult> {
+    return this.request('POST', `${leasePath(lease)}/pause`);
+  }
+
+  unpauseLane(lease: LeaseIdentity): Promise<PauseResult> {
+    return this.request('POST', `${leasePath(lease)}/unpause`);
+  }
+
+  /** Takes the lease's failures off the attention list (its history keeps them). */
+  acknowledgeFailures(lease: LeaseIdentity): Promise<AcknowledgeResult> {
+    return this.request('POST', `${leasePath(lease)}/acknowledge`);
+  }
+
+  /** Runs a command in the lease's sandbox and answers how it ended (the API's exec). */
+  exec(lease: LeaseIdentity, request: ExecRequest, opts: { signal?: AbortSignal } = {}): Promise<ExecResult> {
+    return this.request('POST', `${leasePath(lease)}/exec`, { body: request, waitMs: (request.timeoutMs ?? 60_000) + 5_000, ...(opts.signal ? { signal: opts.signal } : {}) });
+  }
+
+  /** Work in the sandbox that the lease's stop, release or destroy waits for: heartbeat it, end it. */
+  beginActivity(lease: LeaseIdentity, kind: string, ttlMs: number): Promise<Activity> {
+    return this.request('POST', `${leasePath(lease)}/activities`, { body: { kind, ttlMs } });
+  }
+
+  heartbeatActivity(token: string, ttlMs: number): Promise<{ expiresAt: number; cancel: boolean }> {
+    return this.request('POST', `/v1/activities/${encodeURIComponent(token)}/heartbeat`, { body: { ttlMs } });
+  }
+
+  async endActivity(token: string): Promise<void> {
+    await this.request('DELETE', `/v1/activities/${encodeURIComponent(token)}`);
+  }
+
+  private async request<T>(method: string, path: string, opts: { body?: unknown; waitMs?: number; signal?: AbortSignal } = {}): Promise<T> {
+    const timeout = AbortSignal.timeout(this.timeoutMs + (opts.waitMs ?? 0));
+    const signal = opts.signal ? AbortSignal.any([timeout, opts.signal]) : timeout;
+    let res: Response;
+    try {
+      res = await this.fetch(`${this.base}${path}`, {
+        method,
+        headers: { authorization: `Bearer ${this.options.token}`, ...(opts.body === undefined ? {} : { 'content-type': 'application/json' }) },
+        ...(opts.body === undefined ? {} : { body: JSON.stringify(opts.body) }),
+        signal,
+        redirect: 'error',
+      });
+    } catch (err) {
+      const timedOut = timeout.aborted;
+      throw new LeaseOpsRequestError(
+        timedOut ? 'request_timeout' : 'unreachable',
+        timedOut ? `lease-ops did not answer ${method} ${path} in time` : `lease-ops could not be reached at ${this.base} (${(err as { cause?: { code?: string } }).cause?.code ?? (err as Error).name})`,
+        0,
+      );
+    }
+    if (res.status === 204) return undefined as T;
+    const text = await res.text();
+    let body: unknown = null;
+    try {
+      body = text ? JSON.parse(text) : null;
+    } catch {
+      // not JSON: a proxy's page, say
+    }
+    if (res.ok) {
+      if (body === null || typeof body !== 'object') throw new LeaseOpsRequestError('invalid_answer', `lease-ops answered ${method} ${path} with something other than JSON (HTTP ${res.status})`, res.status);
+      return body as T;
+    }
+    const error = (body as { error?: { code?: unknown; message?: unknown } } | null)?.error;
+    const retryAfter = Number(res.headers.get('retry-after'));
+    const { code, message, ...details } = (error ?? {}) as Record<string, unknown>;
+    throw new LeaseOpsRequestError(
+      typeof code === 'string' ? code : `http_${res.status}`,
+      typeof message === 'string' ? message : `lease-ops answered ${method} ${path} with HTTP ${res.status}`,
+      res.status,
+      Number.isFinite(retryAfter) && res.headers.has('retry-after') ? retryAfter * 1000 : null,
+      details,
+    );
+  }
+}

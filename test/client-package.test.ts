@@ -1,0 +1,124 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type * as Light from '../packages/client/src/index.ts';
+import { LeaseOpsHttpClient, LeaseOpsRequestError } from '../packages/client/src/index.ts';
+import type * as Full from '../src/index.ts';
+import { gate, lease, TestBed } from './helpers/env.ts';
+import { startTestApi, type TestApi } from './helpers/api-server.ts';
+import { createRecordingProvider } from './helpers/recording-provider.ts';
+
+// The light client (packages/client) against a real API over real HTTP, beside the full
+// client on the same Redis: the two read one model of a lease, and fail with one shape.
+
+// One truth at compile time: what the full client (and so the API) answers is what the light
+// client's types say it answers. A field added to a view on one side and not the other fails `tsc`.
+type Assignable<From, To> = [From] extends [To] ? true : false;
+type Same<A, B> = Assignable<A, B> extends true ? Assignable<B, A> : false;
+const typesAgree: [
+  Assignable<Full.OperationView, Light.OperationView>,
+  Assignable<Full.LeaseView, Light.LeaseView>,
+  Assignable<Full.LeaseTimeline, Light.LeaseTimeline>,
+  Assignable<Full.AttentionItem, Light.AttentionItem>,
+  Assignable<Full.OperationResult, Light.OperationResult>,
+  Assignable<Full.AcknowledgeResult, Light.AcknowledgeResult>,
+  Same<keyof Full.LeaseView, keyof Light.LeaseView>,
+  Same<keyof Full.LeaseTimeline, keyof Light.LeaseTimeline>,
+  Same<keyof Full.OperationView, keyof Light.OperationView>,
+  Same<Full.OperationState, Light.OperationState>,
+  Same<Full.OperationName, Light.OperationName>,
+  Same<Full.AttentionItem['reason'], Light.AttentionReason>,
+  Same<Full.LeaseTimeline['events'][number]['kind'], Light.HistoryEventKind>,
+] = [true, true, true, true, true, true, true, true, true, true, true, true, true];
+
+const TOKEN = 'light-client-token-0123456789';
+const OTHER = 'light-client-globex-0123456789';
+
+describe('the light client (lease-ops-client) against the HTTP API', () => {
+  let bed: TestBed;
+  let api: TestApi;
+  let light: LeaseOpsHttpClient;
+  const hold = gate<void>();
+
+  beforeAll(async () => {
+    bed = await TestBed.create({
+      LEASE_OPS_KEEP_COMPLETED_S: '600',
+      LEASE_OPS_API_TOKENS: JSON.stringify([{ token: TOKEN }, { token: OTHER, companyId: 'globex' }]),
+    });
+    const { provider } = createRecordingProvider({
+      behaviour: async ({ ctx, op }) => {
+        if (ctx.lease.leaseId === 'held') await hold.promise;
+        return ctx.lease.leaseId === 'refuses' && op === 'stop' ? 'permanent' : 'ok';
+      },
+    });
+    await bed.startWorker(provider);
+    api = await startTestApi(bed);
+    light = new LeaseOpsHttpClient({ url: api.base, token: TOKEN });
+  });
+
+  afterAll(async () => {
+    hold.open();
+    await api?.close();
+    await bed?.close();
+  });
+
+  it('holds its types to the full client’s (checked by tsc)', () => {
+    expect(typesAgree.every(Boolean)).toBe(true);
+  });
+
+  it('enqueues, waits and reads a lease as the full client does: the same views', async () => {
+    const acquired = await light.enqueue('acquire', lease('one'), { runId: 'r1' }, { idempotencyKey: 'light-1' });
+    expect(acquired.location).toBe(`/v1/operations/${encodeURIComponent(acquired.jobId)}`);
+    expect(await light.waitForResult(acquired.jobId, 10_000)).toEqual({ jobId: acquired.jobId, state: 'completed', result: expect.objectContaining({ providerLeaseId: 'one' }) });
+    // The same key answers with the same operation.
+    expect((await light.enqueue('acquire', lease('one'), { runId: 'r1' }, { idempotencyKey: 'light-1' })).jobId).toBe(acquired.jobId);
+    expect(await light.getOperation(acquired.jobId)).toEqual(await api.client.getOperation(acquired.jobId));
+    expect(await light.getLease(lease('one'))).toEqual(await api.client.getLease(lease('one')));
+    const [viaHttp, direct] = await Promise.all([light.getLeaseTimeline(lease('one')), api.client.getLeaseTimeline(lease('one'))]);
+    expect({ ...viaHttp, now: 0 }).toEqual({ ...direct, now: 0 });
+    expect(viaHttp.events.map((e) => e.kind)).toContain('completed');
+  });
+
+  it('fails with one shape, { code, message }: an operation that failed, the API refusing, a missing one, a wait that ran out', async () => {
+    const stop = await light.enqueue('stop', lease('refuses'), { providerLeaseId: 'refuses' });
+    const viaLight = await light.waitForResult(stop.jobId, 10_000);
+    const viaFull = await api.client.waitForResult(stop.jobId, 10_000);
+    expect(viaLight.state).toBe('failed');
+    expect(viaLight.error).toEqual({ code: 'refused', message: expect.stringContaining('refused stop') });
+    // The full client's waitForResult, getOperation and the API's body: the same object.
+    expect(viaFull.error).toEqual(viaLight.error);
+    expect((await api.client.getOperation(stop.jobId))?.error).toEqual(viaLight.error);
+    const body = (await (await fetch(`${api.base}/v1/operations/${encodeURIComponent(stop.jobId)}`, { headers: { authorization: `Bearer ${TOKEN}` } })).json()) as { error: unknown };
+    expect(body.error).toEqual(viaLight.error);
+
+    const refused = await light.enqueue('stop', lease('x'), { providerLeaseId: 42 }).catch((e: unknown) => e);
+    expect(refused).toBeInstanceOf(LeaseOpsRequestError);
+    expect(refused).toMatchObject({ code: 'invalid_request', status: 400 });
+    expect((refused as Error).message).toMatch(/providerLeaseId/);
+    // What the API sends for it is the same code and message.
+    const raw = await fetch(`${api.base}/v1/leases/recording/co/env/x/operations`, { method: 'POST', headers: { authorization: `Bearer ${TOKEN}`, 'content-type': 'application/json' }, body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 42 } }) });
+    expect(((await raw.json()) as { error: Light.ErrorShape }).error).toMatchObject({ code: 'invalid_request', message: (refused as Error).message });
+
+    expect(await light.getOperation('AAAAAAAAAAAAAAAAAAAAAA.none')).toBeNull();
+    await expect(light.waitForResult('AAAAAAAAAAAAAAAAAAAAAA.none', 100)).rejects.toMatchObject({ code: 'operation_not_found' });
+    const held = await light.enqueue('acquire', lease('held'), { runId: 'held' });
+    await expect(light.waitForResult(held.jobId, 300)).rejects.toMatchObject({ code: 'wait_timeout', name: 'LeaseOpsRequestError' });
+    hold.open();
+    expect((await light.waitForResult(held.jobId, 10_000)).state).toBe('completed');
+
+    // Another company's lease does not exist for its token; a wrong token is unauthorized; nobody home is unreachable.
+    const globex = new LeaseOpsHttpClient({ url: api.base, token: OTHER });
+    await expect(globex.getOperation(held.jobId)).resolves.toBeNull();
+    await expect(new LeaseOpsHttpClient({ url: api.base, token: 'wrong-token-0123456789' }).getLease(lease('one'))).rejects.toMatchObject({ status: 401 });
+    await expect(new LeaseOpsHttpClient({ url: 'http://127.0.0.1:9', token: TOKEN }).getLease(lease('one'))).rejects.toMatchObject({ code: 'unreachable', status: 0 });
+  });
+
+  it('pauses, lists attention, acknowledges and unpauses, as the full client sees it', async () => {
+    expect(await light.pauseLane(lease('one'))).toMatchObject({ paused: true, changed: true });
+    expect((await api.client.getLease(lease('one'))).paused?.by).toMatch(/\(API\)$/);
+    const { items } = await light.attention();
+    expect(items.map((i) => `${i.reason} ${i.lease?.leaseId}`)).toEqual(expect.arrayContaining(['paused one', 'last_operation_failed refuses']));
+    expect(await light.acknowledgeFailures(lease('refuses'))).toMatchObject({ acknowledged: [expect.objectContaining({ op: 'stop' })] });
+    expect((await light.getLease(lease('refuses'))).lastFailure).toBeNull();
+    expect(await light.unpauseLane(lease('one'))).toMatchObject({ paused: false, changed: true });
+    expect((await api.client.getLease(lease('one'))).paused).toBeNull();
+  });
+});
