@@ -202,7 +202,8 @@ export const EnvSchema = z.object({
   /** A worker replica serves /healthz, /readyz and /metrics on this port; 0 = off. */
   LEASE_OPS_METRICS_PORT: z.coerce.number().int().min(0).max(65_535).default(0),
   LEASE_OPS_LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
-  LEASE_OPS_LOG_PRETTY: bool(false),
+  /** Log lines as JSON (collectors) or pretty (a person); `auto`: pretty on a terminal, JSON otherwise. */
+  LEASE_OPS_LOG_FORMAT: z.enum(['auto', 'json', 'pretty']).default('auto'),
 });
 
 export type Config = z.infer<typeof EnvSchema>;

@@ -3,7 +3,7 @@ import { createServer, type Server } from 'node:http';
 import { ConfigError, unknownSettings, type Config } from './config.ts';
 import { metricsAllowed } from './api/auth.ts';
 import { enableProcessMetrics, registry } from './metrics.ts';
-import { createLogger, type Logger } from './logger.ts';
+import { createLogger, logFormat, type Logger } from './logger.ts';
 import { redisRateLimiters } from './providers/pacing.ts';
 import { loadProviders } from './providers/registry.ts';
 import { instanceProviders, openInstanceStore } from './providers/instances/index.ts';
@@ -20,7 +20,7 @@ export function reportRedisTrouble(config: Config, log: Logger): void {
 
 /** The process's logger; it warns at once about LEASE_OPS_ variables nothing reads (misspelt, most likely). */
 export function loggerFor(config: Config, name = 'lease-ops'): Logger {
-  const log = createLogger({ level: config.LEASE_OPS_LOG_LEVEL, name });
+  const log = createLogger({ level: config.LEASE_OPS_LOG_LEVEL, name, format: logFormat(config.LEASE_OPS_LOG_FORMAT) });
   for (const { name: variable, closest } of unknownSettings()) log.warn({ variable, closest }, `${variable} is not a lease-ops setting (did you mean ${closest}?); it is ignored`);
   return log;
 }

@@ -1,0 +1,78 @@
+import { spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { existsSync } from 'node:fs';
+import { afterAll, describe, expect, it } from 'vitest';
+import { createLogger, logFormat, prettyStream } from '../src/logger.ts';
+import { createRedis } from '../src/queues/redis.ts';
+import { BIN } from './helpers/cli.ts';
+import { REDIS_URL, scanKeys } from './helpers/env.ts';
+
+// Issue 26 item 6: a person at a terminal reads pretty lines, a collector reads JSON; the
+// friendly lines of `npm start` are never interleaved with raw JSON on a terminal.
+
+const ISO = /\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z/;
+const ANSI = new RegExp(String.raw`\x1b\[[0-9;]*m`, 'g');
+
+/** `lease-ops start --once` with a misspelt setting (so it logs a warning), its output as one text. */
+function startOnce(prefix: string, viaTerminal: boolean): Promise<string> {
+  const env = { ...process.env, REDIS_URL, LEASE_OPS_PREFIX: prefix, LEASE_OPS_API_PORT: '0', LEASE_OPS_LOG_LEVL: 'debug', LEASE_OPS_API_TOKENS: '' };
+  delete (env as Record<string, string | undefined>).LEASE_OPS_LOG_FORMAT;
+  const command = `${JSON.stringify(process.execPath)} ${JSON.stringify(BIN)} start --once`;
+  // util-linux `script` runs it on a pseudo-terminal, as a person's shell would.
+  const child = viaTerminal ? spawn('script', ['-qfec', command, '/dev/null'], { env, stdio: ['ignore', 'pipe', 'pipe'] }) : spawn(process.execPath, [BIN, 'start', '--once'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  let text = '';
+  child.stdout.on('data', (chunk: Buffer) => (text += chunk.toString()));
+  child.stderr.on('data', (chunk: Buffer) => (text += chunk.toString()));
+  return new Promise((resolve, reject) => {
+    child.on('error', reject);
+    child.on('exit', (code) => (code === 0 ? resolve(text.replace(ANSI, '').replaceAll('\r', '')) : reject(new Error(`exited ${code}:\n${text}`))));
+  });
+}
+
+describe('log lines', () => {
+  const prefix = `{lo-test-log-${randomBytes(3).toString('hex')}}`;
+
+  afterAll(async () => {
+    const redis = createRedis(REDIS_URL);
+    for (const key of await scanKeys(redis, `${prefix}*`)) await redis.unlink(key);
+    redis.disconnect();
+  });
+
+  it('are pretty on a terminal and JSON otherwise, unless LEASE_OPS_LOG_FORMAT says which', () => {
+    expect(logFormat('auto', { isTTY: true })).toBe('pretty');
+    expect(logFormat('auto', { isTTY: false })).toBe('json');
+    expect(logFormat('auto', {})).toBe('json');
+    expect(logFormat('json', { isTTY: true })).toBe('json');
+    expect(logFormat('pretty', { isTTY: false })).toBe('pretty');
+  });
+
+  it('read, pretty: ISO time, level, name, message and the bound fields; secrets still redacted; an error as its type and message', () => {
+    const lines: string[] = [];
+    const log = createLogger({ name: 'lease-ops-worker', destination: prettyStream({ write: (t: string) => lines.push(t) }) });
+    log.child({ lease: 'acme/prod/sb-1', job: 'J1', op: 'stop', attempt: 2 }).warn({ apiKey: 'sk-secret-value', err: Object.assign(new Error('socket hang up'), { code: 'ECONNRESET' }) }, 'provider call failed');
+    expect(lines).toHaveLength(1);
+    const [line] = lines;
+    expect(line).toMatch(new RegExp(`^${ISO.source} WARN  lease-ops-worker: provider call failed  `));
+    expect(line).toContain('lease=acme/prod/sb-1 job=J1 op=stop attempt=2');
+    expect(line).toContain('apiKey=[redacted]');
+    expect(line).toContain('err="Error ECONNRESET: socket hang up"');
+    expect(line).not.toContain('sk-secret-value');
+    expect(line).not.toMatch(/\n./);
+  });
+
+  it.runIf(existsSync('/usr/bin/script'))("of `lease-ops start` on a terminal are pretty among its friendly lines, with no raw JSON", async () => {
+    const text = await startOnce(prefix, true);
+    expect(text).toMatch(/lease-ops: API http:\/\/\S+\/v1/);
+    expect(text).toMatch(/POST release\s+-> completed/);
+    expect(text).toMatch(new RegExp(`^${ISO.source} WARN  lease-ops: LEASE_OPS_LOG_LEVL is not a lease-ops setting`, 'm'));
+    expect(text.split('\n').filter((line) => line.trimStart().startsWith('{'))).toEqual([]);
+  }, 60_000);
+
+  it('of `lease-ops start` into a pipe are JSON, one object a line', async () => {
+    const text = await startOnce(prefix, false);
+    const json = text.split('\n').filter((line) => line.startsWith('{'));
+    const warning = json.map((line) => JSON.parse(line) as { level: number; msg: string }).find((r) => r.msg.startsWith('LEASE_OPS_LOG_LEVL is not a lease-ops setting'));
+    expect(warning?.level).toBe(40);
+    expect(text).not.toMatch(new RegExp(`^${ISO.source} WARN`, 'm'));
+  }, 60_000);
+});
