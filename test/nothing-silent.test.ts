@@ -129,7 +129,7 @@ describe('a provider that cannot be loaded', () => {
     writeFileSync(file, '[{"type":"daytona"}]');
     const cases: [Record<string, string>, RegExp][] = [
       [{ LEASE_OPS_PROVIDERS: './no-such-provider.js' }, /^lease-ops: cannot load provider module \.\/no-such-provider\.js: /],
-      [{ LEASE_OPS_PROVIDERS: 'daytona', DAYTONA_API_KEY: '' }, /^lease-ops: .*needs DAYTONA_API_KEY to be set/],
+      [{ LEASE_OPS_PROVIDERS: 'daytona', DAYTONA_API_KEY: '' }, /^lease-ops: .*needs DAYTONA_API_KEY \(or DAYTONA_API_KEY_FILE\) to be set/],
       [{ LEASE_OPS_PROVIDERS_FILE: file }, /^lease-ops: LEASE_OPS_PROVIDERS_FILE=.*: /],
     ];
     for (const [env, message] of cases) {

@@ -1,4 +1,4 @@
-import { ConfigError } from '../config.ts';
+import { ConfigError, secretSetting } from '../config.ts';
 import { isAbsolute, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { z } from 'zod';
@@ -68,10 +68,10 @@ export class ProviderRegistry {
   }
 }
 
-/** A required environment variable, with an error that names it (and never its value). */
+/** A required environment variable (or its `_FILE`), with an error that names it (and never its value). */
 function required(env: NodeJS.ProcessEnv, variable: string, forWhat: string): string {
-  const value = env[variable];
-  if (!value) throw new ConfigError(`${forWhat} needs ${variable} to be set`);
+  const value = secretSetting(env, variable);
+  if (!value) throw new ConfigError(`${forWhat} needs ${variable} (or ${variable}_FILE) to be set`);
   return value;
 }
 
