@@ -84,8 +84,8 @@ describe('typed client', () => {
     expect((await bed.ops.lanes.view(orphan!.id!.slice(0, 22))).jobs).toEqual([]);
   });
 
-  it('runs the README example against a worker on the simulated cloud', async () => {
-    const readme = await readFile(new URL('../README.md', import.meta.url), 'utf8');
+  it('runs the example of docs/api.md against a worker on the simulated cloud', async () => {
+    const readme = await readFile(new URL('../docs/api.md', import.meta.url), 'utf8');
     expect(readme).toContain(await readFile(EXAMPLE, 'utf8'));
     // A queue of its own: this file's other worker only knows the recording provider.
     const simulated = await TestBed.create();

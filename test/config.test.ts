@@ -31,3 +31,25 @@ describe('per-operation settings', () => {
     expect(() => loadConfig({ LEASE_OPS_DEADLINES_MS: '{"explode":1}' })).toThrow(/LEASE_OPS_DEADLINES_MS/);
   });
 });
+
+describe('secrets as files (<VARIABLE>_FILE, as Docker and Kubernetes mount them)', () => {
+  it('reads a provider key from its file, and refuses both or an unreadable one by name, never by value', async () => {
+    const { mkdtemp, rm, writeFile } = await import('node:fs/promises');
+    const { tmpdir } = await import('node:os');
+    const { join } = await import('node:path');
+    const { loadProviders } = await import('../src/providers/registry.ts');
+    const dir = await mkdtemp(join(tmpdir(), 'lease-ops-key-'));
+    try {
+      await writeFile(join(dir, 'daytona'), 'dtn_file_key_value\n');
+      const registry = await loadProviders('daytona', { DAYTONA_API_KEY_FILE: join(dir, 'daytona') });
+      expect(registry.get('daytona')?.name).toBe('daytona');
+      await registry.close();
+      await expect(loadProviders('daytona', { DAYTONA_API_KEY_FILE: join(dir, 'daytona'), DAYTONA_API_KEY: 'dtn_direct' })).rejects.toThrow(/set DAYTONA_API_KEY or DAYTONA_API_KEY_FILE, not both/);
+      const missing = (await loadProviders('daytona', { DAYTONA_API_KEY_FILE: join(dir, 'nope') }).then(() => new Error('loaded'), (e: unknown) => e)) as Error;
+      expect(missing.message).toMatch(/DAYTONA_API_KEY_FILE=.*nope: cannot read it \(ENOENT\)/);
+      expect(missing.message).not.toContain('dtn_');
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});

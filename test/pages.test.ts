@@ -141,9 +141,15 @@ describe.skipIf(!haveChromium)('the operator pages in a real browser: the stuck-
     const response = await page.goto(`${api.base}/ui/`);
     expect(response?.status()).toBe(200);
     expect(new URL(page.url()).pathname).toBe('/ui/attention');
-    const row = page.locator('tr[data-reason="last_operation_failed"]');
+    const row = page.locator('tr:has([data-reason="last_operation_failed"])');
     await expect.poll(() => row.count()).toBe(1);
     expect(await row.innerText()).toContain(failedLease.leaseId);
+    // One row per lease: the stuck lease is stuck and paused, in one row with both reasons.
+    const stuckRow = page.locator('tr:has([data-reason="stuck_stopping"])');
+    expect(await stuckRow.count()).toBe(1);
+    expect(await stuckRow.getAttribute('data-reasons')).toBe('stuck_stopping paused');
+    expect(await stuckRow.innerText()).toContain(stuckLease.leaseId);
+    expect(await page.locator('tbody tr').count()).toBe(2);
     await page.screenshot({ path: join(SHOTS, 'attention.png'), fullPage: true });
     await row.locator('a').click();
     await page.waitForURL((url) => url.pathname === `/ui/leases/daytona/acme/prod/${encodeURIComponent(failedLease.leaseId)}`);
@@ -288,8 +294,36 @@ describe.skipIf(!haveChromium)('the operator pages in a real browser: the stuck-
     expect((await client.getLease(failedLease)).lastFailure).toBeNull();
     await page.goto(`${api.base}/ui/attention`);
     expect(await page.locator('body').innerText()).not.toContain(failedLease.leaseId);
-    expect(await page.locator(`tr[data-reason="stuck_stopping"]`).count()).toBe(1);
+    expect(await page.locator(`tr:has([data-reason="stuck_stopping"])`).count()).toBe(1);
     await context.close();
+  });
+
+  it('cancels a queued operation and runs a failed one again from the lease page; /metrics counts one stuck-stopping observation per force-stop queued', async () => {
+    const context = await browser.newContext({ httpCredentials: { username: 'operator', password: ACME }, viewport: { width: 1400, height: 900 } });
+    const page = await context.newPage();
+    // The stop the force-stop overtook waits in the paused lane: its row has a Cancel button.
+    const stuckPath = `/ui/leases/daytona/acme/prod/${encodeURIComponent(stuckLease.leaseId)}`;
+    await page.goto(`${api.base}${stuckPath}`);
+    const stop = (await client.getLease(stuckLease)).queued.find((o) => o.op === 'stop')!;
+    await page.locator(`tr[data-job="${stop.jobId}"]`).getByRole('button', { name: 'Cancel' }).click();
+    await page.waitForURL((url) => url.pathname === stuckPath);
+    expect((await client.getOperation(stop.jobId))?.error?.code).toBe('cancelled');
+    expect(await page.locator('tr[data-kind="cancelled"]').count()).toBe(1);
+    // The failed resume runs again: it joins the lane's tail (and fails again: the sandbox still refuses).
+    const failedPath = `/ui/leases/daytona/acme/prod/${encodeURIComponent(failedLease.leaseId)}`;
+    await page.goto(`${api.base}${failedPath}`);
+    const failed = (await client.getLeaseTimeline(failedLease)).operations.find((o) => o.state === 'failed')!;
+    await page.locator(`tr[data-job="${failed.jobId}"]`).getByRole('button', { name: 'Run again' }).click();
+    await page.waitForURL((url) => url.pathname === failedPath);
+    expect(await page.locator('tr[data-kind="rerun"]').count()).toBe(1);
+    expect((await client.waitForResult(failed.jobId, 15_000)).error?.code).toBe(failed.error?.code);
+    await context.close();
+
+    // lease_ops_stuck_stopping_seconds: an observation each time the watchdog queued a force-stop.
+    const metrics = await (await fetch(`${api.base}/metrics`)).text();
+    const observed = Number(/^lease_ops_stuck_stopping_seconds_count\{provider="daytona"\} (\d+)$/m.exec(metrics)?.[1]);
+    const queued = (await Promise.all([lane, stuckLease].map((l) => client.getLeaseTimeline(l)))).flatMap((t) => t.events).filter((e) => e.kind === 'stuck').length;
+    expect(observed).toBe(queued);
   });
 
   it("the Grafana dashboard queries only series /metrics exports, with the labels and values it filters on", async () => {

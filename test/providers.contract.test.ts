@@ -300,10 +300,10 @@ describe('CreateOS specifics', () => {
   });
 });
 
-describe('the README', () => {
+describe('docs/providers.md', () => {
   it('shows the example provider exactly as the contract tests run it', async () => {
     const { readFile } = await import('node:fs/promises');
-    const readme = await readFile(new URL('../README.md', import.meta.url), 'utf8');
+    const readme = await readFile(new URL('../docs/providers.md', import.meta.url), 'utf8');
     const example = await readFile(new URL('../examples/memory-provider.ts', import.meta.url), 'utf8');
     expect(readme).toContain(example);
   });

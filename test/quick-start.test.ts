@@ -124,6 +124,26 @@ describe("the README's quick start, in a fresh copy of the repository", () => {
     const done = await fetch(`${api}${accepted.headers.get('location')}?waitMs=20000`, { headers: auth });
     expect(((await done.json()) as { state: string }).state).toBe('completed');
 
+    // The README's HTTP example, as it reads: an acquire with a key and Prefer: wait=20 answers
+    // 200 with the ended operation (the simulated cloud answers a create with "creating":
+    // two attempts); the lease reads the same by its acquire's id and its sandbox's.
+    const lease = `${api}/v1/leases/simulated/acme/prod/run-42`;
+    const waited = await fetch(`${lease}/operations`, {
+      method: 'POST',
+      headers: { ...auth, 'content-type': 'application/json', 'idempotency-key': 'acquire-run-42', prefer: 'wait=20' },
+      body: JSON.stringify({ op: 'acquire', params: { runId: 'run-42' } }),
+    });
+    expect(waited.status).toBe(200);
+    const acquired = (await waited.json()) as { op: string; state: string; attempts: number; result: { providerLeaseId: string } };
+    expect(acquired).toMatchObject({ op: 'acquire', state: 'completed', attempts: 2 });
+    const byRun = (await (await fetch(lease, { headers: auth })).json()) as { laneId: string; sandboxId: string };
+    const bySandbox = (await (await fetch(`${api}/v1/leases/simulated/acme/prod/${acquired.result.providerLeaseId}`, { headers: auth })).json()) as { laneId: string };
+    expect(byRun.laneId).toBe(bySandbox.laneId);
+    expect(byRun.sandboxId).toBe(acquired.result.providerLeaseId);
+    const story = (await (await fetch(`${lease}/timeline`, { headers: auth })).json()) as { events: { kind: string }[] };
+    expect(story.events.map((e) => e.kind)).toEqual(expect.arrayContaining(['accepted', 'started', 'backing-off', 'completed']));
+    expect((await fetch(`${api}/v1/attention`, { headers: auth })).status).toBe(200);
+
     const metrics = await (await fetch(`${api}/metrics`)).text();
     expect(metrics).toMatch(/lease_ops_operations_total\{op="acquire",outcome="completed"\} [2-9]/);
     const board = await fetch(`${api}/board`, { headers: { authorization: `Basic ${Buffer.from(`me:${token}`).toString('base64')}` } });

@@ -439,7 +439,8 @@ function actionsSection(tl: LeaseTimeline): string {
     `<form method="post" action="${esc(action)}" style="display:inline"><button type="submit" name="action" value="${esc(name)}">${esc(label)}</button></form>`;
   const lane = tl.paused ? button(`${base}/unpause`, 'Unpause lane', 'unpause') : button(`${base}/pause`, 'Pause lane', 'pause');
   const rows = tl.operations
-    .filter((o) => o.state === 'queued' || o.state === 'backing-off' || o.state === 'failed')
+    // A paused lane's waiting operations can be cancelled as well as queued and backing-off ones.
+    .filter((o) => o.state === 'queued' || o.state === 'backing-off' || o.state === 'paused' || o.state === 'failed')
     .map((o) => {
       const path = `/ui/operations/${encodeURIComponent(o.jobId)}`;
       const act = o.state === 'failed' ? button(`${path}/rerun`, 'Run again', 'rerun') : button(`${path}/cancel`, 'Cancel', 'cancel');
@@ -466,13 +467,20 @@ const REASONS: Record<AttentionItem['reason'], string> = {
   blocked: 'lane blocked',
 };
 
-/** The attention page: leases stuck, failing or blocked, each linked to its timeline. */
+/** The attention page: one row per lease (stuck, failing, paused or blocked: each reason it has), linked to its timeline. */
 export function attentionPage(items: AttentionItem[], next: number | null, now: number, offset: number): string {
-  const rows = items
-    .map((item) => {
-      const name = item.lease ? `${item.lease.provider} · ${item.lease.companyId}/${item.lease.environmentId}/${item.lease.leaseId}` : item.laneId;
-      const link = item.lease ? `<a href="${esc(timelinePath(item.lease))}">${esc(name)}</a>` : esc(name);
-      return `<tr data-reason="${esc(item.reason)}"><td><span class="k k-${item.reason === 'stuck_stopping' ? 'stuck' : item.reason === 'blocked' || item.reason === 'paused' ? 'backing-off' : 'failed'}">${esc(REASONS[item.reason])}</span></td><td>${link}</td><td class="t">${esc(duration(Math.max(0, now - item.since)))}<br><time datetime="${isoUtc(item.since)}" class="muted">${esc(isoUtc(item.since))}</time></td><td>${esc(item.detail)}</td></tr>`;
+  const byLane = new Map<string, AttentionItem[]>();
+  for (const item of items) byLane.set(item.laneId, [...(byLane.get(item.laneId) ?? []), item]);
+  const chip = (reason: AttentionItem['reason']) => (reason === 'stuck_stopping' ? 'stuck' : reason === 'blocked' || reason === 'paused' ? 'backing-off' : 'failed');
+  const rows = [...byLane.values()]
+    .map((group) => {
+      const lease = group.find((item) => item.lease)?.lease ?? null;
+      const name = lease ? `${lease.provider} · ${lease.companyId}/${lease.environmentId}/${lease.leaseId}` : group[0]!.laneId;
+      const link = lease ? `<a href="${esc(timelinePath(lease))}">${esc(name)}</a>` : esc(name);
+      const since = Math.min(...group.map((item) => item.since));
+      const why = group.map((item) => `<span class="k k-${chip(item.reason)}" data-reason="${esc(item.reason)}">${esc(REASONS[item.reason])}</span>`).join(' ');
+      const detail = group.map((item) => `<div>${esc(item.detail)}</div>`).join('');
+      return `<tr data-lane="${esc(group[0]!.laneId)}" data-reasons="${esc(group.map((item) => item.reason).join(' '))}"><td>${why}</td><td>${link}</td><td class="t">${esc(duration(Math.max(0, now - since)))}<br><time datetime="${isoUtc(since)}" class="muted">${esc(isoUtc(since))}</time></td><td>${detail}</td></tr>`;
     })
     .join('');
   const more = next === null ? '' : `<p><a href="/ui/attention?offset=${next}">Next page</a></p>`;

@@ -108,10 +108,10 @@ describe('scenario 17: a release never brings a removed job back', () => {
   });
 });
 
-describe("scenario 19: every key lease-ops writes is in the README's key table, and an idle lane leaves no lane key", () => {
-  /** The README's key table, as patterns for this test's prefix and queue. */
+describe("scenario 19: every key lease-ops writes is in the key table of docs/design.md, and an idle lane leaves no lane key", () => {
+  /** The key table of docs/design.md, as patterns for this test's prefix and queue. */
   async function documentedKeys(prefix: string, queue: string): Promise<{ key: string; pattern: RegExp }[]> {
-    const readme = await readFile(new URL('../../README.md', import.meta.url), 'utf8');
+    const readme = await readFile(new URL('../../docs/design.md', import.meta.url), 'utf8');
     const table = readme.slice(readme.indexOf('Keys under the prefix'), readme.indexOf('A lane id is a hash'));
     const keys = [...table.matchAll(/^\| ([^|]+) \|/gm)].flatMap((row) => [...row[1]!.matchAll(/`([^`]+)`/g)].map((m) => m[1]!));
     const escape = (text: string) => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
