@@ -26,15 +26,17 @@ export function maskUrl(url: string): string {
 
 /**
  * A request target with the values of credential-like query parameters masked (parameters
- * split on `&` or `;`, names read percent-decoded), and the credentials of an absolute-form
- * target (`GET http://user:pass@host/...`) too.
+ * split on `&` or `;`, names read percent-decoded), or with `shown`, of every parameter not
+ * in it; and the credentials of an absolute-form target (`GET http://user:pass@host/...`).
  */
-export function redactQuery(target: string): string {
+export function redactQuery(target: string, shown?: ReadonlySet<string>): string {
   // Absolute (scheme://) and protocol-relative (//host) targets may carry user info.
   const path = /^[a-z][a-z0-9+.-]*:\/\//i.test(target) ? maskUrl(target) : target.replace(/^\/\/[^/@]*@/, `//${MASK}@`);
   const q = path.indexOf('?');
   const [pathPart, queryPart] = q < 0 ? [path, ''] : [path.slice(0, q), path.slice(q)];
-  const mask = (all: string, separator: string, name: string) => (SECRET_PARAM.test(decodedName(name)) ? `${separator}${name}=${MASK}` : all);
+  // With `shown`, only those parameters keep their values (a token sent as ?t= is as secret as ?token=).
+  const mask = (all: string, separator: string, name: string) =>
+    (shown ? !shown.has(decodedName(name)) : SECRET_PARAM.test(decodedName(name))) ? `${separator}${name}=${MASK}` : all;
   // Parameters in the path (`;name=value`, up to the next `/`), and in the query (up to the
   // next `&`, `;` or a second `?`).
   return pathPart.replace(/(;)([^=;/]*)=([^;/]*)/g, mask) + queryPart.replace(/([?&;])([^=&;?]*)=([^&;?]*)/g, mask);

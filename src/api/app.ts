@@ -80,6 +80,28 @@ export class HttpError extends LeaseOpsError {
 
 const BODY_LIMIT = '64kb';
 
+/** The board's pages: its own scripts and styles only, never inside another site's frame. */
+export const BOARD_CSP =
+  "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; font-src 'self'; connect-src 'self'; frame-ancestors 'none'; base-uri 'self'; form-action 'self'";
+
+/** Bull Board's page links Google Fonts; lease-ops serves it without (its CSP would refuse them anyway). */
+const EXTERNAL_STYLESHEET = /<link href="https:\/\/fonts\.googleapis\.com[^>]*>\s*/g;
+
+/**
+ * Headers for every board response (no framing: two clicks in a framed board could rerun a
+ * job), and its page rendered without the font links that would tell Google who opened it.
+ */
+function boardHeaders(_req: Request, res: Response, next: NextFunction): void {
+  res.set({ 'x-frame-options': 'DENY', 'content-security-policy': BOARD_CSP, 'x-content-type-options': 'nosniff', 'referrer-policy': 'same-origin' });
+  const render = res.render.bind(res);
+  res.render = ((view: string, options?: object) =>
+    render(view, options ?? {}, (err: Error | null, html?: string) => {
+      if (err) return next(err);
+      res.type('html').send((html ?? '').replace(EXTERNAL_STYLESHEET, ''));
+    })) as Response['render'];
+  next();
+}
+
 /**
  * Browsers send Basic credentials with cross-site requests too: a page elsewhere could post
  * a form (`text/plain`, form encodings) to a read-write board. A request that changes
@@ -197,6 +219,12 @@ async function repairEveryLane(ops: LeaseOpsClient['ops'], log: Logger): Promise
   await sweepEveryLane(ops, log);
 }
 
+/**
+ * Query parameters the API and the board read: their values are logged. Any other
+ * parameter's value is masked in the request log, whatever its name (a token sent as `?t=`).
+ */
+const LOGGED_QUERY_PARAMS: ReadonlySet<string> = new Set(['waitMs', 'offset', 'limit', 'probe', 'companyId', 'cursor', 'activeQueue', 'status', 'page', 'jobsPerPage', 'action']);
+
 /** The HTTP API, Bull Board and the operations endpoints, as one express 5 app. */
 export function createApiApp(deps: ApiDeps): express.Express {
   const { client, log } = deps;
@@ -212,7 +240,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
       customLogLevel: (_req, res, err) => (err || res.statusCode >= 500 ? 'error' : res.statusCode >= 400 ? 'warn' : 'info'),
       serializers: {
         // Only what helps; headers carry tokens and cookies.
-        req: (req: { method: string; url: string; id: unknown }) => ({ id: req.id, method: req.method, url: redactQuery(req.url) }),
+        req: (req: { method: string; url: string; id: unknown }) => ({ id: req.id, method: req.method, url: redactQuery(req.url, LOGGED_QUERY_PARAMS) }),
         res: (res: { statusCode: number }) => ({ statusCode: res.statusCode }),
       },
     }),
@@ -245,10 +273,12 @@ export function createApiApp(deps: ApiDeps): express.Express {
   const authenticate =
     (challenge: 'Bearer' | 'Basic') =>
     (req: Request, res: Response, next: NextFunction): void => {
-      const principal = auth.authenticate(req.headers.authorization);
+      // /v1 takes Bearer only: a browser's ambient Basic credentials (an operator signed in at
+      // /board) cannot drive it from another site's form.
+      const principal = auth.authenticate(req.headers.authorization, { basic: challenge === 'Basic' });
       if (!principal) {
         res.setHeader('WWW-Authenticate', `${challenge} realm="lease-ops"`);
-        throw new HttpError(401, 'unauthorized', 'a valid bearer token is required');
+        throw new HttpError(401, 'unauthorized', challenge === 'Bearer' ? 'a valid bearer token is required (Authorization: Bearer <token>)' : 'a valid token is required (as the password)');
       }
       res.locals.principal = principal;
       next();
@@ -261,6 +291,8 @@ export function createApiApp(deps: ApiDeps): express.Express {
   // Bull Board: admins only; read-only unless LEASE_OPS_BOARD_READ_ONLY=false.
   const board = new ExpressAdapter();
   board.setBasePath('/board');
+  // Its own express app says X-Powered-By: Express on every board response otherwise.
+  (board as unknown as { app: express.Express }).app.disable('x-powered-by');
   createBullBoard({
     queues: [
       ...client.partitions.map(
@@ -277,6 +309,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
   });
   app.use(
     '/board',
+    boardHeaders,
     sameOriginWrites,
     authenticate('Basic'),
     adminOnly,

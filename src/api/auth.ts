@@ -36,9 +36,13 @@ export class TokenAuthority {
     return this.entries.length;
   }
 
-  /** The principal of an Authorization header (Bearer, or Basic with the token as password). */
-  authenticate(header: string | undefined): Principal | null {
-    const presented = tokenOf(header);
+  /**
+   * The principal of an Authorization header: Bearer, or (`basic: true`, for the pages and the
+   * board a browser opens) Basic with the token as password. A browser attaches Basic
+   * credentials to any request to their origin, a cross-site form's too; never Bearer.
+   */
+  authenticate(header: string | undefined, opts: { basic: boolean } = { basic: true }): Principal | null {
+    const presented = tokenOf(header, opts.basic);
     if (presented === null) return null;
     const candidate = digest(presented);
     let found: Principal | null = null;
@@ -54,10 +58,11 @@ const BEARER = /^Bearer ([\x21-\x7e]+)$/i;
 /** RFC 7617: base64 of `user:password`, and nothing after it. */
 const BASIC = /^Basic ([A-Za-z0-9+/]+={0,2})$/i;
 
-function tokenOf(header: string | undefined): string | null {
+function tokenOf(header: string | undefined, acceptBasic: boolean): string | null {
   if (!header) return null;
   const bearer = BEARER.exec(header);
   if (bearer) return bearer[1]!;
+  if (!acceptBasic) return null;
   const basic = BASIC.exec(header);
   if (!basic) return null;
   // Browsers (Bull Board) send Basic; the user name is ignored, the password is the token.

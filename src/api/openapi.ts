@@ -82,9 +82,10 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
     },
     // Relative: the document is served by the API it describes, wherever that listens.
     servers: [{ url: '/', description: 'the lease-ops API serving this document' }],
-    // Basic (any user name, the token as password) is taken too: browsers send it to the board.
-    components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' }, basic: { type: 'http', scheme: 'basic' } } },
-    security: [{ bearer: [] }, { basic: [] }],
+    // Bearer only: the pages and the board take Basic (a browser's), /v1 never does, so a
+    // browser's ambient credentials cannot drive it from another site.
+    components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' } } },
+    security: [{ bearer: [] }],
     paths: {
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/operations': {
         post: {
