@@ -190,6 +190,13 @@ export const EnvSchema = z.object({
   LEASE_OPS_API_KEEPALIVE_TIMEOUT_MS: int(5_000, 1),
   /** Connections the API holds at once; more are refused until some close. */
   LEASE_OPS_API_MAX_CONNECTIONS: int(1_000, 1),
+  /**
+   * Requests that hold their connection while they wait (?waitMs, Prefer: wait, exec): at most
+   * this many at once in all (fewer than LEASE_OPS_API_MAX_CONNECTIONS, so other requests and
+   * the probes always find a connection), and per company (429 company_waits_full past it).
+   */
+  LEASE_OPS_API_MAX_WAITS: int(500, 1),
+  LEASE_OPS_API_MAX_WAITS_PER_COMPANY: int(100, 1),
   /** Bull Board shows but cannot change jobs (retry, remove, promote) while this is on. */
   LEASE_OPS_BOARD_READ_ONLY: bool(true),
   /** BullMQ's own per-minute completed/failed counts (bullmq_job_*_total on /metrics). Off by
@@ -244,6 +251,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       return `  ${describeSetting(variable, fromFiles[variable] ?? env[variable])}${inside}: ${issue.message}`;
     });
     throw new ConfigError(`invalid configuration:\n${lines.join('\n')}`);
+  }
+  if (parsed.data.LEASE_OPS_API_MAX_WAITS >= parsed.data.LEASE_OPS_API_MAX_CONNECTIONS) {
+    throw new ConfigError(
+      `invalid configuration:\n  LEASE_OPS_API_MAX_WAITS=${parsed.data.LEASE_OPS_API_MAX_WAITS}: must be below LEASE_OPS_API_MAX_CONNECTIONS (${parsed.data.LEASE_OPS_API_MAX_CONNECTIONS}), so requests that do not wait (and /healthz) always find a connection`,
+    );
   }
   const served = parsePartitionList(parsed.data.LEASE_OPS_WORKER_PARTITIONS, parsed.data.LEASE_OPS_PARTITIONS);
   if (typeof served === 'string') throw new ConfigError(`invalid configuration:\n  LEASE_OPS_WORKER_PARTITIONS: ${served}`);

@@ -80,7 +80,13 @@ export function attemptEnded(op: string, outcome: AttemptOutcome, seconds: numbe
  * and with LEASE_OPS_BULLMQ_METRICS its completed and failed totals). Returns the function
  * that renders the whole exposition.
  */
-export function queueMetrics(client: LeaseOpsClient, opts: { bullmqTotals: boolean }): () => Promise<string> {
+/** What the API's wait budget reports (src/api/wait-budget.ts). */
+export interface WaitUsage {
+  usage(): { total: number; busiestCompany: number };
+  readonly refused: { company: number; server: number };
+}
+
+export function queueMetrics(client: LeaseOpsClient, opts: { bullmqTotals: boolean; waits?: WaitUsage }): () => Promise<string> {
   enableProcessMetrics();
   const queueRegistry = new Registry();
   const depth = new Gauge({
@@ -97,7 +103,16 @@ export function queueMetrics(client: LeaseOpsClient, opts: { bullmqTotals: boole
     registers: [queueRegistry],
   });
   const blocked = new Gauge({ name: 'lease_ops_leases_blocked', help: 'Leases whose lane head has not moved for too long', registers: [queueRegistry] });
+  const waitsHeld = new Gauge({ name: 'lease_ops_api_waits', help: 'Requests holding their connection while they wait (long polls, Prefer: wait, exec): in all, and of the company holding the most', labelNames: ['of'] as const, registers: [queueRegistry] });
+  const waitsRefused = new Gauge({ name: 'lease_ops_api_waits_refused_total', help: 'Waits refused because a budget was full: a company (company_waits_full) or the server (server_waits_full)', labelNames: ['budget'] as const, registers: [queueRegistry] });
   return async () => {
+    if (opts.waits) {
+      const { total, busiestCompany } = opts.waits.usage();
+      waitsHeld.set({ of: 'all' }, total);
+      waitsHeld.set({ of: 'busiest_company' }, busiestCompany);
+      waitsRefused.set({ budget: 'company' }, opts.waits.refused.company);
+      waitsRefused.set({ budget: 'server' }, opts.waits.refused.server);
+    }
     const overview = await client.overview();
     for (const [state, n] of Object.entries(overview.counts) as [OperationState, number][]) depth.set({ state }, n);
     lanes.set(overview.openLanes);

@@ -1,5 +1,7 @@
 import { createBullBoard } from '@bull-board/api';
 import { LeaseOpsBoardAdapter } from './board-adapter.ts';
+import { HttpError } from './http-error.ts';
+import { WaitBudget } from './wait-budget.ts';
 import { actionPage, attentionPage, PAGE_CSP, timelinePage, timelinePath } from './pages.ts';
 import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import { ExpressAdapter } from '@bull-board/express';
@@ -54,7 +56,10 @@ import type { InstanceView } from '../providers/instances/schemas.ts';
 import { instanceNotFound, ProviderInstanceError } from '../providers/instances/store.ts';
 
 export interface ApiDeps {
-  config: Pick<Config, 'LEASE_OPS_API_TOKENS' | 'LEASE_OPS_API_MAX_WAIT_MS' | 'LEASE_OPS_BOARD_READ_ONLY' | 'LEASE_OPS_METRICS_TOKEN'> & Partial<Pick<Config, 'LEASE_OPS_SHARED_PROVIDERS'>>;
+  config: Pick<Config, 'LEASE_OPS_API_TOKENS' | 'LEASE_OPS_API_MAX_WAIT_MS' | 'LEASE_OPS_BOARD_READ_ONLY' | 'LEASE_OPS_METRICS_TOKEN'> &
+    Partial<Pick<Config, 'LEASE_OPS_SHARED_PROVIDERS' | 'LEASE_OPS_API_MAX_WAITS' | 'LEASE_OPS_API_MAX_WAITS_PER_COMPANY'>>;
+  /** The waits the API holds (shared with /metrics); one of its own when not given. */
+  waits?: WaitBudget;
   client: LeaseOpsClient;
   log: Logger;
   /** Queues Bull Board shows besides the operations queue (the maintenance queue). */
@@ -68,15 +73,7 @@ export interface ApiDeps {
 }
 
 /** An error the API answers with its own status and stable code. */
-export class HttpError extends LeaseOpsError {
-  constructor(
-    readonly status: number,
-    code: string,
-    message: string,
-  ) {
-    super(code, message);
-  }
-}
+export { HttpError };
 
 const BODY_LIMIT = '64kb';
 
@@ -229,6 +226,9 @@ const LOGGED_QUERY_PARAMS: ReadonlySet<string> = new Set(['waitMs', 'offset', 'l
 export function createApiApp(deps: ApiDeps): express.Express {
   const { client, log } = deps;
   const auth = new TokenAuthority(deps.config.LEASE_OPS_API_TOKENS);
+  const waits = deps.waits ?? new WaitBudget({ perCompany: deps.config.LEASE_OPS_API_MAX_WAITS_PER_COMPANY ?? 100, total: deps.config.LEASE_OPS_API_MAX_WAITS ?? 500 });
+  /** Whose budget a request's wait counts against: its company, or the admin token's own. */
+  const waiter = (principal: Principal) => principal.companyId ?? `admin:${principal.name}`;
   const app = express();
   app.disable('x-powered-by');
   app.set('query parser', 'simple');
@@ -405,10 +405,15 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const location = `/v1/operations/${encodeURIComponent(enqueued.jobId)}`;
     // Prefer: wait=<s> (RFC 7240): answer with the ended operation if it ends in time.
     const preferred = preferredWaitMs(req.get('prefer'));
-    if (preferred > 0) {
+    // A preference: with the company's (or the server's) waits all held, it is not applied
+    // and the answer is the 202 at once (the operation is accepted either way).
+    const slot = preferred > 0 ? waits.take(waiter(principal)) : null;
+    if (slot && 'release' in slot) {
+      // A caller that hangs up gives its wait back at once, not when the wait would have ended.
+      res.on('close', slot.release);
       const wait = Math.min(preferred, deps.config.LEASE_OPS_API_MAX_WAIT_MS);
       res.set('Preference-Applied', `wait=${Math.floor(wait / 1_000)}`);
-      const view = await client.getOperation(enqueued.jobId, { waitMs: wait });
+      const view = await client.getOperation(enqueued.jobId, { waitMs: wait }).finally(slot.release);
       if (view && (view.state === 'completed' || view.state === 'failed')) {
         res.status(200).location(location).json({ ...view, ...(enqueued.deduplicated ? { deduplicated: enqueued.deduplicated } : {}), location });
         return;
@@ -433,7 +438,9 @@ export function createApiApp(deps: ApiDeps): express.Express {
     // A caller that hangs up cancels the command (its activity ends; the worker sees it go).
     const gone = new AbortController();
     res.on('close', () => res.writableFinished || gone.abort());
-    res.json(await client.exec(lease, body, { signal: gone.signal }));
+    const release = waits.takeOrRefuse(waiter(res.locals.principal as Principal));
+    res.on('close', release);
+    res.json(await client.exec(lease, body, { signal: gone.signal }).finally(release));
   });
   const activityInScope = async (token: string, principal: Principal) => {
     const lease = await client.activityLease(token);
@@ -515,7 +522,13 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const first = await client.getOperation(jobId);
     if (!first || !canSee(principal, first.lease)) throw operationNotFound(jobId);
     const wait = Math.min(waitMs ?? 0, deps.config.LEASE_OPS_API_MAX_WAIT_MS);
-    const view = wait > 0 ? await client.waitForEnd(first, wait) : first;
+    const ended = first.state === 'completed' || first.state === 'failed';
+    let view: typeof first | null = first;
+    if (wait > 0 && !ended) {
+      const release = waits.takeOrRefuse(waiter(principal));
+      res.on('close', release);
+      view = await client.waitForEnd(first, wait).finally(release);
+    }
     if (!view) throw operationNotFound(jobId);
     res.json(view);
   });
@@ -720,6 +733,7 @@ function errorHandler(log: Logger): ErrorRequestHandler {
     if (err instanceof HttpError) {
       status = err.status;
       body = { code: err.code, message: err.message };
+      if (err.opts.retryAfterS !== undefined) res.setHeader('Retry-After', String(err.opts.retryAfterS));
     } else if (err instanceof InvalidRequestError) {
       status = 400;
       body = { code: err.code, message: err.message, details: err.issues };

@@ -9,6 +9,7 @@ import type { Logger } from '../logger.ts';
 import { queueMetrics } from '../metrics.ts';
 import { pingWithin, reportRedisError } from '../queues/redis.ts';
 import { createApiApp } from './app.ts';
+import { WaitBudget } from './wait-budget.ts';
 
 import { VERSION } from '../version.ts';
 
@@ -30,13 +31,15 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
     queue.on('error', reportRedisError);
     return { queue, prefix: client.partitions.length > 1 ? `p${p.index}:` : '' };
   });
+  const waits = new WaitBudget({ perCompany: config.LEASE_OPS_API_MAX_WAITS_PER_COMPANY, total: config.LEASE_OPS_API_MAX_WAITS });
   const app = createApiApp({
     config,
     client,
     log,
     version: VERSION,
     boardQueues: maintenance,
-    metrics: queueMetrics(client, { bullmqTotals: config.LEASE_OPS_BULLMQ_METRICS }),
+    waits,
+    metrics: queueMetrics(client, { bullmqTotals: config.LEASE_OPS_BULLMQ_METRICS, waits }),
     readiness: async () => {
       try {
         // A connection on its way up (at start, after an outage) gets its second to answer.

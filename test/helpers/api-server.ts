@@ -1,6 +1,7 @@
 import { once } from 'node:events';
 import type { AddressInfo } from 'node:net';
 import { createApiApp } from '../../src/api/app.ts';
+import { WaitBudget } from '../../src/api/wait-budget.ts';
 import { LeaseOpsClient } from '../../src/client.ts';
 import type { Logger } from '../../src/logger.ts';
 import type { MasterKeys } from '../../src/providers/instances/sealing.ts';
@@ -19,15 +20,18 @@ export interface TestApi {
 export async function startTestApi(bed: TestBed, log: Logger = createLogger({ level: 'silent' }), opts: { masterKeys?: MasterKeys | null } = {}): Promise<TestApi> {
   const client = new LeaseOpsClient(bed.config, { failFast: true, masterKeys: opts.masterKeys ?? null });
   await client.connected();
+  const waits = new WaitBudget({ perCompany: bed.config.LEASE_OPS_API_MAX_WAITS_PER_COMPANY, total: bed.config.LEASE_OPS_API_MAX_WAITS });
   const app = createApiApp({
     config: bed.config,
     client,
     log,
     version: 'test',
-    metrics: queueMetrics(client, { bullmqTotals: bed.config.LEASE_OPS_BULLMQ_METRICS }),
+    waits,
+    metrics: queueMetrics(client, { bullmqTotals: bed.config.LEASE_OPS_BULLMQ_METRICS, waits }),
     readiness: async () => ({ ready: true, checks: { redis: 'ok' } }),
   });
   const server = app.listen(0, '127.0.0.1');
+  server.maxConnections = bed.config.LEASE_OPS_API_MAX_CONNECTIONS;
   await once(server, 'listening');
   return {
     base: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,

@@ -1,0 +1,107 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startTestApi, type TestApi } from './helpers/api-server.ts';
+import { TestBed } from './helpers/env.ts';
+
+// Issue 27: what one company can do to another through the API. Small budgets here, so the
+// test reaches them quickly; the defaults are in docs/security.md.
+
+const A = 'neighbour-a-token-0123456789';
+const B = 'neighbour-b-token-0123456789';
+
+describe('noisy neighbours: waiting requests (issue 27 item 2)', () => {
+  let bed: TestBed;
+  let api: TestApi;
+  const bearer = (token: string) => ({ authorization: `Bearer ${token}` });
+  const held: AbortController[] = [];
+
+  beforeAll(async () => {
+    bed = await TestBed.create({
+      LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }]),
+      LEASE_OPS_API_MAX_WAITS_PER_COMPANY: '3',
+      LEASE_OPS_API_MAX_WAITS: '5',
+      LEASE_OPS_API_MAX_CONNECTIONS: '40',
+    });
+    await bed.ops.announceProviders([{ name: 'recording', capabilities: { stop: true, pause: false, forceStop: true } }]);
+    api = await startTestApi(bed);
+  });
+
+  afterAll(async () => {
+    for (const c of held) c.abort();
+    await api?.close();
+    await bed?.close();
+  });
+
+  /** An operation of `company` that waits in a paused lane (no worker runs here anyway): a long poll on it holds. */
+  async function waitingOperation(token: string, company: string): Promise<string> {
+    const lease = `/v1/leases/recording/${company}/env/held`;
+    expect((await fetch(`${api.base}${lease}/pause`, { method: 'POST', headers: bearer(token) })).status).toBe(200);
+    const res = await fetch(`${api.base}${lease}/operations`, { method: 'POST', headers: { ...bearer(token), 'content-type': 'application/json' }, body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 'held' } }) });
+    return ((await res.json()) as { jobId: string }).jobId;
+  }
+
+  /** Starts a long poll that holds its connection; resolves once the API took it (its status would come only after 25 s). */
+  function longPoll(token: string, jobId: string): { response: Promise<Response>; controller: AbortController } {
+    const controller = new AbortController();
+    held.push(controller);
+    const response = fetch(`${api.base}/v1/operations/${encodeURIComponent(jobId)}?waitMs=25000`, { headers: bearer(token), signal: controller.signal });
+    response.catch(() => undefined);
+    return { response, controller };
+  }
+
+  /** The waits the API holds now, from its /metrics. */
+  async function waitsHeld(): Promise<{ all: number; refusedCompany: number; refusedServer: number }> {
+    const text = await (await fetch(`${api.base}/metrics`)).text();
+    const value = (pattern: RegExp) => Number(pattern.exec(text)?.[1] ?? NaN);
+    return {
+      all: value(/^lease_ops_api_waits\{of="all"\} (\d+)$/m),
+      refusedCompany: value(/^lease_ops_api_waits_refused_total\{budget="company"\} (\d+)$/m),
+      refusedServer: value(/^lease_ops_api_waits_refused_total\{budget="server"\} (\d+)$/m),
+    };
+  }
+
+  async function until(check: () => Promise<boolean>, what: string): Promise<void> {
+    const deadline = Date.now() + 10_000;
+    while (!(await check())) {
+      if (Date.now() > deadline) throw new Error(`never: ${what}`);
+      await new Promise((r) => setImmediate(r));
+    }
+  }
+
+  it("refuses a company's waits past its budget and the server's past its own, while probes and other requests answer at once", async () => {
+    const aJob = await waitingOperation(A, 'a');
+    const bJob = await waitingOperation(B, 'b');
+    const aPolls = [longPoll(A, aJob), longPoll(A, aJob), longPoll(A, aJob)];
+    await until(async () => (await waitsHeld()).all === 3, "A's three waits held");
+    // A's fourth: refused with its code and a Retry-After, at once.
+    const fourth = await fetch(`${api.base}/v1/operations/${encodeURIComponent(aJob)}?waitMs=25000`, { headers: bearer(A) });
+    expect(fourth.status).toBe(429);
+    expect(fourth.headers.get('retry-after')).toBe('1');
+    expect(((await fourth.json()) as { error: { code: string } }).error.code).toBe('company_waits_full');
+    // A's Prefer: wait is a preference: not applied, the operation accepted (202) at once.
+    const preferred = await fetch(`${api.base}/v1/leases/recording/a/env/other/operations`, {
+      method: 'POST',
+      headers: { ...bearer(A), 'content-type': 'application/json', prefer: 'wait=20' },
+      body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 'other' } }),
+    });
+    expect(preferred.status).toBe(202);
+    expect(preferred.headers.get('preference-applied')).toBeNull();
+    // B is not A: its waits are taken, up to the server's budget (5 in all).
+    longPoll(B, bJob);
+    longPoll(B, bJob);
+    await until(async () => (await waitsHeld()).all === 5, "B's two waits held");
+    const sixth = await fetch(`${api.base}/v1/operations/${encodeURIComponent(bJob)}?waitMs=25000`, { headers: bearer(B) });
+    expect(sixth.status).toBe(429);
+    expect(((await sixth.json()) as { error: { code: string } }).error.code).toBe('server_waits_full');
+    // With every wait held, the probes and B's reads that do not wait answer at once.
+    expect((await fetch(`${api.base}/healthz`)).status).toBe(200);
+    expect((await fetch(`${api.base}/readyz`)).status).toBe(200);
+    expect((await fetch(`${api.base}/v1/operations/${encodeURIComponent(bJob)}`, { headers: bearer(B) })).status).toBe(200);
+    expect((await fetch(`${api.base}/v1/attention`, { headers: bearer(B) })).status).toBe(200);
+    expect(await waitsHeld()).toMatchObject({ all: 5, refusedCompany: 2, refusedServer: 1 });
+    // A hangs up: its waits come back at once, not when they would have ended.
+    for (const poll of aPolls) poll.controller.abort();
+    await until(async () => (await waitsHeld()).all === 2, "A's waits given back");
+    longPoll(A, aJob);
+    await until(async () => (await waitsHeld()).all === 3, "A's new wait held");
+  });
+});
