@@ -72,6 +72,12 @@ export async function runEnqueue(op: string, opts: EnqueueCliOptions): Promise<n
   }
   return withClient(async (client) => {
     try {
+      // An operation on a sandbox names it in its params; given the lease by either of its
+      // names without one, the CLI fills in the sandbox the lease has (or --lease itself).
+      if (name.data !== 'acquire' && params !== null && typeof params === 'object' && !Array.isArray(params) && !('providerLeaseId' in params)) {
+        const known = await client.getLease(leaseOf(opts)).catch(() => null);
+        params = { ...params, providerLeaseId: known?.sandboxId ?? opts.lease };
+      }
       const enqueued = await client.enqueue(name.data, leaseOf(opts), params as Record<string, unknown>, {
         ...(deadlineMs === undefined ? {} : { deadlineMs }),
         ...(opts.idempotencyKey === undefined ? {} : { idempotencyKey: opts.idempotencyKey }),
@@ -208,10 +214,11 @@ function formatOverview(view: QueueOverview): string {
   const lines = ['operations by state:'];
   for (const [state, n] of Object.entries(view.counts)) lines.push(`  ${state.padEnd(12)} ${n}`);
   lines.push(`open lanes: ${view.openLanes}`);
+  // One line per lease, with every reason it has: the same leases as /v1/attention and the page.
   lines.push(`leases needing attention: ${view.attention.length}`);
   for (const a of view.attention) {
     const l = a.lease;
-    lines.push(`  ${a.reason.padEnd(22)} ${l ? `${l.provider}/${l.companyId}/${l.environmentId}/${l.leaseId}` : a.laneId}  ${a.detail}`);
+    lines.push(`  ${l ? `${l.provider}/${l.companyId}/${l.environmentId}/${l.leaseId}` : a.laneId}  [${a.reasons.join(', ')}]  ${a.detail}`);
   }
   return lines.join('\n');
 }

@@ -252,6 +252,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     });
     throw new ConfigError(`invalid configuration:\n${lines.join('\n')}`);
   }
+  // Unset: 500, or half the connections where fewer are allowed.
+  if (env.LEASE_OPS_API_MAX_WAITS === undefined) parsed.data.LEASE_OPS_API_MAX_WAITS = Math.max(1, Math.min(500, Math.floor(parsed.data.LEASE_OPS_API_MAX_CONNECTIONS / 2)));
   if (parsed.data.LEASE_OPS_API_MAX_WAITS >= parsed.data.LEASE_OPS_API_MAX_CONNECTIONS) {
     throw new ConfigError(
       `invalid configuration:\n  LEASE_OPS_API_MAX_WAITS=${parsed.data.LEASE_OPS_API_MAX_WAITS}: must be below LEASE_OPS_API_MAX_CONNECTIONS (${parsed.data.LEASE_OPS_API_MAX_CONNECTIONS}), so requests that do not wait (and /healthz) always find a connection`,

@@ -8,7 +8,9 @@ const idString = (what: string) =>
     .string()
     .min(1, `${what} must not be empty`)
     .max(256, `${what} must be at most 256 characters`)
-    .regex(/^[^\p{Cc}]+$/u, `${what} must not contain control characters`);
+    .regex(/^[^\p{Cc}]+$/u, `${what} must not contain control characters`)
+    // A URL path would resolve these away: /v1/leases/p/c/e/.. is another route.
+    .refine((id) => id !== '.' && id !== '..', `${what} must not be "." or ".."`);
 
 /**
  * Who a lease is. Operations for one identity form one lane and never overlap.

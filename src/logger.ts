@@ -80,7 +80,10 @@ export function prettyStream(out: { write(text: string): unknown; isTTY?: boolea
         .join(' ');
       const name = typeof record.name === 'string' ? `${record.name}: ` : '';
       const lvl = colour ? `\x1b[${COLOURS[level] ?? '0'}m${label}\x1b[0m` : label;
-      out.write(`${at} ${lvl} ${name}${String(record.msg ?? '')}${fields ? `  ${fields}` : ''}\n`);
+      // An error's stack under an error line (as the JSON form keeps it), indented.
+      const stack = level >= 50 ? (record.err as { stack?: unknown } | undefined)?.stack : undefined;
+      const trace = typeof stack === 'string' ? `${stack.split('\n').slice(1).map((l) => `    ${l.trim()}`).join('\n')}\n` : '';
+      out.write(`${at} ${lvl} ${name}${String(record.msg ?? '')}${fields ? `  ${fields}` : ''}\n${trace}`);
     },
   };
 }

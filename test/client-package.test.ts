@@ -1,3 +1,6 @@
+import { once } from 'node:events';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type * as Light from '../packages/client/src/index.ts';
 import { LeaseOpsHttpClient, LeaseOpsRequestError } from '../packages/client/src/index.ts';
@@ -120,5 +123,62 @@ describe('the light client (lease-ops-client) against the HTTP API', () => {
     expect((await light.getLease(lease('refuses'))).lastFailure).toBeNull();
     expect(await light.unpauseLane(lease('one'))).toMatchObject({ paused: false, changed: true });
     expect((await api.client.getLease(lease('one'))).paused).toBeNull();
+  });
+});
+
+describe('the light client against a server that misbehaves', () => {
+  let server: Server;
+  let base = '';
+  let handle: (req: IncomingMessage, res: ServerResponse) => void = () => undefined;
+
+  beforeAll(async () => {
+    server = createServer((req, res) => handle(req, res));
+    server.listen(0, '127.0.0.1');
+    await once(server, 'listening');
+    base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  });
+  afterAll(() => {
+    server.closeAllConnections();
+    server.close();
+  });
+
+  const lease = { provider: 'p', companyId: 'c', environmentId: 'e', leaseId: 'l' };
+  const shapeOf = (err: unknown) => ({ light: err instanceof LeaseOpsRequestError, code: (err as LeaseOpsRequestError).code, status: (err as LeaseOpsRequestError).status });
+
+  it('turns a stalled body, a cut connection, a caller giving up and a non-object answer into LeaseOpsRequestError with a code', async () => {
+    // Headers, then a body that never ends: the request's own timeout.
+    handle = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.write('{"jobId":');
+    };
+    const stalled = await new LeaseOpsHttpClient({ url: base, token: 't', requestTimeoutMs: 300 }).getLease(lease).catch((e: unknown) => e);
+    expect(shapeOf(stalled)).toEqual({ light: true, code: 'request_timeout', status: 0 });
+    // The connection cut mid-body.
+    handle = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json', 'content-length': '100' });
+      res.write('{"jobId":', () => res.socket?.destroy());
+    };
+    expect(shapeOf(await new LeaseOpsHttpClient({ url: base, token: 't' }).getLease(lease).catch((e: unknown) => e))).toEqual({ light: true, code: 'unreachable', status: 0 });
+    // The caller gives up: its own code, not "unreachable".
+    handle = () => undefined;
+    const controller = new AbortController();
+    const pending = new LeaseOpsHttpClient({ url: base, token: 't' }).exec(lease, { providerLeaseId: 'l', command: 'true' }, { signal: controller.signal }).catch((e: unknown) => e);
+    controller.abort();
+    expect(shapeOf(await pending)).toEqual({ light: true, code: 'aborted', status: 0 });
+    // 200 with a JSON array, or with nothing: not a view.
+    for (const body of ['[1,2]', '']) {
+      handle = (_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end(body);
+      expect(shapeOf(await new LeaseOpsHttpClient({ url: base, token: 't' }).getLease(lease).catch((e: unknown) => e))).toEqual({ light: true, code: 'invalid_answer', status: 200 });
+    }
+  });
+
+  it('refuses what it cannot send: a wait that is not a number, a lease id a URL would resolve away', async () => {
+    const client = new LeaseOpsHttpClient({ url: base, token: 't' });
+    expect(shapeOf(await client.waitForResult('j', Number.NaN).catch((e: unknown) => e))).toEqual({ light: true, code: 'invalid_request', status: 0 });
+    expect(shapeOf(await client.getLease({ ...lease, leaseId: '..' }).catch((e: unknown) => e))).toEqual({ light: true, code: 'invalid_request', status: 0 });
+    // The server refuses them too (400), for every client.
+    const { LeaseIdentitySchema } = await import('../src/lease.ts');
+    expect(LeaseIdentitySchema.safeParse({ ...lease, leaseId: '..' }).success).toBe(false);
+    expect(LeaseIdentitySchema.safeParse({ ...lease, environmentId: '.' }).success).toBe(false);
   });
 });

@@ -58,6 +58,9 @@ describe('log lines', () => {
     expect(line).toContain('err="Error ECONNRESET: socket hang up"');
     expect(line).not.toContain('sk-secret-value');
     expect(line).not.toMatch(/\n./);
+    // An error line carries its stack below it, indented.
+    log.error({ err: new Error('it broke') }, 'worker error');
+    expect(lines[1]).toMatch(/ ERROR lease-ops-worker: worker error {2}err="Error: it broke"\n {4}at /);
   });
 
   it.runIf(existsSync('/usr/bin/script'))("of `lease-ops start` on a terminal are pretty among its friendly lines, with no raw JSON", async () => {

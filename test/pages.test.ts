@@ -259,7 +259,12 @@ describe.skipIf(!haveChromium)('the operator pages in a real browser: the stuck-
         const r = svg.querySelector(`rect[data-bar="${id}"]`)!.getBoundingClientRect();
         if (t.left < r.left - 0.5 || t.right > r.right + 0.5) bad.push(`${text.textContent}: ${t.left.toFixed(1)}-${t.right.toFixed(1)} outside ${r.left.toFixed(1)}-${r.right.toFixed(1)}`);
       }
-      for (const name of svg.querySelectorAll('text.row-name')) if (name.getBoundingClientRect().right > box.left + 200 * (box.width / 1200)) bad.push(`row name: ${name.textContent}`);
+      for (const name of svg.querySelectorAll('text.row-name')) if (name.getBoundingClientRect().right > box.left + 240 * (box.width / 1200)) bad.push(`row name: ${name.textContent}`);
+      // No bar runs out of the picture either (the sandbox's last state runs until now).
+      for (const bar of svg.querySelectorAll('rect[data-bar]')) {
+        const r = bar.getBoundingClientRect();
+        if (r.left < box.left - 0.5 || r.right > box.right + 0.5) bad.push(`bar ${bar.getAttribute('data-bar')} outside the picture`);
+      }
       return bad;
     });
     expect(escaped).toEqual([]);

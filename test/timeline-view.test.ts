@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { eventRows, foldRetries, timelineRows } from '../src/api/pages.ts';
+import { eventRows, foldRetries, timelineRows, timelineSvg } from '../src/api/pages.ts';
 import type { OperationView } from '../src/queues/inspect.ts';
 import type { HistoryEvent } from '../src/queues/lease-history.ts';
 import { duration, moment } from '../src/time-format.ts';
@@ -99,6 +99,22 @@ describe('the timeline of a lease', () => {
     ]);
     // Two retries with the same code are not a streak.
     expect(eventRows(events.slice(0, 6)).every((r) => r.kind === 'event')).toBe(true);
+  });
+
+  it('keeps every bar inside the picture when the sandbox has been in its last state since long after the last operation', () => {
+    const events = [
+      ev(0, 'accepted', 'a', { op: 'resume', ahead: 0 }),
+      ev(10, 'started', 'a', { op: 'resume', attempt: 1 }),
+      ev(20, 'observed', 'a', { state: 'running', providerState: 'running' }),
+      ev(30, 'completed', 'a', { op: 'resume' }),
+    ];
+    const svg = timelineSvg({ events, now: T + 600_000, operations: [] }, 1200);
+    const bars = [...svg.matchAll(/<rect class="[^"]*" data-bar="\d+" x="([\d.]+)" y="[\d.]+" width="([\d.]+)"/g)].map((m) => Number(m[1]) + Number(m[2]));
+    expect(bars.length).toBeGreaterThan(1);
+    for (const right of bars) expect(right).toBeLessThanOrEqual(1200 - 16 + 0.1);
+    // The state bar runs to now, and the axis with it.
+    expect(Math.max(...bars)).toBeCloseTo(1200 - 16, 0);
+    expect(svg).toContain('+10 min');
   });
 
   it('says every moment one way: ISO 8601 in UTC and how long ago', () => {

@@ -1,6 +1,7 @@
 import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import type { Job } from 'bullmq';
 import { laneIdOfJobId } from '../lease.ts';
+import { failedBeforeItRan } from '../queues/inspect.ts';
 import { parsePause } from '../queues/lane.ts';
 import { OperationJobDataSchema } from '../operations.ts';
 import type { OperationsQueue } from '../queues/operations-queue.ts';
@@ -35,8 +36,6 @@ function outcomeStatus(text: string | null): string | null {
   }
 }
 
-/** Failure codes of an operation taken out of its lane before it ever ran (no provider call). */
-const NEVER_RAN = new Set(['cancelled', 'removed', 'orphaned']);
 
 /** The failure code the lane recorded for a finished job, if it is readable. */
 function outcomeCode(text: string | null): string | null {
@@ -180,14 +179,18 @@ export class LeaseOpsBoardAdapter extends BullMQAdapter {
       where = place.parked ? 'waiting outside its lane (the sweep repairs it)' : 'not in its lane';
     }
     told.name = `${who} · ${where}`;
-    // Failed without ever running (cancelled or removed while it waited, or never in its
-    // lane): no "process started" on its card.
-    if (json.finishedOn && (json.attemptsMade === 0 || NEVER_RAN.has(outcomeCode(place.outcome) ?? ''))) told.processedOn = undefined;
+    // Failed without ever running (cancelled or removed while it waited, never in its lane,
+    // out of time before its turn): no "process started" on its card. The same test as the
+    // API's view of an operation (attempts 0, no start).
+    const failedEarly = failedBeforeItRan(outcomeCode(place.outcome) ?? /^([a-z_]+): /.exec(json.failedReason ?? '')?.[1], json.failedReason);
+    if (json.finishedOn && (json.attemptsMade === 0 || (failedEarly && json.attemptsMade <= 1))) told.processedOn = undefined;
     if (json.failedReason) {
       // Code and message only: stack traces carry the server's paths.
       told.failedReason = lastError ?? '';
       told.stacktrace = [];
     }
+    // A completed job keeps the reason of its last retry in BullMQ: not a failure, not shown.
+    if (json.finishedOn && outcomeStatus(place.outcome) === 'completed') told.failedReason = '';
     return told;
   }
 }

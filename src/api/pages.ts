@@ -216,11 +216,11 @@ const OUTCOME_COLOURS = { retry: '#c77c02', completed: '#1f8a3b', failed: '#c62f
 /** About how wide a label is, in px, at a font size: generous, so a label said to fit does. */
 const textWidth = (text: string, size: number) => text.length * size * 0.62;
 
-/** `text` cut (with an ellipsis) to fit `px` at `size`; empty when not even two characters fit. */
+/** `text` cut (with an ellipsis) to fit `px` at `size`; empty when fewer than four characters would show (its tooltip has it). */
 function fitted(text: string, px: number, size: number): string {
   if (textWidth(text, size) <= px) return text;
   const chars = Math.floor(px / (size * 0.62)) - 1;
-  return chars >= 2 ? `${text.slice(0, chars)}…` : '';
+  return chars >= 4 ? `${text.slice(0, chars)}…` : '';
 }
 
 /**
@@ -233,8 +233,9 @@ export function timelineSvg(tl: Pick<LeaseTimeline, 'events' | 'operations' | 'n
   const times = [...tl.events.map((e) => e.at), ...rows.flatMap((r) => r.spans.map((s) => s.to))];
   if (times.length === 0) return '';
   const start = Math.min(...times);
-  const end = Math.max(start + 1_000, ...times);
-  const left = 200;
+  // Up to now: the sandbox's last observed state runs until now, whatever ended before.
+  const end = Math.max(start + 1_000, tl.now, ...times);
+  const left = 240;
   const right = 16;
   const plot = width - left - right;
   const x = (t: number) => left + ((t - start) / (end - start)) * plot;
@@ -469,18 +470,17 @@ const REASONS: Record<AttentionItem['reason'], string> = {
 
 /** The attention page: one row per lease (stuck, failing, paused or blocked: each reason it has), linked to its timeline. */
 export function attentionPage(items: AttentionItem[], next: number | null, now: number, offset: number): string {
-  const byLane = new Map<string, AttentionItem[]>();
-  for (const item of items) byLane.set(item.laneId, [...(byLane.get(item.laneId) ?? []), item]);
   const chip = (reason: AttentionItem['reason']) => (reason === 'stuck_stopping' ? 'stuck' : reason === 'blocked' || reason === 'paused' ? 'backing-off' : 'failed');
-  const rows = [...byLane.values()]
-    .map((group) => {
-      const lease = group.find((item) => item.lease)?.lease ?? null;
-      const name = lease ? `${lease.provider} · ${lease.companyId}/${lease.environmentId}/${lease.leaseId}` : group[0]!.laneId;
-      const link = lease ? `<a href="${esc(timelinePath(lease))}">${esc(name)}</a>` : esc(name);
-      const since = Math.min(...group.map((item) => item.since));
-      const why = group.map((item) => `<span class="k k-${chip(item.reason)}" data-reason="${esc(item.reason)}">${esc(REASONS[item.reason])}</span>`).join(' ');
-      const detail = group.map((item) => `<div>${esc(item.detail)}</div>`).join('');
-      return `<tr data-lane="${esc(group[0]!.laneId)}" data-reasons="${esc(group.map((item) => item.reason).join(' '))}"><td>${why}</td><td>${link}</td><td class="t">${esc(duration(Math.max(0, now - since)))}<br><time datetime="${isoUtc(since)}" class="muted">${esc(isoUtc(since))}</time></td><td>${detail}</td></tr>`;
+  const rows = items
+    .map((item) => {
+      const name = item.lease ? `${item.lease.provider} · ${item.lease.companyId}/${item.lease.environmentId}/${item.lease.leaseId}` : item.laneId;
+      const link = item.lease ? `<a href="${esc(timelinePath(item.lease))}">${esc(name)}</a>` : esc(name);
+      const why = item.reasons.map((reason) => `<span class="k k-${chip(reason)}" data-reason="${esc(reason)}">${esc(REASONS[reason])}</span>`).join(' ');
+      const detail = item.detail
+        .split('; ')
+        .map((line) => `<div>${esc(line)}</div>`)
+        .join('');
+      return `<tr data-lane="${esc(item.laneId)}" data-reasons="${esc(item.reasons.join(' '))}"><td>${why}</td><td>${link}</td><td class="t">${esc(duration(Math.max(0, now - item.since)))}<br><time datetime="${isoUtc(item.since)}" class="muted">${esc(isoUtc(item.since))}</time></td><td>${detail}</td></tr>`;
     })
     .join('');
   const more = next === null ? '' : `<p><a href="/ui/attention?offset=${next}">Next page</a></p>`;

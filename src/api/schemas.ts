@@ -334,9 +334,10 @@ export const AttentionItemSchema = z
   .object({
     laneId: z.string(),
     lease: LeaseIdentitySchema.nullable(),
-    reason: z.enum(['stuck_stopping', 'last_operation_failed', 'paused', 'blocked']),
-    since: z.number(),
-    detail: z.string(),
+    reason: z.enum(['stuck_stopping', 'last_operation_failed', 'paused', 'blocked']).meta({ description: 'the first of its reasons' }),
+    reasons: z.array(z.enum(['stuck_stopping', 'last_operation_failed', 'paused', 'blocked'])).meta({ description: 'every reason the lease needs someone (one item per lease)' }),
+    since: z.number().meta({ description: 'epoch ms since the earliest of its reasons holds' }),
+    detail: z.string().meta({ description: "each reason's detail, joined with '; '" }),
   })
   .meta({ id: 'AttentionItem' });
 

@@ -77,10 +77,15 @@ export interface LeaseTimeline extends LeaseView {
 
 export type AttentionReason = 'stuck_stopping' | 'last_operation_failed' | 'paused' | 'blocked';
 
+/** One reason a lease needs someone, before the reasons of a lease are put together. */
+type ReasonItem = Omit<AttentionItem, 'reasons'>;
+
+/** A lease that needs someone: one item per lease, with every reason it has (`reason` is the first of them). */
 export interface AttentionItem {
   laneId: string;
   lease: LeaseIdentity | null;
   reason: AttentionReason;
+  reasons: AttentionReason[];
   /** Epoch ms since when the condition holds, as far as lease-ops knows. */
   since: number;
   detail: string;
@@ -92,6 +97,26 @@ export interface QueueOverview {
   openLanes: number;
   attention: AttentionItem[];
 }
+
+/**
+ * Whether a failure was decided before the attempt that ended it ran (no provider call):
+ * cancelled or removed while it waited, never in its lane, or out of time before its turn.
+ * BullMQ counts that last fetch as an attempt; the views do not.
+ */
+export function failedBeforeItRan(code: string | null | undefined, message: string | null | undefined): boolean {
+  if (code === 'removed' || code === 'orphaned') return true;
+  if (code === 'cancelled') return !/while it ran/.test(message ?? '');
+  if (code === 'deadline_exceeded') return /while it waited in its lane|before the operation could start/.test(message ?? '');
+  return false;
+}
+
+/** The message of an error without the `<code>: ` it may start with: the code is beside it. */
+export function withoutCode(code: string, message: string): string {
+  return message.startsWith(`${code}: `) ? message.slice(code.length + 2) : message;
+}
+
+/** The code a failure's message starts with (`removed: ...`), when it does. */
+const codeOf = (message: string | undefined): string | null => /^([a-z][a-z0-9_]*): /.exec(message ?? '')?.[1] ?? null;
 
 /** A finished job keeps the lane's outcome (with the failure code) in its hash. */
 interface StoredOutcome {
@@ -173,7 +198,12 @@ export class Inspector {
     if (state === 'failed') {
       const outcome = parseOutcome(outcomeText ?? null);
       // Callers (tenants among them) read it: no addresses or server paths.
-      view.error = { code: outcome?.code ?? 'failed', message: withoutInfrastructure(job.failedReason || outcome?.error || 'failed') };
+      const code = outcome?.code ?? codeOf(job.failedReason) ?? 'failed';
+      view.error = { code, message: withoutCode(code, withoutInfrastructure(job.failedReason || outcome?.error || 'failed')) };
+      if (failedBeforeItRan(code, view.error.message)) {
+        view.attempts = Math.max(0, job.attemptsMade - 1);
+        if (view.attempts === 0) view.startedAt = null;
+      }
     }
     return view;
   }
@@ -189,7 +219,7 @@ export class Inspector {
       this.records.stoppingSince(laneId),
       this.records.now(),
     ]);
-    const budgetMs = this.limits.stuckStoppingMs;
+    const budgetMs = await this.stuckBudget();
     const views = (await Promise.all(lane.jobs.slice(0, limit + 1).map((jobId) => this.viewOf(jobId, laneId)))).filter(
       (v): v is OperationView => v !== null,
     );
@@ -269,15 +299,20 @@ export class Inspector {
     return { items: all.slice(offset, offset + limit), next: all.length > offset + limit ? offset + limit : null };
   }
 
+  /** The budget the workers judge "stuck stopping" by (they announce it); this process' own before any did. */
+  private async stuckBudget(): Promise<number> {
+    return (await this.ops.announcedStuckBudget()) ?? this.limits.stuckStoppingMs;
+  }
+
   private async attentionUpTo(limit: number, visible: (lease: LeaseIdentity | null) => boolean): Promise<AttentionItem[]> {
     const now = Date.now();
     // How long a sandbox has been stopping is counted in Redis' clock, the one it was recorded in.
-    const redisNow = await this.records.now();
+    const [redisNow, stuckBudget] = await Promise.all([this.records.now(), this.stuckBudget()]);
     const page = Math.max(limit, ATTENTION_PAGE);
     // Each kind is read for all its lanes at once: a scrape of /metrics asks for this too.
     const [stuck, failures, paused, quiet, running] = await Promise.all([
       this.pagedVisible(page, limit, visible, async (offset) => {
-        const pairs = await this.records.stoppingSinceWithScores(redisNow - this.limits.stuckStoppingMs, page, offset);
+        const pairs = await this.records.stoppingSinceWithScores(redisNow - stuckBudget, page, offset);
         return { read: pairs.length, items: await Promise.all(pairs.map(([laneId, since]) => this.stuckItem(laneId, since, redisNow))) };
       }),
       this.pagedVisible(page, limit, visible, async (offset) => {
@@ -297,7 +332,20 @@ export class Inspector {
       }),
     ]);
     const quietLanes = new Set(quiet.map((item) => item.laneId));
-    return [...stuck, ...failures, ...paused, ...quiet, ...running.filter((item) => !quietLanes.has(item.laneId))].slice(0, limit);
+    // One item per lease, with every reason it has (each kind read `limit` deep, so the
+    // leases read are at least `limit`, or all there are).
+    const byLane = new Map<string, AttentionItem>();
+    for (const item of [...stuck, ...failures, ...paused, ...quiet, ...running.filter((item) => !quietLanes.has(item.laneId))]) {
+      const seen = byLane.get(item.laneId);
+      if (!seen) byLane.set(item.laneId, { ...item, reasons: [item.reason] });
+      else if (!seen.reasons.includes(item.reason)) {
+        seen.reasons.push(item.reason);
+        seen.since = Math.min(seen.since, item.since);
+        seen.detail = `${seen.detail}; ${item.detail}`;
+        seen.lease ??= item.lease;
+      }
+    }
+    return [...byLane.values()].slice(0, limit);
   }
 
   /**
@@ -306,13 +354,13 @@ export class Inspector {
    * running jobs (each needs a look at its head).
    */
   async attentionCounts(limit = 200): Promise<Record<AttentionReason, number>> {
-    const redisNow = await this.records.now();
+    const [redisNow, stuckBudget] = await Promise.all([this.records.now(), this.stuckBudget()]);
     const [stuck, failed, items] = await Promise.all([
-      this.records.stoppingCount(redisNow - this.limits.stuckStoppingMs),
+      this.records.stoppingCount(redisNow - stuckBudget),
       this.ops.lanes.failureCount(),
       this.attention(limit),
     ]);
-    return { stuck_stopping: stuck, last_operation_failed: failed, paused: await this.ops.lanes.pausedCount(), blocked: items.filter((item) => item.reason === 'blocked').length };
+    return { stuck_stopping: stuck, last_operation_failed: failed, paused: await this.ops.lanes.pausedCount(), blocked: items.filter((item) => item.reasons.includes('blocked')).length };
   }
 
   /** Reads pages of one kind of attention item until `limit` are visible or there are no more. */
@@ -320,9 +368,9 @@ export class Inspector {
     page: number,
     limit: number,
     visible: (lease: LeaseIdentity | null) => boolean,
-    read: (offset: number) => Promise<{ read: number; items: (AttentionItem | null)[] }>,
-  ): Promise<AttentionItem[]> {
-    const found: AttentionItem[] = [];
+    read: (offset: number) => Promise<{ read: number; items: (ReasonItem | null)[] }>,
+  ): Promise<ReasonItem[]> {
+    const found: ReasonItem[] = [];
     for (let offset = 0; found.length < limit; offset += page) {
       const { read: count, items } = await read(offset);
       for (const item of items) if (item && visible(item.lease)) found.push(item);
@@ -331,7 +379,7 @@ export class Inspector {
     return found.slice(0, limit);
   }
 
-  private async stuckItem(laneId: string, since: number, redisNow: number): Promise<AttentionItem> {
+  private async stuckItem(laneId: string, since: number, redisNow: number): Promise<ReasonItem> {
     const record = await this.records.get(laneId);
     return {
       laneId,
@@ -343,7 +391,7 @@ export class Inspector {
   }
 
   /** One item per lease: every kind of operation that failed since it last succeeded, newest first. */
-  private async failureItem({ laneId, at, kinds }: { laneId: string; jobId: string; at: number; kinds: { op: string; jobId: string; at: number }[] }): Promise<AttentionItem> {
+  private async failureItem({ laneId, at, kinds }: { laneId: string; jobId: string; at: number; kinds: { op: string; jobId: string; at: number }[] }): Promise<ReasonItem> {
     const views = await Promise.all(kinds.map((kind) => this.operation(kind.jobId)));
     const lease = views.find((v) => v?.lease)?.lease ?? (await this.records.get(laneId))?.lease ?? null;
     const detail = kinds
@@ -361,14 +409,14 @@ export class Inspector {
    * until `limit` are visible: a paused lane needs someone to unpause it, whether or not
    * anything waits in it yet.
    */
-  private async pausedItems(limit: number, visible: (lease: LeaseIdentity | null) => boolean): Promise<AttentionItem[]> {
-    const found: AttentionItem[] = [];
+  private async pausedItems(limit: number, visible: (lease: LeaseIdentity | null) => boolean): Promise<ReasonItem[]> {
+    const found: ReasonItem[] = [];
     let cursor = '0';
     do {
       const page = await this.ops.lanes.pausedLanes(cursor, ATTENTION_PAGE);
       cursor = page.next;
       const items = await Promise.all(
-        page.lanes.map(async ({ laneId, by, since, lease: pausedFor }): Promise<AttentionItem> => {
+        page.lanes.map(async ({ laneId, by, since, lease: pausedFor }): Promise<ReasonItem> => {
           const lane = await this.ops.lanes.view(laneId);
           const head = lane.jobs[0] ? await this.operation(lane.jobs[0]) : null;
           const lease = head?.lease ?? (await this.records.get(laneId))?.lease ?? pausedFor;
@@ -382,7 +430,7 @@ export class Inspector {
   }
 
   /** A lane's head that should have moved by now: not picked up, left parked, or past its deadline. */
-  private async blockedHead(laneId: string, now: number): Promise<AttentionItem | null> {
+  private async blockedHead(laneId: string, now: number): Promise<ReasonItem | null> {
     const lane = await this.ops.lanes.view(laneId);
     const headId = lane.jobs[0];
     if (!headId) return null;
@@ -423,7 +471,7 @@ export class Inspector {
 }
 
 /** A running job past its deadline, as an attention item; null for any other. */
-function overdueItem(job: Job, now: number): AttentionItem | null {
+function overdueItem(job: Job, now: number): ReasonItem | null {
   const parsed = OperationJobDataSchema.safeParse(job.data);
   const laneId = job.id ? laneIdOfJobId(job.id) : null;
   if (!parsed.success || !laneId || now <= parsed.data.deadlineAt) return null;

@@ -102,6 +102,8 @@ export class OperationsQueue {
   private readonly acquiresKey: string;
   /** Provider names some worker served, with when it last said so. */
   readonly providersKey: string;
+  /** The workers' settings that views must judge by too (the stuck-stopping budget). */
+  readonly deploymentKey: string;
   private acquiresCursor = '0';
   /** Acquires seen without a job, and since when (see reconcileAcquires). */
   private readonly vanishedSince = new Map<string, number>();
@@ -129,6 +131,7 @@ export class OperationsQueue {
     this.replaceIfEqual = luaCommand(connection, 'replace-if-equal', 1);
     this.acquiresKey = this.lanes.acquiresKey;
     this.providersKey = `${settings.LEASE_OPS_PREFIX}:providers`;
+    this.deploymentKey = `${settings.LEASE_OPS_PREFIX}:deployment`;
     this.jobOptions = {
       delay: PARK_MS,
       attempts: UNBOUNDED_ATTEMPTS,
@@ -319,6 +322,21 @@ export class OperationsQueue {
     if (providers.length === 0) return;
     const at = Date.now();
     await this.connection.hset(this.providersKey, Object.fromEntries(providers.map(({ name, capabilities }) => [name, JSON.stringify({ at, capabilities })])));
+  }
+
+  /**
+   * What the workers judge "stuck stopping" by: each worker says it (the last one wins), so
+   * the API, the CLI and the pages call a lease stuck when the watchdog does, whatever their
+   * own LEASE_OPS_STUCK_STOPPING_MS.
+   */
+  async announceStuckBudget(stuckStoppingMs: number): Promise<void> {
+    await this.connection.hset(this.deploymentKey, 'stuckStoppingMs', String(stuckStoppingMs));
+  }
+
+  /** The stuck-stopping budget a worker announced, or null before any did. */
+  async announcedStuckBudget(): Promise<number | null> {
+    const text = await this.connection.hget(this.deploymentKey, 'stuckStoppingMs');
+    return text !== null && /^\d+$/.test(text) ? Number(text) : null;
   }
 
   /** Every provider some worker served, when it last said so, and what it can do (null if it did not say). */

@@ -266,6 +266,7 @@ export class LeaseWorker {
   async start(): Promise<void> {
     await this.schedule();
     await this.ops.announceProviders(this.announced());
+    await this.ops.announceStuckBudget(this.settings.LEASE_OPS_STUCK_STOPPING_MS);
     // Closed meanwhile: nothing more starts (a timer set now would outlive the close).
     if (this.closing) return;
     this.fencing.start();
@@ -301,6 +302,7 @@ export class LeaseWorker {
   private async checkSchedules(): Promise<void> {
     // Said again each time, so the API knows it after Redis lost its data too.
     this.ops.announceProviders(this.announced()).catch((err: unknown) => this.log.warn({ err }, 'could not say which providers this replica serves'));
+    this.ops.announceStuckBudget(this.settings.LEASE_OPS_STUCK_STOPPING_MS).catch((err: unknown) => this.log.warn({ err }, 'could not say its stuck-stopping budget'));
     try {
       const ids = [SWEEP_SCHEDULER_ID, ...(this.settings.LEASE_OPS_WATCHDOG ? [WATCHDOG_SCHEDULER_ID] : [])];
       const present = await Promise.all(ids.map((id) => this.maintenanceQueue.getJobScheduler(id)));

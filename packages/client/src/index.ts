@@ -110,10 +110,12 @@ export interface LeaseTimeline extends LeaseView {
 
 export type AttentionReason = 'stuck_stopping' | 'last_operation_failed' | 'paused' | 'blocked';
 
+/** One lease that needs someone, with every reason it has (`reason` is the first). */
 export interface AttentionItem {
   laneId: string;
   lease: LeaseIdentity | null;
   reason: AttentionReason;
+  reasons: AttentionReason[];
   since: number;
   detail: string;
 }
@@ -202,7 +204,12 @@ export interface LeaseOpsHttpClientOptions {
 /** The longest one wait the API takes (LEASE_OPS_API_MAX_WAIT_MS caps it lower on a server). */
 const ONE_WAIT_MS = 20_000;
 
-const leasePath = (l: LeaseIdentity) => `/v1/leases/${[l.provider, l.companyId, l.environmentId, l.leaseId].map(encodeURIComponent).join('/')}`;
+/** A path segment: percent-encoded, and `.` or `..` (which URLs would resolve away) refused. */
+const segment = (part: string) => {
+  if (part === '.' || part === '..') throw new LeaseOpsRequestError('invalid_request', `"${part}" cannot be a lease's provider, company, environment or id`, 0);
+  return encodeURIComponent(part);
+};
+const leasePath = (l: LeaseIdentity) => `/v1/leases/${[l.provider, l.companyId, l.environmentId, l.leaseId].map(segment).join('/')}`;
 const operationPath = (jobId: string) => `/v1/operations/${encodeURIComponent(jobId)}`;
 
 export class LeaseOpsHttpClient {
@@ -218,13 +225,15 @@ export class LeaseOpsHttpClient {
   }
 
   /** Accepts an operation into its lease's lane: 202 at once with its job id. */
-  enqueue(op: OperationName, lease: LeaseIdentity, params: Record<string, unknown>, opts: EnqueueOptions = {}): Promise<Enqueued> {
+  async enqueue(op: OperationName, lease: LeaseIdentity, params: Record<string, unknown>, opts: EnqueueOptions = {}): Promise<Enqueued> {
     return this.request<Enqueued>('POST', `${leasePath(lease)}/operations`, { body: { op, params, ...opts } });
   }
 
   /** An operation now, or after waiting up to `waitMs` for it to end; null when there is no such operation. */
   async getOperation(jobId: string, opts: { waitMs?: number } = {}): Promise<OperationView | null> {
-    const wait = Math.max(0, Math.min(opts.waitMs ?? 0, ONE_WAIT_MS));
+    const asked = opts.waitMs ?? 0;
+    if (!Number.isFinite(asked)) throw new LeaseOpsRequestError('invalid_request', `waitMs must be a number of ms, not ${String(asked)}`, 0);
+    const wait = Math.floor(Math.max(0, Math.min(asked, ONE_WAIT_MS)));
     try {
       return await this.request<OperationView>('GET', `${operationPath(jobId)}${wait ? `?waitMs=${wait}` : ''}`, { waitMs: wait });
     } catch (err) {
@@ -238,6 +247,7 @@ export class LeaseOpsHttpClient {
    * when there is no such operation, `wait_timeout` when it has not ended in `timeoutMs`.
    */
   async waitForResult(jobId: string, timeoutMs = 60_000): Promise<OperationResult> {
+    if (!Number.isFinite(timeoutMs) || timeoutMs < 0) throw new LeaseOpsRequestError('invalid_request', `timeoutMs must be a number of ms (0 or more), not ${String(timeoutMs)}`, 0);
     const until = Date.now() + timeoutMs;
     for (;;) {
       const left = until - Date.now();
@@ -250,66 +260,74 @@ export class LeaseOpsHttpClient {
   }
 
   /** A lease's lane now: what executes, waits and backs off, what was last seen of the sandbox, whether it is stuck or paused. */
-  getLease(lease: LeaseIdentity): Promise<LeaseView> {
+  async getLease(lease: LeaseIdentity): Promise<LeaseView> {
     return this.request<LeaseView>('GET', leasePath(lease));
   }
 
   /** A lease's lane with its recent history and the operations it names. */
-  getLeaseTimeline(lease: LeaseIdentity): Promise<LeaseTimeline> {
+  async getLeaseTimeline(lease: LeaseIdentity): Promise<LeaseTimeline> {
     return this.request<LeaseTimeline>('GET', `${leasePath(lease)}/timeline`);
   }
 
   /** Leases that need someone (a page of them; `next` is the next page's offset). */
-  attention(opts: { offset?: number; limit?: number } = {}): Promise<{ items: AttentionItem[]; next: number | null }> {
+  async attention(opts: { offset?: number; limit?: number } = {}): Promise<{ items: AttentionItem[]; next: number | null }> {
     const query = new URLSearchParams();
     if (opts.offset !== undefined) query.set('offset', String(opts.offset));
     if (opts.limit !== undefined) query.set('limit', String(opts.limit));
     return this.request('GET', `/v1/attention${query.size ? `?${query}` : ''}`);
   }
 
-  cancelOperation(jobId: string): Promise<CancelResult> {
+  async cancelOperation(jobId: string): Promise<CancelResult> {
     return this.request('POST', `${operationPath(jobId)}/cancel`);
   }
 
-  rerunOperation(jobId: string): Promise<RerunResult> {
+  async rerunOperation(jobId: string): Promise<RerunResult> {
     return this.request('POST', `${operationPath(jobId)}/rerun`);
   }
 
-  pauseLane(lease: LeaseIdentity): Promise<PauseResult> {
+  async pauseLane(lease: LeaseIdentity): Promise<PauseResult> {
     return this.request('POST', `${leasePath(lease)}/pause`);
   }
 
-  unpauseLane(lease: LeaseIdentity): Promise<PauseResult> {
+  async unpauseLane(lease: LeaseIdentity): Promise<PauseResult> {
     return this.request('POST', `${leasePath(lease)}/unpause`);
   }
 
   /** Takes the lease's failures off the attention list (its history keeps them). */
-  acknowledgeFailures(lease: LeaseIdentity): Promise<AcknowledgeResult> {
+  async acknowledgeFailures(lease: LeaseIdentity): Promise<AcknowledgeResult> {
     return this.request('POST', `${leasePath(lease)}/acknowledge`);
   }
 
   /** Runs a command in the lease's sandbox and answers how it ended (the API's exec). */
-  exec(lease: LeaseIdentity, request: ExecRequest, opts: { signal?: AbortSignal } = {}): Promise<ExecResult> {
+  async exec(lease: LeaseIdentity, request: ExecRequest, opts: { signal?: AbortSignal } = {}): Promise<ExecResult> {
     return this.request('POST', `${leasePath(lease)}/exec`, { body: request, waitMs: (request.timeoutMs ?? 60_000) + 5_000, ...(opts.signal ? { signal: opts.signal } : {}) });
   }
 
   /** Work in the sandbox that the lease's stop, release or destroy waits for: heartbeat it, end it. */
-  beginActivity(lease: LeaseIdentity, kind: string, ttlMs: number): Promise<Activity> {
+  async beginActivity(lease: LeaseIdentity, kind: string, ttlMs: number): Promise<Activity> {
     return this.request('POST', `${leasePath(lease)}/activities`, { body: { kind, ttlMs } });
   }
 
-  heartbeatActivity(token: string, ttlMs: number): Promise<{ expiresAt: number; cancel: boolean }> {
+  async heartbeatActivity(token: string, ttlMs: number): Promise<{ expiresAt: number; cancel: boolean }> {
     return this.request('POST', `/v1/activities/${encodeURIComponent(token)}/heartbeat`, { body: { ttlMs } });
   }
 
   async endActivity(token: string): Promise<void> {
-    await this.request('DELETE', `/v1/activities/${encodeURIComponent(token)}`);
+    await this.request('DELETE', `/v1/activities/${encodeURIComponent(token)}`, { noContent: true });
   }
 
-  private async request<T>(method: string, path: string, opts: { body?: unknown; waitMs?: number; signal?: AbortSignal } = {}): Promise<T> {
+  private async request<T>(method: string, path: string, opts: { body?: unknown; waitMs?: number; signal?: AbortSignal; noContent?: boolean } = {}): Promise<T> {
     const timeout = AbortSignal.timeout(this.timeoutMs + (opts.waitMs ?? 0));
     const signal = opts.signal ? AbortSignal.any([timeout, opts.signal]) : timeout;
+    // Whatever goes wrong on the way (no answer, a cut connection, a body that stalls): one error shape.
+    const failed = (err: unknown): LeaseOpsRequestError => {
+      if (opts.signal?.aborted) return new LeaseOpsRequestError('aborted', `${method} ${path} was given up by its caller`, 0);
+      if (timeout.aborted) return new LeaseOpsRequestError('request_timeout', `lease-ops did not answer ${method} ${path} in time`, 0);
+      const reason = (err as { cause?: { code?: string } }).cause?.code ?? (err as Error).message ?? (err as Error).name;
+      return new LeaseOpsRequestError('unreachable', `lease-ops could not be reached at ${this.base}, or the connection broke (${reason})`, 0);
+    };
     let res: Response;
+    let text: string;
     try {
       res = await this.fetch(`${this.base}${path}`, {
         method,
@@ -318,16 +336,11 @@ export class LeaseOpsHttpClient {
         signal,
         redirect: 'error',
       });
+      text = await res.text();
     } catch (err) {
-      const timedOut = timeout.aborted;
-      throw new LeaseOpsRequestError(
-        timedOut ? 'request_timeout' : 'unreachable',
-        timedOut ? `lease-ops did not answer ${method} ${path} in time` : `lease-ops could not be reached at ${this.base} (${(err as { cause?: { code?: string } }).cause?.code ?? (err as Error).name})`,
-        0,
-      );
+      throw failed(err);
     }
-    if (res.status === 204) return undefined as T;
-    const text = await res.text();
+    if (res.ok && opts.noContent) return undefined as T;
     let body: unknown = null;
     try {
       body = text ? JSON.parse(text) : null;
@@ -335,7 +348,10 @@ export class LeaseOpsHttpClient {
       // not JSON: a proxy's page, say
     }
     if (res.ok) {
-      if (body === null || typeof body !== 'object') throw new LeaseOpsRequestError('invalid_answer', `lease-ops answered ${method} ${path} with something other than JSON (HTTP ${res.status})`, res.status);
+      // Every answer this client reads is one JSON object (a list comes inside one).
+      if (body === null || typeof body !== 'object' || Array.isArray(body)) {
+        throw new LeaseOpsRequestError('invalid_answer', `lease-ops answered ${method} ${path} with HTTP ${res.status} and no JSON object`, res.status);
+      }
       return body as T;
     }
     const error = (body as { error?: { code?: unknown; message?: unknown } } | null)?.error;
