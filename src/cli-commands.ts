@@ -163,7 +163,7 @@ export async function runOperatorAction(action: 'cancel' | 'rerun' | 'pause' | '
           : action === 'rerun'
             ? await client.rerunOperation(jobId ?? '', by)
             : action === 'pause'
-              ? await client.pauseLane(leaseOf(opts), by)
+              ? await client.pauseLane(leaseOf(opts), by, { override: true })
               : action === 'ack'
                 ? await client.acknowledgeFailures(leaseOf(opts), by)
                 : await client.unpauseLane(leaseOf(opts), by);

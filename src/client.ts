@@ -249,11 +249,15 @@ export class LeaseOpsClient {
     return this.call(async () => (await this.laneOf(parsed.data)).partition.actions.acknowledge(parsed.data, by));
   }
 
-  /** Pauses a lease's lane: its executing operation finishes, nothing new starts until unpauseLane. */
-  pauseLane(lease: LeaseIdentity, by = 'client'): Promise<PauseResult> {
+  /**
+   * Pauses a lease's lane: its executing operation finishes, nothing new starts until
+   * unpauseLane. Counted against the company's paused lanes (PausesFullError past
+   * LEASE_OPS_MAX_PAUSED_PER_COMPANY) unless `override`, which goes past and says so.
+   */
+  pauseLane(lease: LeaseIdentity, by = 'client', opts: { override?: boolean } = {}): Promise<PauseResult> {
     const parsed = LeaseIdentitySchema.safeParse(lease);
     if (!parsed.success) throw InvalidRequestError.fromZod(parsed.error);
-    return this.call(async () => (await this.laneOf(parsed.data)).partition.actions.pause(parsed.data, by));
+    return this.call(async () => (await this.laneOf(parsed.data)).partition.actions.pause(parsed.data, by, opts));
   }
 
   unpauseLane(lease: LeaseIdentity, by = 'client'): Promise<PauseResult> {

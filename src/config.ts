@@ -197,6 +197,8 @@ export const EnvSchema = z.object({
    */
   LEASE_OPS_API_MAX_WAITS: int(500, 1),
   LEASE_OPS_API_MAX_WAITS_PER_COMPANY: int(100, 1),
+  /** Lanes a company may hold paused at once (429 company_pauses_full past it; an admin token goes past it, and is told). 0: no limit. */
+  LEASE_OPS_MAX_PAUSED_PER_COMPANY: int(100, 0),
   /** Bull Board shows but cannot change jobs (retry, remove, promote) while this is on. */
   LEASE_OPS_BOARD_READ_ONLY: bool(true),
   /** BullMQ's own per-minute completed/failed counts (bullmq_job_*_total on /metrics). Off by

@@ -79,6 +79,14 @@ const QUEUE_LIMITS: Record<QueueLimit, { code: string; holder: string; setting: 
 };
 
 /** The lease's lane, its environment, its company or the whole queue holds as many operations as it may; try again later. */
+/** A company holds as many paused lanes as it may (LEASE_OPS_MAX_PAUSED_PER_COMPANY): 429 `company_pauses_full`. */
+export class PausesFullError extends LeaseOpsError {
+  override name = 'PausesFullError';
+  constructor(readonly count: number) {
+    super('company_pauses_full', `the company already holds ${count} paused lanes (LEASE_OPS_MAX_PAUSED_PER_COMPANY): unpause some first`);
+  }
+}
+
 export class QueueFullError extends LeaseOpsError {
   override name = 'QueueFullError';
   constructor(

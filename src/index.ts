@@ -9,6 +9,7 @@ export {
   LeaseHasSandboxError,
   LeaseOpsError,
   OperationNotFoundError,
+  PausesFullError,
   QueueFullError,
   RedisUnavailableError,
   WaitTimeoutError,

@@ -105,3 +105,47 @@ describe('noisy neighbours: waiting requests (issue 27 item 2)', () => {
     await until(async () => (await waitsHeld()).all === 3, "A's new wait held");
   });
 });
+
+describe('noisy neighbours: pauses (issue 27 item 7)', () => {
+  let bed: TestBed;
+  let api: TestApi;
+  const ADMIN = 'neighbour-admin-token-0123456789';
+
+  beforeAll(async () => {
+    bed = await TestBed.create({
+      LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }, { token: ADMIN }]),
+      LEASE_OPS_MAX_PAUSED_PER_COMPANY: '3',
+    });
+    api = await startTestApi(bed);
+  });
+
+  afterAll(async () => {
+    await api?.close();
+    await bed?.close();
+  });
+
+  const pause = (token: string, company: string, leaseId: string, action = 'pause') =>
+    fetch(`${api.base}/v1/leases/recording/${company}/env/${leaseId}/${action}`, { method: 'POST', headers: { authorization: `Bearer ${token}` } });
+
+  it("holds a company to its paused lanes, counts them, frees the count on unpause, and lets an admin past it, saying so", async () => {
+    for (const id of ['p1', 'p2', 'p3']) expect((await pause(A, 'a', id)).status).toBe(200);
+    // Pausing one already paused is no new pause.
+    expect(((await (await pause(A, 'a', 'p1')).json()) as { changed: boolean }).changed).toBe(false);
+    const refused = await pause(A, 'a', 'p4');
+    expect(refused.status).toBe(429);
+    expect(((await refused.json()) as { error: { code: string } }).error.code).toBe('company_pauses_full');
+    expect(await bed.ops.lanes.pausedByCompany('a')).toBe(3);
+    // Another company is not held to A's count.
+    expect((await pause(B, 'b', 'q1')).status).toBe(200);
+    // An admin goes past it and is told.
+    const admin = await pause(ADMIN, 'a', 'p5');
+    expect(admin.status).toBe(200);
+    expect(await admin.json()).toMatchObject({ paused: true, changed: true, overLimit: 'company_pauses_full' });
+    expect(await bed.ops.lanes.pausedByCompany('a')).toBe(4);
+    // Unpausing frees the count: A may pause again once under its limit.
+    for (const id of ['p1', 'p5']) expect((await pause(A, 'a', id, 'unpause')).status).toBe(200);
+    expect(await bed.ops.lanes.pausedByCompany('a')).toBe(2);
+    expect((await pause(A, 'a', 'p4')).status).toBe(200);
+    expect(await bed.ops.lanes.pausedByCompany('a')).toBe(3);
+  });
+});

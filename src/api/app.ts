@@ -20,6 +20,7 @@ import {
   LeaseClosingError,
   LeaseHasSandboxError,
   LeaseOpsError,
+  PausesFullError,
   QueueFullError,
   RedisUnavailableError,
 } from '../errors.ts';
@@ -499,7 +500,8 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const lease = parse(LeasePathSchema, req.params, 'path');
     const principal = res.locals.principal as Principal;
     if (!canSee(principal, lease)) throw leaseNotFound();
-    res.json(await client.pauseLane(lease, actor(principal)));
+    // An admin goes past the company's limit of paused lanes, and is told (overLimit).
+    res.json(await client.pauseLane(lease, actor(principal), { override: principal.admin }));
   });
   v1.post('/leases/:provider/:companyId/:environmentId/:leaseId/acknowledge', async (req, res) => {
     const lease = parse(LeasePathSchema, req.params, 'path');
@@ -669,7 +671,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const principal = res.locals.principal as Principal;
     if (!canSee(principal, lease)) throw leaseNotFound();
     const by = `${principal.name} (page)`;
-    if (action === 'pause') await client.pauseLane(lease, by);
+    if (action === 'pause') await client.pauseLane(lease, by, { override: principal.admin });
     else if (action === 'unpause') await client.unpauseLane(lease, by);
     else if (action === 'acknowledge') await client.acknowledgeFailures(lease, by);
     else throw new HttpError(404, 'not_found', `no action ${action}`);
@@ -756,6 +758,9 @@ function errorHandler(log: Logger): ErrorRequestHandler {
       body = { code: err.code, message: err.message };
     } else if (err instanceof ActivityNotFoundError) {
       status = 404;
+      body = { code: err.code, message: err.message };
+    } else if (err instanceof PausesFullError) {
+      status = 429;
       body = { code: err.code, message: err.message };
     } else if (err instanceof QueueFullError) {
       status = 429;

@@ -62,7 +62,7 @@ const ERROR_DESCRIPTIONS: Record<string, string> = {
   '412': 'rev_conflict: the provider instance changed since the revision If-Match names',
   '422': 'exec_unsupported (the provider cannot run commands), provider_deleted, provider_credentials_unreadable; credentials_refused: the service refused the credentials of a provider instance, which was not saved (`probe` says what it answered); idempotency_key_reused: the idempotency key came with a different request (lease, operation or parameters) before (`jobId` names the operation it names); unknown_provider: no worker has ever served the provider named in the path',
   '429':
-    'lease_queue_full, environment_queue_full, company_queue_full or queue_full, with Retry-After (LEASE_OPS_MAX_QUEUED_PER_LEASE, LEASE_OPS_MAX_QUEUED_PER_ENVIRONMENT, LEASE_OPS_MAX_QUEUED_PER_COMPANY, LEASE_OPS_MAX_QUEUED and a fair share)',
+    'lease_queue_full, environment_queue_full, company_queue_full or queue_full, with Retry-After (LEASE_OPS_MAX_QUEUED_PER_LEASE, LEASE_OPS_MAX_QUEUED_PER_ENVIRONMENT, LEASE_OPS_MAX_QUEUED_PER_COMPANY, LEASE_OPS_MAX_QUEUED and a fair share); company_waits_full or server_waits_full, with Retry-After (a wait: ?waitMs, exec; LEASE_OPS_API_MAX_WAITS_PER_COMPANY, LEASE_OPS_API_MAX_WAITS); company_pauses_full (LEASE_OPS_MAX_PAUSED_PER_COMPANY; an admin goes past it)',
   '409':
     'lease_closing (with Retry-After: a stop, release or destroy of the lease is queued or running), lease_has_sandbox (an acquire of a lease whose sandbox lives: destroy it first, or acquire under another id), operation_executing (it runs: an attempt in flight cannot be taken back), operation_ended (it completed or failed), operation_not_failed (only a failed operation runs again), operation_not_rerunnable (an acquire: enqueue a new one), operation_not_waiting (not in its lane any more), provider_exists (the company has an instance of that name), provider_name_taken (a configured provider has that name), sandbox_not_running (exec: resume it first), activity_lapsed (exec: the command waited for a worker past its ttlMs, or a stop asked to cancel it before it started: it did not run)',
   '502': 'exec: the service or the worker failed to run the command (its code says why)',
@@ -146,7 +146,7 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
           operationId: 'pauseLane',
           summary: "Pause a lease's lane: the executing operation finishes, nothing new starts; operations are still accepted (and fail at their deadline)",
           requestParams: { path: LeasePathSchema },
-          responses: { '200': json(PauseResultSchema, 'paused'), ...errors('400', '401', '404', '503'), ...NODE_ANSWERS },
+          responses: { '200': json(PauseResultSchema, 'paused'), ...errors('400', '401', '404', '429', '503'), ...NODE_ANSWERS },
         },
       },
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/acknowledge': {
@@ -170,7 +170,7 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
           operationId: 'getOperation',
           summary: "An operation's state, result or error; optionally waits for it to end",
           requestParams: { path: OperationPathSchema, query: WaitQuerySchema },
-          responses: { '200': json(OperationViewSchema, 'the operation'), ...errors('400', '401', '404', '503'), ...NODE_ANSWERS },
+          responses: { '200': json(OperationViewSchema, 'the operation'), ...errors('400', '401', '404', '429', '503'), ...NODE_ANSWERS },
         },
       },
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/activities': {
@@ -188,7 +188,7 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
           summary: "Run a command in the lease's sandbox and answer how it ended. An activity brackets it: refused (409 lease_closing, Retry-After) while a stop, release or destroy of the lease is queued or runs; such an operation waits for it, and one with cancelActiveWork cancels it (`cancelled`)",
           requestParams: { path: LeasePathSchema },
           requestBody: { content: { 'application/json': { schema: ExecBodySchema } } },
-          responses: { '200': json(ExecResultSchema, 'it ended (whatever its exit code)'), ...errors('400', '401', '404', '409', '413', '415', '422', '502', '503', '504'), ...NODE_ANSWERS },
+          responses: { '200': json(ExecResultSchema, 'it ended (whatever its exit code)'), ...errors('400', '401', '404', '409', '413', '415', '422', '429', '502', '503', '504'), ...NODE_ANSWERS },
         },
       },
       '/v1/activities/{token}/heartbeat': {

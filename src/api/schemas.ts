@@ -321,6 +321,7 @@ export const PauseResultSchema = z
     paused: z.boolean(),
     changed: z.boolean().meta({ description: 'false when the lane already was as asked' }),
     since: z.number().nullable(),
+    overLimit: z.literal('company_pauses_full').optional().meta({ description: "an admin paused past the company's limit of paused lanes (a scoped token is refused there: 429 company_pauses_full)" }),
   })
   .meta({ id: 'LanePause' });
 

@@ -59,6 +59,9 @@ export type AliasResult = 'new' | 'named' | 'busy' | 'taken';
 export type LaneScope = { companyId: string; environmentId: string };
 
 /** Most operations a lane, an environment, a company and the queue may hold (0: no limit). */
+/** A pause asked for: done (`paused`), already so, refused at the company's limit (`full`), or done past it by an admin (`over`). */
+export type PauseOutcome = { outcome: 'paused' | 'already' | 'full' | 'over'; count: number };
+
 export type QueueLimits = { perLane: number; perEnvironment: number; perCompany: number; queued: number };
 export const NO_LIMITS: QueueLimits = { perLane: 0, perEnvironment: 0, perCompany: 0, queued: 0 };
 
@@ -98,7 +101,8 @@ export type RepairResult =
  *   <prefix>:counted           hash laneId -> what the lane adds to the two counts below
  *   <prefix>:queued:company    hash companyId -> operations in its lanes (executing ones included)
  *   <prefix>:queued:environment hash "<companyId>\n<environmentId>" -> the same per environment
- *   <prefix>:paused            hash laneId -> who paused the lane and since when (JSON)
+ *   <prefix>:paused            hash laneId -> who paused the lane, since when, the lease (JSON)
+ *   <prefix>:paused:company    hash companyId -> its paused lanes (lane-pause.lua, lane-unpause.lua)
  */
 export class Lanes {
   readonly lanesKey: string;
@@ -111,6 +115,7 @@ export class Lanes {
   readonly byEnvironmentKey: string;
   /** Lanes an operator paused: nothing new starts there until unpaused. */
   readonly pausedKey: string;
+  readonly pausedByCompanyKey: string;
   /** Acquires that have not ended, with their lease (see OperationsQueue.reconcileAcquires). */
   readonly acquiresKey: string;
   /** Where a request without an idempotency key points lane-push's key slot (never written). */
@@ -139,6 +144,7 @@ export class Lanes {
     this.byCompanyKey = `${prefix}:queued:company`;
     this.byEnvironmentKey = `${prefix}:queued:environment`;
     this.pausedKey = `${prefix}:paused`;
+    this.pausedByCompanyKey = `${prefix}:paused:company`;
     this.acquiresKey = `${prefix}:acquires`;
     this.noIdempotencyKey = `${prefix}:idem:-`;
     this.scripts = Object.fromEntries(
@@ -421,14 +427,20 @@ export class Lanes {
    * operations keep being accepted and queued (a queued one whose deadline passes fails as
    * usual). False when it was paused already.
    */
-  async pause(laneId: string, by: string, at: number, lease: LeaseIdentity): Promise<boolean> {
+  async pause(laneId: string, by: string, at: number, lease: LeaseIdentity, budget: { max: number; enforce: boolean } = { max: 0, enforce: false }): Promise<PauseOutcome> {
     // The lease goes with it: attention names a paused lane's lease when nothing of it is queued or seen yet.
-    return (await this.client.hsetnx(this.pausedKey, laneId, JSON.stringify({ by, since: at, lease }))) === 1;
+    const [outcome, count] = (await luaCommand(this.client, 'lane-pause', 2)(this.pausedKey, this.pausedByCompanyKey, laneId, JSON.stringify({ by, since: at, lease }), lease.companyId, budget.max, budget.enforce ? '1' : '0')) as [PauseOutcome['outcome'], number];
+    return { outcome, count: Number(count) };
+  }
+
+  /** Paused lanes by company (a company's count against LEASE_OPS_MAX_PAUSED_PER_COMPANY). */
+  async pausedByCompany(companyId: string): Promise<number> {
+    return Number((await this.client.hget(this.pausedByCompanyKey, companyId)) ?? 0);
   }
 
   /** Unpauses a lane and hands its head to the workers. False when it was not paused. */
   async unpause(laneId: string): Promise<boolean> {
-    const was = (await this.client.hdel(this.pausedKey, laneId)) === 1;
+    const was = Number(await luaCommand(this.client, 'lane-unpause', 2)(this.pausedKey, this.pausedByCompanyKey, laneId)) === 1;
     await this.repair(laneId);
     return was;
   }

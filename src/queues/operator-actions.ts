@@ -1,5 +1,5 @@
 import { Job } from 'bullmq';
-import { LeaseOpsError } from '../errors.ts';
+import { LeaseOpsError, PausesFullError } from '../errors.ts';
 import { laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
 import { OperationJobDataSchema } from '../operations.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
@@ -22,7 +22,8 @@ export class OperatorActionRefusedError extends LeaseOpsError {
  */
 export type CancelResult = { jobId: string; laneId: string; cancelled: true; whileExecuting: boolean };
 export type RerunResult = { jobId: string; laneId: string; deadlineAt: number };
-export type PauseResult = { laneId: string; paused: boolean; changed: boolean; since: number | null };
+/** `overLimit`: an admin paused past the company's limit of paused lanes (it is said, not refused). */
+export type PauseResult = { laneId: string; paused: boolean; changed: boolean; since: number | null; overLimit?: 'company_pauses_full' };
 /** What an acknowledgement took off the attention list: each kind of operation whose failure it was. */
 export type AcknowledgeResult = { acknowledged: { op: string; jobId: string; at: number }[] };
 
@@ -119,12 +120,19 @@ export class OperatorActions {
     return { jobId, laneId, deadlineAt };
   }
 
-  async pause(lease: LeaseIdentity, by: string): Promise<PauseResult> {
+  /**
+   * Pauses a lease's lane, counted against its company's paused lanes: refused past
+   * LEASE_OPS_MAX_PAUSED_PER_COMPANY (PausesFullError), unless `override` (an admin), which
+   * goes past it and says so.
+   */
+  async pause(lease: LeaseIdentity, by: string, opts: { override?: boolean } = {}): Promise<PauseResult> {
     const laneId = await this.ops.laneOf(lease);
     const now = Date.now();
-    const changed = await this.ops.lanes.pause(laneId, by, now, lease);
+    const { outcome, count } = await this.ops.lanes.pause(laneId, by, now, lease, { max: this.ops.settings.LEASE_OPS_MAX_PAUSED_PER_COMPANY, enforce: !opts.override });
+    if (outcome === 'full') throw new PausesFullError(count);
+    const changed = outcome === 'paused' || outcome === 'over';
     if (changed) this.ops.history.append(laneId, { kind: 'paused', jobId: '', message: `paused by ${by}` });
-    return { laneId, paused: true, changed, since: (await this.ops.lanes.pausedBy(laneId))?.since ?? now };
+    return { laneId, paused: true, changed, since: (await this.ops.lanes.pausedBy(laneId))?.since ?? now, ...(outcome === 'over' ? { overLimit: 'company_pauses_full' as const } : {}) };
   }
 
   /** An operator saw the lease's failures: they leave attention (until the next one). */

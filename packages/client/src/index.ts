@@ -171,7 +171,7 @@ export interface Activity {
 
 export type CancelResult = { jobId: string; laneId: string; cancelled: true; whileExecuting: boolean };
 export type RerunResult = { jobId: string; laneId: string; deadlineAt: number; location: string };
-export type PauseResult = { laneId: string; paused: boolean; changed: boolean; since: number | null };
+export type PauseResult = { laneId: string; paused: boolean; changed: boolean; since: number | null; overLimit?: 'company_pauses_full' };
 export type AcknowledgeResult = { acknowledged: { op: string; jobId: string; at: number }[] };
 
 /** A request lease-ops refused or could not answer: its `{ code, message }`, and the HTTP status (0: no answer). */
