@@ -161,7 +161,7 @@ export async function runOperatorAction(action: 'cancel' | 'rerun' | 'pause' | '
         action === 'cancel'
           ? await client.cancelOperation(jobId ?? '', by)
           : action === 'rerun'
-            ? await client.rerunOperation(jobId ?? '', by)
+            ? await client.rerunOperation(jobId ?? '', by, { override: true })
             : action === 'pause'
               ? await client.pauseLane(leaseOf(opts), by, { override: true })
               : action === 'ack'

@@ -234,9 +234,13 @@ export class LeaseOpsClient {
     return this.call(() => this.partitionOf(jobId).actions.cancel(jobId, by));
   }
 
-  /** Runs a failed operation again, with its original time budget from now (OperatorActionRefusedError unless failed). */
-  rerunOperation(jobId: string, by = 'client'): Promise<RerunResult | null> {
-    return this.call(() => this.partitionOf(jobId).actions.rerun(jobId, by));
+  /**
+   * Runs a failed operation again, with its original time budget from now
+   * (OperatorActionRefusedError unless failed), counted against its lease's queue limits
+   * (QueueFullError) unless `override`, which goes past them and says so.
+   */
+  rerunOperation(jobId: string, by = 'client', opts: { override?: boolean } = {}): Promise<RerunResult | null> {
+    return this.call(() => this.partitionOf(jobId).actions.rerun(jobId, by, opts));
   }
 
   /**

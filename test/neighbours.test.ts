@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
 import { TestBed } from './helpers/env.ts';
+import { createRecordingProvider } from './helpers/recording-provider.ts';
 
 // Issue 27: what one company can do to another through the API. Small budgets here, so the
 // test reaches them quickly; the defaults are in docs/security.md.
@@ -147,5 +148,61 @@ describe('noisy neighbours: pauses (issue 27 item 7)', () => {
     expect(await bed.ops.lanes.pausedByCompany('a')).toBe(2);
     expect((await pause(A, 'a', 'p4')).status).toBe(200);
     expect(await bed.ops.lanes.pausedByCompany('a')).toBe(3);
+  });
+});
+
+describe('noisy neighbours: reruns (issue 27 item 5)', () => {
+  let bed: TestBed;
+  let api: TestApi;
+  const ADMIN = 'neighbour-admin-token-0123456789';
+  const failed: Record<string, string[]> = {};
+
+  beforeAll(async () => {
+    bed = await TestBed.create({
+      LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }, { token: ADMIN }]),
+      LEASE_OPS_MAX_QUEUED_PER_LEASE: '2',
+      LEASE_OPS_MAX_QUEUED_PER_COMPANY: '4',
+      LEASE_OPS_KEEP_FAILED_S: '600',
+    });
+    // Operations that fail for good, then no worker: a rerun waits for one, counted.
+    const { provider } = createRecordingProvider({ behaviour: () => 'permanent' });
+    const worker = await bed.startWorker(provider);
+    for (const [company, leaseId] of [['a', 'l1'], ['a', 'l1'], ['a', 'l1'], ['a', 'l2'], ['a', 'l3'], ['a', 'l3'], ['b', 'm1']] as const) {
+      const { jobId } = await bed.ops.enqueue({ op: 'stop', lease: { provider: 'recording', companyId: company, environmentId: 'env', leaseId }, params: { providerLeaseId: leaseId } });
+      expect((await bed.waitForAll([jobId], 10_000)).get(jobId)).toBe('failed');
+      (failed[`${company}/${leaseId}`] ??= []).push(jobId);
+    }
+    await worker.close();
+    api = await startTestApi(bed);
+  });
+
+  afterAll(async () => {
+    await api?.close();
+    await bed?.close();
+  });
+
+  const rerun = (token: string, jobId: string) => fetch(`${api.base}/v1/operations/${encodeURIComponent(jobId)}/rerun`, { method: 'POST', headers: { authorization: `Bearer ${token}` } });
+  const codeOf = async (res: Response) => ((await res.json()) as { error?: { code: string } }).error?.code;
+
+  it("counts reruns against the lease's and the company's queue limits, as enqueues are; an admin goes past, and is told", async () => {
+    const [x1, x2, x3] = failed['a/l1']!;
+    expect((await rerun(A, x1!)).status).toBe(202);
+    expect((await rerun(A, x2!)).status).toBe(202);
+    // The lease holds 2 on their way: a third is refused like a third enqueue would be.
+    const third = await rerun(A, x3!);
+    expect(third.status).toBe(429);
+    expect(await codeOf(third)).toBe('lease_queue_full');
+    // The company holds 4: two more on other leases fit, the fifth does not.
+    expect((await rerun(A, failed['a/l2']![0]!)).status).toBe(202);
+    expect((await rerun(A, failed['a/l3']![0]!)).status).toBe(202);
+    const fifth = await rerun(A, failed['a/l3']![1]!);
+    expect(fifth.status).toBe(429);
+    expect(await codeOf(fifth)).toBe('company_queue_full');
+    // Another company is not held to A's count.
+    expect((await rerun(B, failed['b/m1']![0]!)).status).toBe(202);
+    // An admin runs one again past the limit, and the answer says which.
+    const admin = await rerun(ADMIN, x3!);
+    expect(admin.status).toBe(202);
+    expect(await admin.json()).toMatchObject({ overLimit: 'lease_queue_full' });
   });
 });

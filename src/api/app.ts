@@ -185,7 +185,7 @@ function rerunOnBoardRetry(client: LeaseOpsClient, readOnly: boolean) {
       let skipped = 0;
       // The ids first (BullMQ's failed set), then each rerun: reruns leave the set as they go.
       for (const id of await allOf.connection.zrange(allOf.queue.toKey('failed'), 0, -1)) {
-        const done = await client.rerunOperation(id, by).catch((err: unknown) => (err instanceof OperatorActionRefusedError ? null : Promise.reject(err)));
+        const done = await client.rerunOperation(id, by, { override: true }).catch((err: unknown) => (err instanceof OperatorActionRefusedError ? null : Promise.reject(err)));
         if (done) retried++;
         else skipped++;
       }
@@ -197,7 +197,8 @@ function rerunOnBoardRetry(client: LeaseOpsClient, readOnly: boolean) {
     if (!match || !ops) return next();
     const jobId = decodeURIComponent(match[2]!);
     if ((await ops.queue.getJobState(jobId)) !== 'failed') return next();
-    await client.rerunOperation(jobId, `${(res.locals.principal as Principal).name} (Bull Board)`);
+    // The board is for admins: a rerun there goes past the queue limits (an admin may).
+    await client.rerunOperation(jobId, `${(res.locals.principal as Principal).name} (Bull Board)`, { override: true });
     res.status(204).end();
   };
 }
@@ -491,7 +492,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const { jobId } = parse(OperationPathSchema, req.params, 'path');
     const principal = res.locals.principal as Principal;
     await operationInScope(jobId, principal);
-    const done = await client.rerunOperation(jobId, actor(principal));
+    const done = await client.rerunOperation(jobId, actor(principal), { override: principal.admin });
     if (!done) throw operationNotFound(jobId);
     const location = `/v1/operations/${encodeURIComponent(jobId)}`;
     res.status(202).location(location).json({ ...done, location });
@@ -686,7 +687,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
     if (action !== 'cancel' && action !== 'rerun') throw new HttpError(404, 'not_found', `no action ${action}`);
     const back = timelinePath(view.lease);
     try {
-      await (action === 'cancel' ? client.cancelOperation(jobId, `${principal.name} (page)`) : client.rerunOperation(jobId, `${principal.name} (page)`));
+      await (action === 'cancel' ? client.cancelOperation(jobId, `${principal.name} (page)`) : client.rerunOperation(jobId, `${principal.name} (page)`, { override: principal.admin }));
       acted(res, back);
     } catch (err) {
       refused(res, err, back);

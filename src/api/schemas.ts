@@ -313,6 +313,7 @@ export const RerunResultSchema = z
     laneId: z.string(),
     deadlineAt: z.number().meta({ description: 'its new deadline: its original time budget, from now' }),
     location: z.string(),
+    overLimit: z.string().optional().meta({ description: 'an admin ran it again past a queue limit (its code); a scoped token is refused there (429)' }),
   })
   .meta({ id: 'RunAgain' });
 export const PauseResultSchema = z

@@ -1,5 +1,8 @@
 import { Job } from 'bullmq';
-import { LeaseOpsError, PausesFullError } from '../errors.ts';
+import { LeaseOpsError, PausesFullError, QueueFullError, type QueueLimit } from '../errors.ts';
+
+/** When a refused rerun may be asked again (as a refused enqueue is told). */
+const RERUN_RETRY_AFTER_MS = 5_000;
 import { laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
 import { OperationJobDataSchema } from '../operations.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
@@ -21,7 +24,8 @@ export class OperatorActionRefusedError extends LeaseOpsError {
  * fails with `cancelled`); until then it shows as running, and it may complete first.
  */
 export type CancelResult = { jobId: string; laneId: string; cancelled: true; whileExecuting: boolean };
-export type RerunResult = { jobId: string; laneId: string; deadlineAt: number };
+/** `overLimit`: an admin ran it again past a queue limit (it is said, not refused). */
+export type RerunResult = { jobId: string; laneId: string; deadlineAt: number; overLimit?: string };
 /** `overLimit`: an admin paused past the company's limit of paused lanes (it is said, not refused). */
 export type PauseResult = { laneId: string; paused: boolean; changed: boolean; since: number | null; overLimit?: 'company_pauses_full' };
 /** What an acknowledgement took off the attention list: each kind of operation whose failure it was. */
@@ -43,8 +47,11 @@ export type AcknowledgeResult = { acknowledged: { op: string; jobId: string; at:
 export class OperatorActions {
   private readonly markCancel: LuaCommand;
 
+  private readonly admitRerun: LuaCommand;
+
   constructor(private readonly ops: OperationsQueue) {
     this.markCancel = luaCommand(ops.connection, 'job-cancel', 1);
+    this.admitRerun = luaCommand(ops.connection, 'rerun-admit', 6);
   }
 
   /** Null when there is no such operation. */
@@ -87,7 +94,12 @@ export class OperatorActions {
   }
 
   /** Null when there is no such operation. */
-  async rerun(jobId: string, by: string): Promise<RerunResult | null> {
+  /**
+   * Runs a failed operation again, counted against the queue limits an enqueue of its lease
+   * is held to (QueueFullError past one), unless `override` (an admin), which goes past and
+   * says so.
+   */
+  async rerun(jobId: string, by: string, opts: { override?: boolean } = {}): Promise<RerunResult | null> {
     const laneId = laneIdOfJobId(jobId);
     const job = laneId ? await Job.fromId(this.ops.queue, jobId) : undefined;
     if (!laneId || !job) return null;
@@ -100,6 +112,29 @@ export class OperatorActions {
       throw new OperatorActionRefusedError('operation_not_rerunnable', `${jobId} is an ${parsed.data.op}: a failed acquire was cleaned up after; enqueue a new acquire instead`);
     }
     const now = Date.now();
+    const { lease } = parsed.data;
+    const limits = this.ops.limitsFor(lease);
+    const runs = `${this.ops.settings.LEASE_OPS_PREFIX}:reruns:${lease.companyId}`;
+    const member = `${lease.environmentId}\n${jobId}`;
+    const admitted = (await this.admitRerun(
+      this.ops.lanes.listKey(laneId),
+      this.ops.lanes.byCompanyKey,
+      this.ops.lanes.byEnvironmentKey,
+      this.ops.queue.toKey('delayed'),
+      this.ops.queue.toKey('wait'),
+      runs,
+      jobId,
+      lease.companyId,
+      lease.environmentId,
+      now,
+      limits.perLane,
+      limits.perEnvironment,
+      limits.perCompany,
+      limits.queued,
+      opts.override ? '0' : '1',
+    )) as [string, QueueLimit?, number?];
+    if (admitted[0] === 'full') throw new QueueFullError(admitted[1]!, Number(admitted[2]), RERUN_RETRY_AFTER_MS);
+    const overLimit = admitted[0] === 'over' ? new QueueFullError(admitted[1]!, Number(admitted[2]), 0).code : undefined;
     // Its original time budget, from now: run again, not failed again at once for a deadline long past.
     const deadlineAt = now + Math.max(1_000, parsed.data.deadlineAt - parsed.data.acceptedAt);
     await job.updateData({ ...parsed.data, acceptedAt: now, deadlineAt });
@@ -114,10 +149,11 @@ export class OperatorActions {
       // request, when a worker picks it up (lane-acquire.lua).
       await job.retry('failed');
     } catch {
+      await this.ops.connection.zrem(runs, member);
       throw new OperatorActionRefusedError('operation_not_failed', `${jobId} is no longer failed (run again by someone else?)`);
     }
     this.ops.history.append(laneId, { kind: 'rerun', jobId, op: parsed.data.op, message: `run again by ${by}` });
-    return { jobId, laneId, deadlineAt };
+    return { jobId, laneId, deadlineAt, ...(overLimit ? { overLimit } : {}) };
   }
 
   /**

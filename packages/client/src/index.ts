@@ -170,7 +170,7 @@ export interface Activity {
 }
 
 export type CancelResult = { jobId: string; laneId: string; cancelled: true; whileExecuting: boolean };
-export type RerunResult = { jobId: string; laneId: string; deadlineAt: number; location: string };
+export type RerunResult = { jobId: string; laneId: string; deadlineAt: number; location: string; overLimit?: string };
 export type PauseResult = { laneId: string; paused: boolean; changed: boolean; since: number | null; overLimit?: 'company_pauses_full' };
 export type AcknowledgeResult = { acknowledged: { op: string; jobId: string; at: number }[] };
 
