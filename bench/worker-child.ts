@@ -4,6 +4,7 @@ import { Worker } from 'bullmq';
 import { Redis } from 'ioredis';
 import { loadConfig } from '../src/config.ts';
 import { createLogger } from '../src/logger.ts';
+import { PermanentError } from '../src/providers/errors.ts';
 import { ProviderRegistry } from '../src/providers/registry.ts';
 import type { LeaseProvider } from '../src/providers/types.ts';
 import { createRedis } from '../src/queues/redis.ts';
@@ -15,6 +16,11 @@ const send = (msg: unknown) => process.send?.(msg);
 /** Start of every operation, in process.hrtime ns (one clock for all processes), when asked. */
 const timings: [string, string][] = [];
 let recording = false;
+
+/** A lease whose id starts with `fail-` fails every operation for good (the neighbours bench's failing tenant). */
+const failing = (leaseId: string) => {
+  if (leaseId.startsWith('fail-')) throw new PermanentError('refused', 'refused for the bench');
+};
 
 const noop: LeaseProvider = {
   name: 'noop',
@@ -28,13 +34,15 @@ const noop: LeaseProvider = {
     }
     return { providerLeaseId: ctx.lease.leaseId, metadata: {}, expiresAt: null };
   },
-  async resume() {
+  async resume(ctx) {
+    failing(ctx.lease.leaseId);
     return { providerLeaseId: 'x', metadata: {}, expiresAt: null };
   },
   async release() {
     return null;
   },
-  async stop(_c, p) {
+  async stop(ctx, p) {
+    failing(ctx.lease.leaseId);
     return { providerLeaseId: p.providerLeaseId, state: 'stopped' };
   },
   async forceStop(_c, p) {

@@ -1,0 +1,252 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { once } from 'node:events';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { loadConfig } from '../src/config.ts';
+import { createRedis } from '../src/queues/redis.ts';
+import { pool, startWorkers, stopWorkers } from './bench.ts';
+
+/**
+ * `npm run bench -- --neighbours` (issue 27): company A drives each attack at or past its
+ * budget while company B's enqueue, read, attention and operation end to end are measured,
+ * against B alone in the same run. The API runs as its own process (`lease-ops api`), with
+ * two worker processes, as a deployment would.
+ */
+
+const BIN = fileURLToPath(new URL('../bin/lease-ops.js', import.meta.url));
+const A = `bench-a-${randomBytes(8).toString('hex')}`;
+const B = `bench-b-${randomBytes(8).toString('hex')}`;
+const ADMIN = `bench-admin-${randomBytes(8).toString('hex')}`;
+
+type Latencies = Record<'enqueue' | 'read' | 'attention' | 'endToEnd', { p50: number; p99: number }>;
+interface Attack {
+  name: string;
+  /** B's latencies (ms) while A attacks, and each p99 over B's baseline. */
+  b: Latencies;
+  ratioP99: Record<keyof Latencies, number>;
+  /** B's requests refused (should be none). */
+  bRefused: number;
+  /** What A got: answers by status and code. */
+  a: Record<string, number>;
+  /** Redis memory grown during the attack (bytes). */
+  redisGrowth: number;
+}
+
+const quantile = (sorted: number[], q: number) => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? NaN;
+const round = (n: number) => Math.round(n * 100) / 100;
+
+export async function runNeighbours(opts: { json: boolean; quick: boolean; out: string }): Promise<{ baseline: Latencies; attacks: Attack[] }> {
+  const prefix = `{lo-nb-${randomBytes(3).toString('hex')}}`;
+  const config = loadConfig({ ...process.env, LEASE_OPS_PREFIX: prefix });
+  const redis = createRedis(config.REDIS_URL);
+  const samples = opts.quick ? 40 : 120;
+  const failedLeases = opts.quick ? 600 : 3_000;
+  const workers = await startWorkers('lanes', config);
+  workers.forEach((w) => w.send('go'));
+  const api = spawn(process.execPath, [BIN, 'api'], {
+    env: {
+      ...process.env,
+      REDIS_URL: config.REDIS_URL,
+      LEASE_OPS_PREFIX: prefix,
+      LEASE_OPS_API_PORT: '0',
+      LEASE_OPS_LOG_LEVEL: 'warn',
+      LEASE_OPS_LOG_FORMAT: 'json',
+      LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }, { token: ADMIN }]),
+    },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  const base = await new Promise<string>((resolve, reject) => {
+    let text = '';
+    api.stdout!.on('data', (chunk: Buffer) => {
+      text += chunk.toString();
+      const m = /lease-ops API on (http:\/\/\S+)\/v1/.exec(text);
+      if (m) resolve(m[1]!);
+    });
+    api.once('exit', (code) => reject(new Error(`the API exited (${code})`)));
+  });
+  const headers = (token: string) => ({ authorization: `Bearer ${token}`, 'content-type': 'application/json' });
+  const post = (token: string, path: string, body?: unknown, extra: Record<string, string> = {}) =>
+    fetch(`${base}${path}`, { method: 'POST', headers: { ...headers(token), ...extra }, ...(body === undefined ? {} : { body: JSON.stringify(body) }) });
+
+  /** B's four measures, `samples` each, one after another. */
+  let bRefused = 0;
+  const measureB = async (): Promise<Latencies> => {
+    const times: Record<keyof Latencies, number[]> = { enqueue: [], read: [], attention: [], endToEnd: [] };
+    const timed = async (what: keyof Latencies, run: () => Promise<Response>) => {
+      const t0 = performance.now();
+      const res = await run();
+      await res.arrayBuffer();
+      times[what].push(performance.now() - t0);
+      if (res.status === 429 || res.status >= 500) bRefused++;
+    };
+    for (let i = 0; i < samples; i++) {
+      const lease = `/v1/leases/noop/b/env/b-${i % 20}`;
+      await timed('enqueue', () => post(B, `${lease}/operations`, { op: 'stop', params: { providerLeaseId: `b-${i % 20}` } }));
+      await timed('read', () => fetch(`${base}${lease}`, { headers: headers(B) }));
+      await timed('attention', () => fetch(`${base}/v1/attention?limit=50`, { headers: headers(B) }));
+      await timed('endToEnd', () => post(B, `/v1/leases/noop/b/env/e2e-${i}/operations`, { op: 'acquire', params: { runId: `e${i}` } }, { prefer: 'wait=10' }));
+    }
+    const out = {} as Latencies;
+    for (const [what, list] of Object.entries(times) as [keyof Latencies, number[]][]) {
+      const sorted = [...list].sort((x, y) => x - y);
+      out[what] = { p50: round(quantile(sorted, 0.5)), p99: round(quantile(sorted, 0.99)) };
+    }
+    return out;
+  };
+  const memory = async () => Number(/used_memory:(\d+)/.exec(await redis.info('memory'))?.[1] ?? 0);
+  const tally = (into: Record<string, number>, res: Response, code?: string) => {
+    const key = `${res.status}${code ? ` ${code}` : ''}`;
+    into[key] = (into[key] ?? 0) + 1;
+  };
+  const codeOf = async (res: Response) => (res.status >= 400 ? (((await res.json().catch(() => ({}))) as { error?: { code?: string } }).error?.code ?? '') : (await res.arrayBuffer(), undefined));
+
+  /** Runs `attack` (A's load) while B is measured; A's answers tallied by the attack itself. */
+  const underAttack = async (name: string, baseline: Latencies, setUp: () => Promise<void>, attack: (signal: AbortSignal, a: Record<string, number>) => Promise<void>): Promise<Attack> => {
+    await setUp();
+    const a: Record<string, number> = {};
+    const stop = new AbortController();
+    const before = await memory();
+    bRefused = 0;
+    const load = attack(stop.signal, a);
+    const b = await measureB();
+    stop.abort();
+    await load.catch(() => undefined);
+    const ratioP99 = Object.fromEntries((Object.keys(b) as (keyof Latencies)[]).map((k) => [k, round(b[k].p99 / baseline[k].p99)])) as Attack['ratioP99'];
+    return { name, b, ratioP99, bRefused, a, redisGrowth: (await memory()) - before };
+  };
+
+  try {
+    // Warm up, then B alone.
+    await measureB();
+    const baseline = await measureB();
+    const attacks: Attack[] = [];
+
+    // 1. Long polls: A holds twice its budget of waits on an operation that waits in a paused lane.
+    let heldJob = '';
+    attacks.push(
+      await underAttack(
+        'long polls (waits)',
+        baseline,
+        async () => {
+          await post(A, '/v1/leases/noop/a/env/held/pause');
+          heldJob = ((await (await post(A, '/v1/leases/noop/a/env/held/operations', { op: 'stop', params: { providerLeaseId: 'held' } })).json()) as { jobId: string }).jobId;
+        },
+        async (signal, a) => {
+          const polls = Array.from({ length: 2 * config.LEASE_OPS_API_MAX_WAITS_PER_COMPANY }, async () => {
+            while (!signal.aborted) {
+              const res = await fetch(`${base}/v1/operations/${encodeURIComponent(heldJob)}?waitMs=30000`, { headers: headers(A), signal }).catch(() => null);
+              if (!res) return;
+              tally(a, res, await codeOf(res));
+              if (res.status === 429) await new Promise((r) => setTimeout(r, 200));
+            }
+          });
+          await Promise.all(polls);
+        },
+      ),
+    );
+
+    // 2. Attention walks: A has thousands of failed leases and walks its attention four at a time.
+    attacks.push(
+      await underAttack(
+        `attention walks (${failedLeases} failed leases of A)`,
+        baseline,
+        async () => {
+          await pool(
+            Array.from({ length: failedLeases }, (_, i) => i),
+            50,
+            (i) => post(ADMIN, `/v1/leases/noop/a/env/fail-${i}/operations`, { op: 'stop', params: { providerLeaseId: `fail-${i}` } }).then((r) => r.arrayBuffer()),
+          );
+          // Until the workers failed them all.
+          for (;;) {
+            if ((await redis.hlen(`${prefix}:failures`)) >= failedLeases) break;
+            await new Promise((r) => setTimeout(r, 200));
+          }
+        },
+        async (signal, a) => {
+          await Promise.all(
+            Array.from({ length: 4 }, async () => {
+              while (!signal.aborted) {
+                const res = await fetch(`${base}/v1/attention?limit=200`, { headers: headers(A), signal }).catch(() => null);
+                if (!res) return;
+                tally(a, res, await codeOf(res));
+              }
+            }),
+          );
+        },
+      ),
+    );
+
+    // 3. Filling Redis: failing operations with 16 KiB of metadata, as fast as A can.
+    const metadata = { blob: 'x'.repeat(16_000) };
+    attacks.push(
+      await underAttack('filling Redis (16 KiB metadata)', baseline, async () => undefined, async (signal, a) => {
+        let i = 0;
+        await Promise.all(
+          Array.from({ length: 20 }, async () => {
+            while (!signal.aborted) {
+              const n = i++;
+              const res = await post(A, `/v1/leases/noop/a/env/fail-fill-${n % 500}/operations`, { op: 'resume', params: { providerLeaseId: `fail-fill-${n % 500}`, leaseMetadata: metadata } }).catch(() => null);
+              if (!res) return;
+              tally(a, res, await codeOf(res));
+            }
+          }),
+        );
+      }),
+    );
+
+    // 4. Reruns: A runs its failed operations again as fast as it can.
+    attacks.push(
+      await underAttack('reruns', baseline, async () => undefined, async (signal, a) => {
+        const failed = await redis.zrange(`${prefix}:ops:failed`, 0, 999);
+        let i = 0;
+        await Promise.all(
+          Array.from({ length: 20 }, async () => {
+            while (!signal.aborted && i < failed.length) {
+              const res = await post(A, `/v1/operations/${encodeURIComponent(failed[i++]!)}/rerun`).catch(() => null);
+              if (!res) return;
+              tally(a, res, await codeOf(res));
+            }
+          }),
+        );
+      }),
+    );
+
+    // 5. Pauses: A pauses leases nobody uses, thousands of them.
+    attacks.push(
+      await underAttack('pause flood', baseline, async () => undefined, async (signal, a) => {
+        let i = 0;
+        await Promise.all(
+          Array.from({ length: 20 }, async () => {
+            while (!signal.aborted && i < 5_000) {
+              const res = await post(A, `/v1/leases/noop/a/env/idle-${i++}/pause`).catch(() => null);
+              if (!res) return;
+              tally(a, res, await codeOf(res));
+            }
+          }),
+        );
+      }),
+    );
+
+    const figures = { baseline, attacks };
+    mkdirSync(opts.out, { recursive: true });
+    writeFileSync(join(opts.out, 'neighbours.json'), `${JSON.stringify(figures, null, 2)}\n`);
+    if (opts.json) process.stdout.write(`${JSON.stringify(figures)}\n`);
+    else {
+      const row = (l: Latencies) => (Object.keys(l) as (keyof Latencies)[]).map((k) => `${k} ${l[k].p50}/${l[k].p99}`).join('  ');
+      process.stdout.write(`B alone (p50/p99 ms):  ${row(baseline)}\n`);
+      for (const attack of attacks) {
+        process.stdout.write(`${attack.name}:\n  B: ${row(attack.b)}\n  B p99 over alone: ${JSON.stringify(attack.ratioP99)}  B refused: ${attack.bRefused}\n  A got: ${JSON.stringify(attack.a)}  Redis grew ${(attack.redisGrowth / 1024 / 1024).toFixed(1)} MB\n`);
+      }
+    }
+    return figures;
+  } finally {
+    api.kill('SIGTERM');
+    await once(api, 'exit').catch(() => undefined);
+    await stopWorkers(workers as ChildProcess[]);
+    const keys = await redis.keys(`${prefix}*`);
+    for (let i = 0; i < keys.length; i += 500) await redis.unlink(...keys.slice(i, i + 500));
+    redis.disconnect();
+  }
+}
