@@ -87,7 +87,7 @@ if (mode === 'plain') {
     redis.disconnect();
   };
 } else {
-  const worker = new LeaseWorkers(config, new ProviderRegistry([noop]), createLogger({ level: 'warn' }));
+  const worker = new LeaseWorkers(config, new ProviderRegistry([noop]), createLogger({ level: 'error' }));
   let started = false;
   run = () => {
     if (!started) void worker.start();

@@ -10,7 +10,7 @@ import { partitionOfLane, partitionPrefixes } from './partitions.ts';
 import { claimPartitionLayout, heldPartitionCount, LayoutError } from './queues/layout.ts';
 import type { OperationName, OperationParams } from './operations.ts';
 import { OperatorActions, type AcknowledgeResult, type CancelResult, type PauseResult, type RerunResult } from './queues/operator-actions.ts';
-import { Inspector, type AttentionItem, type AttentionReason, type LeaseTimeline, type LeaseView, type OperationView, type QueueOverview } from './queues/inspect.ts';
+import { Inspector, type AttentionItem, type AttentionScope, type AttentionReason, type LeaseTimeline, type LeaseView, type OperationView, type QueueOverview } from './queues/inspect.ts';
 import { LeaseRecords } from './queues/lease-records.ts';
 import { LaneNames } from './queues/lane-names.ts';
 import { enqueueRouted, OperationsQueue, type AnnouncedProvider, type Enqueued } from './queues/operations-queue.ts';
@@ -401,11 +401,11 @@ export class LeaseOpsClient {
   }
 
   /** A page of leasesNeedingAttention from `offset`, with the offset of the next page (null at the end). */
-  async attentionPage(offset: number, limit: number, visible?: (lease: LeaseIdentity | null) => boolean): Promise<{ items: AttentionItem[]; next: number | null }> {
-    if (this.partitions.length === 1) return this.call(() => this.partitions[0]!.inspector.attentionPage(offset, limit, visible));
+  async attentionPage(offset: number, limit: number, visible?: (lease: LeaseIdentity | null) => boolean, scope?: AttentionScope): Promise<{ items: AttentionItem[]; next: number | null }> {
+    if (this.partitions.length === 1) return this.call(() => this.partitions[0]!.inspector.attentionPage(offset, limit, visible, scope));
     // Each partition lists its items in the same order of reasons: the first offset + limit + 1
     // of all of them are among each one's first offset + limit + 1.
-    const lists = await this.call(() => Promise.all(this.partitions.map((p) => p.inspector.attention(offset + limit + 1, visible))));
+    const lists = await this.call(() => Promise.all(this.partitions.map((p) => p.inspector.attention(offset + limit + 1, visible, scope))));
     const all = mergeByReason(lists);
     return { items: all.slice(offset, offset + limit), next: all.length > offset + limit ? offset + limit : null };
   }

@@ -206,3 +206,52 @@ describe('noisy neighbours: reruns (issue 27 item 5)', () => {
     expect(await admin.json()).toMatchObject({ overLimit: 'lease_queue_full' });
   });
 });
+
+describe('noisy neighbours: attention (issue 27 item 3)', () => {
+  let bed: TestBed;
+  let api: TestApi;
+
+  beforeAll(async () => {
+    bed = await TestBed.create({
+      LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }, { token: `${B}-prod`, companyId: 'b', environmentIds: ['prod'] }]),
+      LEASE_OPS_KEEP_FAILED_S: '600',
+    });
+    const { provider } = createRecordingProvider({ behaviour: ({ ctx }) => (ctx.lease.leaseId.startsWith('fail') ? 'permanent' : 'ok') });
+    await bed.startWorker(provider);
+    api = await startTestApi(bed);
+  });
+
+  afterAll(async () => {
+    await api?.close();
+    await bed?.close();
+  });
+
+  it("reads a company's attention from its own entries: A's thousands of failures cost B's list nothing", async () => {
+    const fail = async (company: string, environmentId: string, leaseId: string) => {
+      const { jobId } = await bed.ops.enqueue({ op: 'stop', lease: { provider: 'recording', companyId: company, environmentId, leaseId }, params: { providerLeaseId: leaseId } });
+      return jobId;
+    };
+    const aJobs = await Promise.all(Array.from({ length: 300 }, (_, i) => fail('a', 'env', `fail-${i}`)));
+    const bJobs = [await fail('b', 'prod', 'fail-b1'), await fail('b', 'dev', 'fail-b2')];
+    await bed.waitForAll([...aJobs, ...bJobs], 30_000);
+    await bed.ops.lanes.pause(await bed.ops.laneOf({ provider: 'recording', companyId: 'b', environmentId: 'prod', leaseId: 'held' }), 'b', Date.now(), { provider: 'recording', companyId: 'b', environmentId: 'prod', leaseId: 'held' });
+
+    const list = async (token: string) => ((await (await fetch(`${api.base}/v1/attention`, { headers: { authorization: `Bearer ${token}` } })).json()) as { items: { lease: { leaseId: string }; reasons: string[] }[] }).items;
+    // B's list is B's, and B's read touches B's entries: count the commands Redis ran for it.
+    const commands = async () => Number(/total_commands_processed:(\d+)/.exec(await bed.redis.info('stats'))?.[1]);
+    await list(B);
+    const before = await commands();
+    const bItems = await list(B);
+    const cost = (await commands()) - before;
+    expect(bItems.map((i) => `${i.lease.leaseId} ${i.reasons.join(',')}`).sort()).toEqual(['fail-b1 last_operation_failed', 'fail-b2 last_operation_failed', 'held paused']);
+    expect(cost).toBeLessThan(150);
+    // An environment-scoped token reads its environment's only.
+    expect((await list(`${B}-prod`)).map((i) => i.lease.leaseId).sort()).toEqual(['fail-b1', 'held']);
+    // A sees its own, all of them (the first page: 200).
+    expect((await list(A)).length).toBe(200);
+    // An entry whose reason ended leaves the index on the next read: B acknowledges, its entry goes.
+    await api.client.acknowledgeFailures({ provider: 'recording', companyId: 'b', environmentId: 'dev', leaseId: 'fail-b2' }, 'test');
+    expect((await list(B)).map((i) => i.lease.leaseId).sort()).toEqual(['fail-b1', 'held']);
+    expect((await bed.redis.zrangebylex(bed.ops.lanes.attentionScopeKey, '[b\n', '(b\n\xff')).filter((m) => m.startsWith('b\ndev\n'))).toEqual([]);
+  });
+});

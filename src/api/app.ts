@@ -1,5 +1,6 @@
 import { createBullBoard } from '@bull-board/api';
 import { LeaseOpsBoardAdapter } from './board-adapter.ts';
+import type { AttentionScope } from '../queues/inspect.ts';
 import { HttpError } from './http-error.ts';
 import { WaitBudget } from './wait-budget.ts';
 import { actionPage, attentionPage, PAGE_CSP, timelinePage, timelinePath } from './pages.ts';
@@ -616,7 +617,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const principal = res.locals.principal as Principal;
     const { offset, limit } = parse(AttentionQuerySchema, req.query, 'query');
     // Read with the scope, not filtered after: another company's items never crowd a caller's out.
-    res.json(await client.attentionPage(offset ?? 0, limit ?? 200, (lease) => canSee(principal, lease)));
+    res.json(await client.attentionPage(offset ?? 0, limit ?? 200, (lease) => canSee(principal, lease), scopeOf(principal)));
   });
 
   v1.get('/overview', adminOnly, async (_req, res) => {
@@ -642,7 +643,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
   ui.get('/attention', async (req, res) => {
     const principal = res.locals.principal as Principal;
     const { offset, limit } = parse(AttentionQuerySchema, req.query, 'query');
-    const page = await client.attentionPage(offset ?? 0, limit ?? 200, (lease) => canSee(principal, lease));
+    const page = await client.attentionPage(offset ?? 0, limit ?? 200, (lease) => canSee(principal, lease), scopeOf(principal));
     res.type('html').send(attentionPage(page.items, page.next, Date.now(), offset ?? 0));
   });
   ui.get('/leases/:provider/:companyId/:environmentId/:leaseId', async (req, res) => {
@@ -706,6 +707,10 @@ function parse<T extends z.ZodType>(schema: T, value: unknown, where: string): z
   if (!parsed.success) throw InvalidRequestError.fromZod(parsed.error, where);
   return parsed.data;
 }
+
+/** A scoped token's company and environments, whose attention is read from their own index entries; none for an admin. */
+const scopeOf = (principal: Principal): AttentionScope | undefined =>
+  principal.admin || principal.companyId === undefined ? undefined : { companyId: principal.companyId, environmentIds: principal.environmentIds };
 
 const leaseNotFound = () => new HttpError(404, 'lease_not_found', 'no such lease');
 const operationNotFound = (jobId: string) => new HttpError(404, 'operation_not_found', `no operation ${jobId}`);

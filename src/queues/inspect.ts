@@ -1,6 +1,7 @@
 import { Job } from 'bullmq';
 import { laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
 import { OperationJobDataSchema, type OperationName } from '../operations.ts';
+import { parseFailures, parsePause, pausedLease } from './lane.ts';
 import { HISTORY_CAPACITY, type HistoryEvent, placeStart } from './lease-history.ts';
 import type { LeaseRecord, LeaseRecords } from './lease-records.ts';
 import type { OperationsQueue } from './operations-queue.ts';
@@ -79,6 +80,31 @@ export type AttentionReason = 'stuck_stopping' | 'last_operation_failed' | 'paus
 
 /** One reason a lease needs someone, before the reasons of a lease are put together. */
 type ReasonItem = Omit<AttentionItem, 'reasons'>;
+
+/** A scoped token's company (and environments): its attention is read from its own entries of the scope index. */
+export interface AttentionScope {
+  companyId: string;
+  environmentIds?: readonly string[] | undefined;
+}
+
+/**
+ * One item per lease, with every reason it has, in the order the reasons came (each kind
+ * was read `limit` deep, so the leases read are at least `limit`, or all there are).
+ */
+function groupByLease(items: ReasonItem[], limit: number): AttentionItem[] {
+  const byLane = new Map<string, AttentionItem>();
+  for (const item of items) {
+    const seen = byLane.get(item.laneId);
+    if (!seen) byLane.set(item.laneId, { ...item, reasons: [item.reason] });
+    else if (!seen.reasons.includes(item.reason)) {
+      seen.reasons.push(item.reason);
+      seen.since = Math.min(seen.since, item.since);
+      seen.detail = `${seen.detail}; ${item.detail}`;
+      seen.lease ??= item.lease;
+    }
+  }
+  return [...byLane.values()].slice(0, limit);
+}
 
 /** A lease that needs someone: one item per lease, with every reason it has (`reason` is the first of them). */
 export interface AttentionItem {
@@ -280,8 +306,8 @@ export class Inspector {
    * a time until `limit` of its items are visible or it has no more, so no other company's
    * items, however many, hide a caller's own.
    */
-  async attention(limit = 200, visible: (lease: LeaseIdentity | null) => boolean = () => true): Promise<AttentionItem[]> {
-    return (await this.attentionPage(0, limit, visible)).items;
+  async attention(limit = 200, visible: (lease: LeaseIdentity | null) => boolean = () => true, scope?: AttentionScope): Promise<AttentionItem[]> {
+    return (await this.attentionPage(0, limit, visible, scope)).items;
   }
 
   /**
@@ -294,8 +320,9 @@ export class Inspector {
     offset: number,
     limit: number,
     visible: (lease: LeaseIdentity | null) => boolean = () => true,
+    scope?: AttentionScope,
   ): Promise<{ items: AttentionItem[]; next: number | null }> {
-    const all = await this.attentionUpTo(offset + limit + 1, visible);
+    const all = await this.attentionUpTo(offset + limit + 1, visible, scope);
     return { items: all.slice(offset, offset + limit), next: all.length > offset + limit ? offset + limit : null };
   }
 
@@ -304,12 +331,28 @@ export class Inspector {
     return (await this.ops.announcedStuckBudget()) ?? this.limits.stuckStoppingMs;
   }
 
-  private async attentionUpTo(limit: number, visible: (lease: LeaseIdentity | null) => boolean): Promise<AttentionItem[]> {
+  private async attentionUpTo(limit: number, visible: (lease: LeaseIdentity | null) => boolean, scope?: AttentionScope): Promise<AttentionItem[]> {
     const now = Date.now();
     // How long a sandbox has been stopping is counted in Redis' clock, the one it was recorded in.
     const [redisNow, stuckBudget] = await Promise.all([this.records.now(), this.stuckBudget()]);
     const page = Math.max(limit, ATTENTION_PAGE);
     // Each kind is read for all its lanes at once: a scrape of /metrics asks for this too.
+    if (scope) {
+      // A company's own: its scope index, then the lanes blocked now (few, read for everyone).
+      const [own, quiet, running] = await Promise.all([
+        this.scopedItems(scope, limit, redisNow, stuckBudget),
+        this.pagedVisible(page, limit, visible, async (offset) => {
+          const laneIds = await this.ops.lanes.quietLanes(now - this.limits.blockedAfterMs, page, offset);
+          return { read: laneIds.length, items: await Promise.all(laneIds.map((laneId) => this.blockedHead(laneId, now))) };
+        }),
+        this.pagedVisible(page, limit, visible, async (offset) => {
+          const jobs = await this.ops.queue.getActive(offset, offset + page - 1);
+          return { read: jobs.length, items: jobs.map((job) => overdueItem(job, now)) };
+        }),
+      ]);
+      const quietLanes = new Set(quiet.map((item) => item.laneId));
+      return groupByLease([...own.filter((item) => visible(item.lease)), ...quiet, ...running.filter((item) => !quietLanes.has(item.laneId))], limit);
+    }
     const [stuck, failures, paused, quiet, running] = await Promise.all([
       this.pagedVisible(page, limit, visible, async (offset) => {
         const pairs = await this.records.stoppingSinceWithScores(redisNow - stuckBudget, page, offset);
@@ -332,20 +375,7 @@ export class Inspector {
       }),
     ]);
     const quietLanes = new Set(quiet.map((item) => item.laneId));
-    // One item per lease, with every reason it has (each kind read `limit` deep, so the
-    // leases read are at least `limit`, or all there are).
-    const byLane = new Map<string, AttentionItem>();
-    for (const item of [...stuck, ...failures, ...paused, ...quiet, ...running.filter((item) => !quietLanes.has(item.laneId))]) {
-      const seen = byLane.get(item.laneId);
-      if (!seen) byLane.set(item.laneId, { ...item, reasons: [item.reason] });
-      else if (!seen.reasons.includes(item.reason)) {
-        seen.reasons.push(item.reason);
-        seen.since = Math.min(seen.since, item.since);
-        seen.detail = `${seen.detail}; ${item.detail}`;
-        seen.lease ??= item.lease;
-      }
-    }
-    return [...byLane.values()].slice(0, limit);
+    return groupByLease([...stuck, ...failures, ...paused, ...quiet, ...running.filter((item) => !quietLanes.has(item.laneId))], limit);
   }
 
   /**
@@ -416,17 +446,59 @@ export class Inspector {
       const page = await this.ops.lanes.pausedLanes(cursor, ATTENTION_PAGE);
       cursor = page.next;
       const items = await Promise.all(
-        page.lanes.map(async ({ laneId, by, since, lease: pausedFor }): Promise<ReasonItem> => {
-          const lane = await this.ops.lanes.view(laneId);
-          const head = lane.jobs[0] ? await this.operation(lane.jobs[0]) : null;
-          const lease = head?.lease ?? (await this.records.get(laneId))?.lease ?? pausedFor;
-          const waiting = lane.jobs.length === 0 ? 'nothing waits in it yet' : `${lane.jobs.length} operation${lane.jobs.length === 1 ? '' : 's'} wait${lane.jobs.length === 1 ? 's' : ''}${head ? ` (${head.op} ${head.jobId} first)` : ''}`;
-          return { laneId, lease, reason: 'paused', since, detail: `paused by ${by}: ${waiting}; unpause the lane to let them run` };
-        }),
+        page.lanes.map(({ laneId, by, since, lease }) => this.pausedItem(laneId, by, since, lease)),
       );
       for (const item of items) if (visible(item.lease)) found.push(item);
     } while (cursor !== '0' && found.length < limit);
     return found.sort((a, b) => a.since - b.since).slice(0, limit);
+  }
+
+  private async pausedItem(laneId: string, by: string, since: number, pausedFor: LeaseIdentity | null): Promise<ReasonItem> {
+    const lane = await this.ops.lanes.view(laneId);
+    const head = lane.jobs[0] ? await this.operation(lane.jobs[0]) : null;
+    const lease = head?.lease ?? (await this.records.get(laneId))?.lease ?? pausedFor;
+    const waiting = lane.jobs.length === 0 ? 'nothing waits in it yet' : `${lane.jobs.length} operation${lane.jobs.length === 1 ? '' : 's'} wait${lane.jobs.length === 1 ? 's' : ''}${head ? ` (${head.op} ${head.jobId} first)` : ''}`;
+    return { laneId, lease, reason: 'paused', since, detail: `paused by ${by}: ${waiting}; unpause the lane to let them run` };
+  }
+
+  /**
+   * A company's (or its environments') stuck, failed and paused leases, read from the scope
+   * index (see indexScope in includes/lane.lua): what it costs grows with the company's own
+   * entries, not with other companies'. Entries whose reason ended are taken out on the way.
+   */
+  private async scopedItems(scope: AttentionScope, limit: number, redisNow: number, stuckBudget: number): Promise<ReasonItem[]> {
+    const key = this.ops.lanes.attentionScopeKey;
+    const prefixes = scope.environmentIds ? scope.environmentIds.map((env) => `${scope.companyId}\n${env}\n`) : [`${scope.companyId}\n`];
+    const found: { stuck: ReasonItem[]; failed: ReasonItem[]; paused: ReasonItem[] } = { stuck: [], failed: [], paused: [] };
+    for (const prefix of prefixes) {
+      for (let offset = 0; ; offset += ATTENTION_PAGE) {
+        const members = await this.ops.connection.zrangebylex(key, `[${prefix}`, `(${prefix}\xff`, 'LIMIT', offset, ATTENTION_PAGE);
+        if (members.length === 0) break;
+        const laneIds = members.map((m) => m.slice(m.lastIndexOf('\n') + 1));
+        const pipeline = this.ops.connection.pipeline();
+        for (const laneId of laneIds) pipeline.hget(this.ops.lanes.failuresKey, laneId).zscore(this.records.stoppingKey, laneId).hget(this.ops.lanes.pausedKey, laneId);
+        const replies = ((await pipeline.exec()) ?? []).map(([err, value]) => (err ? null : value));
+        const gone: string[] = [];
+        await Promise.all(
+          laneIds.map(async (laneId, i) => {
+            const [failures, stopping, paused] = replies.slice(i * 3, i * 3 + 3) as [string | null, string | null, string | null];
+            const kinds = parseFailures(failures);
+            if (!kinds.length && stopping === null && paused === null) return void gone.push(members[i]!);
+            if (stopping !== null && Number(stopping) <= redisNow - stuckBudget) found.stuck.push(await this.stuckItem(laneId, Number(stopping), redisNow));
+            if (kinds.length) found.failed.push(await this.failureItem({ laneId, jobId: kinds[0]!.jobId, at: kinds[0]!.at, kinds }));
+            if (paused !== null) {
+              const pause = parsePause(paused);
+              found.paused.push(await this.pausedItem(laneId, pause.by, pause.since, pausedLease(paused)));
+            }
+          }),
+        );
+        if (gone.length) await this.ops.connection.zrem(key, ...gone);
+        if (members.length < ATTENTION_PAGE) break;
+      }
+    }
+    // The same order as the walk over every lease's: stuck, failed, paused; oldest first within each.
+    const byAge = (a: ReasonItem, b: ReasonItem) => a.since - b.since;
+    return [...found.stuck.sort(byAge), ...found.failed.sort((a, b) => b.since - a.since), ...found.paused.sort(byAge)].slice(0, Math.max(limit, 0) * 3);
   }
 
   /** A lane's head that should have moved by now: not picked up, left parked, or past its deadline. */

@@ -11,11 +11,11 @@ const SCRIPTS = {
   'lane-push': 23,
   'lane-alias': 3,
   'lane-acquire': 20,
-  'lane-release': 21,
+  'lane-release': 22,
   'lane-yield': 19,
   'lane-repair': 18,
   'lane-upgrade': 19,
-  'lane-drop': 20,
+  'lane-drop': 21,
   'lane-forget': 18,
   'failures-ack': 2,
 } as const;
@@ -116,6 +116,8 @@ export class Lanes {
   /** Lanes an operator paused: nothing new starts there until unpaused. */
   readonly pausedKey: string;
   readonly pausedByCompanyKey: string;
+  /** Lanes that may need attention, by company and environment (see indexScope in includes/lane.lua). */
+  readonly attentionScopeKey: string;
   /** Acquires that have not ended, with their lease (see OperationsQueue.reconcileAcquires). */
   readonly acquiresKey: string;
   /** Where a request without an idempotency key points lane-push's key slot (never written). */
@@ -145,6 +147,7 @@ export class Lanes {
     this.byEnvironmentKey = `${prefix}:queued:environment`;
     this.pausedKey = `${prefix}:paused`;
     this.pausedByCompanyKey = `${prefix}:paused:company`;
+    this.attentionScopeKey = `${prefix}:attention:scope`;
     this.acquiresKey = `${prefix}:acquires`;
     this.noIdempotencyKey = `${prefix}:idem:-`;
     this.scripts = Object.fromEntries(
@@ -337,6 +340,7 @@ export class Lanes {
       this.jobKey(jobId),
       this.acquiresKey,
       historyKey(this.prefix, laneId),
+      this.attentionScopeKey,
       jobId,
       token,
       JSON.stringify(outcome),
@@ -370,6 +374,7 @@ export class Lanes {
       ...this.keys(laneId),
       this.jobKey(jobId),
       this.lockKey(jobId),
+      this.attentionScopeKey,
       jobId,
       laneId,
       Date.now(),
@@ -429,7 +434,7 @@ export class Lanes {
    */
   async pause(laneId: string, by: string, at: number, lease: LeaseIdentity, budget: { max: number; enforce: boolean } = { max: 0, enforce: false }): Promise<PauseOutcome> {
     // The lease goes with it: attention names a paused lane's lease when nothing of it is queued or seen yet.
-    const [outcome, count] = (await luaCommand(this.client, 'lane-pause', 2)(this.pausedKey, this.pausedByCompanyKey, laneId, JSON.stringify({ by, since: at, lease }), lease.companyId, budget.max, budget.enforce ? '1' : '0')) as [PauseOutcome['outcome'], number];
+    const [outcome, count] = (await luaCommand(this.client, 'lane-pause', 3)(this.pausedKey, this.pausedByCompanyKey, this.attentionScopeKey, laneId, JSON.stringify({ by, since: at, lease }), lease.companyId, budget.max, budget.enforce ? '1' : '0', `${lease.companyId}\n${lease.environmentId}\n${laneId}`)) as [PauseOutcome['outcome'], number];
     return { outcome, count: Number(count) };
   }
 
@@ -510,7 +515,7 @@ export interface Failure {
 }
 
 /** A failures entry (JSON kinds, or the older '<ms> <jobId>'), newest first. */
-function parseFailures(entry: string | null | undefined): Failure[] {
+export function parseFailures(entry: string | null | undefined): Failure[] {
   if (!entry) return [];
   const space = /^(\d+) (.+)$/.exec(entry);
   if (space) return [{ op: '?', at: Number(space[1]), jobId: space[2]! }];
@@ -536,7 +541,7 @@ export function parsePause(text: string): { by: string; since: number } {
 }
 
 /** The lease a pause was asked for, when its entry records it (pauses from before it did do not). */
-function pausedLease(text: string): LeaseIdentity | null {
+export function pausedLease(text: string): LeaseIdentity | null {
   try {
     const parsed = LeaseIdentitySchema.safeParse((JSON.parse(text) as { lease?: unknown }).lease);
     return parsed.success ? parsed.data : null;

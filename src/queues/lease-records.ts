@@ -54,7 +54,7 @@ export class LeaseRecords {
     private readonly prefix: string,
   ) {
     this.stoppingKey = `${prefix}:stopping`;
-    this.observeScript = luaCommand(redis, 'lease-observe', 3);
+    this.observeScript = luaCommand(redis, 'lease-observe', 4);
     this.forceScript = luaCommand(redis, 'lease-force', 1);
   }
 
@@ -73,6 +73,7 @@ export class LeaseRecords {
       this.recordKey(laneId),
       this.stoppingKey,
       historyKey(this.prefix, laneId),
+      `${this.prefix}:attention:scope`,
       laneId,
       state.kind,
       providerState,
@@ -81,6 +82,7 @@ export class LeaseRecords {
       RECORD_TTL_S,
       isStopping(state) ? '1' : '0',
       jobId,
+      `${lease.companyId}\n${lease.environmentId}\n${laneId}`,
     )) as [string, string];
     return { since: Number(since), began: since === now, now: Number(now) };
   }

@@ -11,6 +11,7 @@
   KEYS[18] paused lanes
   (see includes/lane.lua)
   KEYS[19] the job's hash   KEYS[20] the job's BullMQ lock
+  KEYS[21] the attention scope index (see indexScope in includes/lane.lua)
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] BullMQ job key prefix
   ARGV[5] outcome (JSON)   ARGV[6] how long failed jobs are kept (ms)
   ARGV[7] '1' to refuse a job BullMQ still holds active (an operator's cancel): between the
@@ -52,7 +53,7 @@ recordOutcome(jobKey, ARGV[5])
 rcall('ZREM', k.backingOff, jobId)
 -- An operator's cancel is no failure for anyone to attend to.
 if ARGV[7] ~= '1' then
-  noteFailure(k, laneId, jobId, now, true, tonumber(ARGV[6]), rcall('HGET', jobKey, 'name') or '?')
+  noteFailure(k, laneId, jobId, now, true, tonumber(ARGV[6]), rcall('HGET', jobKey, 'name') or '?', KEYS[21], jobKey)
 end
 if at == 0 then
   local advanced = advanceLane(k, ARGV[4], laneId, false)

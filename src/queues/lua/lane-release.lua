@@ -23,6 +23,7 @@
   ARGV[10] '1' when this is an acquire that completed: its entry in KEYS[20] then says so
   (with when) instead of going, so a clean-up queued for it by a crash or a stale attempt
   can tell, even once BullMQ removed the job (see OperationsQueue.acquireCompleted)
+  KEYS[22] the attention scope index (see indexScope in includes/lane.lua)
   KEYS[21] the lease's history   ARGV[11] the end's history entry, its fields already joined
   (see lease-history.ts), or '' for none: written here, so an attempt's end costs no round
   trip of its own, and never for a stale attempt
@@ -64,7 +65,7 @@ recordOutcome(jobKey, outcome)
 -- A cancel (an operator's, or a host that gave up) is no failure for anyone to attend to.
 local cancelled = ARGV[8] == '1' and string.find(outcome, '"code":"cancelled"', 1, true) ~= nil
 if not cancelled then
-  noteFailure(k, laneId, jobId, now, ARGV[8] == '1', tonumber(ARGV[9]), rcall('HGET', jobKey, 'name') or '?')
+  noteFailure(k, laneId, jobId, now, ARGV[8] == '1', tonumber(ARGV[9]), rcall('HGET', jobKey, 'name') or '?', KEYS[22], jobKey)
 end
 if ARGV[11] ~= '' then
   historyAppendJoined(KEYS[21], ARGV[11])

@@ -10,10 +10,12 @@
 
   KEYS[1] lease record hash   KEYS[2] stopping index (zset laneId -> since ms)
   KEYS[3] the lease's history (a change of state is an event there)
+  KEYS[4] the attention scope index (see indexScope in includes/lane.lua)
   ARGV[1] lane id   ARGV[2] state kind   ARGV[3] provider state
   ARGV[4] lease identity (JSON)   ARGV[5] provider lease id   ARGV[6] ttl (s)
   ARGV[7] '1' when the state is a transition toward stopped
   ARGV[8] the job whose attempt saw it ('' when none)
+  ARGV[9] the lane's entry in the scope index ('<company>\n<environment>\n<laneId>')
 
   Returns {since, now} in ms: the `since` of the recorded state, and Redis' time.
 ]]
@@ -39,6 +41,7 @@ rcall('EXPIRE', recordKey, ARGV[6])
 
 if ARGV[7] == '1' then
   rcall('ZADD', stoppingKey, since, laneId)
+  rcall('ZADD', KEYS[4], 0, ARGV[9])
 else
   rcall('ZREM', stoppingKey, laneId)
 end

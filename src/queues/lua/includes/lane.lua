@@ -249,9 +249,23 @@ local function failureKinds(k, laneId)
   return {}
 end
 
-local function noteFailure(k, laneId, jobId, now, failed, keepMs, op)
+-- The attention scope index: one sorted set of '<company>\n<environment>\n<laneId>' (all at
+-- score 0, so read by lex range per company or environment): a lane that may need attention
+-- (a failure, a pause, a sandbox stopping) is put there as it begins to, so a company's
+-- attention is read from its own entries. Entries whose reason ended are taken out by the
+-- reads that find them so (inspect.ts); none is needed for correctness, only for cost.
+local function indexScope(scopeKey, jobKey, laneId)
+  if not scopeKey then return end
+  local ok, data = pcall(cjson.decode, rcall('HGET', jobKey, 'data') or '')
+  if ok and type(data) == 'table' and type(data.lease) == 'table' and type(data.lease.companyId) == 'string' and type(data.lease.environmentId) == 'string' then
+    rcall('ZADD', scopeKey, 0, data.lease.companyId .. '\n' .. data.lease.environmentId .. '\n' .. laneId)
+  end
+end
+
+local function noteFailure(k, laneId, jobId, now, failed, keepMs, op, scopeKey, jobKey)
   local kinds = failureKinds(k, laneId)
   if failed then
+    indexScope(scopeKey, jobKey, laneId)
     kinds[op] = { at = now, job = jobId }
     rcall('HSET', k.failures, laneId, cjson.encode(kinds))
     rcall('ZADD', k.failuresAt, now, laneId)
