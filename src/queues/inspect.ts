@@ -337,10 +337,11 @@ export class Inspector {
     const [redisNow, stuckBudget] = await Promise.all([this.records.now(), this.stuckBudget()]);
     const page = Math.max(limit, ATTENTION_PAGE);
     // Each kind is read for all its lanes at once: a scrape of /metrics asks for this too.
-    if (scope) {
-      // A company's own: its scope index, then the lanes blocked now (few, read for everyone).
-      const [own, quiet, running] = await Promise.all([
-        this.scopedItems(scope, limit, redisNow, stuckBudget),
+    // Lanes blocked now: their heads should have moved. Few, so read for everyone (the sweep
+    // marks a lane whose head runs as seen, so a head running past its deadline is found among
+    // the running jobs, as many as the workers' concurrency, not the quiet lanes).
+    const blocked = async () => {
+      const [quiet, running] = await Promise.all([
         this.pagedVisible(page, limit, visible, async (offset) => {
           const laneIds = await this.ops.lanes.quietLanes(now - this.limits.blockedAfterMs, page, offset);
           return { read: laneIds.length, items: await Promise.all(laneIds.map((laneId) => this.blockedHead(laneId, now))) };
@@ -351,9 +352,14 @@ export class Inspector {
         }),
       ]);
       const quietLanes = new Set(quiet.map((item) => item.laneId));
-      return groupByLease([...own.filter((item) => visible(item.lease)), ...quiet, ...running.filter((item) => !quietLanes.has(item.laneId))], limit);
+      return [...quiet, ...running.filter((item) => !quietLanes.has(item.laneId))];
+    };
+    if (scope) {
+      // A company's own: its entries of the scope index, then the lanes blocked now.
+      const [own, stalled] = await Promise.all([this.scopedItems(scope, limit, redisNow, stuckBudget), blocked()]);
+      return groupByLease([...own.filter((item) => visible(item.lease)), ...stalled], limit);
     }
-    const [stuck, failures, paused, quiet, running] = await Promise.all([
+    const [stuck, failures, paused, stalled] = await Promise.all([
       this.pagedVisible(page, limit, visible, async (offset) => {
         const pairs = await this.records.stoppingSinceWithScores(redisNow - stuckBudget, page, offset);
         return { read: pairs.length, items: await Promise.all(pairs.map(([laneId, since]) => this.stuckItem(laneId, since, redisNow))) };
@@ -363,19 +369,9 @@ export class Inspector {
         return { read: entries.length, items: await Promise.all(entries.map((entry) => this.failureItem(entry))) };
       }),
       this.pausedItems(limit, visible),
-      this.pagedVisible(page, limit, visible, async (offset) => {
-        const laneIds = await this.ops.lanes.quietLanes(now - this.limits.blockedAfterMs, page, offset);
-        return { read: laneIds.length, items: await Promise.all(laneIds.map((laneId) => this.blockedHead(laneId, now))) };
-      }),
-      // The sweep marks a lane whose head runs as seen, so a head running past its deadline
-      // is found among the running jobs (as many as the workers' concurrency), not the quiet lanes.
-      this.pagedVisible(page, limit, visible, async (offset) => {
-        const jobs = await this.ops.queue.getActive(offset, offset + page - 1);
-        return { read: jobs.length, items: jobs.map((job) => overdueItem(job, now)) };
-      }),
+      blocked(),
     ]);
-    const quietLanes = new Set(quiet.map((item) => item.laneId));
-    return groupByLease([...stuck, ...failures, ...paused, ...quiet, ...running.filter((item) => !quietLanes.has(item.laneId))], limit);
+    return groupByLease([...stuck, ...failures, ...paused, ...stalled], limit);
   }
 
   /**
