@@ -100,6 +100,12 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
     const key = `${res.status}${code ? ` ${code}` : ''}`;
     into[key] = (into[key] ?? 0) + 1;
   };
+  /** A at its budget: told 429, it waits the Retry-After it was given (a client past it is the proxy's to cut). */
+  const backOff = async (res: Response, signal: AbortSignal) => {
+    if (res.status !== 429 || signal.aborted) return;
+    const seconds = Number(res.headers.get('retry-after') ?? '1');
+    await new Promise((r) => setTimeout(r, Math.max(200, seconds * 1000)));
+  };
   const codeOf = async (res: Response) => (res.status >= 400 ? (((await res.json().catch(() => ({}))) as { error?: { code?: string } }).error?.code ?? '') : (await res.arrayBuffer(), undefined));
 
   /** Runs `attack` (A's load) while B is measured; A's answers tallied by the attack itself. */
@@ -139,7 +145,7 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
               const res = await fetch(`${base}/v1/operations/${encodeURIComponent(heldJob)}?waitMs=30000`, { headers: headers(A), signal }).catch(() => null);
               if (!res) return;
               tally(a, res, await codeOf(res));
-              if (res.status === 429) await new Promise((r) => setTimeout(r, 200));
+              await backOff(res, signal);
             }
           });
           await Promise.all(polls);
@@ -171,6 +177,7 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
                 const res = await fetch(`${base}/v1/attention?limit=200`, { headers: headers(A), signal }).catch(() => null);
                 if (!res) return;
                 tally(a, res, await codeOf(res));
+                await backOff(res, signal);
               }
             }),
           );
@@ -190,6 +197,7 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
               const res = await post(A, `/v1/leases/noop/a/env/fail-fill-${n % 500}/operations`, { op: 'resume', params: { providerLeaseId: `fail-fill-${n % 500}`, leaseMetadata: metadata } }).catch(() => null);
               if (!res) return;
               tally(a, res, await codeOf(res));
+              await backOff(res, signal);
             }
           }),
         );
@@ -207,6 +215,7 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
               const res = await post(A, `/v1/operations/${encodeURIComponent(failed[i++]!)}/rerun`).catch(() => null);
               if (!res) return;
               tally(a, res, await codeOf(res));
+              await backOff(res, signal);
             }
           }),
         );
@@ -223,6 +232,7 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
               const res = await post(A, `/v1/leases/noop/a/env/idle-${i++}/pause`).catch(() => null);
               if (!res) return;
               tally(a, res, await codeOf(res));
+              await backOff(res, signal);
             }
           }),
         );

@@ -199,6 +199,12 @@ export const EnvSchema = z.object({
   LEASE_OPS_API_MAX_WAITS_PER_COMPANY: int(100, 1),
   /** Lanes a company may hold paused at once (429 company_pauses_full past it; an admin token goes past it, and is told). 0: no limit. */
   LEASE_OPS_MAX_PAUSED_PER_COMPANY: int(100, 0),
+  /**
+   * Requests a scoped token's company may send this API replica, per class: cheap reads, walks
+   * (attention, timelines) and changes, e.g. {"walk":{"perSecond":2,"burst":4}}; a rate of 0
+   * turns that class's limit off. Admin tokens are not limited.
+   */
+  LEASE_OPS_API_COMPANY_RATES: jsonEnv(z.partialRecord(z.enum(['read', 'walk', 'write']), z.strictObject({ perSecond: z.number().min(0).max(1e6), burst: z.number().int().min(1).max(1e7) }))),
   /** Bull Board shows but cannot change jobs (retry, remove, promote) while this is on. */
   LEASE_OPS_BOARD_READ_ONLY: bool(true),
   /** BullMQ's own per-minute completed/failed counts (bullmq_job_*_total on /metrics). Off by

@@ -86,7 +86,7 @@ export interface WaitUsage {
   readonly refused: { company: number; server: number };
 }
 
-export function queueMetrics(client: LeaseOpsClient, opts: { bullmqTotals: boolean; waits?: WaitUsage }): () => Promise<string> {
+export function queueMetrics(client: LeaseOpsClient, opts: { bullmqTotals: boolean; waits?: WaitUsage; rates?: { readonly refused: number } }): () => Promise<string> {
   enableProcessMetrics();
   const queueRegistry = new Registry();
   const depth = new Gauge({
@@ -105,7 +105,9 @@ export function queueMetrics(client: LeaseOpsClient, opts: { bullmqTotals: boole
   const blocked = new Gauge({ name: 'lease_ops_leases_blocked', help: 'Leases whose lane head has not moved for too long', registers: [queueRegistry] });
   const waitsHeld = new Gauge({ name: 'lease_ops_api_waits', help: 'Requests holding their connection while they wait (long polls, Prefer: wait, exec): in all, and of the company holding the most', labelNames: ['of'] as const, registers: [queueRegistry] });
   const waitsRefused = new Gauge({ name: 'lease_ops_api_waits_refused_total', help: 'Waits refused because a budget was full: a company (company_waits_full) or the server (server_waits_full)', labelNames: ['budget'] as const, registers: [queueRegistry] });
+  const rateLimited = new Gauge({ name: 'lease_ops_api_rate_limited_total', help: 'Requests refused because their company was past its rate (company_rate_limited)', registers: [queueRegistry] });
   return async () => {
+    if (opts.rates) rateLimited.set(opts.rates.refused);
     if (opts.waits) {
       const { total, busiestCompany } = opts.waits.usage();
       waitsHeld.set({ of: 'all' }, total);

@@ -255,3 +255,39 @@ describe('noisy neighbours: attention (issue 27 item 3)', () => {
     expect((await bed.redis.zrangebylex(bed.ops.lanes.attentionScopeKey, '[b\n', '(b\n\xff')).filter((m) => m.startsWith('b\ndev\n'))).toEqual([]);
   });
 });
+
+describe("noisy neighbours: a company's request rates", () => {
+  let bed: TestBed;
+  let api: TestApi;
+  const ADMIN = 'neighbour-admin-token-0123456789';
+
+  beforeAll(async () => {
+    bed = await TestBed.create({
+      LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }, { token: ADMIN }]),
+      LEASE_OPS_API_COMPANY_RATES: JSON.stringify({ walk: { perSecond: 1, burst: 3 }, read: { perSecond: 1, burst: 5 }, write: { perSecond: 1, burst: 2 } }),
+    });
+    api = await startTestApi(bed);
+  });
+
+  afterAll(async () => {
+    await api?.close();
+    await bed?.close();
+  });
+
+  it('refuses a company past its rate for a class of request, before reading anything; another company, and an admin, are not held to it', async () => {
+    const get = (token: string, path: string) => fetch(`${api.base}${path}`, { headers: { authorization: `Bearer ${token}` } });
+    // Walks: a burst of 3, then refused with a Retry-After.
+    const walks = [];
+    for (let i = 0; i < 5; i++) walks.push(await get(A, '/v1/attention'));
+    expect(walks.map((r) => r.status)).toEqual([200, 200, 200, 429, 429]);
+    expect(walks[3]!.headers.get('retry-after')).toBe('1');
+    expect(((await walks[3]!.json()) as { error: { code: string } }).error.code).toBe('company_rate_limited');
+    // Reads are a class of their own: A still reads its lease.
+    expect((await get(A, '/v1/leases/recording/a/env/l')).status).toBe(200);
+    // B is not A; an admin is not limited.
+    expect((await get(B, '/v1/attention')).status).toBe(200);
+    for (let i = 0; i < 6; i++) expect((await get(ADMIN, '/v1/attention')).status).toBe(200);
+    // The refusals are counted on /metrics.
+    expect(await (await fetch(`${api.base}/metrics`)).text()).toMatch(/^lease_ops_api_rate_limited_total 2$/m);
+  });
+});

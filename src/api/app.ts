@@ -3,6 +3,7 @@ import { LeaseOpsBoardAdapter } from './board-adapter.ts';
 import type { AttentionScope } from '../queues/inspect.ts';
 import { HttpError } from './http-error.ts';
 import { WaitBudget } from './wait-budget.ts';
+import { CompanyRateLimiter, DEFAULT_COMPANY_RATES, type RequestClass } from './company-rates.ts';
 import { actionPage, attentionPage, PAGE_CSP, timelinePage, timelinePath } from './pages.ts';
 import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import { ExpressAdapter } from '@bull-board/express';
@@ -59,7 +60,9 @@ import { instanceNotFound, ProviderInstanceError } from '../providers/instances/
 
 export interface ApiDeps {
   config: Pick<Config, 'LEASE_OPS_API_TOKENS' | 'LEASE_OPS_API_MAX_WAIT_MS' | 'LEASE_OPS_BOARD_READ_ONLY' | 'LEASE_OPS_METRICS_TOKEN'> &
-    Partial<Pick<Config, 'LEASE_OPS_SHARED_PROVIDERS' | 'LEASE_OPS_API_MAX_WAITS' | 'LEASE_OPS_API_MAX_WAITS_PER_COMPANY'>>;
+    Partial<Pick<Config, 'LEASE_OPS_SHARED_PROVIDERS' | 'LEASE_OPS_API_MAX_WAITS' | 'LEASE_OPS_API_MAX_WAITS_PER_COMPANY' | 'LEASE_OPS_API_COMPANY_RATES'>>;
+  /** The companies' request rates (shared with /metrics); one of its own when not given. */
+  rates?: CompanyRateLimiter;
   /** The waits the API holds (shared with /metrics); one of its own when not given. */
   waits?: WaitBudget;
   client: LeaseOpsClient;
@@ -230,6 +233,19 @@ export function createApiApp(deps: ApiDeps): express.Express {
   const { client, log } = deps;
   const auth = new TokenAuthority(deps.config.LEASE_OPS_API_TOKENS);
   const waits = deps.waits ?? new WaitBudget({ perCompany: deps.config.LEASE_OPS_API_MAX_WAITS_PER_COMPANY ?? 100, total: deps.config.LEASE_OPS_API_MAX_WAITS ?? 500 });
+  const rates = deps.rates ?? new CompanyRateLimiter({ ...DEFAULT_COMPANY_RATES, ...deps.config.LEASE_OPS_API_COMPANY_RATES });
+  /**
+   * A scoped token's request takes a token of its company's rate for its class (admins are
+   * not limited): a walk over many records (attention, a timeline), a change, or a read.
+   */
+  const rated = (req: Request, res: Response, next: NextFunction): void => {
+    const principal = res.locals.principal as Principal | undefined;
+    if (!principal || principal.admin || principal.companyId === undefined) return next();
+    const path = req.path;
+    const kind: RequestClass = req.method !== 'GET' && req.method !== 'HEAD' ? 'write' : /\/(attention|timeline|overview)\/?$/.test(path) || /^\/leases\//.test(path) && req.baseUrl === '/ui' ? 'walk' : 'read';
+    rates.take(principal.companyId, kind);
+    next();
+  };
   /** Whose budget a request's wait counts against: its company, or the admin token's own. */
   const waiter = (principal: Principal) => principal.companyId ?? `admin:${principal.name}`;
   const app = express();
@@ -331,6 +347,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
     next();
   });
   v1.use(authenticate('Bearer'));
+  v1.use(rated);
   // The API listens whether or not Redis answers; while it does not, /v1 says so at once.
   v1.use((_req, res, next) => {
     if (client.redisReady) return next();
@@ -630,6 +647,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
   // name, the token as password); a scoped token sees only its own leases.
   const ui = express.Router();
   ui.use(authenticate('Basic'));
+  ui.use(rated);
   ui.use((_req, res, next) => {
     // same-origin, not no-referrer: with no-referrer a browser's form post says `Origin: null`.
     res.set({ 'content-security-policy': PAGE_CSP, 'x-content-type-options': 'nosniff', 'cache-control': 'no-store', 'referrer-policy': 'same-origin' });

@@ -41,8 +41,9 @@ import {
 } from './schemas.ts';
 
 const json = (schema: z.ZodType, description: string) => ({ description, content: { 'application/json': { schema } } });
+// Every authenticated route (it answers 401) may answer 429 too: a company's request rate.
 const errors = (...codes: string[]) =>
-  Object.fromEntries(codes.map((status) => [status, json(ErrorBodySchema, ERROR_DESCRIPTIONS[status] ?? 'error')]));
+  Object.fromEntries([...codes, ...(codes.includes('401') && !codes.includes('429') ? ['429'] : [])].map((status) => [status, json(ErrorBodySchema, ERROR_DESCRIPTIONS[status] ?? 'error')]));
 /** What Node's HTTP server answers itself (no JSON body), on any route. */
 const NODE_ANSWERS = {
   '408': { description: 'the request took longer than LEASE_OPS_API_REQUEST_TIMEOUT_MS (headers: LEASE_OPS_API_HEADERS_TIMEOUT_MS)' },
@@ -62,7 +63,7 @@ const ERROR_DESCRIPTIONS: Record<string, string> = {
   '412': 'rev_conflict: the provider instance changed since the revision If-Match names',
   '422': 'exec_unsupported (the provider cannot run commands), provider_deleted, provider_credentials_unreadable; credentials_refused: the service refused the credentials of a provider instance, which was not saved (`probe` says what it answered); idempotency_key_reused: the idempotency key came with a different request (lease, operation or parameters) before (`jobId` names the operation it names); unknown_provider: no worker has ever served the provider named in the path',
   '429':
-    'lease_queue_full, environment_queue_full, company_queue_full or queue_full, with Retry-After (LEASE_OPS_MAX_QUEUED_PER_LEASE, LEASE_OPS_MAX_QUEUED_PER_ENVIRONMENT, LEASE_OPS_MAX_QUEUED_PER_COMPANY, LEASE_OPS_MAX_QUEUED and a fair share); company_waits_full or server_waits_full, with Retry-After (a wait: ?waitMs, exec; LEASE_OPS_API_MAX_WAITS_PER_COMPANY, LEASE_OPS_API_MAX_WAITS); company_pauses_full (LEASE_OPS_MAX_PAUSED_PER_COMPANY; an admin goes past it)',
+    'lease_queue_full, environment_queue_full, company_queue_full or queue_full, with Retry-After (LEASE_OPS_MAX_QUEUED_PER_LEASE, LEASE_OPS_MAX_QUEUED_PER_ENVIRONMENT, LEASE_OPS_MAX_QUEUED_PER_COMPANY, LEASE_OPS_MAX_QUEUED and a fair share); company_waits_full or server_waits_full, with Retry-After (a wait: ?waitMs, exec; LEASE_OPS_API_MAX_WAITS_PER_COMPANY, LEASE_OPS_API_MAX_WAITS); company_pauses_full (LEASE_OPS_MAX_PAUSED_PER_COMPANY; an admin goes past it); company_rate_limited, with Retry-After (a company with a scoped token past its rate of reads, walks or changes: LEASE_OPS_API_COMPANY_RATES)',
   '409':
     'lease_closing (with Retry-After: a stop, release or destroy of the lease is queued or running), lease_has_sandbox (an acquire of a lease whose sandbox lives: destroy it first, or acquire under another id), operation_executing (it runs: an attempt in flight cannot be taken back), operation_ended (it completed or failed), operation_not_failed (only a failed operation runs again), operation_not_rerunnable (an acquire: enqueue a new one), operation_not_waiting (not in its lane any more), provider_exists (the company has an instance of that name), provider_name_taken (a configured provider has that name), sandbox_not_running (exec: resume it first), activity_lapsed (exec: the command waited for a worker past its ttlMs, or a stop asked to cancel it before it started: it did not run)',
   '502': 'exec: the service or the worker failed to run the command (its code says why)',

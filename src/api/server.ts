@@ -10,6 +10,7 @@ import { queueMetrics } from '../metrics.ts';
 import { pingWithin, reportRedisError } from '../queues/redis.ts';
 import { createApiApp } from './app.ts';
 import { WaitBudget } from './wait-budget.ts';
+import { CompanyRateLimiter, DEFAULT_COMPANY_RATES } from './company-rates.ts';
 
 import { VERSION } from '../version.ts';
 
@@ -32,6 +33,7 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
     return { queue, prefix: client.partitions.length > 1 ? `p${p.index}:` : '' };
   });
   const waits = new WaitBudget({ perCompany: config.LEASE_OPS_API_MAX_WAITS_PER_COMPANY, total: config.LEASE_OPS_API_MAX_WAITS });
+  const rates = new CompanyRateLimiter({ ...DEFAULT_COMPANY_RATES, ...config.LEASE_OPS_API_COMPANY_RATES });
   const app = createApiApp({
     config,
     client,
@@ -39,7 +41,8 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
     version: VERSION,
     boardQueues: maintenance,
     waits,
-    metrics: queueMetrics(client, { bullmqTotals: config.LEASE_OPS_BULLMQ_METRICS, waits }),
+    rates,
+    metrics: queueMetrics(client, { bullmqTotals: config.LEASE_OPS_BULLMQ_METRICS, waits, rates }),
     readiness: async () => {
       try {
         // A connection on its way up (at start, after an outage) gets its second to answer.

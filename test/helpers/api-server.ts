@@ -2,6 +2,7 @@ import { once } from 'node:events';
 import type { AddressInfo } from 'node:net';
 import { createApiApp } from '../../src/api/app.ts';
 import { WaitBudget } from '../../src/api/wait-budget.ts';
+import { CompanyRateLimiter, DEFAULT_COMPANY_RATES } from '../../src/api/company-rates.ts';
 import { LeaseOpsClient } from '../../src/client.ts';
 import type { Logger } from '../../src/logger.ts';
 import type { MasterKeys } from '../../src/providers/instances/sealing.ts';
@@ -21,13 +22,15 @@ export async function startTestApi(bed: TestBed, log: Logger = createLogger({ le
   const client = new LeaseOpsClient(bed.config, { failFast: true, masterKeys: opts.masterKeys ?? null });
   await client.connected();
   const waits = new WaitBudget({ perCompany: bed.config.LEASE_OPS_API_MAX_WAITS_PER_COMPANY, total: bed.config.LEASE_OPS_API_MAX_WAITS });
+  const rates = new CompanyRateLimiter({ ...DEFAULT_COMPANY_RATES, ...bed.config.LEASE_OPS_API_COMPANY_RATES });
   const app = createApiApp({
     config: bed.config,
     client,
     log,
     version: 'test',
     waits,
-    metrics: queueMetrics(client, { bullmqTotals: bed.config.LEASE_OPS_BULLMQ_METRICS, waits }),
+    rates,
+    metrics: queueMetrics(client, { bullmqTotals: bed.config.LEASE_OPS_BULLMQ_METRICS, waits, rates }),
     readiness: async () => ({ ready: true, checks: { redis: 'ok' } }),
   });
   const server = app.listen(0, '127.0.0.1');
