@@ -82,11 +82,14 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
       if (res.status === 429 || res.status >= 500) bRefused++;
     };
     for (let i = 0; i < samples; i++) {
+      // B keeps to its own budget (a walk 4 times a second, under the default 5): it is measured, not limited.
+      const started = performance.now();
       const lease = `/v1/leases/noop/b/env/b-${i % 20}`;
       await timed('enqueue', () => post(B, `${lease}/operations`, { op: 'stop', params: { providerLeaseId: `b-${i % 20}` } }));
       await timed('read', () => fetch(`${base}${lease}`, { headers: headers(B) }));
       await timed('attention', () => fetch(`${base}/v1/attention?limit=50`, { headers: headers(B) }));
       await timed('endToEnd', () => post(B, `/v1/leases/noop/b/env/e2e-${i}/operations`, { op: 'acquire', params: { runId: `e${i}` } }, { prefer: 'wait=10' }));
+      await new Promise((r) => setTimeout(r, Math.max(0, 250 - (performance.now() - started))));
     }
     const out = {} as Latencies;
     for (const [what, list] of Object.entries(times) as [keyof Latencies, number[]][]) {

@@ -465,7 +465,11 @@ export class Inspector {
   private async scopedItems(scope: AttentionScope, limit: number, redisNow: number, stuckBudget: number): Promise<ReasonItem[]> {
     const key = this.ops.lanes.attentionScopeKey;
     const prefixes = scope.environmentIds ? scope.environmentIds.map((env) => `${scope.companyId}\n${env}\n`) : [`${scope.companyId}\n`];
-    const found: { stuck: ReasonItem[]; failed: ReasonItem[]; paused: ReasonItem[] } = { stuck: [], failed: [], paused: [] };
+    // First what each lane has, three cheap reads a lane; then items (several reads each) only
+    // for the first `limit` leases in the list's order: a company's long list costs its page.
+    const stuck: { laneId: string; since: number }[] = [];
+    const failed: { laneId: string; kinds: ReturnType<typeof parseFailures> }[] = [];
+    const paused: { laneId: string; entry: string }[] = [];
     for (const prefix of prefixes) {
       for (let offset = 0; ; offset += ATTENTION_PAGE) {
         const members = await this.ops.connection.zrangebylex(key, `[${prefix}`, `(${prefix}\xff`, 'LIMIT', offset, ATTENTION_PAGE);
@@ -475,26 +479,36 @@ export class Inspector {
         for (const laneId of laneIds) pipeline.hget(this.ops.lanes.failuresKey, laneId).zscore(this.records.stoppingKey, laneId).hget(this.ops.lanes.pausedKey, laneId);
         const replies = ((await pipeline.exec()) ?? []).map(([err, value]) => (err ? null : value));
         const gone: string[] = [];
-        await Promise.all(
-          laneIds.map(async (laneId, i) => {
-            const [failures, stopping, paused] = replies.slice(i * 3, i * 3 + 3) as [string | null, string | null, string | null];
-            const kinds = parseFailures(failures);
-            if (!kinds.length && stopping === null && paused === null) return void gone.push(members[i]!);
-            if (stopping !== null && Number(stopping) <= redisNow - stuckBudget) found.stuck.push(await this.stuckItem(laneId, Number(stopping), redisNow));
-            if (kinds.length) found.failed.push(await this.failureItem({ laneId, jobId: kinds[0]!.jobId, at: kinds[0]!.at, kinds }));
-            if (paused !== null) {
-              const pause = parsePause(paused);
-              found.paused.push(await this.pausedItem(laneId, pause.by, pause.since, pausedLease(paused)));
-            }
-          }),
-        );
+        laneIds.forEach((laneId, i) => {
+          const [failures, stopping, pause] = replies.slice(i * 3, i * 3 + 3) as [string | null, string | null, string | null];
+          const kinds = parseFailures(failures);
+          if (!kinds.length && stopping === null && pause === null) return void gone.push(members[i]!);
+          if (stopping !== null && Number(stopping) <= redisNow - stuckBudget) stuck.push({ laneId, since: Number(stopping) });
+          if (kinds.length) failed.push({ laneId, kinds });
+          if (pause !== null) paused.push({ laneId, entry: pause });
+        });
         if (gone.length) await this.ops.connection.zrem(key, ...gone);
         if (members.length < ATTENTION_PAGE) break;
       }
     }
-    // The same order as the walk over every lease's: stuck, failed, paused; oldest first within each.
-    const byAge = (a: ReasonItem, b: ReasonItem) => a.since - b.since;
-    return [...found.stuck.sort(byAge), ...found.failed.sort((a, b) => b.since - a.since), ...found.paused.sort(byAge)].slice(0, Math.max(limit, 0) * 3);
+    // The same order as the walk over every lease's: stuck (oldest first), failed (newest first), paused (oldest first).
+    stuck.sort((x, y) => x.since - y.since);
+    failed.sort((x, y) => y.kinds[0]!.at - x.kinds[0]!.at);
+    paused.sort((x, y) => parsePause(x.entry).since - parsePause(y.entry).since);
+    const shown = new Set<string>();
+    for (const { laneId } of [...stuck, ...failed, ...paused]) {
+      if (shown.size >= limit) break;
+      shown.add(laneId);
+    }
+    const items = await Promise.all([
+      ...stuck.filter((x) => shown.has(x.laneId)).map((x) => this.stuckItem(x.laneId, x.since, redisNow)),
+      ...failed.filter((x) => shown.has(x.laneId)).map((x) => this.failureItem({ laneId: x.laneId, jobId: x.kinds[0]!.jobId, at: x.kinds[0]!.at, kinds: x.kinds })),
+      ...paused.filter((x) => shown.has(x.laneId)).map((x) => {
+        const pause = parsePause(x.entry);
+        return this.pausedItem(x.laneId, pause.by, pause.since, pausedLease(x.entry));
+      }),
+    ]);
+    return items;
   }
 
   /** A lane's head that should have moved by now: not picked up, left parked, or past its deadline. */
