@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
 import { TestBed } from './helpers/env.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
+import { RedisProcess } from './helpers/redis-process.ts';
 
 // Issue 27: what one company can do to another through the API. Small budgets here, so the
 // test reaches them quickly; the defaults are in docs/security.md.
@@ -210,20 +211,26 @@ describe('noisy neighbours: reruns (issue 27 item 5)', () => {
 describe('noisy neighbours: attention (issue 27 item 3)', () => {
   let bed: TestBed;
   let api: TestApi;
+  let worker: { close(): Promise<void> };
+  // A Redis of its own: the commands it counts are this test's alone.
+  let redis: RedisProcess;
 
   beforeAll(async () => {
+    redis = await RedisProcess.start();
     bed = await TestBed.create({
+      REDIS_URL: redis.url,
       LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }, { token: `${B}-prod`, companyId: 'b', environmentIds: ['prod'] }]),
       LEASE_OPS_KEEP_FAILED_S: '600',
     });
     const { provider } = createRecordingProvider({ behaviour: ({ ctx }) => (ctx.lease.leaseId.startsWith('fail') ? 'permanent' : 'ok') });
-    await bed.startWorker(provider);
+    worker = await bed.startWorker(provider);
     api = await startTestApi(bed);
   });
 
   afterAll(async () => {
     await api?.close();
     await bed?.close();
+    await redis?.stop();
   });
 
   it("reads a company's attention from its own entries: A's thousands of failures cost B's list nothing", async () => {
@@ -236,6 +243,8 @@ describe('noisy neighbours: attention (issue 27 item 3)', () => {
     await bed.waitForAll([...aJobs, ...bJobs], 30_000);
     await bed.ops.lanes.pause(await bed.ops.laneOf({ provider: 'recording', companyId: 'b', environmentId: 'prod', leaseId: 'held' }), 'b', Date.now(), { provider: 'recording', companyId: 'b', environmentId: 'prod', leaseId: 'held' });
 
+    // The worker's own loops (sweeps, scans, fetches) would count among the commands below: it goes first.
+    await worker.close();
     const list = async (token: string) => ((await (await fetch(`${api.base}/v1/attention`, { headers: { authorization: `Bearer ${token}` } })).json()) as { items: { lease: { leaseId: string }; reasons: string[] }[] }).items;
     // B's list is B's, and B's read touches B's entries: count the commands Redis ran for it.
     const commands = async () => Number(/total_commands_processed:(\d+)/.exec(await bed.redis.info('stats'))?.[1]);
