@@ -121,7 +121,7 @@ export async function scenario(base: Config, t: Timing, watchdog: boolean, print
       timeline,
       seconds,
       prefix: config.LEASE_OPS_PREFIX,
-      summary: result.state === 'completed' ? `completed ${seconds.toFixed(1)} s after it was queued` : `failed after ${seconds.toFixed(1)} s (${result.error})`,
+      summary: result.state === 'completed' ? `completed ${seconds.toFixed(1)} s after it was queued` : `failed after ${seconds.toFixed(1)} s (${result.error ? `${result.error.code}: ${result.error.message}` : 'failed'})`,
     };
   } finally {
     await client.close();

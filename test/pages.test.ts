@@ -77,6 +77,12 @@ describe.skipIf(!haveChromium)('the operator pages in a real browser: the stuck-
     await client.enqueue('stop', stuckLease, { providerLeaseId: stuckId }, { deadlineMs: 120_000 });
     await readUntil(async () => (await client.getLeaseTimeline(stuckLease)).events.filter((e) => e.kind === 'backing-off' && e.op === 'force-stop').length >= 4, 20_000, 'four retries of the force-stop');
     await client.pauseLane(stuckLease, 'pages-test');
+    // The stop's retry overdue by more than a worker's pickup (1 s): from then on its bar reads waiting.
+    await readUntil(async () => {
+      const tl = await client.getLeaseTimeline(stuckLease);
+      const until = tl.events.findLast((e) => e.kind === 'backing-off' && e.op === 'stop')?.until;
+      return until !== undefined && tl.now - until > 1_200;
+    }, 20_000, "the stop's retry to be overdue");
 
     browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'] });
     mkdirSync(SHOTS, { recursive: true });

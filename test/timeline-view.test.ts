@@ -49,17 +49,20 @@ describe('the timeline of a lease', () => {
       ev(0, 'accepted', 'a', { op: 'resume', ahead: 0 }),
       ev(0, 'started', 'a', { op: 'resume', attempt: 1 }),
       ev(20, 'backing-off', 'a', { op: 'resume', attempt: 1, code: 'x', until: T + 100 }),
-      ev(900, 'started', 'a', { op: 'resume', attempt: 2 }),
-      ev(950, 'completed', 'a', { op: 'resume' }),
+      ev(2_900, 'started', 'a', { op: 'resume', attempt: 2 }),
+      ev(2_950, 'completed', 'a', { op: 'resume' }),
     ];
-    const { rows } = timelineRows({ events, now: T + 1_000, operations: [] });
+    const { rows } = timelineRows({ events, now: T + 3_000, operations: [] });
     expect(rows[0]!.spans.map((s) => [s.kind, s.from - T, s.to - T])).toEqual([
       ['waiting', 0, 0],
       ['attempt', 0, 20],
       ['backoff', 20, 100],
-      ['waiting', 100, 900],
-      ['attempt', 900, 950],
+      ['waiting', 100, 2_900],
+      ['attempt', 2_900, 2_950],
     ]);
+    // A retry picked up within a worker's block timeout (1 s) is its backoff, not a wait.
+    const prompt = timelineRows({ events: [...events.slice(0, 3), ev(700, 'started', 'a', { op: 'resume', attempt: 2 }), ev(750, 'completed', 'a', { op: 'resume' })], now: T + 800, operations: [] });
+    expect(prompt.rows[0]!.spans.map((s) => s.kind)).toEqual(['waiting', 'attempt', 'backoff', 'attempt']);
   });
 
   it('ends an operation that ended without its event at its end, not at now', () => {

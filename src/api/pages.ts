@@ -171,8 +171,11 @@ export function timelineRows(tl: Pick<LeaseTimeline, 'events' | 'operations' | '
   return { rows: [...rows.values()], state, paused };
 }
 
-/** How long past its retry time a backoff still counts as the retry being picked up. */
-const OVERDUE_MS = 100;
+/**
+ * How long past its retry time a backoff still counts as the retry being picked up: a worker
+ * may see a due retry up to its block timeout (1 s) late, more on a busy machine.
+ */
+const OVERDUE_MS = 1_000;
 
 /** Attempts in a row that ended for a retry, each with its backoff: drawn as one span from `FOLD_AT` of them on. */
 const FOLD_AT = 3;
