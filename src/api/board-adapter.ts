@@ -1,7 +1,7 @@
 import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import type { Job } from 'bullmq';
 import { laneIdOfJobId } from '../lease.ts';
-import { failedBeforeItRan } from '../queues/inspect.ts';
+import { codeOf, failedBeforeItRan } from '../queues/inspect.ts';
 import { parsePause } from '../queues/lane.ts';
 import { OperationJobDataSchema } from '../operations.ts';
 import type { OperationsQueue } from '../queues/operations-queue.ts';
@@ -182,7 +182,7 @@ export class LeaseOpsBoardAdapter extends BullMQAdapter {
     // Failed without ever running (cancelled or removed while it waited, never in its lane,
     // out of time before its turn): no "process started" on its card. The same test as the
     // API's view of an operation (attempts 0, no start).
-    const failedEarly = failedBeforeItRan(outcomeCode(place.outcome) ?? /^([a-z_]+): /.exec(json.failedReason ?? '')?.[1], json.failedReason);
+    const failedEarly = failedBeforeItRan(outcomeCode(place.outcome) ?? codeOf(json.failedReason), json.failedReason);
     if (json.finishedOn && (json.attemptsMade === 0 || (failedEarly && json.attemptsMade <= 1))) told.processedOn = undefined;
     if (json.failedReason) {
       // Code and message only: stack traces carry the server's paths.

@@ -142,7 +142,7 @@ export function withoutCode(code: string, message: string): string {
 }
 
 /** The code a failure's message starts with (`removed: ...`), when it does. */
-const codeOf = (message: string | undefined): string | null => /^([a-z][a-z0-9_]*): /.exec(message ?? '')?.[1] ?? null;
+export const codeOf = (message: string | null | undefined): string | null => /^([a-z][a-z0-9_]*): /.exec(message ?? '')?.[1] ?? null;
 
 /** A finished job keeps the lane's outcome (with the failure code) in its hash. */
 interface StoredOutcome {
@@ -237,15 +237,16 @@ export class Inspector {
   /** A lease's lane, by either of its names (the id its acquire was enqueued under, or its sandbox's). */
   async lease(lease: LeaseIdentity, limit = 50): Promise<LeaseView> {
     const laneId = await this.ops.laneOf(lease);
-    const [lane, record, failure, paused, stoppingSince, now] = await Promise.all([
+    // The stuck budget in the same round of reads, not one after it.
+    const [lane, record, failure, paused, stoppingSince, now, budgetMs] = await Promise.all([
       this.ops.lanes.view(laneId),
       this.records.get(laneId),
       this.ops.lanes.lastFailure(laneId),
       this.ops.lanes.pausedBy(laneId),
       this.records.stoppingSince(laneId),
       this.records.now(),
+      this.stuckBudget(),
     ]);
-    const budgetMs = await this.stuckBudget();
     const views = (await Promise.all(lane.jobs.slice(0, limit + 1).map((jobId) => this.viewOf(jobId, laneId)))).filter(
       (v): v is OperationView => v !== null,
     );
