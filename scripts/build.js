@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // Builds the packages: dist/ holds the compiled JavaScript, its declarations and the Lua
-// scripts the lanes load at run time; packages/client/dist/ the light HTTP client. `npm run build`; `npm ci` runs it too (prepare).
+// scripts the lanes load at run time; packages/client/dist/ the light HTTP client. `npm run build`
+// always builds; `npm pack` (prepack) and the scripts that run dist/ build only when the sources changed.
 import { execFileSync } from 'node:child_process';
 import { cpSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';

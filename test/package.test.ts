@@ -45,10 +45,15 @@ describe('the packed package, installed into a consumer', () => {
   let consumer: string;
   let files: string[];
   let installLog: string;
+  let builtBefore: number;
+  let builtAfter: number;
 
   beforeAll(async () => {
-    // `npm pack` builds first (prepack), so the tarball holds what the sources say now.
+    // `npm pack` builds first (prepack) when the sources changed, so the tarball holds what
+    // the sources say now.
+    builtBefore = (await stat(join(ROOT, 'dist', 'cli.js'))).mtimeMs;
     ({ work, consumer, files, installLog } = await packAndInstall(ROOT, { bullmq: '6.7.0', ioredis: '5.9.2' }, ['@types/node@20']));
+    builtAfter = (await stat(join(ROOT, 'dist', 'cli.js'))).mtimeMs;
   }, 300_000);
 
   afterAll(async () => {
@@ -119,6 +124,12 @@ describe('the packed package, installed into a consumer', () => {
     );
     expect(withSdk.stdout.trim()).toBe('lease-ops function');
   }, 120_000);
+
+  it('packs the dist/ already built from these sources: no rebuild under the other tests that run it', () => {
+    // A rebuild removes dist/ first: a CLI started meanwhile by another test found it missing
+    // and built it again, beside this one (`start --once` then ran past a minute).
+    expect(builtAfter).toBe(builtBefore);
+  });
 
   it('runs no script of its own at install (no `prepare`: npm would warn everyone who installs it)', () => {
     const manifest = createRequire(import.meta.url)('../package.json') as { scripts: Record<string, string> };
