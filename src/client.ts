@@ -424,6 +424,7 @@ export class LeaseOpsClient {
       counts: sumRecords(views.map((v) => v.counts)),
       openLanes: views.reduce((n, v) => n + v.openLanes, 0),
       attention: mergeByReason(views.map((v) => v.attention)).slice(0, 200),
+      bytesByCompany: sumRecords(views.map((v) => v.bytesByCompany)),
     };
   }
 

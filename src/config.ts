@@ -148,13 +148,20 @@ export const EnvSchema = z.object({
    *  own). Past LEASE_OPS_MAX_QUEUED, a company under its fair share still gets in. */
   LEASE_OPS_MAX_QUEUED_PER_COMPANY: int(100_000, 0),
   LEASE_OPS_MAX_QUEUED_PER_ENVIRONMENT: int(0, 0),
-  /** Per-company overrides, e.g. {"acme":{"maxQueued":500000,"maxQueuedPerEnvironment":0,"environments":{"prod":400000}}}. */
+  /**
+   * Redis bytes one company's operations may hold: each counted as its data plus an allowance
+   * for its job and history, until it is gone. At the budget its oldest ended operations' records
+   * go before their retention; live ones alone past it: 429 company_bytes_full. 0 = no limit.
+   */
+  LEASE_OPS_MAX_BYTES_PER_COMPANY: int(64 * 1024 * 1024, 0),
+  /** Per-company overrides, e.g. {"acme":{"maxQueued":500000,"maxQueuedPerEnvironment":0,"environments":{"prod":400000},"maxBytes":268435456}}. */
   LEASE_OPS_QUEUE_LIMITS: jsonEnv(
     z.record(
       z.string().min(1),
       z.strictObject({
         maxQueued: z.number().int().min(0).optional(),
         maxQueuedPerEnvironment: z.number().int().min(0).optional(),
+        maxBytes: z.number().int().min(0).optional(),
         environments: z.record(z.string().min(1), z.number().int().min(0)).optional(),
       }),
     ),

@@ -79,6 +79,21 @@ const QUEUE_LIMITS: Record<QueueLimit, { code: string; holder: string; setting: 
 };
 
 /** The lease's lane, its environment, its company or the whole queue holds as many operations as it may; try again later. */
+/**
+ * A company's live operations hold all the Redis bytes it may (LEASE_OPS_MAX_BYTES_PER_COMPANY,
+ * or its maxBytes): 429 `company_bytes_full`. Its ended operations' records had gone first.
+ */
+export class CompanyBytesFullError extends LeaseOpsError {
+  override name = 'CompanyBytesFullError';
+  readonly retryAfterMs = 5_000;
+  constructor(
+    readonly held: number,
+    readonly budget: number,
+  ) {
+    super('company_bytes_full', `the company's operations on their way hold ${held} of its ${budget} bytes (LEASE_OPS_MAX_BYTES_PER_COMPANY): retry once some have ended, or send smaller metadata`);
+  }
+}
+
 /** A company holds as many paused lanes as it may (LEASE_OPS_MAX_PAUSED_PER_COMPANY): 429 `company_pauses_full`. */
 export class PausesFullError extends LeaseOpsError {
   override name = 'PausesFullError';

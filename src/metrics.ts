@@ -106,6 +106,7 @@ export function queueMetrics(client: LeaseOpsClient, opts: { bullmqTotals: boole
   const waitsHeld = new Gauge({ name: 'lease_ops_api_waits', help: 'Requests holding their connection while they wait (long polls, Prefer: wait, exec): in all, and of the company holding the most', labelNames: ['of'] as const, registers: [queueRegistry] });
   const waitsRefused = new Gauge({ name: 'lease_ops_api_waits_refused_total', help: 'Waits refused because a budget was full: a company (company_waits_full) or the server (server_waits_full)', labelNames: ['budget'] as const, registers: [queueRegistry] });
   const rateLimited = new Gauge({ name: 'lease_ops_api_rate_limited_total', help: 'Requests refused because their company was past its rate (company_rate_limited)', registers: [queueRegistry] });
+  const bytesHeld = new Gauge({ name: 'lease_ops_company_bytes', help: "Redis bytes a company's operations are counted as holding (data plus an allowance each), against LEASE_OPS_MAX_BYTES_PER_COMPANY", labelNames: ['company'] as const, registers: [queueRegistry] });
   return async () => {
     if (opts.rates) rateLimited.set(opts.rates.refused);
     if (opts.waits) {
@@ -118,6 +119,8 @@ export function queueMetrics(client: LeaseOpsClient, opts: { bullmqTotals: boole
     const overview = await client.overview();
     for (const [state, n] of Object.entries(overview.counts) as [OperationState, number][]) depth.set({ state }, n);
     lanes.set(overview.openLanes);
+    bytesHeld.reset();
+    for (const [company, bytes] of Object.entries(overview.bytesByCompany)) bytesHeld.set({ company }, bytes);
     const byReason = await client.attentionCounts();
     for (const [reason, n] of Object.entries(byReason)) attention.set({ reason }, n);
     blocked.set(byReason.blocked);

@@ -206,6 +206,26 @@ describe('noisy neighbours: reruns (issue 27 item 5)', () => {
     expect(admin.status).toBe(202);
     expect(await admin.json()).toMatchObject({ overLimit: 'lease_queue_full' });
   });
+
+  it("counts the company's reruns on their way against an enqueue too, until they join their lanes", async () => {
+    // A's reruns on their way (five, the admin's included) fill its company count of 4: an enqueue is refused.
+    expect(await bed.redis.zcard(bed.ops.lanes.rerunsKey('a'))).toBe(5);
+    const enqueue = () => bed.ops.enqueue({ op: 'stop', lease: { provider: 'recording', companyId: 'a', environmentId: 'env', leaseId: 'l9' }, params: { providerLeaseId: 'l9' } });
+    await expect(enqueue()).rejects.toMatchObject({ code: 'company_queue_full' });
+    // A worker takes them: each joins its lane and leaves the reruns on their way as it does
+    // (it fails again, for good, and its lane's count lets it go).
+    const { provider } = createRecordingProvider({ behaviour: () => 'permanent' });
+    const worker = await bed.startWorker(provider);
+    try {
+      const reran = [...failed['a/l1']!, ...failed['a/l2']!, failed['a/l3']![0]!];
+      expect([...(await bed.waitForAll(reran, 10_000)).values()].every((s) => s === 'failed')).toBe(true);
+      expect(await bed.redis.zcard(bed.ops.lanes.rerunsKey('a'))).toBe(0);
+      const { jobId } = await enqueue();
+      expect((await bed.waitForAll([jobId], 10_000)).get(jobId)).toBe('failed');
+    } finally {
+      await worker.close();
+    }
+  });
 });
 
 describe('noisy neighbours: attention (issue 27 item 3)', () => {

@@ -24,6 +24,7 @@ import {
   LeaseOpsError,
   PausesFullError,
   QueueFullError,
+  CompanyBytesFullError,
   RedisUnavailableError,
 } from '../errors.ts';
 import type { Logger } from '../logger.ts';
@@ -783,6 +784,10 @@ function errorHandler(log: Logger): ErrorRequestHandler {
     } else if (err instanceof ActivityNotFoundError) {
       status = 404;
       body = { code: err.code, message: err.message };
+    } else if (err instanceof CompanyBytesFullError) {
+      status = 429;
+      body = { code: err.code, message: err.message };
+      res.setHeader('Retry-After', String(Math.ceil(err.retryAfterMs / 1000)));
     } else if (err instanceof PausesFullError) {
       status = 429;
       body = { code: err.code, message: err.message };

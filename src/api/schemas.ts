@@ -371,6 +371,7 @@ export const OverviewSchema = z
     counts: z.record(CountedStateSchema, z.number().int()),
     openLanes: z.number().int(),
     attention: z.array(AttentionItemSchema),
+    bytesByCompany: z.record(z.string(), z.number().int()).meta({ description: "Redis bytes each company's operations are counted as holding against LEASE_OPS_MAX_BYTES_PER_COMPANY" }),
   })
   .meta({ id: 'Overview' });
 

@@ -95,7 +95,7 @@ export class AttemptLife {
     if (fence === null) {
       const acquired = await this.laneStep(async () => {
         await faultPoint('lane-acquire', this.deps.redis);
-        return this.deps.ops.lanes.acquire(laneId, this.jobId, this.lockToken);
+        return this.deps.ops.lanes.acquire(laneId, this.jobId, this.lockToken, parsed.success ? parsed.data.lease.companyId : '');
       });
       switch (acquired.kind) {
         case 'stale':

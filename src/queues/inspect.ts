@@ -122,6 +122,8 @@ export interface QueueOverview {
   counts: Record<Exclude<OperationState, 'paused'>, number>;
   openLanes: number;
   attention: AttentionItem[];
+  /** Redis bytes each company's operations are counted as holding (LEASE_OPS_MAX_BYTES_PER_COMPANY). */
+  bytesByCompany: Record<string, number>;
 }
 
 /**
@@ -537,7 +539,7 @@ export class Inspector {
     // Delayed jobs are parked (queued in a lane) or backing off; the lanes list the latter.
     const backingOff = await this.ops.lanes.backingOffCount();
     const parked = Math.max(0, (c.delayed ?? 0) - backingOff);
-    const [openLanes, attention] = await Promise.all([this.ops.lanes.openLaneCount(), this.attention()]);
+    const [openLanes, attention, bytesByCompany] = await Promise.all([this.ops.lanes.openLaneCount(), this.attention(), this.ops.bytes.held()]);
     return {
       counts: {
         queued: parked,
@@ -549,6 +551,7 @@ export class Inspector {
       },
       openLanes,
       attention,
+      bytesByCompany,
     };
   }
 }

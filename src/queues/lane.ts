@@ -8,9 +8,9 @@ import { LeaseIdentitySchema, type LeaseIdentity } from '../lease.ts';
 // Every lane script takes the lane key layout of includes/lane.lua (18 keys), and some
 // the job's hash (and the request's idempotency key, and the lease's history) after it.
 const SCRIPTS = {
-  'lane-push': 23,
+  'lane-push': 24,
   'lane-alias': 3,
-  'lane-acquire': 20,
+  'lane-acquire': 21,
   'lane-release': 22,
   'lane-yield': 19,
   'lane-repair': 18,
@@ -244,6 +244,7 @@ export class Lanes {
       historyKey(this.prefix, laneId),
       layoutKey(this.prefix),
       this.aliasKey(laneId),
+      this.rerunsKey(scope.companyId),
       jobId,
       laneId,
       Date.now(),
@@ -308,9 +309,17 @@ export class Lanes {
     return Number(await this.run('lane-forget', ...this.keys(laneId), laneId, this.queueKeyPrefix, jobId));
   }
 
-  /** An attempt asks to start; `lockToken` is the BullMQ lock it holds the job with. */
-  async acquire(laneId: string, jobId: string, lockToken: string): Promise<AcquireResult> {
-    const r = (await this.run('lane-acquire', ...this.keys(laneId), this.jobKey(jobId), this.lockKey(jobId), jobId, laneId, Date.now(), lockToken)) as [string, string?];
+  /** A company's reruns on their way to their lanes (rerun-admit.lua): "<environment>\n<jobId>" -> when asked. */
+  rerunsKey(companyId: string): string {
+    return `${this.prefix}:reruns:${companyId}`;
+  }
+
+  /**
+   * An attempt asks to start; `lockToken` is the BullMQ lock it holds the job with, `companyId`
+   * the job's (a rerun joining its lane leaves its company's reruns on their way).
+   */
+  async acquire(laneId: string, jobId: string, lockToken: string, companyId = ''): Promise<AcquireResult> {
+    const r = (await this.run('lane-acquire', ...this.keys(laneId), this.jobKey(jobId), this.lockKey(jobId), this.rerunsKey(companyId), jobId, laneId, Date.now(), lockToken)) as [string, string?];
     switch (r[0]) {
       case 'run':
         return { kind: 'run', token: String(r[1]) };

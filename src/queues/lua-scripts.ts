@@ -23,11 +23,11 @@ export type LuaCommand = (...keysThenArgs: (string | number)[]) => Promise<unkno
 /**
  * Registers ./lua/<name>.lua on the client as a command (once per client; ioredis then runs
  * it by EVALSHA) and returns a function that runs it. Command names are prefixed so they
- * never clash with BullMQ's.
+ * never clash with BullMQ's. With `numberOfKeys` 'varies', each call passes its key count first.
  */
-export function luaCommand(client: RedisClient, name: string, numberOfKeys: number): LuaCommand {
+export function luaCommand(client: RedisClient, name: string, numberOfKeys: number | 'varies'): LuaCommand {
   const command = luaCommandName(name);
-  if (!(command in client)) client.defineCommand(command, { numberOfKeys, lua: loadLuaScript(name) });
+  if (!(command in client)) client.defineCommand(command, numberOfKeys === 'varies' ? { lua: loadLuaScript(name) } : { numberOfKeys, lua: loadLuaScript(name) });
   const run = (client as unknown as Record<string, LuaCommand>)[command]!;
   return (...keysThenArgs) => run.apply(client, keysThenArgs);
 }

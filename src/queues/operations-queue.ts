@@ -2,6 +2,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { Job, Queue, type JobsOptions } from 'bullmq';
 import { z } from 'zod';
 import { reportRedisError, type RedisClient } from './redis.ts';
+import { CompanyBytes, OPERATION_ALLOWANCE_BYTES } from './company-bytes.ts';
 import type { Config } from '../config.ts';
 import { laneIdOf, laneIdOfJobId, LeaseIdentitySchema, type LeaseIdentity } from '../lease.ts';
 import {
@@ -83,6 +84,7 @@ export type QueueSettings = Pick<
   | 'LEASE_OPS_MAX_QUEUED_PER_COMPANY'
   | 'LEASE_OPS_MAX_QUEUED_PER_ENVIRONMENT'
   | 'LEASE_OPS_MAX_PAUSED_PER_COMPANY'
+  | 'LEASE_OPS_MAX_BYTES_PER_COMPANY'
   | 'LEASE_OPS_QUEUE_LIMITS'
   | 'LEASE_OPS_PARTITIONS'
 >;
@@ -109,6 +111,8 @@ export class OperationsQueue {
   /** Acquires seen without a job, and since when (see reconcileAcquires). */
   private readonly vanishedSince = new Map<string, number>();
 
+  /** Redis bytes each company's operations hold, against its budget. */
+  readonly bytes: CompanyBytes;
   /** The second names of lanes (a sandbox's id, after its acquire), shared by a deployment's partitions. */
   readonly names: LaneNames;
   /** Work inside the leases' sandboxes that their stops wait for (activity gates). */
@@ -128,6 +132,7 @@ export class OperationsQueue {
     this.names = names ?? new LaneNames(() => this.lanes);
     this.activities = new Activities(connection, settings.LEASE_OPS_PREFIX, this.queue.toKey(''));
     this.history = new LeaseHistory(connection, settings.LEASE_OPS_PREFIX);
+    this.bytes = new CompanyBytes(connection, settings.LEASE_OPS_PREFIX, this.queue.toKey(''));
     this.deleteIfEqual = luaCommand(connection, 'delete-if-equal', 1);
     this.replaceIfEqual = luaCommand(connection, 'replace-if-equal', 1);
     this.acquiresKey = this.lanes.acquiresKey;
@@ -232,6 +237,10 @@ export class OperationsQueue {
         return { jobId: upgraded, laneId, deduplicated: 'absorbed-stop' };
       }
     }
+    // Counted against the company's bytes before it is stored (a force-stop is counted, never
+    // refused); on the queue's connection once it is ready, as BullMQ's add would wait for it.
+    await this.queue.waitUntilReady();
+    await this.bytes.admit(data.lease.companyId, jobId, Buffer.byteLength(JSON.stringify(data)) + OPERATION_ALLOWANCE_BYTES, data.op === 'force-stop' ? 0 : this.bytesBudgetFor(data.lease));
     await this.queue.add(data.op, data, { ...this.jobOptions, jobId, delay: parkDelay(data, now) });
     return this.joinLane(laneId, jobId, data, coalesceAs, idem, false, request.note);
   }
@@ -472,6 +481,12 @@ export class OperationsQueue {
    * company's). A partition counts only its own lanes, so it holds each limit above one lane
    * to its share (1/LEASE_OPS_PARTITIONS, rounded up): the partitions together stay within it.
    */
+  /** The Redis bytes the lease's company may hold in this partition (0: no limit). */
+  bytesBudgetFor(lease: LeaseIdentity): number {
+    const budget = this.settings.LEASE_OPS_QUEUE_LIMITS[lease.companyId]?.maxBytes ?? this.settings.LEASE_OPS_MAX_BYTES_PER_COMPANY;
+    return budget === 0 ? 0 : Math.ceil(budget / this.settings.LEASE_OPS_PARTITIONS);
+  }
+
   limitsFor(lease: LeaseIdentity): QueueLimits {
     const own = this.settings.LEASE_OPS_QUEUE_LIMITS[lease.companyId];
     const share = (limit: number) => (limit === 0 ? 0 : Math.ceil(limit / this.settings.LEASE_OPS_PARTITIONS));

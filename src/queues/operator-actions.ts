@@ -114,7 +114,7 @@ export class OperatorActions {
     const now = Date.now();
     const { lease } = parsed.data;
     const limits = this.ops.limitsFor(lease);
-    const runs = `${this.ops.settings.LEASE_OPS_PREFIX}:reruns:${lease.companyId}`;
+    const runs = this.ops.lanes.rerunsKey(lease.companyId);
     const member = `${lease.environmentId}\n${jobId}`;
     const admitted = (await this.admitRerun(
       this.ops.lanes.listKey(laneId),

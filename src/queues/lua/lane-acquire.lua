@@ -10,6 +10,8 @@
   KEYS[18] paused lanes
   (see includes/lane.lua)
   KEYS[19] the job's hash   KEYS[20] the job's BullMQ lock
+  KEYS[21] the job's company's reruns on their way (rerun-admit.lua): a rerun joining its lane
+  is counted there from now on
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] the attempt's BullMQ lock token
 
   Returns one of
@@ -124,6 +126,7 @@ if recorded[1] then
   local ok, data = pcall(cjson.decode, rcall('HGET', jobKey, 'data') or '')
   local lease = ok and type(data) == 'table' and type(data.lease) == 'table' and data.lease or {}
   if type(lease.companyId) == 'string' and type(lease.environmentId) == 'string' then
+    rcall('ZREM', KEYS[21], lease.environmentId .. '\n' .. jobId)
     recount(k, laneId, lease.companyId, lease.environmentId)
   else
     recount(k, laneId)

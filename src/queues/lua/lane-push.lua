@@ -15,6 +15,8 @@
   KEYS[22] the partition's copy of the deployment's partition count (see layout.ts)
   KEYS[23] the lane's alias key: set when this lane's id is a sandbox's and that sandbox is a
   second name of its acquire's lane (lane-alias.lua)
+  KEYS[24] the company's reruns on their way to their lanes (rerun-admit.lua): counted with
+  the company's queued operations
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] 'tail' | 'front'
   ARGV[5] BullMQ job key prefix
   ARGV[6] coalescing key ('' for none): an identical request queued last and not yet
@@ -147,7 +149,7 @@ local function withRoom(limit)
   return limit + math.max(100, math.floor(limit / 10))
 end
 local company, environment = ARGV[12], ARGV[13]
-local byCompany = tonumber(rcall('HGET', k.byCompany, company) or '0')
+local byCompany = tonumber(rcall('HGET', k.byCompany, company) or '0') + rcall('ZCARD', KEYS[24])
 local maxPerCompany, maxPerEnvironment = tonumber(ARGV[14]), tonumber(ARGV[15])
 if maxPerEnvironment > 0 then
   local held = tonumber(rcall('HGET', k.byEnvironment, company .. '\n' .. environment) or '0')

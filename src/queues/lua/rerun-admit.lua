@@ -2,7 +2,8 @@
   An operator runs a failed operation again: it goes back to BullMQ's wait list and joins its
   lane's tail when a worker takes it (lane-acquire.lua). Until then no lane holds it, so the
   lane and company counts would not see it: this counts it against the same limits as an
-  enqueue, with the reruns still on their way counted too, and records it as on its way.
+  enqueue, with the reruns still on their way counted too, and records it as on its way (an
+  enqueue counts the company's reruns on their way too: lane-push.lua).
 
   KEYS[1] the lane list   KEYS[2] queued by company   KEYS[3] queued by environment
   KEYS[4] BullMQ delayed  KEYS[5] BullMQ wait
@@ -15,18 +16,16 @@
 ]]
 local jobId, company, environment = ARGV[1], ARGV[2], ARGV[3]
 local laneId = string.sub(jobId, 1, 22)
--- Reruns that reached their lane (or ended) are counted there now, or no longer: forget them.
+-- A rerun leaves this set when it joins its lane (lane-acquire.lua), where it is counted from
+-- then on; one removed or cancelled before that leaves it a day after it was asked for.
+redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', tonumber(ARGV[4]) - 86400000)
 local pendingLane, pendingEnv = 0, 0
 local members = redis.call('ZRANGE', KEYS[6], 0, -1)
 for _, member in ipairs(members) do
   local nl = string.find(member, '\n', 1, true)
   local id = string.sub(member, nl + 1)
-  if not redis.call('LPOS', KEYS[5], id) then
-    redis.call('ZREM', KEYS[6], member)
-  else
-    if string.sub(id, 1, 22) == laneId then pendingLane = pendingLane + 1 end
-    if string.sub(member, 1, nl - 1) == environment then pendingEnv = pendingEnv + 1 end
-  end
+  if string.sub(id, 1, 22) == laneId then pendingLane = pendingLane + 1 end
+  if string.sub(member, 1, nl - 1) == environment then pendingEnv = pendingEnv + 1 end
 end
 local pendingCompany = redis.call('ZCARD', KEYS[6])
 
@@ -49,7 +48,7 @@ if verdict ~= nil and ARGV[9] == '1' then
   return {'full', verdict[1], verdict[2]}
 end
 redis.call('ZADD', KEYS[6], ARGV[4], environment .. '\n' .. jobId)
--- Entries leave as the next rerun looks (above); the key goes a day after the last one.
+-- The key goes a day after the last rerun asked for.
 redis.call('PEXPIRE', KEYS[6], 86400000)
 if verdict ~= nil then
   return {'over', verdict[1], verdict[2]}

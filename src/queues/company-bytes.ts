@@ -1,0 +1,108 @@
+import { CompanyBytesFullError } from '../errors.ts';
+import { luaCommand, type LuaCommand } from './lua-scripts.ts';
+import type { RedisClient } from './redis.ts';
+
+/**
+ * What an operation may hold in Redis besides its data: its job hash's other fields (the
+ * options, the error and stack of a failure, BullMQ's bookkeeping) and the events its lease's
+ * history keeps of it. Measured in test/company-bytes.test.ts (a failed operation with 15 KB of
+ * metadata and four attempts held its data plus under this).
+ */
+export const OPERATION_ALLOWANCE_BYTES = 8_192;
+
+/** Oldest counted jobs looked at per try to make room (one round trip, bounded work). */
+const REVIEWED = 200;
+/**
+ * Room made beyond what one enqueue needs, as a share of the budget: a company that lives at
+ * its budget pays for making room once per many enqueues, not on each.
+ */
+const HEADROOM = 0.1;
+
+/**
+ * A company's bytes budget (issue 27): every accepted operation is counted, its data plus
+ * OPERATION_ALLOWANCE_BYTES, until its job is gone. At the budget, the company's oldest ended
+ * operations lose their records before their retention (a retention at the budget); when its
+ * live operations alone fill it, the enqueue is refused (CompanyBytesFullError).
+ *
+ * A count is taken back lazily: only when the company is at its budget are its oldest counted
+ * jobs looked at, and those gone (removed after their retention, refused, dropped) forgotten.
+ * So the count is never below what the company's operations hold, and looking costs nothing
+ * until a company is at its budget.
+ */
+export class CompanyBytes {
+  private readonly admitScript: LuaCommand;
+  private readonly reviewScript: LuaCommand;
+  private readonly evictScript: LuaCommand;
+  /** Bytes held, by company: what /metrics and the overview show. */
+  readonly heldKey: string;
+
+  constructor(
+    private readonly connection: RedisClient,
+    private readonly prefix: string,
+    /** BullMQ's key prefix of the queue's jobs ("<prefix>:<queue>:"). */
+    private readonly jobKeyPrefix: string,
+  ) {
+    this.admitScript = luaCommand(connection, 'bytes-admit', 3);
+    this.reviewScript = luaCommand(connection, 'bytes-review', 'varies');
+    this.evictScript = luaCommand(connection, 'bytes-evict', 'varies');
+    this.heldKey = `${prefix}:bytes`;
+  }
+
+  private keysOf(company: string): [string, string, string] {
+    return [this.heldKey, `${this.prefix}:bytes:${company}`, `${this.prefix}:bytes-order:${company}`];
+  }
+
+  /**
+   * Counts `bytes` of job `jobId` against `company`'s budget (0: none), making room by removing
+   * the records of its oldest ended operations if it must; CompanyBytesFullError if that is not
+   * enough.
+   */
+  async admit(company: string, jobId: string, bytes: number, budget: number): Promise<void> {
+    const keys = this.keysOf(company);
+    for (let round = 0; ; round++) {
+      const [verdict, held] = (await this.admitScript(...keys, company, jobId, bytes, budget, Date.now())) as [string, number];
+      if (verdict === 'ok') return;
+      if (round === 2 || !(await this.makeRoom(company, held, held + bytes - budget + Math.ceil(budget * HEADROOM)))) throw new CompanyBytesFullError(held, budget);
+    }
+  }
+
+  /**
+   * Frees `needed` bytes of `company`'s count (`held` now) as far as its oldest counted jobs
+   * allow: those gone are forgotten, then the oldest ended ones removed. False if nothing was freed.
+   */
+  private async makeRoom(company: string, held: number, needed: number): Promise<boolean> {
+    const keys = this.keysOf(company);
+    const oldest = await this.connection.zrange(keys[2], 0, REVIEWED - 1);
+    if (oldest.length === 0) return false;
+    const review = (await this.reviewScript(keys.length + oldest.length, ...keys, ...oldest.map((id) => this.jobKeyPrefix + id), company, ...oldest)) as (string | number)[];
+    const forgotten = held - Number(review[0]);
+    let stillNeeded = needed - forgotten;
+    const victims: string[] = [];
+    for (let i = 1; i + 1 < review.length && stillNeeded > 0; i += 2) {
+      victims.push(String(review[i]));
+      stillNeeded -= Number(review[i + 1]);
+    }
+    if (victims.length === 0) return forgotten > 0;
+    const [, removed] = (await this.evictScript(
+      5 + 2 * victims.length,
+      ...keys,
+      `${this.jobKeyPrefix}completed`,
+      `${this.jobKeyPrefix}failed`,
+      ...victims.flatMap((id) => [this.jobKeyPrefix + id, `${this.jobKeyPrefix}${id}:logs`]),
+      company,
+      ...victims,
+    )) as [number, number];
+    return forgotten > 0 || removed > 0;
+  }
+
+  /** Bytes counted for `company` now. */
+  async heldOf(company: string): Promise<number> {
+    return Number((await this.connection.hget(this.heldKey, company)) ?? 0);
+  }
+
+  /** Bytes counted for every company that holds some. */
+  async held(): Promise<Record<string, number>> {
+    const all = await this.connection.hgetall(this.heldKey);
+    return Object.fromEntries(Object.entries(all).map(([company, bytes]) => [company, Number(bytes)]));
+  }
+}

@@ -1,0 +1,138 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { LeaseWorker } from '../src/queues/worker.ts';
+import { OPERATION_ALLOWANCE_BYTES } from '../src/queues/company-bytes.ts';
+import { laneIdOf } from '../src/lease.ts';
+import { startTestApi, type TestApi } from './helpers/api-server.ts';
+import { TestBed } from './helpers/env.ts';
+import { createRecordingProvider } from './helpers/recording-provider.ts';
+
+// Issue 27 item 4: one company filled Redis with failed operations carrying 16 KiB of
+// metadata each (23.7 KB kept per operation, for a week). Each company's operations are now
+// counted against a bytes budget; at it, its own oldest ended records go, then it is refused.
+
+const A = 'bytes-a-token-0123456789abcdef';
+const B = 'bytes-b-token-0123456789abcdef';
+const METADATA = { blob: 'm'.repeat(15_000) };
+const lease = (company: string, leaseId: string) => ({ provider: 'recording', companyId: company, environmentId: 'env', leaseId });
+
+describe("a company's Redis bytes (issue 27 item 4)", () => {
+  let bed: TestBed;
+  let api: TestApi;
+  let worker: LeaseWorker | undefined;
+  /** What one resume with METADATA is counted as (measured from the first one). */
+  let charge = 0;
+  const BUDGET_IN_CHARGES = 10;
+
+  beforeAll(async () => {
+    // The budget is set after the first operation tells what one is counted as; until then, none.
+    bed = await TestBed.create({ LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }]), LEASE_OPS_KEEP_FAILED_S: '3600' });
+    // Three settling attempts, then a failure for good: a failed record with its history.
+    const { provider } = createRecordingProvider({ behaviour: ({ ctx }) => (ctx.attempt < 4 ? 'settling' : 'permanent') });
+    worker = await bed.startWorker(provider);
+  });
+
+  afterAll(async () => {
+    await worker?.close();
+    await api?.close();
+    await bed?.close();
+  });
+
+  async function failedResume(company: string, leaseId: string): Promise<string> {
+    const { jobId } = await bed.ops.enqueue({ op: 'resume', lease: lease(company, leaseId), params: { providerLeaseId: leaseId, leaseMetadata: METADATA } });
+    expect((await bed.waitForAll([jobId], 20_000)).get(jobId)).toBe('failed');
+    return jobId;
+  }
+
+  /** Bytes Redis holds in the job's hash and every key that names its lane (history, record, indexes of it). */
+  async function bytesNaming(laneId: string, jobId: string): Promise<number> {
+    const keys = new Set([bed.ops.queue.toKey(jobId), `${bed.config.LEASE_OPS_PREFIX}:history:${laneId}`]);
+    let cursor = '0';
+    do {
+      const [next, found] = await bed.redis.scan(cursor, 'MATCH', `${bed.config.LEASE_OPS_PREFIX}*${laneId}*`, 'COUNT', 1000);
+      cursor = next;
+      for (const key of found) keys.add(key);
+    } while (cursor !== '0');
+    let total = 0;
+    for (const key of keys) total += Number(await bed.redis.call('MEMORY', 'USAGE', key, 'SAMPLES', '0'));
+    return total;
+  }
+
+  it('counts an operation as at least what Redis holds for it: its data plus an allowance for its job and history', async () => {
+    const before = await bed.ops.bytes.heldOf('a');
+    const jobId = await failedResume('a', 'measured');
+    charge = (await bed.ops.bytes.heldOf('a')) - before;
+    const held = await bytesNaming(laneIdOf(lease('a', 'measured')), jobId);
+    console.log(`one failed resume with ${JSON.stringify(METADATA).length} B of metadata and 4 attempts: Redis holds ${held} B in keys naming its lane; counted ${charge} B (allowance ${OPERATION_ALLOWANCE_BYTES})`);
+    expect(held).toBeGreaterThan(15_000);
+    expect(charge).toBeGreaterThanOrEqual(held);
+    expect(await bed.ops.queue.getJob(jobId)).toBeTruthy();
+  }, 30_000);
+
+  it("at its budget, a company's oldest ended records go first; its newest and other companies' stay", async () => {
+    await worker!.close();
+    worker = undefined;
+    // A bed of the same deployment with a budget of ten operations for A.
+    const limited = await TestBed.create({
+      LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX,
+      LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }]),
+      LEASE_OPS_QUEUE_LIMITS: JSON.stringify({ a: { maxBytes: BUDGET_IN_CHARGES * charge } }),
+      LEASE_OPS_KEEP_FAILED_S: '3600',
+    });
+    await bed.close();
+    bed = limited;
+    const { provider } = createRecordingProvider({ behaviour: () => 'permanent' });
+    worker = await bed.startWorker(provider);
+    const bJob = await failedResume('b', 'b-0');
+    const aJobs: string[] = [];
+    for (let i = 0; i < 2 * BUDGET_IN_CHARGES; i++) aJobs.push(await failedResume('a', `a-${i}`));
+    expect(await bed.ops.bytes.heldOf('a')).toBeLessThanOrEqual(BUDGET_IN_CHARGES * charge);
+    const kept = await Promise.all(aJobs.map(async (id) => Boolean(await bed.ops.queue.getJob(id))));
+    // The oldest went, the newest stayed, in that order (no hole among the kept).
+    expect(kept[0]).toBe(false);
+    expect(kept.at(-1)).toBe(true);
+    expect(kept.indexOf(true)).toBeGreaterThan(0);
+    expect(kept.slice(kept.indexOf(true)).every(Boolean)).toBe(true);
+    expect(await bed.ops.queue.getJob(bJob)).toBeTruthy();
+    // What went is all gone: no key names it, no BullMQ set lists it (lease-ops adds no parents, children or logs).
+    const gone = aJobs[0]!;
+    expect(await bed.redis.zscore(bed.ops.queue.toKey('failed'), gone)).toBeNull();
+    expect((await bed.redis.keys(`${bed.config.LEASE_OPS_PREFIX}*${gone}*`)).length).toBe(0);
+  }, 120_000);
+
+  it("refuses a company whose live operations alone fill its budget (429 company_bytes_full), never another's, and never removes a live one or a rerun", async () => {
+    await worker!.close();
+    worker = undefined;
+    api = await startTestApi(bed);
+    const oldestKept = (await bed.ops.queue.getFailed(0, -1)).filter((j) => j.data.lease.companyId === 'a').sort((x, y) => x.timestamp - y.timestamp)[0]!;
+    // Run again, with no worker: it is live now, and must outlast whatever room is made.
+    const rerun = await fetch(`${api.base}/v1/operations/${encodeURIComponent(oldestKept.id!)}/rerun`, { method: 'POST', headers: { authorization: `Bearer ${A}` } });
+    expect(rerun.status).toBe(202);
+    const post = (token: string, company: string, leaseId: string) =>
+      fetch(`${api.base}/v1/leases/recording/${company}/env/${leaseId}/operations`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ op: 'resume', params: { providerLeaseId: leaseId, leaseMetadata: METADATA } }),
+      });
+    const accepted: string[] = [];
+    let refused: Response | undefined;
+    for (let i = 0; i < 3 * BUDGET_IN_CHARGES && !refused; i++) {
+      const res = await post(A, 'a', `live-${i}`);
+      if (res.status === 202) accepted.push(((await res.json()) as { jobId: string }).jobId);
+      else refused = res;
+    }
+    expect(refused?.status).toBe(429);
+    expect(refused!.headers.get('retry-after')).toBe('5');
+    expect(((await refused!.json()) as { error: { code: string } }).error.code).toBe('company_bytes_full');
+    // Every ended record of A went before the refusal; the live ones and the rerun stayed.
+    expect(accepted.length).toBeGreaterThanOrEqual(BUDGET_IN_CHARGES - 2);
+    for (const id of [...accepted, oldestKept.id!]) expect(await bed.ops.queue.getJob(id)).toBeTruthy();
+    expect(await bed.ops.queue.getJobState(oldestKept.id!)).toBe('waiting');
+    // B is not A.
+    expect((await post(B, 'b', 'b-live')).status).toBe(202);
+    // Counted where an operator looks.
+    const metrics = await (await fetch(`${api.base}/metrics`)).text();
+    const shown = Number(/^lease_ops_company_bytes\{company="a"\} (\d+)$/m.exec(metrics)?.[1]);
+    expect(shown).toBe(await bed.ops.bytes.heldOf('a'));
+    expect(shown).toBeLessThanOrEqual(BUDGET_IN_CHARGES * charge);
+  }, 60_000);
+});
