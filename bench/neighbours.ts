@@ -32,7 +32,12 @@ interface Attack {
   a: Record<string, number>;
   /** Redis memory grown during the attack (bytes). */
   redisGrowth: number;
+  /** A's operations counted in Redis bytes at the end, against its budget (the filling attack). */
+  aBytes?: { held: number; budget: number };
 }
+
+/** A's Redis bytes budget here: small, so the filling attack reaches it within its window. */
+const A_BYTES_BUDGET = 4 * 1024 * 1024;
 
 const quantile = (sorted: number[], q: number) => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? NaN;
 const round = (n: number) => Math.round(n * 100) / 100;
@@ -54,6 +59,7 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
       LEASE_OPS_LOG_LEVEL: 'warn',
       LEASE_OPS_LOG_FORMAT: 'json',
       LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }, { token: ADMIN }]),
+      LEASE_OPS_QUEUE_LIMITS: JSON.stringify({ a: { maxBytes: A_BYTES_BUDGET } }),
     },
     stdio: ['ignore', 'pipe', 'inherit'],
   });
@@ -207,6 +213,9 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
       }),
     );
 
+    const overview = (await (await fetch(`${base}/v1/overview`, { headers: headers(ADMIN) })).json()) as { bytesByCompany: Record<string, number> };
+    attacks.at(-1)!.aBytes = { held: overview.bytesByCompany.a ?? 0, budget: A_BYTES_BUDGET };
+
     // 4. Reruns: A runs its failed operations again as fast as it can.
     attacks.push(
       await underAttack('reruns', baseline, async () => undefined, async (signal, a) => {
@@ -250,7 +259,7 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
       const row = (l: Latencies) => (Object.keys(l) as (keyof Latencies)[]).map((k) => `${k} ${l[k].p50}/${l[k].p99}`).join('  ');
       process.stdout.write(`B alone (p50/p99 ms):  ${row(baseline)}\n`);
       for (const attack of attacks) {
-        process.stdout.write(`${attack.name}:\n  B: ${row(attack.b)}\n  B p99 over alone: ${JSON.stringify(attack.ratioP99)}  B refused: ${attack.bRefused}\n  A got: ${JSON.stringify(attack.a)}  Redis grew ${(attack.redisGrowth / 1024 / 1024).toFixed(1)} MB\n`);
+        process.stdout.write(`${attack.name}:\n  B: ${row(attack.b)}\n  B p99 over alone: ${JSON.stringify(attack.ratioP99)}  B refused: ${attack.bRefused}\n  A got: ${JSON.stringify(attack.a)}  Redis grew ${(attack.redisGrowth / 1024 / 1024).toFixed(1)} MB${attack.aBytes ? `; A counted ${(attack.aBytes.held / 1024 / 1024).toFixed(1)} of its ${(attack.aBytes.budget / 1024 / 1024).toFixed(1)} MB` : ''}\n`);
       }
     }
     return figures;
