@@ -320,6 +320,7 @@ export class LeaseOpsClient {
       new ProviderInstanceStore(this.connection, this.settings.LEASE_OPS_PREFIX, {
         keys: this.opts.masterKeys === undefined ? loadMasterKeys() : this.opts.masterKeys,
         allowedApiUrls: parseAllowedApiUrls(this.settings.LEASE_OPS_INSTANCE_API_URLS),
+        maxPerCompany: this.settings.LEASE_OPS_MAX_PROVIDER_INSTANCES_PER_COMPANY,
       }),
       {
         configuredNames: async () => (await this.providers()).map((p) => p.name),

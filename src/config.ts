@@ -154,6 +154,8 @@ export const EnvSchema = z.object({
    * go before their retention; live ones alone past it: 429 company_bytes_full. 0 = no limit.
    */
   LEASE_OPS_MAX_BYTES_PER_COMPANY: int(64 * 1024 * 1024, 0),
+  /** Provider instances one company may save (429 company_providers_full past it). 0 = no limit. */
+  LEASE_OPS_MAX_PROVIDER_INSTANCES_PER_COMPANY: int(100, 0),
   /** Per-company overrides, e.g. {"acme":{"maxQueued":500000,"maxQueuedPerEnvironment":0,"environments":{"prod":400000},"maxBytes":268435456}}. */
   LEASE_OPS_QUEUE_LIMITS: jsonEnv(
     z.record(

@@ -16,12 +16,14 @@ const providerLeaseId = z
  * parser, logger or Lua script meets a structure deeper than it can handle.
  */
 export const LEASE_METADATA_MAX_BYTES = 16_384;
+/** Bytes of a value's JSON in UTF-8 (what Redis holds: a character may take up to four). */
+export const jsonBytes = (value: unknown): number => Buffer.byteLength(JSON.stringify(value));
 export const LeaseMetadataSchema = z.record(z.string().max(128), z.unknown()).superRefine((m, ctx) => {
   if (!jsonDepthWithin(m, MAX_JSON_DEPTH)) ctx.addIssue({ code: 'custom', message: `leaseMetadata must nest at most ${MAX_JSON_DEPTH} levels deep` });
-  else if (JSON.stringify(m).length > LEASE_METADATA_MAX_BYTES) ctx.addIssue({ code: 'custom', message: 'leaseMetadata must serialise to at most 16 KiB' });
+  else if (jsonBytes(m) > LEASE_METADATA_MAX_BYTES) ctx.addIssue({ code: 'custom', message: 'leaseMetadata must serialise to at most 16 KiB of UTF-8' });
 });
 const leaseMetadata = LeaseMetadataSchema.meta({
-  description: 'opaque; at most 16 KiB serialised as JSON and 32 levels deep (past either: 400 invalid_request)',
+  description: 'opaque; at most 16 KiB serialised as JSON in UTF-8 and 32 levels deep (past either: 400 invalid_request)',
 });
 
 /**
@@ -37,7 +39,7 @@ const hostText = (max: number) => z.string().max(max).regex(/^[^\p{Cc}]*$/u, 'mu
 /** Settings the host attaches to an execution workspace: opaque, bounded like lease metadata. */
 const HostSettingsSchema = z.record(z.string().max(128), z.unknown()).superRefine((m, ctx) => {
   if (!jsonDepthWithin(m, MAX_JSON_DEPTH)) ctx.addIssue({ code: 'custom', message: `must nest at most ${MAX_JSON_DEPTH} levels deep` });
-  else if (JSON.stringify(m).length > 16_384) ctx.addIssue({ code: 'custom', message: 'must serialise to at most 16 KiB' });
+  else if (jsonBytes(m) > LEASE_METADATA_MAX_BYTES) ctx.addIssue({ code: 'custom', message: 'must serialise to at most 16 KiB of UTF-8' });
 });
 
 /**

@@ -39,7 +39,23 @@ export function redactQuery(target: string, shown?: ReadonlySet<string>): string
     (shown ? !shown.has(decodedName(name)) : SECRET_PARAM.test(decodedName(name))) ? `${separator}${name}=${MASK}` : all;
   // Parameters in the path (`;name=value`, up to the next `/`), and in the query (up to the
   // next `&`, `;` or a second `?`).
-  return pathPart.replace(/(;)([^=;/]*)=([^;/]*)/g, mask) + queryPart.replace(/([?&;])([^=&;?]*)=([^&;?]*)/g, mask);
+  const query = shown ? queryPart.replace(/([?&;])([^&;?]*)/g, (_all, separator: string, piece: string) => `${separator}${shownPiece(piece, shown)}`) : queryPart.replace(/([?&;])([^=&;?]*)=([^&;?]*)/g, mask);
+  return pathPart.replace(/(;)([^=;/]*)=([^;/]*)/g, mask) + query;
+}
+
+/**
+ * One query parameter as the log shows it, when only `shown` parameters may keep their values:
+ * those with a short value (a token is 16 characters or more) or a number; any other a plain
+ * name keeps its name; anything else (a bare `?<token>`, a name holding an encoded `=`) is masked whole.
+ */
+function shownPiece(piece: string, shown: ReadonlySet<string>): string {
+  if (piece === '') return piece;
+  const eq = piece.indexOf('=');
+  const name = eq < 0 ? '' : decodedName(piece.slice(0, eq));
+  const value = eq < 0 ? '' : piece.slice(eq + 1);
+  if (!/^[A-Za-z][A-Za-z0-9_.-]{0,31}$/.test(name)) return MASK;
+  if (shown.has(name) && (value.length < 16 || /^\d+$/.test(value))) return piece;
+  return `${piece.slice(0, eq)}=${MASK}`;
 }
 
 function decodedName(name: string): string {

@@ -136,3 +136,56 @@ describe("a company's Redis bytes (issue 27 item 4)", () => {
     expect(shown).toBeLessThanOrEqual(BUDGET_IN_CHARGES * charge);
   }, 60_000);
 });
+
+describe("a company's Redis bytes: what the attack on the change found", () => {
+  let bed: TestBed;
+  let worker: LeaseWorker | undefined;
+
+  afterAll(async () => {
+    await worker?.close();
+    await bed?.close();
+  });
+
+  it('metadata is bounded in UTF-8 bytes, not characters (16,000 characters of U+0800 are 48 KB)', async () => {
+    bed = await TestBed.create({ LEASE_OPS_KEEP_FAILED_S: '3600' });
+    const wide = { blob: '\u0800'.repeat(16_000) };
+    await expect(bed.ops.enqueue({ op: 'resume', lease: lease('a', 'wide'), params: { providerLeaseId: 'wide', leaseMetadata: wide } })).rejects.toThrow(/at most 16 KiB of UTF-8/);
+    expect(await bed.ops.bytes.heldOf('a')).toBe(0);
+  });
+
+  it("counts a completed operation's result twice more (BullMQ's return value and the lane's record), and keeps the event stream short", async () => {
+    // A resume's result repeats its metadata: the job holds it three times once it completes.
+    const { provider } = createRecordingProvider();
+    worker = await bed.startWorker(provider);
+    const { jobId } = await bed.ops.enqueue({ op: 'resume', lease: lease('c', 'echo'), params: { providerLeaseId: 'echo', leaseMetadata: METADATA } });
+    const accepted = await bed.ops.bytes.heldOf('c');
+    expect((await bed.waitForAll([jobId], 20_000)).get(jobId)).toBe('completed');
+    const counted = await bed.ops.bytes.heldOf('c');
+    const jobBytes = Number(await bed.redis.call('MEMORY', 'USAGE', bed.ops.queue.toKey(jobId), 'SAMPLES', '0'));
+    console.log(`a completed resume with ${JSON.stringify(METADATA).length} B of metadata: its job hash holds ${jobBytes} B; counted ${accepted} B at enqueue, ${counted} B once it ended`);
+    expect(counted).toBeGreaterThan(accepted);
+    expect(counted).toBeGreaterThanOrEqual(jobBytes);
+    // Each completion's result goes into BullMQ's event stream too: kept to 2,000 events, not 10,000.
+    expect(await bed.redis.hget(bed.ops.queue.toKey('meta'), 'opts.maxLenEvents')).toBe('2000');
+  }, 30_000);
+
+  it('concurrent enqueues of a company at its budget make room from its ended records: none is refused while some are left', async () => {
+    const limited = await TestBed.create({ LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX, LEASE_OPS_QUEUE_LIMITS: JSON.stringify({ d: { maxBytes: 400_000 } }), LEASE_OPS_KEEP_FAILED_S: '3600' });
+    await worker!.close();
+    await bed.close();
+    bed = limited;
+    const { provider } = createRecordingProvider({ behaviour: () => 'permanent' });
+    worker = await bed.startWorker(provider);
+    // Forty ended records of D (about 24 KB each: 960 KB, over twice its budget, so many went).
+    for (let round = 0; round < 4; round++) {
+      const ids = await Promise.all(Array.from({ length: 10 }, async (_, i) => (await bed.ops.enqueue({ op: 'resume', lease: lease('d', `r${round}-${i}`), params: { providerLeaseId: `r${round}-${i}`, leaseMetadata: METADATA } })).jobId));
+      await bed.waitForAll(ids, 20_000);
+    }
+    await worker.close();
+    worker = undefined;
+    // Now twelve at once, with no worker: each must find room by removing ended records.
+    const results = await Promise.allSettled(Array.from({ length: 12 }, (_, i) => bed.ops.enqueue({ op: 'resume', lease: lease('d', `burst-${i}`), params: { providerLeaseId: `burst-${i}`, leaseMetadata: METADATA } })));
+    expect(results.filter((r) => r.status === 'rejected').map((r) => String((r as PromiseRejectedResult).reason))).toEqual([]);
+    expect(await bed.ops.bytes.heldOf('d')).toBeLessThanOrEqual(400_000 + 12 * 30_000);
+  }, 60_000);
+});

@@ -212,6 +212,8 @@ describe('noisy neighbours: reruns (issue 27 item 5)', () => {
     expect(await bed.redis.zcard(bed.ops.lanes.rerunsKey('a'))).toBe(5);
     const enqueue = () => bed.ops.enqueue({ op: 'stop', lease: { provider: 'recording', companyId: 'a', environmentId: 'env', leaseId: 'l9' }, params: { providerLeaseId: 'l9' } });
     await expect(enqueue()).rejects.toMatchObject({ code: 'company_queue_full' });
+    // And where they will join: l1 has three on their way against its limit of 2.
+    await expect(bed.ops.enqueue({ op: 'stop', lease: { provider: 'recording', companyId: 'a', environmentId: 'env', leaseId: 'l1' }, params: { providerLeaseId: 'l1' } })).rejects.toMatchObject({ code: 'lease_queue_full' });
     // A worker takes them: each joins its lane and leaves the reruns on their way as it does
     // (it fails again, for good, and its lane's count lets it go).
     const { provider } = createRecordingProvider({ behaviour: () => 'permanent' });
@@ -259,7 +261,7 @@ describe('noisy neighbours: attention (issue 27 item 3)', () => {
       return jobId;
     };
     const aJobs = await Promise.all(Array.from({ length: 300 }, (_, i) => fail('a', 'env', `fail-${i}`)));
-    const bJobs = [await fail('b', 'prod', 'fail-b1'), await fail('b', 'dev', 'fail-b2')];
+    const bJobs = [await fail('b', 'prod', 'fail-b1'), await fail('b', 'dev', 'fail-b2'), await fail('b', '日本', 'fail-b3')];
     await bed.waitForAll([...aJobs, ...bJobs], 30_000);
     await bed.ops.lanes.pause(await bed.ops.laneOf({ provider: 'recording', companyId: 'b', environmentId: 'prod', leaseId: 'held' }), 'b', Date.now(), { provider: 'recording', companyId: 'b', environmentId: 'prod', leaseId: 'held' });
 
@@ -272,7 +274,8 @@ describe('noisy neighbours: attention (issue 27 item 3)', () => {
     const before = await commands();
     const bItems = await list(B);
     const cost = (await commands()) - before;
-    expect(bItems.map((i) => `${i.lease.leaseId} ${i.reasons.join(',')}`).sort()).toEqual(['fail-b1 last_operation_failed', 'fail-b2 last_operation_failed', 'held paused']);
+    // An environment named in Japanese included (its UTF-8 bytes sort above the string "\xff").
+    expect(bItems.map((i) => `${i.lease.leaseId} ${i.reasons.join(',')}`).sort()).toEqual(['fail-b1 last_operation_failed', 'fail-b2 last_operation_failed', 'fail-b3 last_operation_failed', 'held paused']);
     expect(cost).toBeLessThan(150);
     // An environment-scoped token reads its environment's only.
     expect((await list(`${B}-prod`)).map((i) => i.lease.leaseId).sort()).toEqual(['fail-b1', 'held']);
@@ -280,7 +283,7 @@ describe('noisy neighbours: attention (issue 27 item 3)', () => {
     expect((await list(A)).length).toBe(200);
     // An entry whose reason ended leaves the index on the next read: B acknowledges, its entry goes.
     await api.client.acknowledgeFailures({ provider: 'recording', companyId: 'b', environmentId: 'dev', leaseId: 'fail-b2' }, 'test');
-    expect((await list(B)).map((i) => i.lease.leaseId).sort()).toEqual(['fail-b1', 'held']);
+    expect((await list(B)).map((i) => i.lease.leaseId).sort()).toEqual(['fail-b1', 'fail-b3', 'held']);
     expect((await bed.redis.zrangebylex(bed.ops.lanes.attentionScopeKey, '[b\n', '(b\n\xff')).filter((m) => m.startsWith('b\ndev\n'))).toEqual([]);
   });
 });
@@ -311,12 +314,17 @@ describe("noisy neighbours: a company's request rates", () => {
     expect(walks.map((r) => r.status)).toEqual([200, 200, 200, 429, 429]);
     expect(walks[3]!.headers.get('retry-after')).toBe('1');
     expect(((await walks[3]!.json()) as { error: { code: string } }).error.code).toBe('company_rate_limited');
+    // Express matches a route whatever its case: so does the class (the attack on the change
+    // walked at the read rate as /v1/ATTENTION, /ui/Attention and .../TIMELINE).
+    for (const path of ['/v1/ATTENTION', '/v1/Attention/', '/ui/Attention', '/v1/leases/recording/a/env/l/TIMELINE', '/UI/leases/recording/a/env/l']) {
+      expect([path, (await get(A, path)).status]).toEqual([path, 429]);
+    }
     // Reads are a class of their own: A still reads its lease.
     expect((await get(A, '/v1/leases/recording/a/env/l')).status).toBe(200);
     // B is not A; an admin is not limited.
     expect((await get(B, '/v1/attention')).status).toBe(200);
     for (let i = 0; i < 6; i++) expect((await get(ADMIN, '/v1/attention')).status).toBe(200);
     // The refusals are counted on /metrics.
-    expect(await (await fetch(`${api.base}/metrics`)).text()).toMatch(/^lease_ops_api_rate_limited_total 2$/m);
+    expect(await (await fetch(`${api.base}/metrics`)).text()).toMatch(/^lease_ops_api_rate_limited_total 7$/m);
   });
 });

@@ -445,6 +445,20 @@ describe('provider instances at run time, over the API', () => {
     expect(holds(list.text)).toEqual([]);
   });
 
+  it('holds a company to LEASE_OPS_MAX_PROVIDER_INSTANCES_PER_COMPANY (429 company_providers_full); updates and other companies are not held to it', async () => {
+    // The attack on issue 27's change saved 297 instances of 4 KB keys in 6 s, counted nowhere.
+    const limited = new ProviderInstanceStore(bed.redis, bed.config.LEASE_OPS_PREFIX, { keys, allowedApiUrls: [fakeUrl], maxPerCompany: 2 });
+    const create = (company: string, name: string) => limited.create(company, { name, type: 'daytona', config: { apiUrl: fakeUrl }, credentials: { apiKey: `k-${name}` } }, 'test');
+    await create('capped', 'c1');
+    await create('capped', 'c2');
+    await expect(create('capped', 'c3')).rejects.toMatchObject({ code: 'company_providers_full', status: 429 });
+    await expect(create('other-co', 'c3')).resolves.toMatchObject({ name: 'c3' });
+    await limited.remove('capped', 'c1');
+    await expect(create('capped', 'c3')).resolves.toMatchObject({ name: 'c3' });
+    // The API's store takes the deployment's setting.
+    expect(bed.config.LEASE_OPS_MAX_PROVIDER_INSTANCES_PER_COMPANY).toBe(100);
+  });
+
   it('pages through 10,000 instances of one company', { timeout: 120_000 }, async () => {
     for (let i = 0; i < 10_000; i += 500) {
       await Promise.all(

@@ -104,6 +104,9 @@ describe.skipIf(!haveChromium)('a hostile web page, with an operator signed in',
     const lines = logLines;
     for (const name of ['t', 'q', 'token', 'x']) await fetch(`${api.base}/v1/attention?${name}=${ADMIN}&limit=5`, { headers: { authorization: `Bearer ${ADMIN}` } });
     await fetch(`${api.base}/board/api/queues?activeQueue=ops&t=${ADMIN}`, { headers: { authorization: `Bearer ${ADMIN}` } });
+    // What the attack on the change found: a bare token, one in a name with an encoded `=`, and
+    // one as the value of a parameter the API reads.
+    for (const query of [ADMIN, `x&t%3D${ADMIN}`, `limit=${ADMIN}`, `cursor=${ADMIN}`]) await fetch(`${api.base}/v1/attention?${query}`, { headers: { authorization: `Bearer ${ADMIN}` } });
     const logged = lines.join('\n');
     expect(logged).toContain('/v1/attention?');
     expect(logged).toContain('limit=5');

@@ -242,8 +242,9 @@ export function createApiApp(deps: ApiDeps): express.Express {
   const rated = (req: Request, res: Response, next: NextFunction): void => {
     const principal = res.locals.principal as Principal | undefined;
     if (!principal || principal.admin || principal.companyId === undefined) return next();
-    const path = req.path;
-    const kind: RequestClass = req.method !== 'GET' && req.method !== 'HEAD' ? 'write' : /\/(attention|timeline|overview)\/?$/.test(path) || /^\/leases\//.test(path) && req.baseUrl === '/ui' ? 'walk' : 'read';
+    // Express matches routes whatever their case: so does the class (`/v1/ATTENTION` is a walk).
+    const path = req.path.toLowerCase();
+    const kind: RequestClass = req.method !== 'GET' && req.method !== 'HEAD' ? 'write' : /\/(attention|timeline|overview)\/?$/.test(path) || (/^\/leases\//.test(path) && req.baseUrl.toLowerCase() === '/ui') ? 'walk' : 'read';
     rates.take(principal.companyId, kind);
     next();
   };
@@ -428,7 +429,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const preferred = preferredWaitMs(req.get('prefer'));
     // A preference: with the company's (or the server's) waits all held, it is not applied
     // and the answer is the 202 at once (the operation is accepted either way).
-    const slot = preferred > 0 ? waits.take(waiter(principal)) : null;
+    const slot = preferred > 0 && !hungUp(req) ? waits.take(waiter(principal)) : null;
     if (slot && 'release' in slot) {
       // A caller that hangs up gives its wait back at once, not when the wait would have ended.
       res.on('close', slot.release);
@@ -547,6 +548,9 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const ended = first.state === 'completed' || first.state === 'failed';
     let view: typeof first | null = first;
     if (wait > 0 && !ended) {
+      // One that hung up while its operation was read has no one to wait for (and its close
+      // came before a listener could give the wait back).
+      if (hungUp(req)) return;
       const release = waits.takeOrRefuse(waiter(principal));
       res.on('close', release);
       view = await client.waitForEnd(first, wait).finally(release);
@@ -826,6 +830,11 @@ function errorHandler(log: Logger): ErrorRequestHandler {
     if (res.headersSent) return;
     res.status(status).json({ error: body });
   };
+}
+
+/** Whether the caller hung up already (its connection's close has been and gone). */
+function hungUp(req: Request): boolean {
+  return req.socket.destroyed;
 }
 
 /** An error body-parser (or the zlib stream under it) raised for the client's body: a 4xx status. */

@@ -1,4 +1,4 @@
-import { LEASE_METADATA_MAX_BYTES, type OperationParams } from '../operations.ts';
+import { jsonBytes, LEASE_METADATA_MAX_BYTES, type OperationParams } from '../operations.ts';
 import type { ExpiredLease, Lease, LeaseProvider, OperationContext } from '../providers/types.ts';
 import { checkResult, ExpiredLeaseSchema, LeaseSchema } from './results.ts';
 
@@ -15,7 +15,7 @@ export async function resume(
   if (result.providerLeaseId === null) return result;
   const merged = { ...params.leaseMetadata, ...result.metadata };
   // Both fit the limit alone; together they may not: then what was read now wins.
-  if (JSON.stringify(merged).length > LEASE_METADATA_MAX_BYTES) {
+  if (jsonBytes(merged) > LEASE_METADATA_MAX_BYTES) {
     ctx.log.warn('the host\'s lease metadata and what was read do not fit together: the lease is answered with what was read');
     return result;
   }

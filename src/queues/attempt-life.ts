@@ -244,7 +244,7 @@ export class AttemptLife {
     if (observed) await this.record(laneId, data.lease, observed, log);
     const entry = this.historyEntry({ kind: 'completed', jobId: this.jobId, op: data.op, attempt: this.job.attemptsMade + 1 });
     if (data.op === 'acquire') await faultPoint('before-acquire-release');
-    const releasing = this.deps.releaseLanes.release(laneId, this.jobId, fence, { status: 'completed', result }, this.deps.fetchesNext(), data.op === 'acquire', entry);
+    const releasing = this.deps.releaseLanes.release(laneId, this.jobId, fence, { status: 'completed', result }, this.deps.fetchesNext(), data.op === 'acquire', entry, data.lease.companyId);
     if (data.op === 'acquire') {
       // Cancelled after the look above and before this release: the release refused to record
       // a completion, and the acquire fails with its sandbox cleaned up, as the cancel said.
@@ -404,7 +404,8 @@ export class AttemptLife {
     const err = code === 'deadline_exceeded' ? new DeadlineExceededError(message) : new OperationFailedError(code, message);
     if (code === 'deadline_exceeded') telemetry.deadlineFailure({ 'lease.op': op });
     const entry = this.historyEntry({ kind: 'failed', jobId: this.jobId, op, attempt: this.job.attemptsMade + 1, code, message: err.message });
-    await this.laneStep(() => this.deps.releaseLanes.release(laneId, this.jobId, fence, { status: 'failed', code, error: err.message }, this.deps.fetchesNext(), false, entry));
+    const company = (this.job.data as { lease?: { companyId?: unknown } } | null)?.lease?.companyId;
+    await this.laneStep(() => this.deps.releaseLanes.release(laneId, this.jobId, fence, { status: 'failed', code, error: err.message }, this.deps.fetchesNext(), false, entry, typeof company === 'string' ? company : ''));
     throw err;
   }
 

@@ -10,6 +10,11 @@ import type { RedisClient } from './redis.ts';
  */
 export const OPERATION_ALLOWANCE_BYTES = 8_192;
 
+/** Bytes held by company (a hash), and one company's counted jobs (job id -> bytes, and in order). */
+export function companyBytesKeys(prefix: string, company: string): [string, string, string] {
+  return [`${prefix}:bytes`, `${prefix}:bytes:${company}`, `${prefix}:bytes-order:${company}`];
+}
+
 /** Oldest counted jobs looked at per try to make room (one round trip, bounded work). */
 const REVIEWED = 200;
 /**
@@ -17,10 +22,13 @@ const REVIEWED = 200;
  * its budget pays for making room once per many enqueues, not on each.
  */
 const HEADROOM = 0.1;
+/** Tries to make room per enqueue, at most. */
+const MAX_ROUNDS = 8;
 
 /**
  * A company's bytes budget (issue 27): every accepted operation is counted, its data plus
- * OPERATION_ALLOWANCE_BYTES, until its job is gone. At the budget, the company's oldest ended
+ * OPERATION_ALLOWANCE_BYTES, and when it ends twice its outcome (BullMQ's return value and the
+ * lane's record of it; lane-release.lua), until its job is gone. At the budget, the company's oldest ended
  * operations lose their records before their retention (a retention at the budget); when its
  * live operations alone fill it, the enqueue is refused (CompanyBytesFullError).
  *
@@ -49,7 +57,7 @@ export class CompanyBytes {
   }
 
   private keysOf(company: string): [string, string, string] {
-    return [this.heldKey, `${this.prefix}:bytes:${company}`, `${this.prefix}:bytes-order:${company}`];
+    return companyBytesKeys(this.prefix, company);
   }
 
   /**
@@ -59,21 +67,25 @@ export class CompanyBytes {
    */
   async admit(company: string, jobId: string, bytes: number, budget: number): Promise<void> {
     const keys = this.keysOf(company);
+    // Concurrent enqueues of one company may pick the same records to remove: one that lost
+    // that race tries again; one that found nothing left to remove is refused.
     for (let round = 0; ; round++) {
       const [verdict, held] = (await this.admitScript(...keys, company, jobId, bytes, budget, Date.now())) as [string, number];
       if (verdict === 'ok') return;
-      if (round === 2 || !(await this.makeRoom(company, held, held + bytes - budget + Math.ceil(budget * HEADROOM)))) throw new CompanyBytesFullError(held, budget);
+      const room = await this.makeRoom(company, held, held + bytes - budget + Math.ceil(budget * HEADROOM));
+      if (room === 'none' || round === MAX_ROUNDS) throw new CompanyBytesFullError(held, budget);
     }
   }
 
   /**
    * Frees `needed` bytes of `company`'s count (`held` now) as far as its oldest counted jobs
-   * allow: those gone are forgotten, then the oldest ended ones removed. False if nothing was freed.
+   * allow: those gone are forgotten, then the oldest ended ones removed. 'raced' when the
+   * records it picked were removed by another enqueue first; 'none' when nothing could go.
    */
-  private async makeRoom(company: string, held: number, needed: number): Promise<boolean> {
+  private async makeRoom(company: string, held: number, needed: number): Promise<'freed' | 'raced' | 'none'> {
     const keys = this.keysOf(company);
     const oldest = await this.connection.zrange(keys[2], 0, REVIEWED - 1);
-    if (oldest.length === 0) return false;
+    if (oldest.length === 0) return 'none';
     const review = (await this.reviewScript(keys.length + oldest.length, ...keys, ...oldest.map((id) => this.jobKeyPrefix + id), company, ...oldest)) as (string | number)[];
     const forgotten = held - Number(review[0]);
     let stillNeeded = needed - forgotten;
@@ -82,7 +94,7 @@ export class CompanyBytes {
       victims.push(String(review[i]));
       stillNeeded -= Number(review[i + 1]);
     }
-    if (victims.length === 0) return forgotten > 0;
+    if (victims.length === 0) return forgotten > 0 ? 'freed' : 'none';
     const [, removed] = (await this.evictScript(
       5 + 2 * victims.length,
       ...keys,
@@ -92,7 +104,7 @@ export class CompanyBytes {
       company,
       ...victims,
     )) as [number, number];
-    return forgotten > 0 || removed > 0;
+    return forgotten > 0 || removed > 0 ? 'freed' : 'raced';
   }
 
   /** Bytes counted for `company` now. */

@@ -475,7 +475,8 @@ export class Inspector {
     const paused: { laneId: string; entry: string }[] = [];
     for (const prefix of prefixes) {
       for (let offset = 0; ; offset += ATTENTION_PAGE) {
-        const members = await this.ops.connection.zrangebylex(key, `[${prefix}`, `(${prefix}\xff`, 'LIMIT', offset, ATTENTION_PAGE);
+        // The range ends at the byte 0xff, above every byte of UTF-8 (a string "\xff" would be sent as C3 BF, below a name in Japanese).
+        const members = await this.ops.connection.zrangebylex(key, `[${prefix}`, Buffer.concat([Buffer.from(`(${prefix}`), Buffer.from([0xff])]), 'LIMIT', offset, ATTENTION_PAGE);
         if (members.length === 0) break;
         const laneIds = members.map((m) => m.slice(m.lastIndexOf('\n') + 1));
         const pipeline = this.ops.connection.pipeline();

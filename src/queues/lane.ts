@@ -1,3 +1,4 @@
+import { companyBytesKeys } from './company-bytes.ts';
 import { layoutKey } from './layout.ts';
 import { historyKey, type HistoryNote } from './lease-history.ts';
 import { luaCommand, luaCommandName, type LuaCommand } from './lua-scripts.ts';
@@ -11,7 +12,7 @@ const SCRIPTS = {
   'lane-push': 24,
   'lane-alias': 3,
   'lane-acquire': 21,
-  'lane-release': 22,
+  'lane-release': 24,
   'lane-yield': 19,
   'lane-repair': 18,
   'lane-upgrade': 19,
@@ -342,7 +343,8 @@ export class Lanes {
    * `historyEntry` (from historyEntry in lease-history.ts) goes into the lease's history in
    * the same step.
    */
-  async release(laneId: string, jobId: string, token: string, outcome: LaneOutcome, fetchFollows = false, acquire = false, historyEntry = ''): Promise<ReleaseResult> {
+  async release(laneId: string, jobId: string, token: string, outcome: LaneOutcome, fetchFollows = false, acquire = false, historyEntry = '', companyId = ''): Promise<ReleaseResult> {
+    const [bytesHeld, bytesOfCompany] = companyBytesKeys(this.prefix, companyId);
     const r = (await this.run(
       'lane-release',
       ...this.keys(laneId),
@@ -350,6 +352,8 @@ export class Lanes {
       this.acquiresKey,
       historyKey(this.prefix, laneId),
       this.attentionScopeKey,
+      bytesHeld,
+      bytesOfCompany,
       jobId,
       token,
       JSON.stringify(outcome),
@@ -361,6 +365,7 @@ export class Lanes {
       this.keepFailedMs,
       acquire && outcome.status === 'completed' ? '1' : '0',
       historyEntry,
+      companyId,
     )) as string[];
     if (r[0] === 'stale') return { kind: 'stale' };
     if (r[0] === 'cancelled') return { kind: 'cancelled' };

@@ -58,6 +58,9 @@ export interface Enqueued {
 
 const IDEMPOTENCY_TTL_S = 24 * 3_600;
 
+/** Events BullMQ keeps in the queue's stream (about: it trims whole nodes); waiters read them as they come. */
+export const EVENTS_KEPT = 2_000;
+
 /** What a refused enqueue suggests as Retry-After: operations take seconds, so do queues. */
 const FULL_RETRY_AFTER_MS = 5_000;
 
@@ -125,7 +128,9 @@ export class OperationsQueue {
     names?: LaneNames,
   ) {
     assertTestedBullmqOnce();
-    this.queue = new Queue(settings.LEASE_OPS_QUEUE, { connection, prefix: settings.LEASE_OPS_PREFIX });
+    // The event stream carries each completion's result (a lease's metadata, up to 16 KiB):
+    // kept to EVENTS_KEPT, not BullMQ's 10,000, so it holds tens of MB at most, not 160.
+    this.queue = new Queue(settings.LEASE_OPS_QUEUE, { connection, prefix: settings.LEASE_OPS_PREFIX, streams: { events: { maxLen: EVENTS_KEPT } } });
     // BullMQ prints an error event nobody listens to: it goes to the same report as the connection's.
     this.queue.on('error', reportRedisError);
     this.lanes = this.lanesOn(connection);

@@ -510,6 +510,11 @@ describe('issue 12, scenarios 6 and 8, what the attack on the change found', () 
     expect(redactQuery('/v1/x?x=1;access_token=abc')).toBe('/v1/x?x=1;access_token=***');
     expect(redactQuery('/v1/x?access%5Ftoken=abc&waitMs=10')).toBe('/v1/x?access%5Ftoken=***&waitMs=10');
     expect(redactQuery(`http://u:${TOKEN}@host/v1/x?a=1`)).not.toContain(TOKEN);
+    // Only the API's own parameters keep their values, and only short ones or numbers.
+    const shown = new Set(['limit', 'waitMs']);
+    expect(redactQuery(`/v1/x?${TOKEN}`, shown)).toBe('/v1/x?***');
+    expect(redactQuery(`/v1/x?x&t%3D${TOKEN}`, shown)).toBe('/v1/x?***&***');
+    expect(redactQuery(`/v1/x?limit=${TOKEN}&waitMs=30000&limit=5`, shown)).toBe('/v1/x?limit=***&waitMs=30000&limit=5');
   });
 
   it('a Redis URL naming no database number, and a token listed twice, are configuration errors that print no secret', () => {

@@ -97,6 +97,8 @@ export class ProviderInstanceStore {
       keys: MasterKeys | null;
       /** API addresses besides the services' public ones (LEASE_OPS_INSTANCE_API_URLS). */
       allowedApiUrls: readonly string[];
+      /** Instances one company may hold (LEASE_OPS_MAX_PROVIDER_INSTANCES_PER_COMPANY; 0 or unset: no limit). */
+      maxPerCompany?: number;
     },
   ) {
     this.saveScript = luaCommand(redis, 'instance-save', 6);
@@ -167,11 +169,14 @@ export class ProviderInstanceStore {
       name,
       `${enc(companyId)}/${name}`,
       Date.now(),
+      this.options.maxPerCompany ?? 0,
       ...fields,
     )) as [string, (string | number)?];
     switch (reply[0]) {
       case 'ok':
         return Number(reply[1]);
+      case 'full':
+        throw new ProviderInstanceError('company_providers_full', 429, `company ${companyId} holds ${reply[1]} provider instances already (LEASE_OPS_MAX_PROVIDER_INSTANCES_PER_COMPANY): delete one first`);
       case 'exists':
         throw new ProviderInstanceError('provider_exists', 409, `company ${companyId} has a provider named "${name}" already: update it, or choose another name`);
       case 'missing':

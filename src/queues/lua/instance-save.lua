@@ -8,17 +8,23 @@
   KEYS[5] the revision counter              KEYS[6] the instance's tombstone
   ARGV[1] 'create' or 'update'   ARGV[2] the revision an update expects ('' = any)
   ARGV[3] its member in KEYS[2]  ARGV[4] its member in KEYS[3]   ARGV[5] now (ms)
-  ARGV[6..] field, value pairs (a `kid` field moves the instance's count to that key id)
-  Returns {'ok', rev} | {'exists'} | {'missing'} | {'conflict', rev}.
+  ARGV[6] most instances a company may hold (a create past it is refused; 0: no limit)
+  ARGV[7..] field, value pairs (a `kid` field moves the instance's count to that key id)
+  Returns {'ok', rev} | {'exists'} | {'missing'} | {'conflict', rev} | {'full', count}.
 ]]
 local exists = redis.call('EXISTS', KEYS[1]) == 1
 if ARGV[1] == 'create' and exists then return {'exists'} end
 if ARGV[1] == 'update' and not exists then return {'missing'} end
+local most = tonumber(ARGV[6])
+if ARGV[1] == 'create' and most > 0 then
+  local count = redis.call('ZCARD', KEYS[2])
+  if count >= most then return {'full', count} end
+end
 local current = redis.call('HGET', KEYS[1], 'rev')
 if ARGV[2] ~= '' and current ~= ARGV[2] then return {'conflict', current or ''} end
 
 local oldKid = redis.call('HGET', KEYS[1], 'kid')
-for i = 6, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   local field, value = ARGV[i], ARGV[i + 1]
   if field == 'kid' and value ~= oldKid then
     if oldKid then

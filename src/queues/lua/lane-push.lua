@@ -16,7 +16,7 @@
   KEYS[23] the lane's alias key: set when this lane's id is a sandbox's and that sandbox is a
   second name of its acquire's lane (lane-alias.lua)
   KEYS[24] the company's reruns on their way to their lanes (rerun-admit.lua): counted with
-  the company's queued operations
+  the operations of the lane, the environment and the company they will join
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] 'tail' | 'front'
   ARGV[5] BullMQ job key prefix
   ARGV[6] coalescing key ('' for none): an identical request queued last and not yet
@@ -122,10 +122,21 @@ if coalesceAs ~= '' then
   end
 end
 
--- Limits, checked in the same atomic step that would grow the lane and the queue.
+-- Limits, checked in the same atomic step that would grow the lane and the queue. The
+-- company's reruns on their way (few, and none most of the time) count where they will join.
+local company, environment = ARGV[12], ARGV[13]
+local rerunsOfLane, rerunsOfEnvironment = 0, 0
+local reruns = rcall('ZCARD', KEYS[24])
+if reruns > 0 then
+  for _, member in ipairs(rcall('ZRANGE', KEYS[24], 0, -1)) do
+    local nl = string.find(member, '\n', 1, true)
+    if string.sub(member, nl + 1, nl + #laneId) == laneId then rerunsOfLane = rerunsOfLane + 1 end
+    if string.sub(member, 1, nl - 1) == environment then rerunsOfEnvironment = rerunsOfEnvironment + 1 end
+  end
+end
 local maxPerLane, maxQueued = tonumber(ARGV[7]), tonumber(ARGV[8])
 if maxPerLane > 0 and mode ~= 'front' then
-  local inLane = rcall('LLEN', k.list)
+  local inLane = rcall('LLEN', k.list) + rerunsOfLane
   if inLane >= maxPerLane then
     return answer({'full', 'lease', inLane})
   end
@@ -148,11 +159,10 @@ local front = mode == 'front'
 local function withRoom(limit)
   return limit + math.max(100, math.floor(limit / 10))
 end
-local company, environment = ARGV[12], ARGV[13]
-local byCompany = tonumber(rcall('HGET', k.byCompany, company) or '0') + rcall('ZCARD', KEYS[24])
+local byCompany = tonumber(rcall('HGET', k.byCompany, company) or '0') + reruns
 local maxPerCompany, maxPerEnvironment = tonumber(ARGV[14]), tonumber(ARGV[15])
 if maxPerEnvironment > 0 then
-  local held = tonumber(rcall('HGET', k.byEnvironment, company .. '\n' .. environment) or '0')
+  local held = tonumber(rcall('HGET', k.byEnvironment, company .. '\n' .. environment) or '0') + rerunsOfEnvironment
   if held >= (front and withRoom(maxPerEnvironment) or maxPerEnvironment) then
     return answer({'full', 'environment', held})
   end
