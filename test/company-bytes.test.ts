@@ -93,6 +93,13 @@ describe("a company's Redis bytes (issue 27 item 4)", () => {
     expect(kept.indexOf(true)).toBeGreaterThan(0);
     expect(kept.slice(kept.indexOf(true)).every(Boolean)).toBe(true);
     expect(await bed.ops.queue.getJob(bJob)).toBeTruthy();
+    // What A's operations hold in Redis now, their leases' histories included (a removed
+    // record's events stay there), is within what A is counted as holding.
+    let aHolds = 0;
+    for (const [i, id] of aJobs.entries()) aHolds += await bytesNaming(laneIdOf(lease('a', `a-${i}`)), id);
+    aHolds += await bytesNaming(laneIdOf(lease('a', 'measured')), 'none');
+    console.log(`A at its budget of ${BUDGET_IN_CHARGES * charge} B: its keys hold ${aHolds} B, counted ${await bed.ops.bytes.heldOf('a')} B`);
+    expect(aHolds).toBeLessThanOrEqual(await bed.ops.bytes.heldOf('a'));
     // What went is all gone: no key names it, no BullMQ set lists it (lease-ops adds no parents, children or logs).
     const gone = aJobs[0]!;
     expect(await bed.redis.zscore(bed.ops.queue.toKey('failed'), gone)).toBeNull();

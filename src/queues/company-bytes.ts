@@ -1,4 +1,5 @@
 import { CompanyBytesFullError } from '../errors.ts';
+import { historyKey } from './lease-history.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 import type { RedisClient } from './redis.ts';
 
@@ -14,6 +15,13 @@ export const OPERATION_ALLOWANCE_BYTES = 8_192;
 export function companyBytesKeys(prefix: string, company: string): [string, string, string] {
   return [`${prefix}:bytes`, `${prefix}:bytes:${company}`, `${prefix}:bytes-order:${company}`];
 }
+
+/**
+ * Of an operation's count, what its events in its lease's history hold: when its record goes
+ * at the budget, this much stays counted on the history (its events stay there) until the
+ * history expires or goes too. A lease's events took about 1.6 KB an operation.
+ */
+const HISTORY_SHARE_BYTES = 2_048;
 
 /** Oldest counted jobs looked at per try to make room (one round trip, bounded work). */
 const REVIEWED = 200;
@@ -34,6 +42,8 @@ const MAX_ROUNDS = 8;
  *
  * A count is taken back lazily: only when the company is at its budget are its oldest counted
  * jobs looked at, and those gone (removed after their retention, refused, dropped) forgotten.
+ * A removed record's events stay in its lease's history, and so does part of its count, on
+ * the history ("h:<laneId>"), which goes the same way when it is the oldest.
  * So the count is never below what the company's operations hold, and looking costs nothing
  * until a company is at its budget.
  */
@@ -86,7 +96,7 @@ export class CompanyBytes {
     const keys = this.keysOf(company);
     const oldest = await this.connection.zrange(keys[2], 0, REVIEWED - 1);
     if (oldest.length === 0) return 'none';
-    const review = (await this.reviewScript(keys.length + oldest.length, ...keys, ...oldest.map((id) => this.jobKeyPrefix + id), company, ...oldest)) as (string | number)[];
+    const review = (await this.reviewScript(keys.length + oldest.length, ...keys, ...oldest.map((id) => this.keyOf(id)), company, ...oldest)) as (string | number)[];
     const forgotten = held - Number(review[0]);
     let stillNeeded = needed - forgotten;
     const victims: string[] = [];
@@ -100,11 +110,18 @@ export class CompanyBytes {
       ...keys,
       `${this.jobKeyPrefix}completed`,
       `${this.jobKeyPrefix}failed`,
-      ...victims.flatMap((id) => [this.jobKeyPrefix + id, `${this.jobKeyPrefix}${id}:logs`]),
+      ...victims.flatMap((id) => (id.startsWith('h:') ? [this.keyOf(id), this.keyOf(id)] : [this.jobKeyPrefix + id, `${this.jobKeyPrefix}${id}:logs`])),
       company,
+      HISTORY_SHARE_BYTES,
+      Date.now(),
       ...victims,
     )) as [number, number];
     return forgotten > 0 || removed > 0 ? 'freed' : 'raced';
+  }
+
+  /** The key a counted entry stands for: a job's hash, or ("h:<laneId>") a lease's history. */
+  private keyOf(id: string): string {
+    return id.startsWith('h:') ? historyKey(this.prefix, id.slice(2)) : this.jobKeyPrefix + id;
   }
 
   /** Bytes counted for `company` now. */

@@ -1,31 +1,32 @@
 --[[
-  Looks at a company's oldest counted jobs: one whose job is gone (removed after its
-  retention, refused, dropped) is no longer counted; one that ended is a record that may go
-  before its retention when the company is at its budget (company-bytes.ts).
+  Looks at a company's oldest counted entries: one whose key is gone (a job removed after its
+  retention, refused or dropped; a history expired) is no longer counted; an ended job, and a
+  lease's history, are records that may go before their retention when the company is at its
+  budget (company-bytes.ts).
 
-  KEYS[1] bytes held, by company   KEYS[2] the company's counted jobs (job id -> bytes)
-  KEYS[3] the company's counted jobs in order
-  KEYS[4..] the jobs' hashes, one per job id in ARGV[2..]
-  ARGV[1] company   ARGV[2..] job ids (the oldest of KEYS[3])
+  KEYS[1] bytes held, by company   KEYS[2] the company's counted entries (id -> bytes)
+  KEYS[3] the company's counted entries in order
+  KEYS[4..] for each id in ARGV[2..], its key (a job's hash; for "h:<laneId>", the history)
+  ARGV[1] company   ARGV[2..] ids (the oldest of KEYS[3])
 
-  Returns {held, endedJobId1, bytes1, endedJobId2, bytes2, ...}, oldest first.
+  Returns {held, removableId1, bytes1, removableId2, bytes2, ...}, oldest first.
 ]]
 --- @include "bytes"
 local company = ARGV[1]
-local ended = {}
+local removable = {}
 local freed = 0
 for i = 2, #ARGV do
-  local jobId, jobKey = ARGV[i], KEYS[i + 2]
-  local bytes = tonumber(redis.call('HGET', KEYS[2], jobId) or '0')
-  if redis.call('EXISTS', jobKey) == 0 then
-    if redis.call('HDEL', KEYS[2], jobId) == 1 then freed = freed + bytes end
-    redis.call('ZREM', KEYS[3], jobId)
-  elseif redis.call('HEXISTS', jobKey, 'finishedOn') == 1 and bytes > 0 then
-    ended[#ended + 1] = jobId
-    ended[#ended + 1] = bytes
+  local id, key = ARGV[i], KEYS[i + 2]
+  local bytes = tonumber(redis.call('HGET', KEYS[2], id) or '0')
+  if redis.call('EXISTS', key) == 0 then
+    if redis.call('HDEL', KEYS[2], id) == 1 then freed = freed + bytes end
+    redis.call('ZREM', KEYS[3], id)
+  elseif bytes > 0 and (string.sub(id, 1, 2) == 'h:' or redis.call('HEXISTS', key, 'finishedOn') == 1) then
+    removable[#removable + 1] = id
+    removable[#removable + 1] = bytes
   end
 end
 local held = uncountBytes(KEYS[1], company, freed)
 local reply = {held}
-for _, v in ipairs(ended) do reply[#reply + 1] = v end
+for _, v in ipairs(removable) do reply[#reply + 1] = v end
 return reply
