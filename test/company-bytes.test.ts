@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { LeaseWorker } from '../src/queues/worker.ts';
-import { OPERATION_ALLOWANCE_BYTES } from '../src/queues/company-bytes.ts';
+import { ACCEPTED_ALLOWANCE_BYTES, ENDED_ALLOWANCE_BYTES } from '../src/queues/company-bytes.ts';
 import { laneIdOf } from '../src/lease.ts';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
 import { TestBed } from './helpers/env.ts';
@@ -62,7 +62,7 @@ describe("a company's Redis bytes (issue 27 item 4)", () => {
     const jobId = await failedResume('a', 'measured');
     charge = (await bed.ops.bytes.heldOf('a')) - before;
     const held = await bytesNaming(laneIdOf(lease('a', 'measured')), jobId);
-    console.log(`one failed resume with ${JSON.stringify(METADATA).length} B of metadata and 4 attempts: Redis holds ${held} B in keys naming its lane; counted ${charge} B (allowance ${OPERATION_ALLOWANCE_BYTES})`);
+    console.log(`one failed resume with ${JSON.stringify(METADATA).length} B of metadata and 4 attempts: Redis holds ${held} B in keys naming its lane; counted ${charge} B (allowances ${ACCEPTED_ALLOWANCE_BYTES} accepted, ${ENDED_ALLOWANCE_BYTES} ended)`);
     expect(held).toBeGreaterThan(15_000);
     expect(charge).toBeGreaterThanOrEqual(held);
     expect(await bed.ops.queue.getJob(jobId)).toBeTruthy();

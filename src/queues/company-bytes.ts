@@ -4,12 +4,17 @@ import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 import type { RedisClient } from './redis.ts';
 
 /**
- * What an operation may hold in Redis besides its data: its job hash's other fields (the
- * options, the error and stack of a failure, BullMQ's bookkeeping) and the events its lease's
- * history keeps of it. Measured in test/company-bytes.test.ts (a failed operation with 15 KB of
- * metadata and four attempts held its data plus under this).
+ * What an accepted operation holds in Redis besides its data, while it waits: its job hash's
+ * other fields (options, BullMQ's bookkeeping) and its first events.
  */
-export const OPERATION_ALLOWANCE_BYTES = 8_192;
+export const ACCEPTED_ALLOWANCE_BYTES = 1_536;
+/**
+ * What it holds more once it ran (lane-release.lua adds it, with its outcome): the errors and
+ * stacks of its attempts, their events in its lease's history, its end. Measured in
+ * test/company-bytes.test.ts: a failed operation with 15 KB of metadata and four attempts held
+ * its data plus about 5.1 KB in all.
+ */
+export const ENDED_ALLOWANCE_BYTES = 5_120;
 
 /** Bytes held by company (a hash), and one company's counted jobs (job id -> bytes, and in order). */
 export function companyBytesKeys(prefix: string, company: string): [string, string, string] {
@@ -35,8 +40,9 @@ const MAX_ROUNDS = 8;
 
 /**
  * A company's bytes budget (issue 27): every accepted operation is counted, its data plus
- * OPERATION_ALLOWANCE_BYTES, and when it ends twice its outcome (BullMQ's return value and the
- * lane's record of it; lane-release.lua), until its job is gone. At the budget, the company's oldest ended
+ * ACCEPTED_ALLOWANCE_BYTES, and when it ends ENDED_ALLOWANCE_BYTES and twice its outcome
+ * (BullMQ's return value and the lane's record of it; lane-release.lua), until its job is gone.
+ * A queue of thousands waiting is counted at little more than their data. At the budget, the company's oldest ended
  * operations lose their records before their retention (a retention at the budget); when its
  * live operations alone fill it, the enqueue is refused (CompanyBytesFullError).
  *

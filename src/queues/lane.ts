@@ -1,4 +1,4 @@
-import { companyBytesKeys } from './company-bytes.ts';
+import { companyBytesKeys, ENDED_ALLOWANCE_BYTES } from './company-bytes.ts';
 import { layoutKey } from './layout.ts';
 import { historyKey, type HistoryNote } from './lease-history.ts';
 import { luaCommand, luaCommandName, type LuaCommand } from './lua-scripts.ts';
@@ -366,6 +366,7 @@ export class Lanes {
       acquire && outcome.status === 'completed' ? '1' : '0',
       historyEntry,
       companyId,
+      ENDED_ALLOWANCE_BYTES,
     )) as string[];
     if (r[0] === 'stale') return { kind: 'stale' };
     if (r[0] === 'cancelled') return { kind: 'cancelled' };

@@ -2,7 +2,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { Job, Queue, type JobsOptions } from 'bullmq';
 import { z } from 'zod';
 import { reportRedisError, type RedisClient } from './redis.ts';
-import { CompanyBytes, OPERATION_ALLOWANCE_BYTES } from './company-bytes.ts';
+import { ACCEPTED_ALLOWANCE_BYTES, CompanyBytes } from './company-bytes.ts';
 import type { Config } from '../config.ts';
 import { laneIdOf, laneIdOfJobId, LeaseIdentitySchema, type LeaseIdentity } from '../lease.ts';
 import {
@@ -245,7 +245,7 @@ export class OperationsQueue {
     // Counted against the company's bytes before it is stored (a force-stop is counted, never
     // refused); on the queue's connection once it is ready, as BullMQ's add would wait for it.
     await this.queue.waitUntilReady();
-    await this.bytes.admit(data.lease.companyId, jobId, Buffer.byteLength(JSON.stringify(data)) + OPERATION_ALLOWANCE_BYTES, data.op === 'force-stop' ? 0 : this.bytesBudgetFor(data.lease));
+    await this.bytes.admit(data.lease.companyId, jobId, Buffer.byteLength(JSON.stringify(data)) + ACCEPTED_ALLOWANCE_BYTES, data.op === 'force-stop' ? 0 : this.bytesBudgetFor(data.lease));
     await this.queue.add(data.op, data, { ...this.jobOptions, jobId, delay: parkDelay(data, now) });
     return this.joinLane(laneId, jobId, data, coalesceAs, idem, false, request.note);
   }

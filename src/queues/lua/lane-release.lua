@@ -28,8 +28,8 @@
   (see lease-history.ts), or '' for none: written here, so an attempt's end costs no round
   trip of its own, and never for a stale attempt
   KEYS[23] bytes held, by company   KEYS[24] the company's counted jobs (company-bytes.ts)
-  ARGV[12] the job's company: a counted job is counted twice its outcome more (BullMQ keeps
-  the result as its return value too)
+  ARGV[12] the job's company: a counted job is counted ARGV[13] bytes and twice its outcome
+  more (what its attempts left, and the result, which BullMQ keeps as its return value too)
 
   An acquire that completed, but was cancelled (job-cancel.lua marked its job) while it ran,
   is not released: {'cancelled'}, and the attempt fails it instead, queueing the clean-up of
@@ -66,8 +66,9 @@ else
 end
 recordOutcome(jobKey, outcome)
 if ARGV[12] ~= '' and rcall('HEXISTS', KEYS[24], jobId) == 1 then
-  rcall('HINCRBY', KEYS[24], jobId, 2 * #outcome)
-  rcall('HINCRBY', KEYS[23], ARGV[12], 2 * #outcome)
+  local ended = tonumber(ARGV[13]) + 2 * #outcome
+  rcall('HINCRBY', KEYS[24], jobId, ended)
+  rcall('HINCRBY', KEYS[23], ARGV[12], ended)
 end
 -- A cancel (an operator's, or a host that gave up) is no failure for anyone to attend to.
 local cancelled = ARGV[8] == '1' and string.find(outcome, '"code":"cancelled"', 1, true) ~= nil
