@@ -153,7 +153,7 @@ export const EnvSchema = z.object({
    * for its job and history, until it is gone. At the budget its oldest ended operations' records
    * go before their retention; live ones alone past it: 429 company_bytes_full. 0 = no limit.
    */
-  LEASE_OPS_MAX_BYTES_PER_COMPANY: int(64 * 1024 * 1024, 0),
+  LEASE_OPS_MAX_BYTES_PER_COMPANY: int(256 * 1024 * 1024, 0),
   /** Provider instances one company may save (429 company_providers_full past it). 0 = no limit. */
   LEASE_OPS_MAX_PROVIDER_INSTANCES_PER_COMPANY: int(100, 0),
   /** Per-company overrides, e.g. {"acme":{"maxQueued":500000,"maxQueuedPerEnvironment":0,"environments":{"prod":400000},"maxBytes":268435456}}. */
