@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import type { SandboxState } from '../src/providers/types.ts';
 import { Inspector } from '../src/queues/inspect.ts';
-import { historyEntry, historyKey } from '../src/queues/lease-history.ts';
+import { historyEntry, historyKey, historyNote } from '../src/queues/lease-history.ts';
 import { LeaseRecords } from '../src/queues/lease-records.ts';
 import { gate, lease, TestBed } from './helpers/env.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
@@ -18,6 +18,29 @@ describe('a lease history', () => {
     inspector = new Inspector(bed.ops, records, { stuckStoppingMs: 60_000, blockedAfterMs: 60_000 });
   });
   afterAll(() => bed.close());
+
+  it("writes an enqueue's note once when two requests with its key race, whichever puts the job in its lane", async () => {
+    // The watchdog's scan and the episode's own check queue one force-stop under one key; the
+    // second request may find the first's job stored but not yet in its lane, and put it there
+    // itself: its note must come with it (under load, the demo's timeline lost its watchdog mark).
+    const jobs: { laneId: string; jobId: string }[] = [];
+    for (let i = 0; i < 30; i++) {
+      const request = {
+        op: 'force-stop' as const,
+        lease: lease(`race-${i}`),
+        params: { providerLeaseId: `race-${i}`, ifStoppingSince: 1 },
+        idempotencyKey: `watchdog:race-${i}`,
+        note: historyNote({ kind: 'stuck', op: 'force-stop', since: 1, message: 'stuck; force-stop queued' }),
+      };
+      const [a, b] = await Promise.all([bed.ops.enqueue(request), bed.ops.enqueue(request)]);
+      expect(b.jobId).toBe(a.jobId);
+      jobs.push({ laneId: a.laneId, jobId: a.jobId });
+    }
+    for (const { laneId, jobId } of jobs) {
+      const stuck = (await bed.ops.history.read(laneId)).filter((e) => e.kind === 'stuck' && e.jobId === jobId);
+      expect([jobId, stuck.length]).toEqual([jobId, 1]);
+    }
+  });
 
   it('shows each attempt started, then what it saw, then how it ended, in time order', async () => {
     const held = gate();

@@ -217,7 +217,7 @@ export class OperationsQueue {
         const existing = await Job.fromId(this.queue, jobId);
         if (existing) {
           // Its data is this request's: the key's fingerprint matched.
-          const adopted = await this.joinLane(laneId, jobId, data, '', idem, true);
+          const adopted = await this.joinLane(laneId, jobId, data, '', idem, true, request.note);
           return adopted && ('movedTo' in adopted ? adopted : { ...adopted, deduplicated: 'idempotency-key' });
         }
       }
