@@ -126,8 +126,8 @@ describe('the packed package, installed into a consumer', () => {
   }, 120_000);
 
   it('packs the dist/ already built from these sources: no rebuild under the other tests that run it', () => {
-    // A rebuild removes dist/ first: a CLI started meanwhile by another test found it missing
-    // and built it again, beside this one (`start --once` then ran past a minute).
+    // A rebuild removes dist/ first: a CLI started meanwhile (by a test run beside this one, or
+    // by hand) found it missing and built it again, beside this one.
     expect(builtAfter).toBe(builtBefore);
   });
 

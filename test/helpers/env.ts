@@ -1,7 +1,7 @@
 import { randomBytes, randomInt } from 'node:crypto';
 import { QueueEvents, type Queue } from 'bullmq';
 import { Cluster } from 'ioredis';
-import { afterAll, beforeAll } from 'vitest';
+import { afterAll, beforeAll, inject } from 'vitest';
 import { loadConfig, type Config } from '../../src/config.ts';
 import { createLogger } from '../../src/logger.ts';
 import { partitionPrefixes } from '../../src/partitions.ts';
@@ -12,6 +12,13 @@ import { createRedis, type RedisClient } from '../../src/queues/redis.ts';
 import { LeaseWorker } from '../../src/queues/worker.ts';
 import type { LeaseIdentity } from '../../src/lease.ts';
 
+/**
+ * The Redis of this test project: the `cluster` project's own cluster (provided by its global
+ * set-up, and set in this worker's environment for the child processes its tests start), or
+ * REDIS_URL, or the shared one.
+ */
+const clusterUrl = inject('clusterRedisUrl');
+if (clusterUrl) process.env.REDIS_URL = clusterUrl;
 export const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
 
 /**
