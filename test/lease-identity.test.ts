@@ -222,6 +222,29 @@ describe('one lease identity, attacked (helper-2)', () => {
     expect((await bed.waitForAll([anew.jobId])).get(anew.jobId)).toBe('completed');
   }, 30_000);
 
+  it("a destroyed sandbox's id acts on nothing of its lease's next sandbox, and cannot point the lease back at itself (the attack on issue 26)", async () => {
+    const { bed, fake } = await daytonaBed();
+    const sandboxOf = async (jobId: string) => ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-swap'), params: { runId: 'run-swap' } });
+    await bed.waitForAll([first.jobId]);
+    const s1 = await sandboxOf(first.jobId);
+    const destroyed = await bed.ops.enqueue({ op: 'destroy', lease: daytonaLease('run-swap'), params: { providerLeaseId: s1 } });
+    await bed.waitForAll([destroyed.jobId]);
+    const second = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-swap'), params: { runId: 'run-swap-2' } });
+    await bed.waitForAll([second.jobId]);
+    const s2 = await sandboxOf(second.jobId);
+    // Named by the old sandbox, with the new one (what the CLI filled in), or with itself; or by the lease with the old one: refused.
+    await expect(bed.ops.enqueue({ op: 'stop', lease: daytonaLease(s1), params: { providerLeaseId: s2 } })).rejects.toThrow(/not the sandbox of lease/);
+    await expect(bed.ops.enqueue({ op: 'resume', lease: daytonaLease(s1), params: { providerLeaseId: s1 } })).rejects.toThrow(`its sandbox is ${s2}`);
+    await expect(bed.ops.enqueue({ op: 'resume', lease: daytonaLease('run-swap'), params: { providerLeaseId: s1 } })).rejects.toThrow(`its sandbox is ${s2}`);
+    // The lease still has one sandbox, running, and a third acquire is refused.
+    expect(fake.stateOf(s2)).toBe('started');
+    await expect(bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-swap'), params: { runId: 'run-swap-3' } })).rejects.toBeInstanceOf(LeaseHasSandboxError);
+    // By its sandbox's id now, or the lease's name with it: accepted.
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: daytonaLease(s2), params: { providerLeaseId: s2 } });
+    expect((await bed.waitForAll([stop.jobId])).get(stop.jobId)).toBe('completed');
+  }, 30_000);
+
   it('two acquires of one lease accepted while the first still runs (other keys): the second makes nothing and fails with lease_has_sandbox', async () => {
     const { bed, fake } = await daytonaBed({ create: 400 });
     const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-two'), params: { runId: 'run-two' }, idempotencyKey: 'k-a' });

@@ -202,6 +202,16 @@ export class OperationsQueue {
       const sandboxLane = await this.names.resolve(laneIdOf({ ...data.lease, leaseId: sandbox }));
       if (sandboxLane !== laneId) throw notTheLeasesSandbox(sandbox, data.lease.leaseId);
     }
+    if (data.op !== 'acquire' && (laneId !== own || (sandbox !== null && sandbox !== data.lease.leaseId))) {
+      // A sandbox id names its lease only while it is the lease's sandbox: after a destroy and
+      // a new acquire, the old id (and the lease's name with the old sandbox) would act on the
+      // lease's new sandbox, or point its record back at the old one and let a third be made.
+      const current = await this.connection.hget(`${this.settings.LEASE_OPS_PREFIX}:lease:${laneId}`, 'providerLeaseId');
+      // The name, when it is a sandbox's (a second name of the lane), and the sandbox it targets.
+      for (const named of [laneId !== own ? data.lease.leaseId : null, sandbox]) {
+        if (named !== null && current && current !== named) throw notTheLeasesSandbox(named, data.lease.leaseId, current);
+      }
+    }
     let jobId = `${laneId}.${randomBytes(12).toString('base64url')}`;
     let idem: { key: string; fingerprint: string } | null = null;
     if (request.idempotencyKey !== undefined) {
@@ -668,12 +678,14 @@ export function targetSandbox(data: OperationJobData): string | null {
  * A lane serialises one sandbox: an operation's sandbox must be its lease's, named by the
  * lease's id or by the other name of the same lease (its acquire's id, its sandbox's id).
  */
-function notTheLeasesSandbox(sandbox: string, leaseId: string): z.ZodError {
+function notTheLeasesSandbox(sandbox: string, leaseId: string, current?: string): z.ZodError {
   return new z.ZodError([
     {
       code: 'custom',
       path: ['params', 'providerLeaseId'],
-      message: `sandbox ${sandbox} is not the sandbox of lease ${leaseId}: name the lease by its sandbox id, or by the id its acquire was enqueued under once that acquire made this sandbox`,
+      message: current
+        ? `sandbox ${sandbox} is not the sandbox of lease ${leaseId} any more (its sandbox is ${current}): name the sandbox it has now`
+        : `sandbox ${sandbox} is not the sandbox of lease ${leaseId}: name the lease by its sandbox id, or by the id its acquire was enqueued under once that acquire made this sandbox`,
       input: sandbox,
     },
   ]);
