@@ -41,10 +41,11 @@ const MAX_ROUNDS = 8;
 /**
  * A company's bytes budget (issue 27): every accepted operation is counted, its data plus
  * ACCEPTED_ALLOWANCE_BYTES, and when it ends ENDED_ALLOWANCE_BYTES and twice its outcome
- * (BullMQ's return value and the lane's record of it; lane-release.lua), until its job is gone.
- * A queue of thousands waiting is counted at little more than their data. At the budget, the company's oldest ended
- * operations lose their records before their retention (a retention at the budget); when its
- * live operations alone fill it, the enqueue is refused (CompanyBytesFullError).
+ * (BullMQ's return value and the lane's record of it; lane-release.lua), until its job is gone:
+ * a queue of thousands waiting is counted at little more than their data. At the budget, the
+ * company's oldest ended operations lose their records before their retention (a retention at
+ * the budget); when its live operations alone fill it, the enqueue is refused
+ * (CompanyBytesFullError).
  *
  * A count is taken back lazily: only when the company is at its budget are its oldest counted
  * jobs looked at, and those gone (removed after their retention, refused, dropped) forgotten.
@@ -69,7 +70,7 @@ export class CompanyBytes {
     this.admitScript = luaCommand(connection, 'bytes-admit', 3);
     this.reviewScript = luaCommand(connection, 'bytes-review', 'varies');
     this.evictScript = luaCommand(connection, 'bytes-evict', 'varies');
-    this.heldKey = `${prefix}:bytes`;
+    this.heldKey = companyBytesKeys(prefix, '')[0];
   }
 
   private keysOf(company: string): [string, string, string] {

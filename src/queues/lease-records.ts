@@ -39,6 +39,11 @@ export function hasAcquiredSandbox(record: Pick<LeaseRecord, 'acquiredSandbox' |
 /** A week without news and the record goes: it is a cache of observations, not a source of truth. */
 const RECORD_TTL_S = 7 * 24 * 3_600;
 
+/** A lease's record: what lease-ops last saw of its sandbox (one hash per lane). */
+export function leaseRecordKey(prefix: string, laneId: string): string {
+  return `${prefix}:lease:${laneId}`;
+}
+
 /**
  * Per-lease records of the observed provider state and since when, updated by every
  * operation that reads its sandbox, and an index of leases seen `stopping` for the
@@ -59,7 +64,7 @@ export class LeaseRecords {
   }
 
   recordKey(laneId: string): string {
-    return `${this.prefix}:lease:${laneId}`;
+    return leaseRecordKey(this.prefix, laneId);
   }
 
   /**

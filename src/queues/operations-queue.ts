@@ -3,6 +3,7 @@ import { Job, Queue, type JobsOptions } from 'bullmq';
 import { z } from 'zod';
 import { reportRedisError, type RedisClient } from './redis.ts';
 import { ACCEPTED_ALLOWANCE_BYTES, CompanyBytes } from './company-bytes.ts';
+import { leaseRecordKey } from './lease-records.ts';
 import type { Config } from '../config.ts';
 import { laneIdOf, laneIdOfJobId, LeaseIdentitySchema, type LeaseIdentity } from '../lease.ts';
 import {
@@ -206,7 +207,7 @@ export class OperationsQueue {
       // A sandbox id names its lease only while it is the lease's sandbox: after a destroy and
       // a new acquire, the old id (and the lease's name with the old sandbox) would act on the
       // lease's new sandbox, or point its record back at the old one and let a third be made.
-      const current = await this.connection.hget(`${this.settings.LEASE_OPS_PREFIX}:lease:${laneId}`, 'providerLeaseId');
+      const current = await this.connection.hget(leaseRecordKey(this.settings.LEASE_OPS_PREFIX, laneId), 'providerLeaseId');
       // The name, when it is a sandbox's (a second name of the lane), and the sandbox it targets.
       for (const named of [laneId !== own ? data.lease.leaseId : null, sandbox]) {
         if (named !== null && current && current !== named) throw notTheLeasesSandbox(named, data.lease.leaseId, current);
@@ -235,7 +236,7 @@ export class OperationsQueue {
     if (data.op === 'acquire') {
       // One lease, one sandbox: a lease whose acquire handed out a sandbox that lives is not
       // acquired again (its record, its watchdog and its views would follow one of the two).
-      const [kind, providerLeaseId, acquiredSandbox] = await this.connection.hmget(`${this.settings.LEASE_OPS_PREFIX}:lease:${laneId}`, 'kind', 'providerLeaseId', 'acquiredSandbox');
+      const [kind, providerLeaseId, acquiredSandbox] = await this.connection.hmget(leaseRecordKey(this.settings.LEASE_OPS_PREFIX, laneId), 'kind', 'providerLeaseId', 'acquiredSandbox');
       if (hasAcquiredSandbox({ kind: kind as LeaseRecord['kind'], providerLeaseId: providerLeaseId ?? '', acquiredSandbox: acquiredSandbox ?? null })) {
         const sandbox = providerLeaseId!;
         if (idem) await this.deleteIfEqual(idem.key, pendingValue(jobId, idem.fingerprint));
