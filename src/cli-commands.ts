@@ -215,7 +215,7 @@ function formatOverview(view: QueueOverview): string {
   for (const [state, n] of Object.entries(view.counts)) lines.push(`  ${state.padEnd(12)} ${n}`);
   lines.push(`open lanes: ${view.openLanes}`);
   // One line per lease, with every reason it has: the same leases as /v1/attention and the page.
-  lines.push(`leases needing attention: ${view.attention.length}`);
+  lines.push(`leases needing attention: ${view.attentionLeases}${view.attentionLeases > view.attention.length ? ` (the first ${view.attention.length} below)` : ''}`);
   for (const a of view.attention) {
     const l = a.lease;
     lines.push(`  ${l ? `${l.provider}/${l.companyId}/${l.environmentId}/${l.leaseId}` : a.laneId}  [${a.reasons.join(', ')}]  ${a.detail}`);

@@ -425,6 +425,7 @@ export class LeaseOpsClient {
       counts: sumRecords(views.map((v) => v.counts)),
       openLanes: views.reduce((n, v) => n + v.openLanes, 0),
       attention: mergeByReason(views.map((v) => v.attention)).slice(0, 200),
+      attentionLeases: views.reduce((n, v) => n + v.attentionLeases, 0),
       bytesByCompany: sumRecords(views.map((v) => v.bytesByCompany)),
     };
   }
@@ -549,7 +550,7 @@ const ActivityRequestSchema = z.object({
 /** How often a client looks at the deployment's partition count again. */
 const LAYOUT_RECHECK_MS = 5_000;
 
-const REASON_ORDER: AttentionReason[] = ['stuck_stopping', 'last_operation_failed', 'paused', 'blocked'];
+const REASON_ORDER: AttentionReason[] = ['stuck_stopping', 'operation_failed', 'paused', 'blocked'];
 
 /** Attention lists of several partitions as one, in the order of reasons each keeps. */
 function mergeByReason(lists: AttentionItem[][]): AttentionItem[] {

@@ -91,15 +91,20 @@ export function queueMetrics(client: LeaseOpsClient, opts: { bullmqTotals: boole
   const queueRegistry = new Registry();
   const depth = new Gauge({
     name: 'lease_ops_operations',
-    help: 'Operations by state: queued (waiting in a lane), ready, running, backing-off, completed, failed (retained)',
+    help: 'Operations by state: queued (waiting in a lane), ready, running, backing-off, paused (waiting in a lane an operator paused), completed, failed (retained)',
     labelNames: ['state'] as const,
     registers: [queueRegistry],
   });
   const lanes = new Gauge({ name: 'lease_ops_lanes_open', help: 'Leases with operations in their lane', registers: [queueRegistry] });
   const attention = new Gauge({
     name: 'lease_ops_leases_needing_attention',
-    help: 'Leases stuck stopping, whose last operation failed and whose lane is paused (exact), and whose lane is blocked (among the first 200 quiet lanes and running jobs)',
+    help: 'Leases with each reason: stuck stopping, an operation failed and not made good, lane paused (exact), lane blocked (among the first 200 quiet lanes and running jobs); a lease with two reasons counts under both (lease_ops_attention_leases counts each once)',
     labelNames: ['reason'] as const,
+    registers: [queueRegistry],
+  });
+  const attentionLeases = new Gauge({
+    name: 'lease_ops_attention_leases',
+    help: 'Leases needing attention, each once whatever its reasons (the count status and the attention page say); blocked ones among the first 200 looked at',
     registers: [queueRegistry],
   });
   const blocked = new Gauge({ name: 'lease_ops_leases_blocked', help: 'Leases whose lane head has not moved for too long', registers: [queueRegistry] });
@@ -119,6 +124,7 @@ export function queueMetrics(client: LeaseOpsClient, opts: { bullmqTotals: boole
     const overview = await client.overview();
     for (const [state, n] of Object.entries(overview.counts) as [OperationState, number][]) depth.set({ state }, n);
     lanes.set(overview.openLanes);
+    attentionLeases.set(overview.attentionLeases);
     bytesHeld.reset();
     for (const [company, bytes] of Object.entries(overview.bytesByCompany)) bytesHeld.set({ company }, bytes);
     const byReason = await client.attentionCounts();

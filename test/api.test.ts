@@ -141,7 +141,7 @@ describe('HTTP API', () => {
     expect(read.body.error?.code).toBe('refused');
     const attention = await get<{ items: { lease: { leaseId: string } | null; reason: string; detail: string }[] }>('/v1/attention');
     const item = attention.body.items.find((i) => i.lease?.leaseId === leaseId);
-    expect(item?.reason).toBe('last_operation_failed');
+    expect(item?.reason).toBe('operation_failed');
     expect(item?.detail).toContain('refused');
     expect((await get<LeaseView>(path)).body.lastFailure?.jobId).toBe(failed.body.jobId);
 
@@ -238,7 +238,7 @@ describe('HTTP API', () => {
     const res = await get<{ counts: Record<string, number>; openLanes: number; attention: unknown[] }>('/v1/overview');
     expect(res.status).toBe(200);
     expect(res.body.counts.completed).toBeGreaterThan(0);
-    expect(Object.keys(res.body.counts).sort()).toEqual(['backing-off', 'completed', 'failed', 'queued', 'ready', 'running']);
+    expect(Object.keys(res.body.counts).sort()).toEqual(['backing-off', 'completed', 'failed', 'paused', 'queued', 'ready', 'running']);
   });
 
   it('serves health, readiness, Prometheus metrics and the OpenAPI document without a token', async () => {
@@ -250,7 +250,7 @@ describe('HTTP API', () => {
     expect(metrics.body).toMatch(/lease_ops_operations_total\{op="destroy",outcome="failed"\} [1-9]/);
     expect(metrics.body).toMatch(/lease_ops_attempt_duration_seconds_bucket\{le="0.005",op="acquire",outcome="completed"\}/);
     expect(metrics.body).toMatch(/lease_ops_operations\{state="completed"\} [1-9]/);
-    expect(metrics.body).toMatch(/lease_ops_leases_needing_attention\{reason="last_operation_failed"\}/);
+    expect(metrics.body).toMatch(/lease_ops_leases_needing_attention\{reason="operation_failed"\}/);
     expect(metrics.body).toMatch(/lease_ops_leases_blocked \d/);
     expect(metrics.body).toMatch(/bullmq_job_count\{queue="ops", state="completed"\} [1-9]/);
     expect(metrics.body).toMatch(/bullmq_job_completed_total\{queue="ops"\} [1-9]/);

@@ -43,14 +43,14 @@ describe('attention remembers what needs a human', () => {
     expect((await run(client, 'resume', 'l1', { providerLeaseId: 'l1' })).state).toBe('failed');
     expect((await run(client, 'stop', 'l1', { providerLeaseId: 'l1' })).state).toBe('failed');
     expect((await run(client, 'force-stop', 'l1', { providerLeaseId: 'l1' })).state).toBe('completed');
-    let items = (await client.leasesNeedingAttention()).filter((i) => i.reason === 'last_operation_failed');
+    let items = (await client.leasesNeedingAttention()).filter((i) => i.reason === 'operation_failed');
     expect(items).toHaveLength(1);
     expect(items[0]!.detail).toMatch(/resume failed: refused/);
     expect(items[0]!.detail).toMatch(/stop failed: refused/);
-    expect((await client.attentionCounts()).last_operation_failed).toBe(1);
+    expect((await client.attentionCounts()).operation_failed).toBe(1);
     failing.delete('l1:resume');
     expect((await run(client, 'resume', 'l1', { providerLeaseId: 'l1' })).state).toBe('completed');
-    items = (await client.leasesNeedingAttention()).filter((i) => i.reason === 'last_operation_failed');
+    items = (await client.leasesNeedingAttention()).filter((i) => i.reason === 'operation_failed');
     expect(items.map((i) => i.detail)).toEqual([expect.not.stringMatching(/resume failed/)]);
     expect(items[0]!.detail).toMatch(/stop failed/);
   });
@@ -64,7 +64,7 @@ describe('attention remembers what needs a human', () => {
     const view = await client.getLease(lease('run-9'));
     await bed!.waitForAll((await client.getLeaseTimeline(lease('run-9'))).operations.map((o) => o.jobId), 10_000);
     const items = (await client.leasesNeedingAttention()).filter((i) => i.laneId === view.laneId);
-    expect(items).toEqual([expect.objectContaining({ reason: 'last_operation_failed', detail: expect.stringMatching(/acquire failed: refused/) })]);
+    expect(items).toEqual([expect.objectContaining({ reason: 'operation_failed', detail: expect.stringMatching(/acquire failed: refused/) })]);
   });
 
   it("an operator's cancel is not a failure to attend to; an acknowledgement clears a failure (client, CLI), and the timeline says who", async () => {
@@ -75,14 +75,14 @@ describe('attention remembers what needs a human', () => {
     expect(await client.cancelOperation(queued.jobId, 'ops:carol')).toBeTruthy();
     held.open();
     await bed!.waitForAll([head.jobId], 10_000);
-    expect((await client.leasesNeedingAttention()).filter((i) => i.reason === 'last_operation_failed')).toEqual([]);
+    expect((await client.leasesNeedingAttention()).filter((i) => i.reason === 'operation_failed')).toEqual([]);
 
     expect((await run(client, 'stop', 'l3', { providerLeaseId: 'l3' })).state).toBe('failed');
-    expect((await client.leasesNeedingAttention()).some((i) => i.reason === 'last_operation_failed')).toBe(true);
+    expect((await client.leasesNeedingAttention()).some((i) => i.reason === 'operation_failed')).toBe(true);
     const acked = await cli(['ack', '--provider', 'recording', '--company', 'acme', '--environment', 'prod', '--lease', 'l3'], workerEnv(bed!, {}));
     expect(acked.code, acked.stderr).toBe(0);
     expect(acked.stdout).toMatch(/acknowledged 1 failure/);
-    expect((await client.leasesNeedingAttention()).filter((i) => i.reason === 'last_operation_failed')).toEqual([]);
+    expect((await client.leasesNeedingAttention()).filter((i) => i.reason === 'operation_failed')).toEqual([]);
     expect((await client.getLease(lease('l3'))).lastFailure).toBeNull();
     const events = (await client.getLeaseTimeline(lease('l3'))).events;
     expect(events.some((e) => e.kind === 'acknowledged' && /acknowledged by cli:\S+: stop/.test(e.message ?? ''))).toBe(true);

@@ -118,7 +118,7 @@ describe('the light client (lease-ops-client) against the HTTP API', () => {
     expect(await light.pauseLane(lease('one'))).toMatchObject({ paused: true, changed: true });
     expect((await api.client.getLease(lease('one'))).paused?.by).toMatch(/\(API\)$/);
     const { items } = await light.attention();
-    expect(items.map((i) => `${i.reason} ${i.lease?.leaseId}`)).toEqual(expect.arrayContaining(['paused one', 'last_operation_failed refuses']));
+    expect(items.map((i) => `${i.reason} ${i.lease?.leaseId}`)).toEqual(expect.arrayContaining(['paused one', 'operation_failed refuses']));
     expect(await light.acknowledgeFailures(lease('refuses'))).toMatchObject({ acknowledged: [expect.objectContaining({ op: 'stop' })] });
     expect((await light.getLease(lease('refuses'))).lastFailure).toBeNull();
     expect(await light.unpauseLane(lease('one'))).toMatchObject({ paused: false, changed: true });

@@ -10,8 +10,8 @@ afterEach(async () => {
 });
 
 async function enqueueParked(b: TestBed, leaseId: string) {
-  // Pause the queue so no worker could take anything; there is no worker anyway.
-  return b.ops.enqueue({ op: 'stop', lease: lease(leaseId), params: { providerLeaseId: leaseId } });
+  // Destroys: never coalesced, so two of them are two operations even before a worker takes the first.
+  return b.ops.enqueue({ op: 'destroy', lease: lease(leaseId), params: { providerLeaseId: leaseId } });
 }
 
 describe('lane scripts', () => {

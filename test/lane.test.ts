@@ -2,7 +2,7 @@ import { Job } from 'bullmq';
 import { afterEach, describe, expect, it } from 'vitest';
 import { ZodError } from 'zod';
 import { laneIdOf } from '../src/lease.ts';
-import { gate, lease, TestBed } from './helpers/env.ts';
+import { gate, lease, readUntil, TestBed } from './helpers/env.ts';
 import { findOrderViolations, findOverlaps, joinCalls } from './helpers/invariants.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
 
@@ -286,6 +286,27 @@ describe('coalescing and idempotency at enqueue', () => {
     const later = await bed.ops.enqueue({ op: 'stop', lease: lease('a'), params: stop('a') });
     expect(later.jobId).not.toBe(stops[0]!.jobId);
     await bed.waitForAll([later.jobId]);
+    expect(await bed.laneKeys()).toEqual([]);
+  });
+
+  it('identical stops of an idle lease sent at once are one operation: handed to the workers is not started', async () => {
+    bed = await TestBed.create();
+    // No worker yet: the first stop is the lane's head, handed off and waiting for a worker.
+    const stops = await Promise.all(Array.from({ length: 5 }, () => bed!.ops.enqueue({ op: 'stop', lease: lease('idle'), params: stop('idle') })));
+    expect(new Set(stops.map((s) => s.jobId)).size).toBe(1);
+    expect(stops.filter((s) => s.deduplicated === 'coalesced')).toHaveLength(4);
+    expect(await bed.ops.queue.getJobCountByTypes('waiting')).toBe(1);
+    // Once it has started, an identical stop is a new operation behind it.
+    const held = gate();
+    const { provider, calls } = createRecordingProvider({ behaviour: async () => (await held.promise, 'ok' as const) });
+    await bed.startWorker(provider);
+    await readUntil(async () => ((await Job.fromId(bed!.ops.queue, stops[0]!.jobId))?.processedOn ? true : null), 10_000, 'the first stop to start');
+    const after = await bed.ops.enqueue({ op: 'stop', lease: lease('idle'), params: stop('idle') });
+    expect(after.jobId).not.toBe(stops[0]!.jobId);
+    expect(after.deduplicated).toBeUndefined();
+    held.open();
+    await bed.waitForAll([stops[0]!.jobId, after.jobId]);
+    expect(joinCalls(calls).map((c) => c.op)).toEqual(['stop', 'stop']);
     expect(await bed.laneKeys()).toEqual([]);
   });
 

@@ -6,6 +6,7 @@ import { Inspector } from '../src/queues/inspect.ts';
 import { LeaseRecords } from '../src/queues/lease-records.ts';
 import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
 import { LeaseHasSandboxError } from '../src/errors.ts';
+import { PermanentError } from '../src/providers/errors.ts';
 import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
 import { OperatorActions } from '../src/queues/operator-actions.ts';
 import { gate, lease, readUntil, TestBed } from './helpers/env.ts';
@@ -107,6 +108,35 @@ describe('one lease identity from acquire to destroy', () => {
     const timeline = await inspector.timeline(lease('sb-run-2'));
     expect(timeline.events.some((e) => e.jobId === acquired.jobId && e.kind === 'accepted')).toBe(true);
     expect(timeline.operations.map((o) => o.op)).toContain('acquire');
+  });
+
+  it("attention names a lease by its acquire's id, whichever name its failed operation and its pause used; the timeline's acceptance is the operation's acceptedAt", async () => {
+    bed = await TestBed.create({ LEASE_OPS_KEEP_FAILED_S: '600' });
+    const { provider } = sandboxCloud();
+    provider.stop = async () => {
+      throw new PermanentError('refused', 'the cloud refused the stop');
+    };
+    await bed.startWorker(provider);
+    const acquired = await bed.ops.enqueue({ op: 'acquire', lease: lease('run-n'), params: { runId: 'run-n' } });
+    await bed.waitForAll([acquired.jobId]);
+    const inspector = new Inspector(bed.ops, new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX), { stuckStoppingMs: 30_000, blockedAfterMs: 60_000 });
+    const stopped = await bed.ops.enqueue({ op: 'stop', lease: lease('sb-run-n'), params: { providerLeaseId: 'sb-run-n' } });
+    expect((await bed.waitForAll([stopped.jobId])).get(stopped.jobId)).toBe('failed');
+    const actions = new OperatorActions(bed.ops);
+    await actions.pause(lease('sb-run-n'), 'test');
+    const items = (await inspector.attention()).filter((i) => i.laneId === acquired.laneId);
+    expect(items.map((i) => [i.lease?.leaseId, [...i.reasons].sort()])).toEqual([['run-n', ['operation_failed', 'paused']]]);
+    await actions.unpause(lease('run-n'), 'test');
+
+    // Each operation's acceptance in the timeline is the time its view says it was accepted.
+    const more = [];
+    for (let i = 0; i < 5; i++) more.push((await bed.ops.enqueue({ op: 'resume', lease: lease(i % 2 ? 'run-n' : 'sb-run-n'), params: { providerLeaseId: 'sb-run-n', leaseMetadata: {} } })).jobId);
+    await bed.waitForAll(more);
+    const timeline = await inspector.timeline(lease('run-n'));
+    for (const jobId of [acquired.jobId, stopped.jobId, ...more]) {
+      const accepted = timeline.events.find((e) => e.jobId === jobId && e.kind === 'accepted');
+      expect({ jobId, at: accepted?.at }).toEqual({ jobId, at: (await inspector.operation(jobId))?.acceptedAt });
+    }
   });
 
   it('the client and the operator actions name the same lane by either name, also with several partitions', async () => {

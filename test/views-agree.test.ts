@@ -42,7 +42,7 @@ describe('every view reads one model of a lease', () => {
     const page = await (await fetch(`${api.base}/ui/attention`, { headers: { authorization: `Basic ${Buffer.from(`x:${ADMIN}`).toString('base64')}` } })).text();
     const metrics = await (await fetch(`${api.base}/metrics`)).text();
     const byLease = (items: { lease: { leaseId: string }; reasons: string[] }[]) => Object.fromEntries(items.map((i) => [i.lease.leaseId, [...i.reasons].sort()]));
-    const expected = { 'fails-1': ['last_operation_failed', 'paused'], 'fails-2': ['last_operation_failed'], 'idle-1': ['paused'] };
+    const expected = { 'fails-1': ['operation_failed', 'paused'], 'fails-2': ['operation_failed'], 'idle-1': ['paused'] };
     expect(byLease(overview.attention)).toEqual(expected);
     expect(byLease(api1)).toEqual(expected);
     expect([...page.matchAll(/<tr data-lane="[^"]+" data-reasons="([^"]+)">/g)].map((m) => m[1]!.split(' ').sort().join(','))).toEqual(
@@ -50,11 +50,14 @@ describe('every view reads one model of a lease', () => {
     );
     // /metrics: per reason, the leases that have it.
     const gauge = (reason: string) => Number(new RegExp(`^lease_ops_leases_needing_attention\\{reason="${reason}"\\} (\\d+)$`, 'm').exec(metrics)?.[1]);
-    for (const reason of ['last_operation_failed', 'paused', 'stuck_stopping']) expect({ reason, n: gauge(reason) }).toEqual({ reason, n: api1.filter((i) => i.reasons.includes(reason)).length });
+    for (const reason of ['operation_failed', 'paused', 'stuck_stopping']) expect({ reason, n: gauge(reason) }).toEqual({ reason, n: api1.filter((i) => i.reasons.includes(reason)).length });
+    // And the leases, each once, whatever its reasons: the count the CLI and the overview say.
+    expect(Number(/^lease_ops_attention_leases (\d+)$/m.exec(metrics)?.[1])).toBe(api1.length);
+    expect((JSON.parse(status.stdout) as { attentionLeases: number }).attentionLeases).toBe(api1.length);
     // The CLI's text says the same leases, one line each.
     const text = await cli(['status'], workerEnv(bed, {}));
     expect(text.stdout).toMatch(/leases needing attention: 3\n/);
-    expect(text.stdout).toMatch(/fails-1 {2}\[last_operation_failed, paused\]/);
+    expect(text.stdout).toMatch(/fails-1 {2}\[operation_failed, paused\]/);
   });
 
   it("calls a lease stuck by the workers' budget, in the API, the page and the CLI, whatever the reader's own setting", async () => {
@@ -88,11 +91,32 @@ describe('every view reads one model of a lease', () => {
       expect({ code, attempts: view.attempts, startedAt: view.startedAt }).toEqual({ code, attempts: 0, startedAt: null });
       expect(view.error?.code).toBe(code);
       expect(view.error?.message.startsWith(`${code}:`)).toBe(false);
+      // Out of time in a paused lane: the message says the lane was paused, and by whom.
+      if (code === 'deadline_exceeded') expect(view.error?.message).toMatch(/paused by test since \d{4}-\d\d-\d\dT/);
       // The API says the same.
       const viaApi = (await (await fetch(`${api.base}/v1/operations/${encodeURIComponent(jobId)}`, { headers: bearer })).json()) as { attempts: number; startedAt: number | null };
       expect({ attempts: viaApi.attempts, startedAt: viaApi.startedAt }).toEqual({ attempts: 0, startedAt: null });
     }
     await client.unpauseLane(lease('never'), 'test');
+  });
+
+  it('counts what waits in a paused lane as paused, not queued or backing off: status, /v1/overview and /metrics', async () => {
+    const client = api.client;
+    await client.pauseLane(lease('held'), 'test');
+    const jobs: string[] = [];
+    for (const op of ['resume', 'stop'] as const) jobs.push((await client.enqueue(op, lease('held'), op === 'resume' ? { providerLeaseId: 'held', leaseMetadata: {} } : { providerLeaseId: 'held' })).jobId);
+    await readUntil(async () => (await client.getOperation(jobs[0]!))?.state === 'paused', 10_000, 'the resume to wait in the paused lane');
+    const overview = (await (await fetch(`${api.base}/v1/overview`, { headers: bearer })).json()) as { counts: Record<string, number> };
+    expect(overview.counts).toMatchObject({ paused: 2, queued: 0, 'backing-off': 0 });
+    const metrics = await (await fetch(`${api.base}/metrics`)).text();
+    expect(metrics).toMatch(/^lease_ops_operations\{state="paused"\} 2$/m);
+    expect(metrics).toMatch(/^lease_ops_operations\{state="queued"\} 0$/m);
+    const text = await cli(['status'], workerEnv(bed, {}));
+    expect(text.stdout).toMatch(/^ {2}paused {7}2$/m);
+    await client.unpauseLane(lease('held'), 'test');
+    for (const jobId of jobs) expect((await client.waitForResult(jobId, 10_000)).state).toBe('completed');
+    const after = (await (await fetch(`${api.base}/v1/overview`, { headers: bearer })).json()) as { counts: Record<string, number> };
+    expect(after.counts.paused).toBe(0);
   });
 
   it('enqueues from the CLI by the lease alone: the sandbox id comes from the lease', async () => {

@@ -159,8 +159,9 @@ describe('settling, deadlines and the stuck-stop watchdog, through the lane, wit
     const stop = await bed.ops.enqueue({ op: 'stop', lease: identityOf(id), params: { providerLeaseId: id }, deadlineMs: 30_000 });
     const client = new LeaseOpsClient({ ...bed.config, LEASE_OPS_STUCK_STOPPING_MS: STUCK_MS });
     try {
-      const item = await readUntil(async () => (await client.leasesNeedingAttention()).find((a) => a.lease?.leaseId === id), 10_000, 'the stuck pause in attention');
-      expect(item).toMatchObject({ reason: 'stuck_stopping' });
+      // Named as it was acquired, whichever name the stop used.
+      const item = await readUntil(async () => (await client.leasesNeedingAttention()).find((a) => a.laneId === acquire.laneId), 10_000, 'the stuck pause in attention');
+      expect(item).toMatchObject({ reason: 'stuck_stopping', lease: { leaseId: 'f-new' } });
       expect(item.detail).toMatch(new RegExp(`sandbox ${id} has been pausing for \\d+ s`));
       expect(await queueMetrics(client, { bullmqTotals: false })()).toMatch(/^lease_ops_leases_needing_attention\{reason="stuck_stopping"\} 1$/m);
       // No force-stop was queued for it: CreateOS has none to offer.
@@ -168,7 +169,7 @@ describe('settling, deadlines and the stuck-stop watchdog, through the lane, wit
       // Once it pauses after all, the stop completes and the lease leaves the list.
       createos.control(id, { status: 'paused' });
       expect((await bed.waitForAll([stop.jobId], 15_000)).get(stop.jobId)).toBe('completed');
-      expect((await client.leasesNeedingAttention()).find((a) => a.lease?.leaseId === id)).toBeUndefined();
+      expect((await client.leasesNeedingAttention()).find((a) => a.laneId === acquire.laneId)).toBeUndefined();
     } finally {
       await client.close();
     }

@@ -248,7 +248,7 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
       '/v1/attention': {
         get: {
           operationId: 'listLeasesNeedingAttention',
-          summary: 'Leases stuck stopping, whose last operation failed, or whose lane is blocked, a page at a time',
+          summary: 'Leases stuck stopping, with a failed operation not made good, or whose lane is paused or blocked, a page at a time',
           requestParams: { query: AttentionQuerySchema },
           responses: { '200': json(AttentionListSchema, 'the leases, within the token scope'), ...errors('400', '401', '503'), ...NODE_ANSWERS },
         },

@@ -466,7 +466,7 @@ export function actionPage(title: string, message: string, back: string): string
 
 const REASONS: Record<AttentionItem['reason'], string> = {
   stuck_stopping: 'stuck stopping',
-  last_operation_failed: 'last operation failed',
+  operation_failed: 'an operation failed',
   paused: 'lane paused',
   blocked: 'lane blocked',
 };

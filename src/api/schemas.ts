@@ -96,9 +96,7 @@ export function preferredWaitMs(prefer: string | undefined): number {
   return 0;
 }
 
-/** Where operations are, as the overview counts them (by BullMQ's counts and the lanes'). */
-const CountedStateSchema = z.enum(['queued', 'ready', 'running', 'backing-off', 'completed', 'failed']);
-/** Where one operation is: also `paused`, waiting in a lane an operator paused. */
+/** Where one operation is (`paused`: waiting in a lane an operator paused); the overview counts them by the same states. */
 const OperationStateSchema = z.enum(['queued', 'ready', 'running', 'backing-off', 'paused', 'completed', 'failed']);
 
 export const OperationViewSchema = z
@@ -336,8 +334,8 @@ export const AttentionItemSchema = z
   .object({
     laneId: z.string(),
     lease: LeaseIdentitySchema.nullable(),
-    reason: z.enum(['stuck_stopping', 'last_operation_failed', 'paused', 'blocked']).meta({ description: 'the first of its reasons' }),
-    reasons: z.array(z.enum(['stuck_stopping', 'last_operation_failed', 'paused', 'blocked'])).meta({ description: 'every reason the lease needs someone (one item per lease)' }),
+    reason: z.enum(['stuck_stopping', 'operation_failed', 'paused', 'blocked']).meta({ description: 'the first of its reasons' }),
+    reasons: z.array(z.enum(['stuck_stopping', 'operation_failed', 'paused', 'blocked'])).meta({ description: 'every reason the lease needs someone (one item per lease)' }),
     since: z.number().meta({ description: 'epoch ms since the earliest of its reasons holds' }),
     detail: z.string().meta({ description: "each reason's detail, joined with '; '" }),
   })
@@ -368,9 +366,10 @@ export const AttentionQuerySchema = z.strictObject({
 
 export const OverviewSchema = z
   .object({
-    counts: z.record(CountedStateSchema, z.number().int()),
+    counts: z.record(OperationStateSchema, z.number().int()),
     openLanes: z.number().int(),
-    attention: z.array(AttentionItemSchema),
+    attention: z.array(AttentionItemSchema).meta({ description: 'the first 200 leases needing attention' }),
+    attentionLeases: z.number().int().meta({ description: 'leases needing attention, each once whatever its reasons (blocked ones among the first 200 looked at)' }),
     bytesByCompany: z.record(z.string(), z.number().int()).meta({ description: "Redis bytes each company's operations are counted as holding against LEASE_OPS_MAX_BYTES_PER_COMPANY" }),
   })
   .meta({ id: 'Overview' });

@@ -10,6 +10,7 @@ import { isProviderError, PermanentError, SettlingError, TransientError } from '
 import type { ProviderRegistry } from '../providers/registry.ts';
 import type { LeaseProvider, OperationContext, SandboxState } from '../providers/types.ts';
 import * as telemetry from '../telemetry.ts';
+import { isoUtc } from '../time-format.ts';
 import { Attempt, type Fencing, StaleAttemptError } from './fencing.ts';
 import type { Lanes, LaneOutcome } from './lane.ts';
 import { historyEntry, type LeaseHistory } from './lease-history.ts';
@@ -425,14 +426,17 @@ export class AttemptLife {
       if (data.op === 'acquire' && this.job.attemptsMade > 0 && (await this.laneStep(() => this.deps.fencing.holdsLock(this.jobId, this.lockToken)))) {
         await this.abandon(data, () => this.deps.log.child({ jobId: this.jobId, op: data.op }));
       }
-      const outcome: LaneOutcome = { status: 'failed', code: 'deadline_exceeded', error: 'deadline_exceeded: the deadline passed while it waited in its lane' };
+      // In a paused lane, the pause is why it never ran: say so, and who paused it.
+      const paused = await this.laneStep(() => this.deps.ops.lanes.pausedBy(laneId));
+      const why = `the deadline passed while it waited in its lane${paused ? ` (paused by ${paused.by} since ${isoUtc(paused.since)})` : ''}`;
+      const outcome: LaneOutcome = { status: 'failed', code: 'deadline_exceeded', error: `deadline_exceeded: ${why}` };
       const dropped = await this.laneStep(() => this.deps.ops.lanes.drop(laneId, this.jobId, outcome, false, this.lockToken));
       if (dropped.kind === 'stale') throw this.staleStart(data.op);
       if (dropped.kind !== 'executing') {
         telemetry.deadlineFailure({ 'lease.op': data.op });
-        this.deps.history.append(laneId, { kind: 'failed', jobId: this.jobId, op: data.op, code: 'deadline_exceeded', message: 'the deadline passed while it waited in its lane' });
+        this.deps.history.append(laneId, { kind: 'failed', jobId: this.jobId, op: data.op, code: 'deadline_exceeded', message: why });
         attemptEnded(data.op, 'failed', this.seconds());
-        throw new DeadlineExceededError('the deadline passed while it waited in its lane');
+        throw new DeadlineExceededError(why);
       }
     }
     await this.laneStep(async () => {

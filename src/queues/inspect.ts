@@ -5,6 +5,7 @@ import { parseFailures, parsePause, pausedLease } from './lane.ts';
 import { HISTORY_CAPACITY, type HistoryEvent, placeStart } from './lease-history.ts';
 import type { LeaseRecord, LeaseRecords } from './lease-records.ts';
 import type { OperationsQueue } from './operations-queue.ts';
+import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 import { withoutInfrastructure } from '../secrets.ts';
 
 /**
@@ -55,7 +56,7 @@ export interface LeaseView {
   queuedTotal: number;
   /** What lease-ops last saw of the sandbox, and since when it has been in that state. */
   observed: Omit<LeaseRecord, 'lease' | 'acquiredAs' | 'acquiredSandbox'> | null;
-  /** The lease's last operation failed for good (cleared by its next success). */
+  /** The newest failure not made good: an operation that failed for good, until that kind next succeeds or it is acknowledged. */
   lastFailure: { jobId: string; at: number; code: string; message: string } | null;
   /** An operator paused the lane (nothing new starts): who, and since when. */
   paused: { by: string; since: number } | null;
@@ -76,7 +77,7 @@ export interface LeaseTimeline extends LeaseView {
   operations: OperationView[];
 }
 
-export type AttentionReason = 'stuck_stopping' | 'last_operation_failed' | 'paused' | 'blocked';
+export type AttentionReason = 'stuck_stopping' | 'operation_failed' | 'paused' | 'blocked';
 
 /** One reason a lease needs someone, before the reasons of a lease are put together. */
 type ReasonItem = Omit<AttentionItem, 'reasons'>;
@@ -118,10 +119,13 @@ export interface AttentionItem {
 }
 
 export interface QueueOverview {
-  /** By BullMQ's counts and the lanes': an operation waiting in a paused lane counts as queued or backing off here. */
-  counts: Record<Exclude<OperationState, 'paused'>, number>;
+  /** By BullMQ's counts and the lanes': each operation in the state its own view says. */
+  counts: Record<OperationState, number>;
   openLanes: number;
+  /** The first 200 leases needing attention. */
   attention: AttentionItem[];
+  /** Leases needing attention, each once (blocked ones among the first 200 looked at). */
+  attentionLeases: number;
   /** Redis bytes each company's operations are counted as holding (LEASE_OPS_MAX_BYTES_PER_COMPANY). */
   bytesByCompany: Record<string, number>;
 }
@@ -155,11 +159,15 @@ interface StoredOutcome {
 
 /** Read-only views of operations, leases and the queue, for the client, the API and the CLI. */
 export class Inspector {
+  private readonly countLeases: LuaCommand;
+
   constructor(
     private readonly ops: OperationsQueue,
     private readonly records: LeaseRecords,
     private readonly limits: { stuckStoppingMs: number; blockedAfterMs: number },
-  ) {}
+  ) {
+    this.countLeases = luaCommand(ops.connection, 'attention-leases', 3);
+  }
 
   async operation(jobId: string): Promise<OperationView | null> {
     const laneId = laneIdOfJobId(jobId);
@@ -302,8 +310,9 @@ export class Inspector {
   }
 
   /**
-   * Leases that need a person or the watchdog: sandboxes stuck in `stopping`, leases whose
-   * last operation failed, and lanes whose head has made no progress for too long.
+   * Leases that need a person or the watchdog: sandboxes stuck in `stopping`, leases with an
+   * operation that failed (until that kind next succeeds, or an operator acknowledges it),
+   * paused lanes, and lanes whose head has made no progress for too long.
    *
    * `visible` keeps a caller to its own leases (a scoped token): each kind is read a page at
    * a time until `limit` of its items are visible or it has no more, so no other company's
@@ -360,7 +369,7 @@ export class Inspector {
     if (scope) {
       // A company's own: its entries of the scope index, then the lanes blocked now.
       const [own, stalled] = await Promise.all([this.scopedItems(scope, limit, redisNow, stuckBudget), blocked()]);
-      return groupByLease([...own.filter((item) => visible(item.lease)), ...stalled], limit);
+      return this.namedByAcquire(groupByLease([...own.filter((item) => visible(item.lease)), ...stalled], limit));
     }
     const [stuck, failures, paused, stalled] = await Promise.all([
       this.pagedVisible(page, limit, visible, async (offset) => {
@@ -374,7 +383,17 @@ export class Inspector {
       this.pausedItems(limit, visible),
       blocked(),
     ]);
-    return groupByLease([...stuck, ...failures, ...paused, ...stalled], limit);
+    return this.namedByAcquire(groupByLease([...stuck, ...failures, ...paused, ...stalled], limit));
+  }
+
+  /**
+   * Each item named as its lease was acquired (the id its acquire was enqueued under), not by
+   * whichever name the operation or pause behind a reason used: one lease, one name.
+   */
+  private async namedByAcquire(items: AttentionItem[]): Promise<AttentionItem[]> {
+    if (!items.length) return items;
+    const names = await this.records.acquiredAs(items.map((item) => item.laneId));
+    return items.map((item, i) => (item.lease && names[i] && names[i] !== item.lease.leaseId ? { ...item, lease: { ...item.lease, leaseId: names[i]! } } : item));
   }
 
   /**
@@ -389,7 +408,18 @@ export class Inspector {
       this.ops.lanes.failureCount(),
       this.attention(limit),
     ]);
-    return { stuck_stopping: stuck, last_operation_failed: failed, paused: await this.ops.lanes.pausedCount(), blocked: items.filter((item) => item.reasons.includes('blocked')).length };
+    return { stuck_stopping: stuck, operation_failed: failed, paused: await this.ops.lanes.pausedCount(), blocked: items.filter((item) => item.reasons.includes('blocked')).length };
+  }
+
+  /**
+   * Leases needing attention, each once whatever its reasons: stuck, failed and paused ones
+   * exactly (one script over their three indexes), and the blocked lanes among `items` (the
+   * first page of attention, where blocked ones are looked for) that are none of those.
+   */
+  async attentionLeaseCount(items: AttentionItem[]): Promise<number> {
+    const [redisNow, stuckBudget] = await Promise.all([this.records.now(), this.stuckBudget()]);
+    const blocked = items.filter((item) => item.reasons.includes('blocked')).map((item) => item.laneId);
+    return Number(await this.countLeases(this.ops.lanes.failuresAtKey, this.records.stoppingKey, this.ops.lanes.pausedKey, redisNow - stuckBudget, ...blocked));
   }
 
   /** Reads pages of one kind of attention item until `limit` are visible or there are no more. */
@@ -430,7 +460,7 @@ export class Inspector {
         return failed?.error ? `${op} failed: ${failed.error.code}: ${failed.error.message.replace(`${failed.error.code}: `, '')}` : `${op} ${kind.jobId} failed`;
       })
       .join('; ');
-    return { laneId, lease, reason: 'last_operation_failed', since: at, detail: `${detail} (acknowledge to clear, or it clears when that kind of operation next succeeds)` };
+    return { laneId, lease, reason: 'operation_failed', since: at, detail: `${detail} (acknowledge to clear, or it clears when that kind of operation next succeeds)` };
   }
 
   /**
@@ -538,20 +568,23 @@ export class Inspector {
   async overview(): Promise<QueueOverview> {
     const c = await this.ops.queue.getJobCounts('waiting', 'prioritized', 'active', 'delayed', 'completed', 'failed');
     // Delayed jobs are parked (queued in a lane) or backing off; the lanes list the latter.
-    const backingOff = await this.ops.lanes.backingOffCount();
+    // Those of paused lanes are paused, as each one's view says.
+    const [backingOff, inPaused] = await Promise.all([this.ops.lanes.backingOffCount(), this.ops.lanes.waitingInPausedLanes()]);
     const parked = Math.max(0, (c.delayed ?? 0) - backingOff);
     const [openLanes, attention, bytesByCompany] = await Promise.all([this.ops.lanes.openLaneCount(), this.attention(), this.ops.bytes.held()]);
     return {
       counts: {
-        queued: parked,
+        queued: Math.max(0, parked - inPaused.parked),
         ready: (c.waiting ?? 0) + (c.prioritized ?? 0),
         running: c.active ?? 0,
-        'backing-off': Math.max(0, (c.delayed ?? 0) - parked),
+        'backing-off': Math.max(0, (c.delayed ?? 0) - parked - inPaused.backingOff),
+        paused: inPaused.parked + inPaused.backingOff,
         completed: c.completed ?? 0,
         failed: c.failed ?? 0,
       },
       openLanes,
       attention,
+      attentionLeases: await this.attentionLeaseCount(attention),
       bytesByCompany,
     };
   }

@@ -236,6 +236,7 @@ export class Lanes {
     adopt = false,
     idempotency: { key: string; fingerprint: string } | null = null,
     note: HistoryNote | null = null,
+    acceptedAt: number | null = null,
   ): Promise<PushResult> {
     const r = (await this.run(
       'lane-push',
@@ -265,6 +266,7 @@ export class Lanes {
       ALIAS_TTL_MS,
       note?.kind ?? '',
       note?.fields ?? '',
+      acceptedAt ?? '',
     )) as string[];
     if (r[0] === 'alias') return { kind: 'alias', laneId: String(r[1]) };
     if (r[0] === 'layout') return { kind: 'layout', held: Number(r[1]) };
@@ -471,6 +473,40 @@ export class Lanes {
     const lanes: { laneId: string; by: string; since: number; lease: LeaseIdentity | null }[] = [];
     for (let i = 0; i + 1 < flat.length; i += 2) lanes.push({ laneId: flat[i]!, ...parsePause(flat[i + 1]!), lease: pausedLease(flat[i + 1]!) });
     return { next, lanes };
+  }
+
+  /**
+   * Operations waiting in paused lanes, by where BullMQ holds them: parked (queued) or backing
+   * off at the head. A head handed off before the pause (the holder) is the workers' already.
+   */
+  async waitingInPausedLanes(): Promise<{ parked: number; backingOff: number }> {
+    let cursor = '0';
+    let parked = 0;
+    let backingOff = 0;
+    do {
+      const [next, flat] = await this.client.hscan(this.pausedKey, cursor, 'COUNT', 500);
+      cursor = next;
+      const laneIds = flat.filter((_, i) => i % 2 === 0);
+      if (!laneIds.length) continue;
+      const lanes = this.client.pipeline();
+      for (const laneId of laneIds) lanes.llen(this.listKey(laneId)).lindex(this.listKey(laneId), 0).hexists(this.execKey(laneId), 'job');
+      const replies = ((await lanes.exec()) ?? []).map(([, value]) => value);
+      const heads: string[] = [];
+      for (let i = 0; i < laneIds.length; i++) {
+        const [length, head, held] = [Number(replies[3 * i] ?? 0), replies[3 * i + 1], Number(replies[3 * i + 2] ?? 0)];
+        const waiting = length - (held ? 1 : 0);
+        if (waiting <= 0) continue;
+        parked += waiting;
+        if (!held && typeof head === 'string') heads.push(head);
+      }
+      if (!heads.length) continue;
+      const scores = this.client.pipeline();
+      for (const head of heads) scores.zscore(this.backingOffKey, head);
+      const backing = ((await scores.exec()) ?? []).filter(([, score]) => score !== null).length;
+      parked -= backing;
+      backingOff += backing;
+    } while (cursor !== '0');
+    return { parked, backingOff };
   }
 
   async pausedCount(): Promise<number> {

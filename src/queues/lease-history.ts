@@ -55,6 +55,8 @@ const FieldsSchema = z.object({
   job: z.string().optional(),
   op: z.string().optional(),
   ahead: optionalNumber,
+  /** `accepted`: the operation's acceptedAt, written by lane-push (the entry's own time is Redis' at the push). */
+  at: optionalNumber,
   attempt: optionalNumber,
   until: optionalNumber,
   since: optionalNumber,
@@ -157,8 +159,9 @@ export class LeaseHistory {
       for (let i = 0; i + 1 < flat.length; i += 2) record[flat[i]!] = flat[i + 1]!;
       const parsed = FieldsSchema.safeParse(record);
       if (!parsed.success || !/^\d+$/.test(at ?? '')) continue;
-      const { e, job, ran, ...rest } = parsed.data;
-      const event: HistoryEvent = { at: Number(at), kind: e, jobId: job || null };
+      const { e, job, ran, at: stated, ...rest } = parsed.data;
+      // An acceptance is dated as its operation says (never after the push: clocks may differ).
+      const event: HistoryEvent = { at: stated === undefined ? Number(at) : Math.min(stated, Number(at)), kind: e, jobId: job || null };
       for (const [name, value] of Object.entries(rest)) if (value !== undefined && value !== '') (event as unknown as Record<string, unknown>)[name] = value;
       if (ran !== undefined) {
         const started: HistoryEvent = { at: event.at - ran, kind: 'started', jobId: event.jobId };

@@ -115,6 +115,14 @@ export class LeaseRecords {
     };
   }
 
+  /** The id each lane's acquire was enqueued under (null where none is known), in the order asked. */
+  async acquiredAs(laneIds: string[]): Promise<(string | null)[]> {
+    const pipeline = this.redis.pipeline();
+    for (const laneId of laneIds) pipeline.hget(this.recordKey(laneId), 'acquiredAs');
+    const replies = (await pipeline.exec()) ?? [];
+    return replies.map(([err, value]) => (err || typeof value !== 'string' ? null : value));
+  }
+
   /** Lanes whose sandbox has been on its way to stopped since before `before` (epoch ms), oldest first, with since when. */
   async stoppingSinceWithScores(before: number, limit = 500, offset = 0): Promise<[string, number][]> {
     const flat = await this.redis.zrangebyscore(this.stoppingKey, '-inf', before, 'WITHSCORES', 'LIMIT', offset, limit);

@@ -108,7 +108,7 @@ export interface LeaseTimeline extends LeaseView {
   operations: OperationView[];
 }
 
-export type AttentionReason = 'stuck_stopping' | 'last_operation_failed' | 'paused' | 'blocked';
+export type AttentionReason = 'stuck_stopping' | 'operation_failed' | 'paused' | 'blocked';
 
 /** One lease that needs someone, with every reason it has (`reason` is the first). */
 export interface AttentionItem {

@@ -20,7 +20,7 @@
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] 'tail' | 'front'
   ARGV[5] BullMQ job key prefix
   ARGV[6] coalescing key ('' for none): an identical request queued last and not yet
-          started absorbs this one
+          started (handed to the workers, perhaps, but taken by none) absorbs this one
   ARGV[7] most operations a lane may hold (0: no limit; force-stops are never refused)
   ARGV[8] most operations the queue may hold waiting, parked or backing off, this one
           included (it is already parked when this runs); 0: no limit
@@ -34,6 +34,10 @@
   ARGV[16] the partition count the caller maps leases with: refused ({'layout', held})
   when the partition holds another, so a process that missed a change of the count never
   puts a lease's operation in a partition other than the one its lane is in
+  ARGV[17] how long a sandbox's name of its lane is kept after its last use (ms)
+  ARGV[18] ARGV[19] an event to write before `accepted` ('' for none): its kind, its fields
+  ARGV[20] when the operation was accepted (its data's acceptedAt, ms): the `accepted`
+  event's time, so the timeline and the operation's view say one time
   A job already in its lane, or one with an outcome, is left alone when either of ARGV[9] and
   ARGV[11] is set: two requests with one key may both get here (a retry while the first was
   slow), and the job must join its lane once.
@@ -110,8 +114,8 @@ if coalesceAs ~= '' then
   -- Only the last queued request can absorb: one with other requests after it would
   -- change what the lease ends up in (stop, resume, stop is not stop, resume).
   local existing = rcall('HGET', k.coalesce, coalesceAs)
-  if existing and rcall('EXISTS', jobPrefix .. existing) == 0 then
-    -- Removed through BullMQ's own API: it will never run, so it absorbs nothing.
+  if existing and (rcall('EXISTS', jobPrefix .. existing) == 0 or rcall('HEXISTS', jobPrefix .. existing, 'processedOn') == 1) then
+    -- Removed through BullMQ's own API (it will never run), or started: it absorbs nothing.
     forgetCoalescing(k, existing)
     existing = nil
   end
@@ -202,7 +206,12 @@ recount(k, laneId, company, environment)
 if ARGV[18] ~= '' then
   historyAppendJoined(KEYS[21], 'e\31' .. ARGV[18] .. '\31job\31' .. jobId .. (ARGV[19] ~= '' and ('\31' .. ARGV[19]) or ''))
 end
-historyAppend(KEYS[21], {'e', 'accepted', 'job', jobId, 'op', rcall('HGET', jobKey, 'name') or '', 'ahead', rcall('LPOS', k.list, jobId) or 0})
+local acceptance = {'e', 'accepted', 'job', jobId, 'op', rcall('HGET', jobKey, 'name') or '', 'ahead', rcall('LPOS', k.list, jobId) or 0}
+if ARGV[20] ~= '' then
+  acceptance[#acceptance + 1] = 'at'
+  acceptance[#acceptance + 1] = ARGV[20]
+end
+historyAppend(KEYS[21], acceptance)
 if waits then
   rcall('HSET', jobKey, 'lo:parked', '1')
   return answer({'queued'})

@@ -59,6 +59,7 @@ end
 -- acquire, handOff), and one that backs off stops being the holder (lane-yield).
 rcall('LPOP', k.list)
 rcall('DEL', k.holder)
+forgetCoalescing(k, jobId)
 if ARGV[10] == '1' then
   rcall('HSET', KEYS[20], jobId, 'completed ' .. ARGV[5])
 else

@@ -34,7 +34,8 @@ if not stopJob or not rcall('LPOS', k.list, stopJob) then
   return {'none'}
 end
 local jobKey = ARGV[5] .. stopJob
-if rcall('EXISTS', jobKey) == 0 then
+-- Parked and never started: a stop already handed to the workers stays as it is.
+if rcall('EXISTS', jobKey) == 0 or rcall('HEXISTS', jobKey, 'processedOn') == 1 or not rcall('ZSCORE', KEYS[9], stopJob) then
   return {'none'}
 end
 local stopData = cjson.decode(rcall('HGET', jobKey, 'data'))

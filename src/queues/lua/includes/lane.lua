@@ -72,7 +72,9 @@ local function isQueuePausedOrMaxed(k)
   return false
 end
 
--- A job that starts (or leaves the lane) can no longer absorb identical requests.
+-- A job that leaves the lane can no longer absorb identical requests; nor can one that has
+-- started, which lane-push and lane-upgrade tell by its processedOn (set when BullMQ hands it
+-- to a worker): a head handed off but not yet taken still absorbs.
 local function forgetCoalescing(k, jobId)
   local entry = rcall('HGET', k.coalesce, 'job:' .. jobId)
   if entry then
@@ -133,7 +135,6 @@ local function handOff(k, jobPrefix, jobId, lazyMarker, laneId)
   if rcall('HEXISTS', k.paused, laneId) == 1 then
     return 'held'
   end
-  forgetCoalescing(k, jobId)
   local jobKey = jobPrefix .. jobId
   if rcall('ZREM', k.delayed, jobId) == 1 then
     -- Handed off early (a force-stop ahead of it ended): no longer backing off.
