@@ -344,7 +344,43 @@ describe('a force-stop and a queued stop', () => {
     expect([...ended.values()]).toEqual(['completed', 'completed', 'completed']);
     expect(joinCalls(calls).map((c) => c.op)).toEqual(['resume', 'force-stop', 'destroy']);
     expect((await bed.ops.queue.getJob(queuedStop.jobId))?.returnvalue).toEqual({ providerLeaseId: 'a', state: 'stopped' });
+    // The job keeps its acceptance: its view and its timeline say the stop's, and the timeline says the force-stop was absorbed into it.
+    const events = await bed.ops.history.read(queuedStop.laneId);
+    const view = (await bed.ops.queue.getJob(queuedStop.jobId))!.data as { acceptedAt: number; op: string };
+    expect({ op: view.op, acceptedAt: view.acceptedAt }).toEqual({ op: 'force-stop', acceptedAt: events.find((e) => e.kind === 'accepted' && e.jobId === queuedStop.jobId)?.at });
+    expect(events.some((e) => e.kind === 'absorbed' && e.jobId === queuedStop.jobId && e.op === 'force-stop')).toBe(true);
     expect(await bed.laneKeys()).toEqual([]);
+  });
+
+  it('a force-stop never absorbs a stop that has another operation ahead of it: the stop keeps its place after the resume (the attack on issue 26)', async () => {
+    bed = await TestBed.create();
+    const lane = await bed.ops.laneOf(lease('r'));
+    await bed.ops.lanes.pause(lane, 'test', Date.now(), lease('r'));
+    const resume = await bed.ops.enqueue({ op: 'resume', lease: lease('r'), params: { providerLeaseId: 'r' } });
+    const queuedStop = await bed.ops.enqueue({ op: 'stop', lease: lease('r'), params: stop('r') });
+    const force = await bed.ops.enqueue({ op: 'force-stop', lease: lease('r'), params: stop('r') });
+    expect(force.jobId).not.toBe(queuedStop.jobId);
+    expect(force.deduplicated).toBeUndefined();
+    expect((await bed.ops.lanes.view(lane)).jobs).toEqual([force.jobId, resume.jobId, queuedStop.jobId]);
+    const { provider, calls } = createRecordingProvider();
+    await bed.startWorker(provider);
+    await bed.ops.lanes.unpause(lane);
+    await bed.waitForAll([force.jobId, resume.jobId, queuedStop.jobId]);
+    // The sandbox ends stopped: the stop still came after the resume.
+    expect(joinCalls(calls).map((c) => c.op)).toEqual(['force-stop', 'resume', 'stop']);
+  });
+
+  it('an identical stop with a later deadline is not absorbed by one that would run out of time first', async () => {
+    bed = await TestBed.create();
+    const lane = await bed.ops.laneOf(lease('t'));
+    await bed.ops.lanes.pause(lane, 'test', Date.now(), lease('t'));
+    const short = await bed.ops.enqueue({ op: 'stop', lease: lease('t'), params: stop('t'), deadlineMs: 2_000 });
+    const long = await bed.ops.enqueue({ op: 'stop', lease: lease('t'), params: stop('t'), deadlineMs: 120_000 });
+    expect(long.jobId).not.toBe(short.jobId);
+    // The other way round, the later request gets at least the time it asked for: absorbed.
+    const shorter = await bed.ops.enqueue({ op: 'stop', lease: lease('t'), params: stop('t'), deadlineMs: 60_000 });
+    expect(shorter).toMatchObject({ jobId: long.jobId, deduplicated: 'coalesced' });
+    await bed.ops.lanes.unpause(lane);
   });
 });
 

@@ -1,8 +1,10 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { LeaseOpsClient } from '../src/client.ts';
+import { queueMetrics } from '../src/metrics.ts';
 import { LeaseRecords } from '../src/queues/lease-records.ts';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
 import { cli } from './helpers/cli.ts';
-import { lease, readUntil, TestBed, workerEnv } from './helpers/env.ts';
+import { gate, lease, readUntil, TestBed, workerEnv } from './helpers/env.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
 
 // One truth per lease (issue 26 items 1, 3 and 4, and what an attack on them found): the CLI,
@@ -125,5 +127,41 @@ describe('every view reads one model of a lease', () => {
     const stop = await cli(['enqueue', 'stop', '--provider', 'recording', '--company', 'co', '--environment', 'env', '--lease', 'run-9', '--wait', '10000', '--json'], workerEnv(bed, {}));
     expect(stop.code).toBe(0);
     expect(JSON.parse(stop.stdout)).toMatchObject({ operation: { op: 'stop', state: 'completed' } });
+  });
+});
+
+describe('counts every lease that needs attention, however many there are', () => {
+  it('a lane running past its deadline counts among 201 failed leases, and an item is dated by its oldest failure (the attack on issue 26)', async () => {
+    const bed = await TestBed.create({ LEASE_OPS_KEEP_FAILED_S: '600', LEASE_OPS_CONCURRENCY: '50' });
+    const held = gate();
+    const { provider } = createRecordingProvider({ behaviour: async ({ ctx }) => (ctx.lease.leaseId === 'slow' ? (await held.promise, 'ok' as const) : ('permanent' as const)) });
+    await bed.startWorker(provider);
+    const client = new LeaseOpsClient(bed.config);
+    try {
+      const failed = await Promise.all(Array.from({ length: 201 }, (_, i) => bed.ops.enqueue({ op: 'stop', lease: lease(`f-${i}`), params: { providerLeaseId: `f-${i}` } }).then((r) => r.jobId)));
+      await bed.waitForAll(failed, 30_000);
+      const slow = await bed.ops.enqueue({ op: 'stop', lease: lease('slow'), params: { providerLeaseId: 'slow' }, deadlineMs: 300 });
+      const counts = await readUntil(async () => {
+        const c = await client.attentionCounts();
+        return c.blocked === 1 ? c : null;
+      }, 10_000, 'the running stop to be past its deadline');
+      expect(counts.operation_failed).toBe(201);
+      expect((await client.overview()).attentionLeases).toBe(202);
+      expect(await queueMetrics(client, { bullmqTotals: false })()).toMatch(/^lease_ops_attention_leases 202$/m);
+
+      // A second kind of failure on one lease: the item stays dated by the first.
+      const first = (await client.leasesNeedingAttention(500)).find((i) => i.lease?.leaseId === 'f-0')!;
+      const resume = await bed.ops.enqueue({ op: 'resume', lease: lease('f-0'), params: { providerLeaseId: 'f-0', leaseMetadata: {} } });
+      await bed.waitForAll([resume.jobId]);
+      const after = (await client.leasesNeedingAttention(500)).find((i) => i.lease?.leaseId === 'f-0')!;
+      expect(after.detail).toMatch(/resume failed.*stop failed/);
+      expect(after.since).toBe(first.since);
+      held.open();
+      await bed.waitForAll([slow.jobId]);
+    } finally {
+      held.open();
+      await client.close();
+      await bed.close();
+    }
   });
 });

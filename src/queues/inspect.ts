@@ -343,29 +343,35 @@ export class Inspector {
     return (await this.ops.announcedStuckBudget()) ?? this.limits.stuckStoppingMs;
   }
 
-  private async attentionUpTo(limit: number, visible: (lease: LeaseIdentity | null) => boolean, scope?: AttentionScope): Promise<AttentionItem[]> {
+  /**
+   * Lanes blocked now (their heads should have moved), `limit` visible ones of each source at
+   * most: few, so read for everyone. The sweep marks a lane whose head runs as seen, so a head
+   * running past its deadline is found among the running jobs (as many as the workers'
+   * concurrency), not among the quiet lanes. One item per lane.
+   */
+  private async blockedItems(limit: number, visible: (lease: LeaseIdentity | null) => boolean): Promise<ReasonItem[]> {
     const now = Date.now();
+    const page = Math.max(limit, ATTENTION_PAGE);
+    const [quiet, running] = await Promise.all([
+      this.pagedVisible(page, limit, visible, async (offset) => {
+        const laneIds = await this.ops.lanes.quietLanes(now - this.limits.blockedAfterMs, page, offset);
+        return { read: laneIds.length, items: await Promise.all(laneIds.map((laneId) => this.blockedHead(laneId, now))) };
+      }),
+      this.pagedVisible(page, limit, visible, async (offset) => {
+        const jobs = await this.ops.queue.getActive(offset, offset + page - 1);
+        return { read: jobs.length, items: jobs.map((job) => overdueItem(job, now)) };
+      }),
+    ]);
+    const quietLanes = new Set(quiet.map((item) => item.laneId));
+    return [...quiet, ...running.filter((item) => !quietLanes.has(item.laneId))];
+  }
+
+  private async attentionUpTo(limit: number, visible: (lease: LeaseIdentity | null) => boolean, scope?: AttentionScope, stalledRead?: ReasonItem[]): Promise<AttentionItem[]> {
     // How long a sandbox has been stopping is counted in Redis' clock, the one it was recorded in.
     const [redisNow, stuckBudget] = await Promise.all([this.records.now(), this.stuckBudget()]);
     const page = Math.max(limit, ATTENTION_PAGE);
     // Each kind is read for all its lanes at once: a scrape of /metrics asks for this too.
-    // Lanes blocked now: their heads should have moved. Few, so read for everyone (the sweep
-    // marks a lane whose head runs as seen, so a head running past its deadline is found among
-    // the running jobs, as many as the workers' concurrency, not the quiet lanes).
-    const blocked = async () => {
-      const [quiet, running] = await Promise.all([
-        this.pagedVisible(page, limit, visible, async (offset) => {
-          const laneIds = await this.ops.lanes.quietLanes(now - this.limits.blockedAfterMs, page, offset);
-          return { read: laneIds.length, items: await Promise.all(laneIds.map((laneId) => this.blockedHead(laneId, now))) };
-        }),
-        this.pagedVisible(page, limit, visible, async (offset) => {
-          const jobs = await this.ops.queue.getActive(offset, offset + page - 1);
-          return { read: jobs.length, items: jobs.map((job) => overdueItem(job, now)) };
-        }),
-      ]);
-      const quietLanes = new Set(quiet.map((item) => item.laneId));
-      return [...quiet, ...running.filter((item) => !quietLanes.has(item.laneId))];
-    };
+    const blocked = async () => stalledRead?.filter((item) => visible(item.lease)) ?? this.blockedItems(limit, visible);
     if (scope) {
       // A company's own: its entries of the scope index, then the lanes blocked now.
       const [own, stalled] = await Promise.all([this.scopedItems(scope, limit, redisNow, stuckBudget), blocked()]);
@@ -403,22 +409,22 @@ export class Inspector {
    */
   async attentionCounts(limit = 200): Promise<Record<AttentionReason, number>> {
     const [redisNow, stuckBudget] = await Promise.all([this.records.now(), this.stuckBudget()]);
-    const [stuck, failed, items] = await Promise.all([
+    const [stuck, failed, paused, blocked] = await Promise.all([
       this.records.stoppingCount(redisNow - stuckBudget),
       this.ops.lanes.failureCount(),
-      this.attention(limit),
+      this.ops.lanes.pausedCount(),
+      this.blockedItems(limit, () => true),
     ]);
-    return { stuck_stopping: stuck, operation_failed: failed, paused: await this.ops.lanes.pausedCount(), blocked: items.filter((item) => item.reasons.includes('blocked')).length };
+    return { stuck_stopping: stuck, operation_failed: failed, paused, blocked: blocked.length };
   }
 
   /**
    * Leases needing attention, each once whatever its reasons: stuck, failed and paused ones
-   * exactly (one script over their three indexes), and the blocked lanes among `items` (the
-   * first page of attention, where blocked ones are looked for) that are none of those.
+   * exactly (one script over their three indexes), and the `blocked` lanes (as blockedItems
+   * reads them) that are none of those.
    */
-  async attentionLeaseCount(items: AttentionItem[]): Promise<number> {
+  private async attentionLeaseCount(blocked: string[]): Promise<number> {
     const [redisNow, stuckBudget] = await Promise.all([this.records.now(), this.stuckBudget()]);
-    const blocked = items.filter((item) => item.reasons.includes('blocked')).map((item) => item.laneId);
     return Number(await this.countLeases(this.ops.lanes.failuresAtKey, this.records.stoppingKey, this.ops.lanes.pausedKey, redisNow - stuckBudget, ...blocked));
   }
 
@@ -460,7 +466,9 @@ export class Inspector {
         return failed?.error ? `${op} failed: ${failed.error.code}: ${failed.error.message.replace(`${failed.error.code}: `, '')}` : `${op} ${kind.jobId} failed`;
       })
       .join('; ');
-    return { laneId, lease, reason: 'operation_failed', since: at, detail: `${detail} (acknowledge to clear, or it clears when that kind of operation next succeeds)` };
+    // Since the oldest failure it lists (each kind's newest), as the item's `since` promises.
+    const since = Math.min(at, ...kinds.map((kind) => kind.at));
+    return { laneId, lease, reason: 'operation_failed', since, detail: `${detail} (acknowledge to clear, or it clears when that kind of operation next succeeds)` };
   }
 
   /**
@@ -571,7 +579,13 @@ export class Inspector {
     // Those of paused lanes are paused, as each one's view says.
     const [backingOff, inPaused] = await Promise.all([this.ops.lanes.backingOffCount(), this.ops.lanes.waitingInPausedLanes()]);
     const parked = Math.max(0, (c.delayed ?? 0) - backingOff);
-    const [openLanes, attention, bytesByCompany] = await Promise.all([this.ops.lanes.openLaneCount(), this.attention(), this.ops.bytes.held()]);
+    const stalled = await this.blockedItems(200, () => true);
+    const [openLanes, attention, attentionLeases, bytesByCompany] = await Promise.all([
+      this.ops.lanes.openLaneCount(),
+      this.attentionUpTo(200, () => true, undefined, stalled),
+      this.attentionLeaseCount(stalled.map((item) => item.laneId)),
+      this.ops.bytes.held(),
+    ]);
     return {
       counts: {
         queued: Math.max(0, parked - inPaused.parked),
@@ -584,7 +598,7 @@ export class Inspector {
       },
       openLanes,
       attention,
-      attentionLeases: await this.attentionLeaseCount(attention),
+      attentionLeases,
       bytesByCompany,
     };
   }

@@ -15,7 +15,7 @@ const SCRIPTS = {
   'lane-release': 24,
   'lane-yield': 19,
   'lane-repair': 18,
-  'lane-upgrade': 19,
+  'lane-upgrade': 20,
   'lane-drop': 21,
   'lane-forget': 18,
   'failures-ack': 2,
@@ -164,6 +164,11 @@ export class Lanes {
     return `${this.prefix}:lane:${laneId}:x`;
   }
 
+  /** Coalescing keys of the lane's jobs that may still absorb an identical request. */
+  private coalesceKey(laneId: string): string {
+    return `${this.listKey(laneId)}:c`;
+  }
+
   /** Set when a lane's id is a sandbox's whose operations join its acquire's lane: that lane's id. */
   aliasKey(laneId: string): string {
     return `${this.prefix}:alias:${laneId}`;
@@ -198,7 +203,7 @@ export class Lanes {
     return [
       this.listKey(laneId),
       this.execKey(laneId),
-      `${this.listKey(laneId)}:c`,
+      this.coalesceKey(laneId),
       this.lanesKey,
       this.fenceKey,
       this.failuresKey,
@@ -236,7 +241,8 @@ export class Lanes {
     adopt = false,
     idempotency: { key: string; fingerprint: string } | null = null,
     note: HistoryNote | null = null,
-    acceptedAt: number | null = null,
+    /** The operation's acceptance and deadline (its data's): the history's time, and the coalescing rule's. */
+    times: { acceptedAt: number; deadlineAt: number } | null = null,
   ): Promise<PushResult> {
     const r = (await this.run(
       'lane-push',
@@ -266,7 +272,8 @@ export class Lanes {
       ALIAS_TTL_MS,
       note?.kind ?? '',
       note?.fields ?? '',
-      acceptedAt ?? '',
+      times?.acceptedAt ?? '',
+      times?.deadlineAt ?? '',
     )) as string[];
     if (r[0] === 'alias') return { kind: 'alias', laneId: String(r[1]) };
     if (r[0] === 'layout') return { kind: 'layout', held: Number(r[1]) };
@@ -285,21 +292,30 @@ export class Lanes {
   async upgradeQueuedStop(
     laneId: string,
     stopCoalesceKey: string,
-    data: { deadlineAt: number },
+    data: { deadlineAt: number; acceptedAt: number },
     idempotency: { key: string; fingerprint: string } | null = null,
   ): Promise<string | null> {
+    // The job keeps the stop's acceptance (its view and its timeline say one time): read it
+    // first; the script absorbs only while the key still names that stop.
+    const stopJob = await this.client.hget(this.coalesceKey(laneId), stopCoalesceKey);
+    if (!stopJob) return null;
+    const stopData = await this.client.hget(this.jobKey(stopJob), 'data');
+    const acceptedAt = stopData ? Number((JSON.parse(stopData) as { acceptedAt?: unknown }).acceptedAt) : NaN;
+    if (!Number.isFinite(acceptedAt)) return null;
     const r = (await this.run(
       'lane-upgrade',
       ...this.keys(laneId),
       idempotency?.key ?? this.noIdempotencyKey,
+      historyKey(this.prefix, laneId),
       stopCoalesceKey,
-      JSON.stringify(data),
+      JSON.stringify({ ...data, acceptedAt }),
       laneId,
       Date.now(),
       this.queueKeyPrefix,
       data.deadlineAt,
       idempotency?.fingerprint ?? '',
       idempotency ? '1' : '0',
+      stopJob,
     )) as string[];
     return r[0] === 'none' ? null : String(r[1]);
   }

@@ -283,7 +283,7 @@ export class OperationsQueue {
     if (data.op === 'acquire') await this.connection.hset(this.acquiresKey, jobId, JSON.stringify(data.lease));
     // The sanctioned exception: a force-stop goes ahead of queued and backing-off
     // operations of its lease, never alongside an executing one.
-    const pushed = await this.lanes.push(laneId, jobId, data.op === 'force-stop' ? 'front' : 'tail', coalesceAs, data.lease, this.limitsFor(data.lease), adopt, idem, note ?? null, data.acceptedAt);
+    const pushed = await this.lanes.push(laneId, jobId, data.op === 'force-stop' ? 'front' : 'tail', coalesceAs, data.lease, this.limitsFor(data.lease), adopt, idem, note ?? null, data);
     if (pushed.kind === 'gone') {
       // Its key no longer names it: no request can put this job in a lane any more, and this
       // request may have stored it again after the one that took it back removed it.
@@ -398,7 +398,7 @@ export class OperationsQueue {
     });
     const jobId = `${laneId}.${createHash('sha256').update(`abandon:${acquireJobId}`).digest('base64url').slice(0, 16)}`;
     await this.queue.add(data.op, data, { ...this.jobOptions, jobId, delay: parkDelay(data, now) });
-    const pushed = await this.lanes.push(laneId, jobId, 'front', '', lease, NO_LIMITS, true, null, null, data.acceptedAt);
+    const pushed = await this.lanes.push(laneId, jobId, 'front', '', lease, NO_LIMITS, true, null, null, data);
     await this.connection.hdel(this.acquiresKey, acquireJobId);
     return { jobId, laneId, ...(pushed.kind === 'present' ? { deduplicated: 'idempotency-key' as const } : {}) };
   }

@@ -38,6 +38,9 @@
   ARGV[18] ARGV[19] an event to write before `accepted` ('' for none): its kind, its fields
   ARGV[20] when the operation was accepted (its data's acceptedAt, ms): the `accepted`
   event's time, so the timeline and the operation's view say one time
+  ARGV[21] its deadline (ms; '' for none, then also ARGV[20]): a queued identical request
+  absorbs it only if its own deadline is at most a tenth of this one's time (5 s at most)
+  sooner: its caller must not get a failure for time it did not ask to lose
   A job already in its lane, or one with an outcome, is left alone when either of ARGV[9] and
   ARGV[11] is set: two requests with one key may both get here (a retry while the first was
   slow), and the job must join its lane once.
@@ -119,7 +122,18 @@ if coalesceAs ~= '' then
     forgetCoalescing(k, existing)
     existing = nil
   end
-  if existing and rcall('LINDEX', k.list, -1) == existing then
+  if existing and rcall('LINDEX', k.list, -1) ~= existing then
+    existing = nil
+  end
+  if existing and ARGV[21] ~= '' then
+    local deadline = tonumber(ARGV[21])
+    local slack = math.min(5000, math.floor((deadline - tonumber(ARGV[20])) / 10))
+    local ok, held = pcall(cjson.decode, rcall('HGET', jobPrefix .. existing, 'data') or '')
+    if not ok or type(held) ~= 'table' or not tonumber(held.deadlineAt) or tonumber(held.deadlineAt) < deadline - slack then
+      existing = nil
+    end
+  end
+  if existing then
     accepted(existing)
     historyAppend(KEYS[21], {'e', 'absorbed', 'job', existing, 'op', rcall('HGET', jobKey, 'name') or ''})
     return answer({'absorbed', existing})

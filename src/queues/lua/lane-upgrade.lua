@@ -3,6 +3,8 @@
   job becomes the force-stop (its data replaced) and moves to the front, as a force-stop
   does: ahead of queued and backing-off operations, never alongside an executing one.
   The stop's caller then gets the force-stop's receipt under the job it already holds.
+  Only a stop with nothing but force-stops (and the executing head) ahead of it: moving one
+  ahead of a resume would leave the sandbox running where the callers asked for it stopped.
 
   KEYS[1] lane list   KEYS[2] lane holder   KEYS[3] lane coalescing   KEYS[4] lanes index
   KEYS[5] fencing counter   KEYS[6] failures   KEYS[7] failures by time   KEYS[8] backing off
@@ -12,16 +14,20 @@
   KEYS[18] paused lanes
   (see includes/lane.lua)
   KEYS[19] the request's idempotency key (a placeholder when it has none)
+  KEYS[20] the lease's history
   ARGV[1] coalescing key of the stop   ARGV[2] the force-stop's job data (JSON)
   ARGV[3] lane id   ARGV[4] now (ms)   ARGV[5] BullMQ job key prefix
   ARGV[6] the force-stop's deadline (ms): a stop with a later one is not absorbed, its
   caller keeps the time it asked for   ARGV[7] the request's fingerprint   ARGV[8] '1' when
   it has an idempotency key: set to accepted, naming the stop's job, in this same step
+  ARGV[9] the stop's job id, as the caller read it (its data, ARGV[2], keeps that job's
+  acceptedAt): another job under the key now is not absorbed
 
   Returns {'none'} when no such stop is queued, else {'queued', jobId} or {'next', jobId, r}.
 ]]
 local rcall = redis.call
 --- @include "lane"
+--- @include "history"
 local k = laneKeys(KEYS)
 
 -- Heads removed through BullMQ's own API go first, as in lane-push: the force-stop must not
@@ -30,8 +36,18 @@ local k = laneKeys(KEYS)
 local dropped = dropRemovedHeads(k, ARGV[5], ARGV[3], ARGV[4])
 
 local stopJob = rcall('HGET', k.coalesce, ARGV[1])
-if not stopJob or not rcall('LPOS', k.list, stopJob) then
+if not stopJob or stopJob ~= ARGV[9] then
   return {'none'}
+end
+local position = rcall('LPOS', k.list, stopJob)
+if not position then
+  return {'none'}
+end
+local holder = rcall('HGET', k.holder, 'job')
+for _, ahead in ipairs(rcall('LRANGE', k.list, 0, position - 1)) do
+  if ahead ~= holder and rcall('HGET', ARGV[5] .. ahead, 'name') ~= 'force-stop' then
+    return {'none'}
+  end
 end
 local jobKey = ARGV[5] .. stopJob
 -- Parked and never started: a stop already handed to the workers stays as it is.
@@ -49,6 +65,7 @@ if ARGV[8] == '1' then
 end
 rcall('LREM', k.list, 1, stopJob)
 rcall('ZADD', k.lanes, 'NX', ARGV[4], ARGV[3])
+historyAppend(KEYS[20], {'e', 'absorbed', 'job', stopJob, 'op', 'force-stop'})
 if queueFront(k, ARGV[5], stopJob) then
   if dropped then
     handOffExposed(k, ARGV[5], ARGV[3])
