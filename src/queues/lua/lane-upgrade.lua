@@ -43,10 +43,12 @@ local position = rcall('LPOS', k.list, stopJob)
 if not position then
   return {'none'}
 end
-local holder = rcall('HGET', k.holder, 'job')
-for _, ahead in ipairs(rcall('LRANGE', k.list, 0, position - 1)) do
-  if ahead ~= holder and rcall('HGET', ARGV[5] .. ahead, 'name') ~= 'force-stop' then
-    return {'none'}
+if position > 0 then
+  local holder = rcall('HGET', k.holder, 'job')
+  for _, ahead in ipairs(rcall('LRANGE', k.list, 0, position - 1)) do
+    if ahead ~= holder and rcall('HGET', ARGV[5] .. ahead, 'name') ~= 'force-stop' then
+      return {'none'}
+    end
   end
 end
 local jobKey = ARGV[5] .. stopJob
