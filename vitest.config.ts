@@ -9,9 +9,12 @@ export default defineConfig({
   // installed tree look stale, and the next `npx` walks all of node_modules to rebuild it.
   cacheDir: '.cache/vite',
   test: {
-    // The suites share one Redis and two cores; running files one at a time keeps the
-    // multi-process tests' timing honest.
-    fileParallelism: false,
+    // Three files at a time on two cores: most of a test's time is spent waiting (on a worker,
+    // a deadline, a child process), and every test has a prefix of its own in the shared Redis
+    // (tests that restart or count a whole Redis start their own). A test that needs an idle
+    // machine is a flaky test: it waits on events, not on time.
+    fileParallelism: true,
+    maxWorkers: 3,
     testTimeout: 60_000,
     reporters: ['default', './test/helpers/summary-reporter.ts'],
     hookTimeout: 30_000,

@@ -2,6 +2,8 @@ import { Job } from 'bullmq';
 import { afterEach, describe, expect, it } from 'vitest';
 import { ZodError } from 'zod';
 import { laneIdOf } from '../src/lease.ts';
+import { Inspector } from '../src/queues/inspect.ts';
+import { LeaseRecords } from '../src/queues/lease-records.ts';
 import { gate, lease, readUntil, TestBed } from './helpers/env.ts';
 import { findOrderViolations, findOverlaps, joinCalls } from './helpers/invariants.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
@@ -330,19 +332,19 @@ describe('coalescing and idempotency at enqueue', () => {
 describe('a force-stop and a queued stop', () => {
   it('the force-stop absorbs a stop that has not started: one operation, at the front, answering both callers', async () => {
     bed = await TestBed.create();
-    const held = gate();
-    const { provider, calls } = createRecordingProvider({ behaviour: async ({ op }) => (op === 'resume' ? (await held.promise, 'ok' as const) : ('ok' as const)) });
-    await bed.startWorker(provider);
-    const busy = await bed.ops.enqueue({ op: 'resume', lease: lease('a'), params: { providerLeaseId: 'a' } });
-    await new Promise<void>((resolve) => bed!.events.once('active', () => resolve()));
+    const { provider, calls } = createRecordingProvider();
+    // Paused, so the stop stays parked at the head of its lane.
+    const lane = await bed.ops.laneOf(lease('a'));
+    await bed.ops.lanes.pause(lane, 'test', Date.now(), lease('a'));
     const queuedStop = await bed.ops.enqueue({ op: 'stop', lease: lease('a'), params: stop('a') });
     const after = await bed.ops.enqueue({ op: 'destroy', lease: lease('a'), params: stop('a') });
     const force = await bed.ops.enqueue({ op: 'force-stop', lease: lease('a'), params: stop('a') });
     expect(force).toMatchObject({ jobId: queuedStop.jobId, deduplicated: 'absorbed-stop' });
-    held.open();
-    const ended = await bed.waitForAll([busy.jobId, queuedStop.jobId, after.jobId]);
-    expect([...ended.values()]).toEqual(['completed', 'completed', 'completed']);
-    expect(joinCalls(calls).map((c) => c.op)).toEqual(['resume', 'force-stop', 'destroy']);
+    await bed.startWorker(provider);
+    await bed.ops.lanes.unpause(lane);
+    const ended = await bed.waitForAll([queuedStop.jobId, after.jobId]);
+    expect([...ended.values()]).toEqual(['completed', 'completed']);
+    expect(joinCalls(calls).map((c) => c.op)).toEqual(['force-stop', 'destroy']);
     expect((await bed.ops.queue.getJob(queuedStop.jobId))?.returnvalue).toEqual({ providerLeaseId: 'a', state: 'stopped' });
     // The job keeps its acceptance: its view and its timeline say the stop's, and the timeline says the force-stop was absorbed into it.
     const events = await bed.ops.history.read(queuedStop.laneId);
@@ -370,6 +372,40 @@ describe('a force-stop and a queued stop', () => {
     expect(joinCalls(calls).map((c) => c.op)).toEqual(['force-stop', 'resume', 'stop']);
   });
 
+  it('nor a stop behind an executing resume, which a force-stop goes ahead of once it backs off (the third attack on issue 26)', async () => {
+    bed = await TestBed.create();
+    const held = gate();
+    const { provider, calls } = createRecordingProvider({ behaviour: async ({ op, ctx }) => (op === 'resume' && ctx.attempt === 1 ? (await held.promise, 'settling' as const) : ('ok' as const)) });
+    await bed.startWorker(provider);
+    const resume = await bed.ops.enqueue({ op: 'resume', lease: lease('b'), params: { providerLeaseId: 'b' } });
+    await new Promise<void>((resolve) => bed!.events.once('active', () => resolve()));
+    const queuedStop = await bed.ops.enqueue({ op: 'stop', lease: lease('b'), params: stop('b') });
+    const force = await bed.ops.enqueue({ op: 'force-stop', lease: lease('b'), params: stop('b') });
+    expect(force.jobId).not.toBe(queuedStop.jobId);
+    held.open();
+    await bed.waitForAll([resume.jobId, queuedStop.jobId, force.jobId]);
+    // The resume backed off and the force-stop went ahead of it; the stop, accepted after the resume, still ran after it.
+    expect(joinCalls(calls).map((c) => c.op)).toEqual(['resume', 'force-stop', 'resume', 'stop']);
+  });
+
+  it('counts a retry that a force-stop went ahead of, in a paused lane, once: as paused (the third attack on issue 26)', async () => {
+    bed = await TestBed.create({ LEASE_OPS_BACKOFF_BASE_MS: '20000', LEASE_OPS_BACKOFF_CAP_MS: '20000' });
+    const held = gate();
+    const { provider } = createRecordingProvider({ behaviour: async ({ op, ctx }) => (op === 'resume' && ctx.attempt === 1 ? (await held.promise, 'settling' as const) : ('ok' as const)) });
+    await bed.startWorker(provider);
+    const resume = await bed.ops.enqueue({ op: 'resume', lease: lease('p'), params: { providerLeaseId: 'p' } });
+    await new Promise<void>((resolve) => bed!.events.once('active', () => resolve()));
+    const force = await bed.ops.enqueue({ op: 'force-stop', lease: lease('p'), params: stop('p') });
+    await bed.ops.lanes.pause(resume.laneId, 'test', Date.now(), lease('p'));
+    held.open();
+    await readUntil(async () => (await bed!.redis.zscore(bed!.ops.lanes.backingOffKey, resume.jobId)) !== null, 10_000, 'the resume backing off');
+    expect((await bed.ops.lanes.view(resume.laneId)).jobs).toEqual([force.jobId, resume.jobId]);
+    const inspector = new Inspector(bed.ops, new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX), { stuckStoppingMs: 30_000, blockedAfterMs: 60_000 });
+    expect((await inspector.overview()).counts).toMatchObject({ paused: 2, 'backing-off': 0, queued: 0 });
+    await bed.ops.lanes.unpause(resume.laneId);
+    expect((await bed.waitForAll([force.jobId], 10_000)).get(force.jobId)).toBe('completed');
+  });
+
   it('an identical stop with a later deadline is not absorbed by one that would run out of time first', async () => {
     bed = await TestBed.create();
     const lane = await bed.ops.laneOf(lease('t'));
@@ -377,9 +413,13 @@ describe('a force-stop and a queued stop', () => {
     const short = await bed.ops.enqueue({ op: 'stop', lease: lease('t'), params: stop('t'), deadlineMs: 2_000 });
     const long = await bed.ops.enqueue({ op: 'stop', lease: lease('t'), params: stop('t'), deadlineMs: 120_000 });
     expect(long.jobId).not.toBe(short.jobId);
-    // The other way round, the later request gets at least the time it asked for: absorbed.
-    const shorter = await bed.ops.enqueue({ op: 'stop', lease: lease('t'), params: stop('t'), deadlineMs: 60_000 });
-    expect(shorter).toMatchObject({ jobId: long.jobId, deduplicated: 'coalesced' });
+    // Nor is one that would wait past its own deadline: a 2 s stop is not tied to a 120 s one.
+    const again = await bed.ops.enqueue({ op: 'stop', lease: lease('t'), params: stop('t'), deadlineMs: 2_000 });
+    expect(again.jobId).not.toBe(long.jobId);
+    expect(again.deduplicated).toBeUndefined();
+    // Deadlines close together (within a tenth of the time asked, 5 s at most): one operation.
+    const close = await bed.ops.enqueue({ op: 'stop', lease: lease('t'), params: stop('t'), deadlineMs: 2_050 });
+    expect(close).toMatchObject({ jobId: again.jobId, deduplicated: 'coalesced' });
     await bed.ops.lanes.unpause(lane);
   });
 });

@@ -493,7 +493,7 @@ export class Lanes {
 
   /**
    * Operations waiting in paused lanes, by where BullMQ holds them: parked (queued) or backing
-   * off at the head. A head handed off before the pause (the holder) is the workers' already.
+   * off. A head handed off before the pause (the holder) is the workers' already.
    */
   async waitingInPausedLanes(): Promise<{ parked: number; backingOff: number }> {
     let cursor = '0';
@@ -505,21 +505,19 @@ export class Lanes {
       const laneIds = flat.filter((_, i) => i % 2 === 0);
       if (!laneIds.length) continue;
       const lanes = this.client.pipeline();
-      for (const laneId of laneIds) lanes.llen(this.listKey(laneId)).lindex(this.listKey(laneId), 0).hexists(this.execKey(laneId), 'job');
+      for (const laneId of laneIds) lanes.lrange(this.listKey(laneId), 0, -1).hget(this.execKey(laneId), 'job');
       const replies = ((await lanes.exec()) ?? []).map(([, value]) => value);
-      const heads: string[] = [];
+      // Every job of the lane but its holder: a retry that a force-stop went ahead of still backs off behind it.
+      const waiting: string[] = [];
       for (let i = 0; i < laneIds.length; i++) {
-        const [length, head, held] = [Number(replies[3 * i] ?? 0), replies[3 * i + 1], Number(replies[3 * i + 2] ?? 0)];
-        const waiting = length - (held ? 1 : 0);
-        if (waiting <= 0) continue;
-        parked += waiting;
-        if (!held && typeof head === 'string') heads.push(head);
+        const [jobs, holder] = [replies[2 * i], replies[2 * i + 1]];
+        if (Array.isArray(jobs)) waiting.push(...(jobs as string[]).filter((jobId) => jobId !== holder));
       }
-      if (!heads.length) continue;
+      if (!waiting.length) continue;
       const scores = this.client.pipeline();
-      for (const head of heads) scores.zscore(this.backingOffKey, head);
+      for (const jobId of waiting) scores.zscore(this.backingOffKey, jobId);
       const backing = ((await scores.exec()) ?? []).filter(([, score]) => score !== null).length;
-      parked -= backing;
+      parked += waiting.length - backing;
       backingOff += backing;
     } while (cursor !== '0');
     return { parked, backingOff };

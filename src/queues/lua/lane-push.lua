@@ -39,8 +39,8 @@
   ARGV[20] when the operation was accepted (its data's acceptedAt, ms): the `accepted`
   event's time, so the timeline and the operation's view say one time
   ARGV[21] its deadline (ms; '' for none, then also ARGV[20]): a queued identical request
-  absorbs it only if its own deadline is at most a tenth of this one's time (5 s at most)
-  sooner: its caller must not get a failure for time it did not ask to lose
+  absorbs it only if the two deadlines are at most a tenth of this one's time (5 s at most)
+  apart: its caller must neither lose time it asked for nor wait past its deadline
   A job already in its lane, or one with an outcome, is left alone when either of ARGV[9] and
   ARGV[11] is set: two requests with one key may both get here (a retry while the first was
   slow), and the job must join its lane once.
@@ -129,7 +129,7 @@ if coalesceAs ~= '' then
     local deadline = tonumber(ARGV[21])
     local slack = math.min(5000, math.floor((deadline - tonumber(ARGV[20])) / 10))
     local ok, held = pcall(cjson.decode, rcall('HGET', jobPrefix .. existing, 'data') or '')
-    if not ok or type(held) ~= 'table' or not tonumber(held.deadlineAt) or tonumber(held.deadlineAt) < deadline - slack then
+    if not ok or type(held) ~= 'table' or not tonumber(held.deadlineAt) or math.abs(tonumber(held.deadlineAt) - deadline) > slack then
       existing = nil
     end
   end

@@ -3,8 +3,9 @@
   job becomes the force-stop (its data replaced) and moves to the front, as a force-stop
   does: ahead of queued and backing-off operations, never alongside an executing one.
   The stop's caller then gets the force-stop's receipt under the job it already holds.
-  Only a stop with nothing but force-stops (and the executing head) ahead of it: moving one
-  ahead of a resume would leave the sandbox running where the callers asked for it stopped.
+  Only a stop with nothing but force-stops ahead of it: moving one ahead of a resume would
+  leave the sandbox running where the callers asked for it stopped. Not even an executing
+  head: if it backs off, the force-stops behind it go ahead of it (lane-yield).
 
   KEYS[1] lane list   KEYS[2] lane holder   KEYS[3] lane coalescing   KEYS[4] lanes index
   KEYS[5] fencing counter   KEYS[6] failures   KEYS[7] failures by time   KEYS[8] backing off
@@ -44,9 +45,8 @@ if not position then
   return {'none'}
 end
 if position > 0 then
-  local holder = rcall('HGET', k.holder, 'job')
   for _, ahead in ipairs(rcall('LRANGE', k.list, 0, position - 1)) do
-    if ahead ~= holder and rcall('HGET', ARGV[5] .. ahead, 'name') ~= 'force-stop' then
+    if rcall('HGET', ARGV[5] .. ahead, 'name') ~= 'force-stop' then
       return {'none'}
     end
   end
