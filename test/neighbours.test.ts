@@ -207,15 +207,16 @@ describe('noisy neighbours: reruns (issue 27 item 5)', () => {
     expect(await admin.json()).toMatchObject({ overLimit: 'lease_queue_full' });
   });
 
-  it("counts the company's reruns on their way against an enqueue too, until they join their lanes", async () => {
-    // A's reruns on their way (five, the admin's included) fill its company count of 4: an enqueue is refused.
-    expect(await bed.redis.zcard(bed.ops.lanes.rerunsKey('a'))).toBe(5);
+  it("counts the company's reruns against an enqueue too: they joined their lanes when asked", async () => {
+    // A's reruns (five, the admin's included) are in their lanes already, none left on its
+    // way, and fill its company count of 4: an enqueue is refused.
+    expect(await bed.redis.zcard(bed.ops.lanes.rerunsKey('a'))).toBe(0);
+    expect(await bed.redis.hget(bed.ops.lanes.byCompanyKey, 'a')).toBe('5');
     const enqueue = () => bed.ops.enqueue({ op: 'stop', lease: { provider: 'recording', companyId: 'a', environmentId: 'env', leaseId: 'l9' }, params: { providerLeaseId: 'l9' } });
     await expect(enqueue()).rejects.toMatchObject({ code: 'company_queue_full' });
-    // And where they will join: l1 has three on their way against its limit of 2.
+    // And where they joined: l1 holds three against its limit of 2.
     await expect(bed.ops.enqueue({ op: 'stop', lease: { provider: 'recording', companyId: 'a', environmentId: 'env', leaseId: 'l1' }, params: { providerLeaseId: 'l1' } })).rejects.toMatchObject({ code: 'lease_queue_full' });
-    // A worker takes them: each joins its lane and leaves the reruns on their way as it does
-    // (it fails again, for good, and its lane's count lets it go).
+    // A worker takes them: each fails again, for good, and its lane's count lets it go.
     const { provider } = createRecordingProvider({ behaviour: () => 'permanent' });
     const worker = await bed.startWorker(provider);
     try {

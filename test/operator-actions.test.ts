@@ -187,6 +187,30 @@ describe('operator actions keep the lane guarantees: cancel, run again, pause an
     expect(ids.map(lastCall).every((start, i, all) => i === 0 || start > all[i - 1]!)).toBe(true);
   });
 
+  it('a rerun joins its lane when asked, not when a worker takes it: a stop accepted after it runs after it (the third attack on issue 26)', { timeout: 30_000 }, async () => {
+    failOnce.add('o1');
+    const failed = await client.enqueue('resume', lease('o1'), { providerLeaseId: 'o1', leaseMetadata: {} });
+    expect((await bed.waitForAll([failed.jobId], 10_000)).get(failed.jobId)).toBe('failed');
+    // No worker takes anything for now (every one busy, or none running).
+    await bed.ops.queue.pause();
+    try {
+      expect((await post(`/v1/operations/${encodeURIComponent(failed.jobId)}/rerun`)).status).toBe(202);
+      const stop = await client.enqueue('stop', lease('o1'), { providerLeaseId: 'o1' });
+      expect((await bed.ops.lanes.view(laneIdOf(lease('o1')))).jobs).toEqual([failed.jobId, stop.jobId]);
+      await bed.ops.queue.resume();
+      const ended = await bed.waitForAll([failed.jobId, stop.jobId], 10_000);
+      expect([ended.get(failed.jobId), ended.get(stop.jobId)]).toEqual(['completed', 'completed']);
+      const lastCall = (jobId: string) => BigInt(calls.filter((c) => c.jobId === jobId).at(-1)!.start);
+      expect(lastCall(stop.jobId) > lastCall(failed.jobId)).toBe(true);
+      // Its timeline: failed, then run again and accepted anew (one moment), then its run.
+      const kinds = (await client.getLeaseTimeline(lease('o1'))).events.filter((e) => e.jobId === failed.jobId).map((e) => e.kind);
+      const failedAt = kinds.indexOf('failed');
+      expect([...kinds.slice(failedAt + 1, failedAt + 3)].sort()).toEqual(['accepted', 'rerun']);
+    } finally {
+      await bed.ops.queue.resume();
+    }
+  });
+
   it('pauses a lane: the executing operation finishes, nothing new starts (not by the sweep, not by a promote) until unpause, then in order', { timeout: 30_000 }, async () => {
     const g = gate();
     gates.set('p1:resume', g);

@@ -243,6 +243,8 @@ export class Lanes {
     note: HistoryNote | null = null,
     /** The operation's acceptance and deadline (its data's): the history's time, and the coalescing rule's. */
     times: { acceptedAt: number; deadlineAt: number } | null = null,
+    /** A failed job an operator runs again, back in BullMQ's wait list: it joins now (lane-push.lua). */
+    rerun = false,
   ): Promise<PushResult> {
     const r = (await this.run(
       'lane-push',
@@ -274,6 +276,7 @@ export class Lanes {
       note?.fields ?? '',
       times?.acceptedAt ?? '',
       times?.deadlineAt ?? '',
+      rerun ? '1' : '0',
     )) as string[];
     if (r[0] === 'alias') return { kind: 'alias', laneId: String(r[1]) };
     if (r[0] === 'layout') return { kind: 'layout', held: Number(r[1]) };

@@ -113,12 +113,12 @@ export function historyEntry(event: EventInput): string {
 
 /**
  * An event written by lane-push with the operation it is about, just before that one's
- * `accepted` (the watchdog's `stuck` with its force-stop): its kind, and its fields after the
- * job id, which the script fills in.
+ * `accepted` (the watchdog's `stuck` with its force-stop, an operator's `rerun`): its kind,
+ * and its fields after the job id, which the script fills in.
  */
-export type HistoryNote = { kind: 'stuck'; fields: string };
+export type HistoryNote = { kind: 'stuck' | 'rerun'; fields: string };
 
-export function historyNote(event: Omit<EventInput, 'jobId'> & { kind: 'stuck' }): HistoryNote {
+export function historyNote(event: Omit<EventInput, 'jobId'> & { kind: 'stuck' | 'rerun' }): HistoryNote {
   const entry = historyEntry({ ...event, jobId: '' });
   // ['e', kind, 'job', '', ...rest]: the rest, after the four.
   return { kind: event.kind, fields: entry.split(SEPARATOR).slice(4).join(SEPARATOR) };

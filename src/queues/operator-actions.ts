@@ -5,6 +5,8 @@ import { LeaseOpsError, PausesFullError, QueueFullError, type QueueLimit } from 
 const RERUN_RETRY_AFTER_MS = 5_000;
 import { laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
 import { OperationJobDataSchema } from '../operations.ts';
+import { NO_LIMITS } from './lane.ts';
+import { historyNote } from './lease-history.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 import type { OperationsQueue } from './operations-queue.ts';
 
@@ -145,14 +147,19 @@ export class OperatorActions {
     // counting: the lane tells this run from a repeat of the outcome it recorded by them.
     await this.ops.connection.hdel(this.ops.queue.toKey(jobId), 'stc');
     try {
-      // BullMQ's retry of a failed job; the lane takes it back at its tail, like a new
-      // request, when a worker picks it up (lane-acquire.lua).
+      // BullMQ's retry of a failed job, back to its wait list.
       await job.retry('failed');
     } catch {
       await this.ops.connection.zrem(runs, member);
       throw new OperatorActionRefusedError('operation_not_failed', `${jobId} is no longer failed (run again by someone else?)`);
     }
-    this.ops.history.append(laneId, { kind: 'rerun', jobId, op: parsed.data.op, message: `run again by ${by}` });
+    // It joins its lane now, at the tail like a new request (a force-stop at the front), so it
+    // runs after what was accepted before it and before what comes after: not when a worker
+    // takes it, which may be after later requests (every worker busy, or none running). A
+    // worker that takes it first joins it itself (lane-acquire.lua), and this finds it there.
+    const message = `run again by ${by}`;
+    const joined = await this.ops.lanes.push(laneId, jobId, parsed.data.op === 'force-stop' ? 'front' : 'tail', '', lease, NO_LIMITS, false, null, historyNote({ kind: 'rerun', op: parsed.data.op, message }), { acceptedAt: now, deadlineAt }, true);
+    if (joined.kind !== 'queued' && joined.kind !== 'next') this.ops.history.append(laneId, { kind: 'rerun', jobId, op: parsed.data.op, message });
     return { jobId, laneId, deadlineAt, ...(overLimit ? { overLimit } : {}) };
   }
 

@@ -38,6 +38,10 @@
   ARGV[18] ARGV[19] an event to write before `accepted` ('' for none): its kind, its fields
   ARGV[20] when the operation was accepted (its data's acceptedAt, ms): the `accepted`
   event's time, so the timeline and the operation's view say one time
+  ARGV[22] '1' for a failed job an operator runs again (BullMQ's retry just moved it back to
+  wait): it joins now, at its lane's tail (a force-stop at the front) like a new request,
+  its recorded outcome forgotten and its place among the company's reruns on their way
+  (KEYS[24]) given up; {'present'} when a worker took it first (lane-acquire.lua joined it)
   ARGV[21] its deadline (ms; '' for none, then also ARGV[20]): a queued identical request
   absorbs it only if the two deadlines are at most a tenth of this one's time (5 s at most)
   apart: its caller must neither lose time it asked for nor wait past its deadline
@@ -81,6 +85,13 @@ end
 if (ARGV[9] == '1' or ARGV[11] == '1') and (rcall('LPOS', k.list, jobId) or rcall('HEXISTS', jobKey, 'lo:outcome') == 1) then
   accepted(jobId)
   return {'present'}
+end
+if ARGV[22] == '1' then
+  if rcall('LPOS', k.list, jobId) then
+    return {'present'}
+  end
+  rcall('HDEL', jobKey, 'lo:outcome', 'lo:released-atm', 'lo:front')
+  rcall('ZREM', KEYS[24], ARGV[13] .. '\n' .. jobId)
 end
 
 -- With a key, the job joins only while the key still names it as pending: a refused request

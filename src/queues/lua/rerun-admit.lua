@@ -1,6 +1,7 @@
 --[[
   An operator runs a failed operation again: it goes back to BullMQ's wait list and joins its
-  lane's tail when a worker takes it (lane-acquire.lua). Until then no lane holds it, so the
+  lane's tail right after (lane-push.lua), or when a worker takes it first (lane-acquire.lua).
+  Until then no lane holds it, so the
   lane and company counts would not see it: this counts it against the same limits as an
   enqueue, with the reruns still on their way counted too, and records it as on its way (an
   enqueue counts the company's reruns on their way too: lane-push.lua).
