@@ -120,11 +120,9 @@ describe('a force-stop that absorbs a queued stop keeps both callers\' times', (
 describe('an idempotent force-stop that absorbed a stop is accepted in the same step', () => {
   it('its enqueue cut short right after (the key never marked by a separate write): the retry gets the same job, no second force-stop', async () => {
     const bed = await bedWith();
-    const held = gate();
-    await bed.startWorker(createRecordingProvider({ behaviour: async ({ op }) => (op === 'resume' ? (await held.promise, 'ok' as const) : ('ok' as const)) }).provider);
-    cleanups.push(() => held.open());
-    const resume = await bed.ops.enqueue({ op: 'resume', lease: lease('cut'), params: { providerLeaseId: 'cut' } });
-    await readUntil(async () => (await bed.ops.queue.getJobState(resume.jobId)) === 'active', 5_000, 'the resume running');
+    // A paused lane keeps the stop parked at its head, where a force-stop absorbs it.
+    const laneId = await bed.ops.laneOf(lease('cut'));
+    await bed.ops.lanes.pause(laneId, 'test', Date.now(), lease('cut'));
     const stop = await bed.ops.enqueue({ op: 'stop', lease: lease('cut'), params: { providerLeaseId: 'cut' } });
     // A producer whose connection is lost for any write it sends after the lane step.
     const connection = createRedis(bed.config.REDIS_URL);
@@ -136,7 +134,8 @@ describe('an idempotent force-stop that absorbed a stop is accepted in the same 
     await cut.enqueue(request).catch(() => undefined);
     const retry = await bed.ops.enqueue(request);
     expect(retry.jobId).toBe(stop.jobId);
-    expect((await bed.ops.lanes.view(resume.laneId)).jobs).toEqual([resume.jobId, stop.jobId]);
+    expect((await bed.ops.lanes.view(laneId)).jobs).toEqual([stop.jobId]);
+    expect((await bed.ops.queue.getJob(stop.jobId))?.name).toBe('force-stop');
   });
 });
 
