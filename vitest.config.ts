@@ -11,8 +11,8 @@ export default defineConfig({
   test: {
     // Three files at a time on two cores: most of a test's time is spent waiting (on a worker,
     // a deadline, a child process), and every test has a prefix of its own in the shared Redis
-    // (tests that restart or count a whole Redis start their own). A test that needs an idle
-    // machine is a flaky test: it waits on events, not on time.
+    // (tests that restart or count a whole Redis start their own). Four, or the slowest files
+    // all at once, failed timing-bound tests (see docs/testing.md).
     fileParallelism: true,
     maxWorkers: 3,
     testTimeout: 60_000,
