@@ -372,6 +372,29 @@ describe('a force-stop and a queued stop', () => {
     expect(joinCalls(calls).map((c) => c.op)).toEqual(['force-stop', 'resume', 'stop']);
   });
 
+  it('nor a stop whose deadline comes long before the force-stop\'s: its caller would wait past it (the fourth attack on issue 26)', async () => {
+    bed = await TestBed.create();
+    const lane = await bed.ops.laneOf(lease('d'));
+    await bed.ops.lanes.pause(lane, 'test', Date.now(), lease('d'));
+    const queuedStop = await bed.ops.enqueue({ op: 'stop', lease: lease('d'), params: stop('d'), deadlineMs: 3_000 });
+    const force = await bed.ops.enqueue({ op: 'force-stop', lease: lease('d'), params: stop('d') });
+    expect(force.jobId).not.toBe(queuedStop.jobId);
+    expect((await bed.ops.queue.getJob(queuedStop.jobId))?.data.deadlineAt - (await bed.ops.queue.getJob(queuedStop.jobId))?.data.acceptedAt).toBe(3_000);
+    await bed.ops.lanes.unpause(lane);
+  });
+
+  it('a rerun whose job a worker already took, ran and ended is not put back in its lane (the fourth attack on issue 26)', async () => {
+    bed = await TestBed.create();
+    const { provider } = createRecordingProvider();
+    const worker = await bed.startWorker(provider);
+    const done = await bed.ops.enqueue({ op: 'stop', lease: lease('e'), params: stop('e') });
+    await bed.waitForAll([done.jobId]);
+    await worker.close();
+    // The join a rerun makes after BullMQ's retry, arriving after the job's run ended.
+    expect(await bed.ops.lanes.push(done.laneId, done.jobId, 'tail', '', lease('e'), undefined, false, null, null, null, true)).toEqual({ kind: 'present' });
+    expect((await bed.ops.lanes.view(done.laneId)).jobs).toEqual([]);
+  });
+
   it('nor a stop behind an executing resume, which a force-stop goes ahead of once it backs off (the third attack on issue 26)', async () => {
     bed = await TestBed.create();
     const held = gate();

@@ -258,6 +258,12 @@ describe('one lease identity, attacked (helper-2)', () => {
     const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-swap'), params: { runId: 'run-swap' } });
     await bed.waitForAll([first.jobId]);
     const s1 = await sandboxOf(first.jobId);
+    // A resume of the first sandbox that failed (out of time in a paused lane), for a rerun below.
+    const actions = new OperatorActions(bed.ops);
+    await actions.pause(daytonaLease('run-swap'), 'test');
+    const stale = await bed.ops.enqueue({ op: 'resume', lease: daytonaLease('run-swap'), params: { providerLeaseId: s1 }, deadlineMs: 300 });
+    expect((await bed.waitForAll([stale.jobId])).get(stale.jobId)).toBe('failed');
+    await actions.unpause(daytonaLease('run-swap'), 'test');
     const destroyed = await bed.ops.enqueue({ op: 'destroy', lease: daytonaLease('run-swap'), params: { providerLeaseId: s1 } });
     await bed.waitForAll([destroyed.jobId]);
     const second = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-swap'), params: { runId: 'run-swap-2' } });
@@ -267,6 +273,8 @@ describe('one lease identity, attacked (helper-2)', () => {
     await expect(bed.ops.enqueue({ op: 'stop', lease: daytonaLease(s1), params: { providerLeaseId: s2 } })).rejects.toThrow(/not the sandbox of lease/);
     await expect(bed.ops.enqueue({ op: 'resume', lease: daytonaLease(s1), params: { providerLeaseId: s1 } })).rejects.toThrow(`its sandbox is ${s2}`);
     await expect(bed.ops.enqueue({ op: 'resume', lease: daytonaLease('run-swap'), params: { providerLeaseId: s1 } })).rejects.toThrow(`its sandbox is ${s2}`);
+    // Nor is the failed resume of the old sandbox run again (the fourth attack on issue 26).
+    await expect(actions.rerun(stale.jobId, 'test')).rejects.toMatchObject({ code: 'operation_not_rerunnable', message: expect.stringContaining(`its sandbox is ${s2}`) });
     // The lease still has one sandbox, running, and a third acquire is refused.
     expect(fake.stateOf(s2)).toBe('started');
     await expect(bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-swap'), params: { runId: 'run-swap-3' } })).rejects.toBeInstanceOf(LeaseHasSandboxError);

@@ -211,6 +211,29 @@ describe('operator actions keep the lane guarantees: cancel, run again, pause an
     }
   });
 
+  it('a rerun into a paused lane that no worker has taken yet reads ready, and is counted once (the fourth attack on issue 26)', { timeout: 30_000 }, async () => {
+    failOnce.add('q1');
+    const failed = await client.enqueue('stop', lease('q1'), { providerLeaseId: 'q1' });
+    expect((await bed.waitForAll([failed.jobId], 10_000)).get(failed.jobId)).toBe('failed');
+    await bed.ops.queue.pause();
+    try {
+      await client.pauseLane(lease('q1'), 'test');
+      expect((await post(`/v1/operations/${encodeURIComponent(failed.jobId)}/rerun`)).status).toBe(202);
+      const resume = await client.enqueue('resume', lease('q1'), { providerLeaseId: 'q1', leaseMetadata: {} });
+      expect((await client.getOperation(failed.jobId))?.state).toBe('ready');
+      expect((await client.getOperation(resume.jobId))?.state).toBe('paused');
+      // Nothing else of this lease's waits anywhere: one ready, one paused.
+      const counts = (await client.overview()).counts;
+      expect({ ready: counts.ready, paused: counts.paused }).toEqual({ ready: 1, paused: 1 });
+      await client.unpauseLane(lease('q1'), 'test');
+      await bed.ops.queue.resume();
+      const ended = await bed.waitForAll([failed.jobId, resume.jobId], 10_000);
+      expect([ended.get(failed.jobId), ended.get(resume.jobId)]).toEqual(['completed', 'completed']);
+    } finally {
+      await bed.ops.queue.resume();
+    }
+  });
+
   it('pauses a lane: the executing operation finishes, nothing new starts (not by the sweep, not by a promote) until unpause, then in order', { timeout: 30_000 }, async () => {
     const g = gate();
     gates.set('p1:resume', g);

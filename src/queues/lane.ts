@@ -299,7 +299,8 @@ export class Lanes {
     idempotency: { key: string; fingerprint: string } | null = null,
   ): Promise<string | null> {
     // The job keeps the stop's acceptance (its view and its timeline say one time): read it
-    // first; the script absorbs only while the key still names that stop.
+    // first; the script absorbs only while the key still names that stop, and only when the
+    // two deadlines are close (the force-stop's no sooner, nor much later).
     const stopJob = await this.client.hget(this.coalesceKey(laneId), stopCoalesceKey);
     if (!stopJob) return null;
     const stopData = await this.client.hget(this.jobKey(stopJob), 'data');
@@ -319,6 +320,7 @@ export class Lanes {
       idempotency?.fingerprint ?? '',
       idempotency ? '1' : '0',
       stopJob,
+      Math.min(5_000, Math.floor((data.deadlineAt - data.acceptedAt) / 10)),
     )) as string[];
     return r[0] === 'none' ? null : String(r[1]);
   }
@@ -496,7 +498,8 @@ export class Lanes {
 
   /**
    * Operations waiting in paused lanes, by where BullMQ holds them: parked (queued) or backing
-   * off. A head handed off before the pause (the holder) is the workers' already.
+   * off, both in its delayed set. A head handed off before the pause (the holder), or a rerun
+   * no worker has taken yet, is in its wait list: ready, as its own view says.
    */
   async waitingInPausedLanes(): Promise<{ parked: number; backingOff: number }> {
     let cursor = '0';
@@ -518,10 +521,13 @@ export class Lanes {
       }
       if (!waiting.length) continue;
       const scores = this.client.pipeline();
-      for (const jobId of waiting) scores.zscore(this.backingOffKey, jobId);
-      const backing = ((await scores.exec()) ?? []).filter(([, score]) => score !== null).length;
-      parked += waiting.length - backing;
-      backingOff += backing;
+      for (const jobId of waiting) scores.zscore(`${this.queueKeyPrefix}delayed`, jobId).zscore(this.backingOffKey, jobId);
+      const held = ((await scores.exec()) ?? []).map(([, score]) => score);
+      for (let i = 0; i < waiting.length; i++) {
+        if (held[2 * i] === null) continue;
+        if (held[2 * i + 1] === null) parked++;
+        else backingOff++;
+      }
     } while (cursor !== '0');
     return { parked, backingOff };
   }

@@ -8,7 +8,8 @@ import { OperationJobDataSchema } from '../operations.ts';
 import { NO_LIMITS } from './lane.ts';
 import { historyNote } from './lease-history.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
-import type { OperationsQueue } from './operations-queue.ts';
+import { targetSandbox, type OperationsQueue } from './operations-queue.ts';
+import { leaseRecordKey } from './lease-records.ts';
 
 /** An operator action refused because it would break a lane's guarantee; `code` says which. */
 export class OperatorActionRefusedError extends LeaseOpsError {
@@ -112,6 +113,16 @@ export class OperatorActions {
     // A failed acquire's sandbox was cleaned up after it (abandon-acquire): a new acquire is a new request.
     if (parsed.data.op === 'acquire' || parsed.data.op === 'abandon-acquire') {
       throw new OperatorActionRefusedError('operation_not_rerunnable', `${jobId} is an ${parsed.data.op}: a failed acquire was cleaned up after; enqueue a new acquire instead`);
+    }
+    // One lease, one sandbox: an operation on a sandbox the lease no longer has (destroyed, and
+    // another acquired since) would act on it again, or point the lease back at it; enqueue
+    // refuses such a request, and so does its rerun.
+    const sandbox = targetSandbox(parsed.data);
+    if (sandbox !== null) {
+      const current = await this.ops.connection.hget(leaseRecordKey(this.ops.settings.LEASE_OPS_PREFIX, laneId), 'providerLeaseId');
+      if (current && current !== sandbox) {
+        throw new OperatorActionRefusedError('operation_not_rerunnable', `${jobId} acted on sandbox ${sandbox}, which is not its lease's sandbox any more (its sandbox is ${current}): enqueue a new operation for that one`);
+      }
     }
     const now = Date.now();
     const { lease } = parsed.data;

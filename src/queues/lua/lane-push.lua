@@ -87,11 +87,13 @@ if (ARGV[9] == '1' or ARGV[11] == '1') and (rcall('LPOS', k.list, jobId) or rcal
   return {'present'}
 end
 if ARGV[22] == '1' then
-  if rcall('LPOS', k.list, jobId) then
+  rcall('ZREM', KEYS[24], ARGV[13] .. '\n' .. jobId)
+  -- A worker took it first: it joined its lane then (lane-acquire.lua), and may even have
+  -- run and ended since (it left the lane again): either way nothing is left to join.
+  if rcall('LPOS', k.list, jobId) or rcall('HEXISTS', jobKey, 'finishedOn') == 1 or rcall('LPOS', k.active, jobId) then
     return {'present'}
   end
   rcall('HDEL', jobKey, 'lo:outcome', 'lo:released-atm', 'lo:front')
-  rcall('ZREM', KEYS[24], ARGV[13] .. '\n' .. jobId)
 end
 
 -- With a key, the job joins only while the key still names it as pending: a refused request

@@ -21,6 +21,8 @@
   ARGV[6] the force-stop's deadline (ms): a stop with a later one is not absorbed, its
   caller keeps the time it asked for   ARGV[7] the request's fingerprint   ARGV[8] '1' when
   it has an idempotency key: set to accepted, naming the stop's job, in this same step
+  ARGV[10] how much later than the stop's the force-stop's deadline may be (ms): the stop's
+  caller must not wait long past the deadline it asked for (as in lane-push's coalescing)
   ARGV[9] the stop's job id, as the caller read it (its data, ARGV[2], keeps that job's
   acceptedAt): another job under the key now is not absorbed
 
@@ -57,7 +59,11 @@ if rcall('EXISTS', jobKey) == 0 or rcall('HEXISTS', jobKey, 'processedOn') == 1 
   return {'none'}
 end
 local stopData = cjson.decode(rcall('HGET', jobKey, 'data'))
-if type(stopData) == 'table' and tonumber(stopData.deadlineAt) and tonumber(ARGV[6]) < tonumber(stopData.deadlineAt) then
+if type(stopData) ~= 'table' or not tonumber(stopData.deadlineAt) then
+  return {'none'}
+end
+local stopDeadline = tonumber(stopData.deadlineAt)
+if tonumber(ARGV[6]) < stopDeadline or tonumber(ARGV[6]) > stopDeadline + tonumber(ARGV[10]) then
   return {'none'}
 end
 forgetCoalescing(k, stopJob)
