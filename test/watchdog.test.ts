@@ -120,7 +120,10 @@ describe('settling, deadlines and the stuck-stop watchdog, through the lane, wit
     const { jobId } = await bed.ops.enqueue({ op: 'resume', lease: identity(id), params: { providerLeaseId: id, leaseMetadata: {} }, deadlineMs: 1_500 });
     expect((await bed.waitForAll([jobId], 20_000)).get(jobId)).toBe('failed');
     const reason = (await bed.ops.queue.getJob(jobId))?.failedReason ?? '';
-    expect(reason).toMatch(/^deadline_exceeded: last provider error: .*still settling cancelled work/);
+    // The last attempt's error: the settling reply, or (on a busy machine, the last request
+    // sent with little time left) that request cut at the deadline; either way after settling replies.
+    expect(reason).toMatch(/^deadline_exceeded: last provider error: (.*still settling cancelled work|.*could not be reached \(ECONNABORTED\))/);
+    expect(starts(id).length).toBeGreaterThanOrEqual(2);
     const deadline = enqueuedAt + 1_500_000_000n;
     expect(fake.calls.filter((c) => c.sandboxId === id && c.start > deadline)).toEqual([]);
   });
