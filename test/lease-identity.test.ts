@@ -283,6 +283,30 @@ describe('one lease identity, attacked (helper-2)', () => {
     expect((await bed.waitForAll([stop.jobId])).get(stop.jobId)).toBe('completed');
   }, 30_000);
 
+  it("an operation on the old sandbox accepted behind the lease's next acquire does nothing at its turn: no second live sandbox (the fifth attack on issue 26)", async () => {
+    const { bed, fake } = await daytonaBed();
+    const sandboxOf = async (jobId: string) => ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-late'), params: { runId: 'run-late' } });
+    await bed.waitForAll([first.jobId]);
+    const s1 = await sandboxOf(first.jobId);
+    const destroyed = await bed.ops.enqueue({ op: 'destroy', lease: daytonaLease('run-late'), params: { providerLeaseId: s1 } });
+    await bed.waitForAll([destroyed.jobId]);
+    // The next acquire waits in the paused lane; a stop of the old sandbox is still its lease's sandbox at enqueue.
+    const actions = new OperatorActions(bed.ops);
+    await actions.pause(daytonaLease('run-late'), 'test');
+    const second = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-late'), params: { runId: 'run-late-2' } });
+    const late = await bed.ops.enqueue({ op: 'stop', lease: daytonaLease('run-late'), params: { providerLeaseId: s1 } });
+    await actions.unpause(daytonaLease('run-late'), 'test');
+    const ended = await bed.waitForAll([second.jobId, late.jobId]);
+    expect([ended.get(second.jobId), ended.get(late.jobId)]).toEqual(['completed', 'failed']);
+    const s2 = await sandboxOf(second.jobId);
+    expect((await bed.ops.queue.getJob(late.jobId))?.failedReason).toMatch(`its sandbox is ${s2}`);
+    // The lease still names its one live sandbox, and a third acquire is refused.
+    expect(await new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX).currentSandbox(first.laneId)).toBe(s2);
+    expect(fake.stateOf(s2)).toBe('started');
+    await expect(bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-late'), params: { runId: 'run-late-3' } })).rejects.toBeInstanceOf(LeaseHasSandboxError);
+  }, 30_000);
+
   it('two acquires of one lease accepted while the first still runs (other keys): the second makes nothing and fails with lease_has_sandbox', async () => {
     const { bed, fake } = await daytonaBed({ create: 400 });
     const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-two'), params: { runId: 'run-two' }, idempotencyKey: 'k-a' });

@@ -5,7 +5,7 @@
 // silently ignored; a Redis refusing the credentials was silently replaced by a private one.
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { readdirSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -27,7 +27,10 @@ afterEach(async () => {
   cleanup = [];
 });
 
-const privateDirs = () => readdirSync(tmpdir()).filter((name) => name.startsWith('lease-ops-redis-'));
+// The children's temporary directory is this file's own: other test files, run alongside,
+// start private Redis servers too, and their directories are not these tests' to count.
+const OWN_TMP = mkdtempSync(join(tmpdir(), 'nothing-silent-'));
+const privateDirs = () => readdirSync(OWN_TMP).filter((name) => name.startsWith('lease-ops-redis-'));
 
 describe('nothing left behind', () => {
   it('`start` on a taken port names the port and the variable, exits 2, and leaves no redis-server or directory behind', { timeout: 60_000 }, async () => {
@@ -38,7 +41,7 @@ describe('nothing left behind', () => {
     const port = (taken.address() as { port: number }).port;
     const dirsBefore = privateDirs();
     // No Redis at REDIS_URL: start runs a private one first, which must not outlive it.
-    const r = await cli(['start', '--once'], { REDIS_URL: `redis://127.0.0.1:${await freePort()}`, LEASE_OPS_API_PORT: String(port) });
+    const r = await cli(['start', '--once'], { REDIS_URL: `redis://127.0.0.1:${await freePort()}`, LEASE_OPS_API_PORT: String(port), TMPDIR: OWN_TMP });
     expect(r.code).toBe(2);
     expect(r.stderr).toContain(`lease-ops: port ${port} on 127.0.0.1 is taken: set LEASE_OPS_API_PORT to a free port`);
     expect(r.stderr).not.toMatch(/\n\s+at /); // no stack
@@ -50,7 +53,7 @@ describe('nothing left behind', () => {
 
   it('`start` stopped by a signal right after it started its private Redis leaves neither the redis-server nor its directory', { timeout: 30_000 }, async () => {
     const dirsBefore = privateDirs();
-    const child = spawn(process.execPath, [BIN, 'start'], { env: { ...process.env, REDIS_URL: `redis://127.0.0.1:${await freePort()}`, LEASE_OPS_API_PORT: '0' }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, [BIN, 'start'], { env: { ...process.env, REDIS_URL: `redis://127.0.0.1:${await freePort()}`, LEASE_OPS_API_PORT: '0', TMPDIR: OWN_TMP }, stdio: ['ignore', 'pipe', 'pipe'] });
     child.stderr.resume();
     const exited = once(child, 'exit');
     const privateUrl = await new Promise<string>((resolve) =>

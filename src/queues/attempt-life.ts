@@ -15,7 +15,7 @@ import { Attempt, type Fencing, StaleAttemptError } from './fencing.ts';
 import type { Lanes, LaneOutcome } from './lane.ts';
 import { historyEntry, type LeaseHistory } from './lease-history.ts';
 import { hasAcquiredSandbox, isStopping, type LeaseRecords } from './lease-records.ts';
-import { parkDelay, type OperationsQueue } from './operations-queue.ts';
+import { parkDelay, targetSandbox, type OperationsQueue } from './operations-queue.ts';
 import type { RedisClient } from './redis.ts';
 import { type BackoffSettings, decideRetry, DeadlineExceededError, OperationFailedError, RetryLaterError } from './retry-policy.ts';
 
@@ -144,6 +144,17 @@ export class AttemptLife {
       const record = await this.laneStep(() => this.deps.records.get(laneId));
       if (record && hasAcquiredSandbox(record)) {
         return this.failForGood(laneId, fence, data, 'lease_has_sandbox', `this lease has sandbox ${record.providerLeaseId} already: destroy it first, or acquire under another id`, log);
+      }
+    }
+    // One lease, one sandbox, checked again at its turn: an operation on a sandbox accepted
+    // while that was still the lease's, behind an acquire that has since made another, would
+    // act on the old one and point the lease's record back at it (a third acquire would then
+    // make a second live sandbox). It does nothing, and says why.
+    const sandbox = targetSandbox(data);
+    if (sandbox !== null) {
+      const current = await this.laneStep(() => this.deps.records.currentSandbox(laneId));
+      if (current && current !== sandbox) {
+        return this.failForGood(laneId, fence, data, 'sandbox_replaced', `sandbox ${sandbox} is not the sandbox of lease ${data.lease.leaseId} any more (its sandbox is ${current}): nothing was done`, log);
       }
     }
     // A clean-up's own deadline bounds it; a stall limit would leave the sandbox behind.

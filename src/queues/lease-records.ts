@@ -115,6 +115,11 @@ export class LeaseRecords {
     };
   }
 
+  /** The sandbox the lane's record names now ('' or null when none is known). */
+  async currentSandbox(laneId: string): Promise<string | null> {
+    return this.redis.hget(this.recordKey(laneId), 'providerLeaseId');
+  }
+
   /** The id each lane's acquire was enqueued under (null where none is known), in the order asked. */
   async acquiredAs(laneIds: string[]): Promise<(string | null)[]> {
     const pipeline = this.redis.pipeline();

@@ -114,12 +114,13 @@ describe('scenario 7: a lane whose head an operator removes in Bull Board goes o
     await readUntil(() => backingOff(bed, head.jobId), 10_000, 'the head backing off');
     // Bull Board cleans only jobs older than 5 s.
     await readUntil(async () => Date.now() > startedAt + 5_200, 10_000, 'the jobs 5 s old');
-    const cleanedAt = Date.now();
     expect(await board.clean(api, ADMIN, bed.config.LEASE_OPS_QUEUE, 'delayed')).toBe(200);
     await readUntil(async () => (await bed.ops.lanes.view(head.laneId)).jobs.length === 0, 5_000, 'the lane emptied');
+    // Timed from its enqueue: what is bounded is the new operation's wait, not the board's request.
+    const enqueuedAt = Date.now();
     const after = await bed.ops.enqueue({ op: 'destroy', lease: lease('cleaned'), params: target('cleaned') });
     expect((await bed.waitForAll([after.jobId], 5_000)).get(after.jobId)).toBe('completed');
-    expect(Date.now() - cleanedAt).toBeLessThan(2_000);
+    expect(Date.now() - enqueuedAt).toBeLessThan(2_000);
   });
 });
 
