@@ -215,8 +215,8 @@ describe('one lease identity, attacked (helper-2)', () => {
     fake = undefined;
   });
   const daytonaLease = (leaseId: string) => ({ provider: 'daytona', companyId: 'co', environmentId: 'env', leaseId });
-  async function daytonaBed(timings: Partial<{ create: number; start: number; stop: number; destroy: number }> = {}) {
-    bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600' });
+  async function daytonaBed(timings: Partial<{ create: number; start: number; stop: number; destroy: number }> = {}, settings: Record<string, string> = {}) {
+    bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600', ...settings });
     fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 10, stop: 10, forceStop: 0, destroy: 10, ...timings } });
     const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
     await bed.startWorker(createDaytonaProvider({ name: 'daytona', apiUrl: await fake.listen(), apiKey: 'k', rateLimits: unpaced }));
@@ -306,6 +306,29 @@ describe('one lease identity, attacked (helper-2)', () => {
     expect(fake.stateOf(s2)).toBe('started');
     await expect(bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-late'), params: { runId: 'run-late-3' } })).rejects.toBeInstanceOf(LeaseHasSandboxError);
   }, 30_000);
+
+  it("the late clean-up of an acquire an operator removed, run after the lease's next acquire, leaves the lease its sandbox (the sixth attack on issue 26)", async () => {
+    const { bed, fake } = await daytonaBed({ start: 120_000 }, { LEASE_OPS_SWEEP_INTERVAL_MS: '300', LEASE_OPS_SWEEP_STALE_MS: '0', LEASE_OPS_WATCHDOG: 'false' });
+    const sandboxOf = async (jobId: string) => ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-rm'), params: { runId: 'run-rm' } });
+    const second = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-rm'), params: { runId: 'run-rm-2' } });
+    // The first made its sandbox, which stays starting: it backs off, and an operator removes it in BullMQ.
+    const b = await readUntil(async () => fake.ids()[0], 10_000, 'the first sandbox made');
+    await readUntil(async () => (await bed.ops.queue.getJobState(first.jobId)) === 'delayed', 10_000, 'the first acquire backing off');
+    fake.setTimings({ start: 10 });
+    await (await bed.ops.queue.getJob(first.jobId))!.remove();
+    expect((await bed.waitForAll([second.jobId], 20_000)).get(second.jobId)).toBe('completed');
+    const c = await sandboxOf(second.jobId);
+    // The sweep queues the removed acquire's clean-up, which destroys what it made.
+    await readUntil(async () => fake.stateOf(b) === 'gone', 20_000, 'the first sandbox destroyed');
+    const records = new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX);
+    await readUntil(async () => (await bed.ops.queue.getJobs(['waiting', 'delayed', 'active'])).length === 0, 10_000, 'the clean-up ended');
+    expect(await records.currentSandbox(first.laneId)).toBe(c);
+    // The lease still manages its sandbox, and a third acquire is refused.
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: daytonaLease('run-rm'), params: { providerLeaseId: c } });
+    expect((await bed.waitForAll([stop.jobId])).get(stop.jobId)).toBe('completed');
+    await expect(bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-rm'), params: { runId: 'run-rm-3' } })).rejects.toBeInstanceOf(LeaseHasSandboxError);
+  }, 60_000);
 
   it('two acquires of one lease accepted while the first still runs (other keys): the second makes nothing and fails with lease_has_sandbox', async () => {
     const { bed, fake } = await daytonaBed({ create: 400 });

@@ -240,7 +240,8 @@ export class AttemptLife {
    * of the lane starts one round trip sooner. A stale release (superseded meanwhile) changes
    * nothing, and BullMQ refuses to complete the job too: the superseding start took its lock.
    */
-  private async complete(laneId: string, fence: string, data: OperationJobData, result: unknown, observed: [string, SandboxState] | null, log: () => Logger): Promise<unknown> {
+  private async complete(laneId: string, fence: string, data: OperationJobData, result: unknown, attemptSaw: [string, SandboxState] | null, log: () => Logger): Promise<unknown> {
+    const observed = await this.theLeases(laneId, data, attemptSaw);
     if (data.op === 'acquire') {
       // Cancelled while it ran, and it made its sandbox anyway: the clean-up destroys it.
       const cancelledBy = await this.laneStep(() => this.cancelledBy());
@@ -330,7 +331,8 @@ export class AttemptLife {
   }
 
   /** The provider call failed: retry it after a delay, keeping the lane's head, or fail it for good. */
-  private async endFailed(laneId: string, fence: string, data: OperationJobData, err: unknown, observed: [string, SandboxState] | null, log: () => Logger): Promise<never> {
+  private async endFailed(laneId: string, fence: string, data: OperationJobData, err: unknown, attemptSaw: [string, SandboxState] | null, log: () => Logger): Promise<never> {
+    const observed = await this.theLeases(laneId, data, attemptSaw);
     const decision = decideRetry(err, this.job.attemptsMade, data.deadlineAt, Date.now(), {
       ...this.deps.backoff,
       ...this.deps.backoffByOp[data.op],
@@ -478,6 +480,19 @@ export class AttemptLife {
   }
 
   /** Keeps what the attempt last saw of its sandbox (before the lane moves on, so in order). */
+  /**
+   * What an attempt saw, if it is of the lease's sandbox. A clean-up of an acquire that a later
+   * acquire of the lease has followed (its job removed, its clean-up queued late) sees the
+   * sandbox that acquire left, not the lease's: recorded, or made a name of the lane, it would
+   * point the lease back at it, lock the lease out of its real sandbox and let a third acquire
+   * make a second live one.
+   */
+  private async theLeases(laneId: string, data: OperationJobData, observed: [string, SandboxState] | null): Promise<[string, SandboxState] | null> {
+    if (data.op !== 'abandon-acquire' || !observed) return observed;
+    const record = await this.laneStep(() => this.deps.records.get(laneId));
+    return record?.acquiredSandbox && record.acquiredSandbox !== observed[0] ? null : observed;
+  }
+
   private async record(laneId: string, lease: LeaseIdentity, observed: [string, SandboxState] | null, log: () => Logger): Promise<void> {
     if (!observed) return;
     try {
