@@ -356,6 +356,24 @@ describe('one lease identity, attacked (helper-2)', () => {
     await readUntil(async () => made().every((sb) => fake.stateOf(sb.id) === 'gone'), 15_000, 'the clean-up in the lease\'s lane');
   });
 
+  it("an acquire under an old sandbox's id names the lease it joined: its operations by that id are accepted (the seventh attack on issue 26)", async () => {
+    const { bed, fake } = await daytonaBed();
+    const sandboxOf = async (jobId: string) => ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-reuse'), params: { runId: 'run-reuse' } });
+    await bed.waitForAll([first.jobId]);
+    const s1 = await sandboxOf(first.jobId);
+    const destroyed = await bed.ops.enqueue({ op: 'destroy', lease: daytonaLease(s1), params: { providerLeaseId: s1 } });
+    await bed.waitForAll([destroyed.jobId]);
+    const second = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease(s1), params: { runId: 'run-reuse-2' } });
+    expect((await bed.waitForAll([second.jobId])).get(second.jobId)).toBe('completed');
+    const s2 = await sandboxOf(second.jobId);
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: daytonaLease(s1), params: { providerLeaseId: s2 } });
+    expect((await bed.waitForAll([stop.jobId])).get(stop.jobId)).toBe('completed');
+    expect(fake.stateOf(s2)).toBe('stopped');
+    // Its old sandbox, by that name, is still not its sandbox.
+    await expect(bed.ops.enqueue({ op: 'resume', lease: daytonaLease(s1), params: { providerLeaseId: s1 } })).rejects.toThrow(`its sandbox is ${s2}`);
+  }, 30_000);
+
   it('a sandbox\'s name of its lease is renewed by use: a look-up after most of its week has gone gives it a week again', async () => {
     const { bed } = await daytonaBed();
     const acquired = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-ttl'), params: { runId: 'run-ttl' } });

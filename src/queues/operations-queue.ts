@@ -207,9 +207,12 @@ export class OperationsQueue {
       // A sandbox id names its lease only while it is the lease's sandbox: after a destroy and
       // a new acquire, the old id (and the lease's name with the old sandbox) would act on the
       // lease's new sandbox, or point its record back at the old one and let a third be made.
-      const current = await this.connection.hget(leaseRecordKey(this.settings.LEASE_OPS_PREFIX, laneId), 'providerLeaseId');
-      // The name, when it is a sandbox's (a second name of the lane), and the sandbox it targets.
-      for (const named of [laneId !== own ? data.lease.leaseId : null, sandbox]) {
+      const [current, acquiredAs] = await this.connection.hmget(leaseRecordKey(this.settings.LEASE_OPS_PREFIX, laneId), 'providerLeaseId', 'acquiredAs');
+      // The name, when it is a sandbox's (a second name of the lane, and not the id the lane's
+      // last acquire was enqueued under: an old sandbox's id reused for an acquire names the
+      // lease it joined), and the sandbox it targets.
+      const nameIsSandboxes = laneId !== own && data.lease.leaseId !== acquiredAs;
+      for (const named of [nameIsSandboxes ? data.lease.leaseId : null, sandbox]) {
         if (named !== null && current && current !== named) throw notTheLeasesSandbox(named, data.lease.leaseId, current);
       }
     }
