@@ -215,6 +215,9 @@ describe('one lease identity, attacked (helper-2)', () => {
     fake = undefined;
   });
   const daytonaLease = (leaseId: string) => ({ provider: 'daytona', companyId: 'co', environmentId: 'env', leaseId });
+  /** The sandbox an acquire that completed handed out. */
+  const sandboxMadeBy = async (bed: TestBed, jobId: string) => ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+
   async function daytonaBed(timings: Partial<{ create: number; start: number; stop: number; destroy: number }> = {}, settings: Record<string, string> = {}) {
     bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600', ...settings });
     fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 10, stop: 10, forceStop: 0, destroy: 10, ...timings } });
@@ -254,7 +257,7 @@ describe('one lease identity, attacked (helper-2)', () => {
 
   it("a destroyed sandbox's id acts on nothing of its lease's next sandbox, and cannot point the lease back at itself (the attack on issue 26)", async () => {
     const { bed, fake } = await daytonaBed();
-    const sandboxOf = async (jobId: string) => ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    const sandboxOf = (jobId: string) => sandboxMadeBy(bed, jobId);
     const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-swap'), params: { runId: 'run-swap' } });
     await bed.waitForAll([first.jobId]);
     const s1 = await sandboxOf(first.jobId);
@@ -285,7 +288,7 @@ describe('one lease identity, attacked (helper-2)', () => {
 
   it("an operation on the old sandbox accepted behind the lease's next acquire does nothing at its turn: no second live sandbox (the fifth attack on issue 26)", async () => {
     const { bed, fake } = await daytonaBed();
-    const sandboxOf = async (jobId: string) => ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    const sandboxOf = (jobId: string) => sandboxMadeBy(bed, jobId);
     const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-late'), params: { runId: 'run-late' } });
     await bed.waitForAll([first.jobId]);
     const s1 = await sandboxOf(first.jobId);
@@ -309,7 +312,7 @@ describe('one lease identity, attacked (helper-2)', () => {
 
   it("the late clean-up of an acquire an operator removed, run after the lease's next acquire, leaves the lease its sandbox (the sixth attack on issue 26)", async () => {
     const { bed, fake } = await daytonaBed({ start: 120_000 }, { LEASE_OPS_SWEEP_INTERVAL_MS: '300', LEASE_OPS_SWEEP_STALE_MS: '0', LEASE_OPS_WATCHDOG: 'false' });
-    const sandboxOf = async (jobId: string) => ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    const sandboxOf = (jobId: string) => sandboxMadeBy(bed, jobId);
     const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-rm'), params: { runId: 'run-rm' } });
     const second = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-rm'), params: { runId: 'run-rm-2' } });
     // The first made its sandbox, which stays starting: it backs off, and an operator removes it in BullMQ.
@@ -358,7 +361,7 @@ describe('one lease identity, attacked (helper-2)', () => {
 
   it("an acquire under an old sandbox's id names the lease it joined: its operations by that id are accepted (the seventh attack on issue 26)", async () => {
     const { bed, fake } = await daytonaBed();
-    const sandboxOf = async (jobId: string) => ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    const sandboxOf = (jobId: string) => sandboxMadeBy(bed, jobId);
     const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-reuse'), params: { runId: 'run-reuse' } });
     await bed.waitForAll([first.jobId]);
     const s1 = await sandboxOf(first.jobId);
