@@ -311,13 +311,14 @@ describe('one lease identity, attacked (helper-2)', () => {
   }, 30_000);
 
   it("the late clean-up of an acquire an operator removed, run after the lease's next acquire, leaves the lease its sandbox (the sixth attack on issue 26)", async () => {
-    const { bed, fake } = await daytonaBed({ start: 120_000 }, { LEASE_OPS_SWEEP_INTERVAL_MS: '300', LEASE_OPS_SWEEP_STALE_MS: '0', LEASE_OPS_WATCHDOG: 'false' });
+    // Backoffs of seconds: the first acquire stays delayed long enough to be seen so on a busy machine.
+    const { bed, fake } = await daytonaBed({ start: 120_000 }, { LEASE_OPS_SWEEP_INTERVAL_MS: '300', LEASE_OPS_SWEEP_STALE_MS: '0', LEASE_OPS_WATCHDOG: 'false', LEASE_OPS_BACKOFF_BASE_MS: '1500', LEASE_OPS_BACKOFF_CAP_MS: '1500' });
     const sandboxOf = (jobId: string) => sandboxMadeBy(bed, jobId);
     const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-rm'), params: { runId: 'run-rm' } });
     const second = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-rm'), params: { runId: 'run-rm-2' } });
     // The first made its sandbox, which stays starting: it backs off, and an operator removes it in BullMQ.
     const b = await readUntil(async () => fake.ids()[0], 10_000, 'the first sandbox made');
-    await readUntil(async () => (await bed.ops.queue.getJobState(first.jobId)) === 'delayed', 10_000, 'the first acquire backing off');
+    await readUntil(async () => (await bed.ops.queue.getJobState(first.jobId)) === 'delayed', 30_000, 'the first acquire backing off');
     fake.setTimings({ start: 10 });
     await (await bed.ops.queue.getJob(first.jobId))!.remove();
     expect((await bed.waitForAll([second.jobId], 20_000)).get(second.jobId)).toBe('completed');
