@@ -135,7 +135,8 @@ describe('the lane', () => {
     const blocker = createRecordingProvider({ name: 'blocker', behaviour: async ({ op }) => (op === 'stop' ? (await held.promise, 'ok' as const) : ('ok' as const)) });
     await bed.startWorker(blocker.provider);
     const first = await bed.ops.enqueue({ op: 'stop', lease: { ...lease('a'), provider: 'blocker' }, params: stop('a') });
-    const bad = await bed.ops.enqueue({ op: 'stop', lease: { ...lease('a'), provider: 'blocker' }, params: stop('a') });
+    // A destroy: never coalesced, so it is a job of its own even before a worker takes the first.
+    const bad = await bed.ops.enqueue({ op: 'destroy', lease: { ...lease('a'), provider: 'blocker' }, params: stop('a') });
     const after = await bed.ops.enqueue({ op: 'destroy', lease: { ...lease('a'), provider: 'blocker' }, params: stop('a') });
     await bed.redis.hset(bed.ops.queue.toKey(bad.jobId), 'data', JSON.stringify({ op: 'stop', lease: 42 }));
     held.open();
