@@ -218,6 +218,13 @@ describe('one lease identity, attacked (helper-2)', () => {
   /** The sandbox an acquire that completed handed out. */
   const sandboxMadeBy = async (bed: TestBed, jobId: string) => ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
 
+  /** An acquire of `leaseId` (its run id the same), run to its end: its job and the sandbox it handed out. */
+  const acquiredOnce = async (bed: TestBed, leaseId: string) => {
+    const job = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease(leaseId), params: { runId: leaseId } });
+    await bed.waitForAll([job.jobId]);
+    return { job, sandbox: await sandboxMadeBy(bed, job.jobId) };
+  };
+
   async function daytonaBed(timings: Partial<{ create: number; start: number; stop: number; destroy: number }> = {}, settings: Record<string, string> = {}) {
     bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600', ...settings });
     fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 10, stop: 10, forceStop: 0, destroy: 10, ...timings } });
@@ -258,9 +265,7 @@ describe('one lease identity, attacked (helper-2)', () => {
   it("a destroyed sandbox's id acts on nothing of its lease's next sandbox, and cannot point the lease back at itself (the attack on issue 26)", async () => {
     const { bed, fake } = await daytonaBed();
     const sandboxOf = (jobId: string) => sandboxMadeBy(bed, jobId);
-    const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-swap'), params: { runId: 'run-swap' } });
-    await bed.waitForAll([first.jobId]);
-    const s1 = await sandboxOf(first.jobId);
+    const { job: first, sandbox: s1 } = await acquiredOnce(bed, 'run-swap');
     // A resume of the first sandbox that failed (out of time in a paused lane), for a rerun below.
     const actions = new OperatorActions(bed.ops);
     await actions.pause(daytonaLease('run-swap'), 'test');
@@ -289,9 +294,7 @@ describe('one lease identity, attacked (helper-2)', () => {
   it("an operation on the old sandbox accepted behind the lease's next acquire does nothing at its turn: no second live sandbox (the fifth attack on issue 26)", async () => {
     const { bed, fake } = await daytonaBed();
     const sandboxOf = (jobId: string) => sandboxMadeBy(bed, jobId);
-    const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-late'), params: { runId: 'run-late' } });
-    await bed.waitForAll([first.jobId]);
-    const s1 = await sandboxOf(first.jobId);
+    const { job: first, sandbox: s1 } = await acquiredOnce(bed, 'run-late');
     const destroyed = await bed.ops.enqueue({ op: 'destroy', lease: daytonaLease('run-late'), params: { providerLeaseId: s1 } });
     await bed.waitForAll([destroyed.jobId]);
     // The next acquire waits in the paused lane; a stop of the old sandbox is still its lease's sandbox at enqueue.
@@ -363,9 +366,7 @@ describe('one lease identity, attacked (helper-2)', () => {
   it("an acquire under an old sandbox's id names the lease it joined: its operations by that id are accepted (the seventh attack on issue 26)", async () => {
     const { bed, fake } = await daytonaBed();
     const sandboxOf = (jobId: string) => sandboxMadeBy(bed, jobId);
-    const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-reuse'), params: { runId: 'run-reuse' } });
-    await bed.waitForAll([first.jobId]);
-    const s1 = await sandboxOf(first.jobId);
+    const { job: first, sandbox: s1 } = await acquiredOnce(bed, 'run-reuse');
     const destroyed = await bed.ops.enqueue({ op: 'destroy', lease: daytonaLease(s1), params: { providerLeaseId: s1 } });
     await bed.waitForAll([destroyed.jobId]);
     const second = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease(s1), params: { runId: 'run-reuse-2' } });
