@@ -1,4 +1,4 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import { fork, spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { once } from 'node:events';
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -50,7 +50,8 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
   const failedLeases = opts.quick ? 600 : 3_000;
   const workers = await startWorkers('lanes', config);
   workers.forEach((w) => w.send('go'));
-  const api = spawn(process.execPath, [BIN, 'api'], {
+  // NB_API_NODE_ARGS: node flags for the API process (e.g. "--cpu-prof --cpu-prof-dir=/tmp/prof").
+  const api = spawn(process.execPath, [...(process.env.NB_API_NODE_ARGS ? process.env.NB_API_NODE_ARGS.split(' ') : []), BIN, 'api'], {
     env: {
       ...process.env,
       REDIS_URL: config.REDIS_URL,
@@ -76,27 +77,15 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
   const post = (token: string, path: string, body?: unknown, extra: Record<string, string> = {}) =>
     fetch(`${base}${path}`, { method: 'POST', headers: { ...headers(token), ...extra }, ...(body === undefined ? {} : { body: JSON.stringify(body) }) });
 
-  /** B's four measures, `samples` each, one after another. */
+  /** B's four measures, `samples` each, one after another, from B's own process (neighbour-b.ts). */
+  const bClient = fork(fileURLToPath(new URL('./neighbour-b.ts', import.meta.url)), [], { env: { ...process.env, NB_BASE: base, NB_TOKEN: B }, execArgv: ['--import', 'tsx'] });
+  await once(bClient, 'message');
   let bRefused = 0;
   const measureB = async (): Promise<Latencies> => {
-    const times: Record<keyof Latencies, number[]> = { enqueue: [], read: [], attention: [], endToEnd: [] };
-    const timed = async (what: keyof Latencies, run: () => Promise<Response>) => {
-      const t0 = performance.now();
-      const res = await run();
-      await res.arrayBuffer();
-      times[what].push(performance.now() - t0);
-      if (res.status === 429 || res.status >= 500) bRefused++;
-    };
-    for (let i = 0; i < samples; i++) {
-      // B keeps to its own budget (a walk 4 times a second, under the default 5): it is measured, not limited.
-      const started = performance.now();
-      const lease = `/v1/leases/noop/b/env/b-${i % 20}`;
-      await timed('enqueue', () => post(B, `${lease}/operations`, { op: 'stop', params: { providerLeaseId: `b-${i % 20}` } }));
-      await timed('read', () => fetch(`${base}${lease}`, { headers: headers(B) }));
-      await timed('attention', () => fetch(`${base}/v1/attention?limit=50`, { headers: headers(B) }));
-      await timed('endToEnd', () => post(B, `/v1/leases/noop/b/env/e2e-${i}/operations`, { op: 'acquire', params: { runId: `e${i}` } }, { prefer: 'wait=10' }));
-      await new Promise((r) => setTimeout(r, Math.max(0, 250 - (performance.now() - started))));
-    }
+    const answer = once(bClient, 'message');
+    bClient.send({ samples });
+    const [{ times, refused }] = (await answer) as [{ times: Record<keyof Latencies, number[]>; refused: number }];
+    bRefused += refused;
     const out = {} as Latencies;
     for (const [what, list] of Object.entries(times) as [keyof Latencies, number[]][]) {
       const sorted = [...list].sort((x, y) => x - y);
@@ -264,6 +253,7 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
     }
     return figures;
   } finally {
+    bClient.kill('SIGTERM');
     api.kill('SIGTERM');
     await once(api, 'exit').catch(() => undefined);
     await stopWorkers(workers as ChildProcess[]);

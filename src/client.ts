@@ -84,17 +84,50 @@ export class LeaseOpsClient {
     } = {},
   ) {
     this.timeoutMs = settings.LEASE_OPS_REDIS_TIMEOUT_MS;
-    this.connection = createRedis(
-      settings.REDIS_URL,
-      // Fail fast: while Redis is unreachable a call errors within the timeout instead of
-      // waiting in ioredis' offline queue, where it would run late, after its caller gave up.
-      (opts.failFast ?? true) ? { enableOfflineQueue: false, commandTimeout: this.timeoutMs, maxRetriesPerRequest: 0 } : {},
-    );
-    this.connection.on('error', (err: unknown) => (this.lastRedisError = err));
+    this.connection = this.newConnection();
     this.names = new LaneNames((laneId) => this.partitionOf(laneId).ops.lanes);
     this.partitions = partitionPrefixes(settings.LEASE_OPS_PREFIX, settings.LEASE_OPS_PARTITIONS).map(
-      (prefix, index) => new ClientPartition(index, { ...settings, LEASE_OPS_PREFIX: prefix }, this.connection, this.names),
+      (prefix, index) => new ClientPartition(index, { ...settings, LEASE_OPS_PREFIX: prefix }, this.connection, this.names, () => this.walkConnectionOf()),
     );
+  }
+
+  private newConnection(): RedisClient {
+    const connection = createRedis(
+      this.settings.REDIS_URL,
+      // Fail fast: while Redis is unreachable a call errors within the timeout instead of
+      // waiting in ioredis' offline queue, where it would run late, after its caller gave up.
+      (this.opts.failFast ?? true) ? { enableOfflineQueue: false, commandTimeout: this.timeoutMs, maxRetriesPerRequest: 0 } : {},
+    );
+    connection.on('error', (err: unknown) => (this.lastRedisError = err));
+    return connection;
+  }
+
+  /**
+   * Walks (attention, timelines, the overview) send thousands of commands: they get a
+   * connection of their own, opened at the first, so that a cheap read or an enqueue on the
+   * main one never waits in line behind a walk's replies (issue 27, noisy neighbours).
+   */
+  private walkConnection: RedisClient | null = null;
+  private walkConnectionOf(): RedisClient {
+    return (this.walkConnection ??= this.newConnection());
+  }
+
+  /** Like call, for a walk: its connection up (within the timeout) first. */
+  private walk<T>(run: () => Promise<T>): Promise<T> {
+    return this.call(async () => {
+      const connection = this.walkConnectionOf();
+      if (connection.status !== 'ready') {
+        let timer: NodeJS.Timeout | undefined;
+        await Promise.race([
+          new Promise<void>((resolve, reject) => {
+            connection.once('ready', resolve);
+            connection.once('end', () => reject(new Error('Redis connection ended')));
+          }),
+          new Promise((_, reject) => (timer = setTimeout(() => reject(this.unavailable(this.lastRedisError)), this.timeoutMs))),
+        ]).finally(() => clearTimeout(timer));
+      }
+      return run();
+    });
   }
 
   /** The first partition's queue: with one partition (the default), the whole deployment's. */
@@ -223,7 +256,7 @@ export class LeaseOpsClient {
   async getLeaseTimeline(lease: LeaseIdentity): Promise<LeaseTimeline> {
     const parsed = LeaseIdentitySchema.safeParse(lease);
     if (!parsed.success) throw InvalidRequestError.fromZod(parsed.error);
-    return this.call(async () => (await this.laneOf(parsed.data)).partition.inspector.timeline(parsed.data));
+    return this.walk(async () => (await this.laneOf(parsed.data)).partition.walker.timeline(parsed.data));
   }
 
   /**
@@ -403,23 +436,23 @@ export class LeaseOpsClient {
 
   /** A page of leasesNeedingAttention from `offset`, with the offset of the next page (null at the end). */
   async attentionPage(offset: number, limit: number, visible?: (lease: LeaseIdentity | null) => boolean, scope?: AttentionScope): Promise<{ items: AttentionItem[]; next: number | null }> {
-    if (this.partitions.length === 1) return this.call(() => this.partitions[0]!.inspector.attentionPage(offset, limit, visible, scope));
+    if (this.partitions.length === 1) return this.walk(() => this.partitions[0]!.walker.attentionPage(offset, limit, visible, scope));
     // Each partition lists its items in the same order of reasons: the first offset + limit + 1
     // of all of them are among each one's first offset + limit + 1.
-    const lists = await this.call(() => Promise.all(this.partitions.map((p) => p.inspector.attention(offset + limit + 1, visible, scope))));
+    const lists = await this.walk(() => Promise.all(this.partitions.map((p) => p.walker.attention(offset + limit + 1, visible, scope))));
     const all = mergeByReason(lists);
     return { items: all.slice(offset, offset + limit), next: all.length > offset + limit ? offset + limit : null };
   }
 
   /** Leases needing attention, counted by reason (see Inspector.attentionCounts). */
   async attentionCounts(): Promise<Record<AttentionReason, number>> {
-    const counts = await this.call(() => Promise.all(this.partitions.map((p) => p.inspector.attentionCounts())));
+    const counts = await this.walk(() => Promise.all(this.partitions.map((p) => p.walker.attentionCounts())));
     return sumRecords(counts);
   }
 
   /** The whole queue at a glance: operations by state, open lanes, leases needing attention. */
   async overview(): Promise<QueueOverview> {
-    const views = await this.call(() => Promise.all(this.partitions.map((p) => p.inspector.overview())));
+    const views = await this.walk(() => Promise.all(this.partitions.map((p) => p.walker.overview())));
     if (views.length === 1) return views[0]!;
     return {
       counts: sumRecords(views.map((v) => v.counts)),
@@ -494,6 +527,7 @@ export class LeaseOpsClient {
     clearTimeout(timer);
     for (const p of this.partitions) p.disconnect();
     this.connection.disconnect();
+    this.walkConnection?.disconnect();
   }
 }
 
@@ -511,16 +545,34 @@ export class ClientPartition {
     readonly settings: Config,
     connection: RedisClient,
     names?: LaneNames,
+    /** The connection walks read on (LeaseOpsClient opens it at the first); the main one if left out. */
+    private readonly walkConnection: () => RedisClient = () => connection,
   ) {
     this.ops = new OperationsQueue(connection, settings, names);
     // Each wait for an operation's end listens for the queue closing; many concurrent waits are normal here.
     this.ops.queue.setMaxListeners(0);
     this.actions = new OperatorActions(this.ops);
-    this.inspector = new Inspector(this.ops, new LeaseRecords(connection, settings.LEASE_OPS_PREFIX), {
-      stuckStoppingMs: settings.LEASE_OPS_STUCK_STOPPING_MS,
+    this.inspector = this.inspectorOn(this.ops, connection);
+  }
+
+  private inspectorOn(ops: OperationsQueue, connection: RedisClient): Inspector {
+    return new Inspector(ops, new LeaseRecords(connection, this.settings.LEASE_OPS_PREFIX), {
+      stuckStoppingMs: this.settings.LEASE_OPS_STUCK_STOPPING_MS,
       // The sweep repairs a quiet lane within stale + interval; past twice that, it is news.
-      blockedAfterMs: 2 * (settings.LEASE_OPS_SWEEP_STALE_MS + settings.LEASE_OPS_SWEEP_INTERVAL_MS),
+      blockedAfterMs: 2 * (this.settings.LEASE_OPS_SWEEP_STALE_MS + this.settings.LEASE_OPS_SWEEP_INTERVAL_MS),
     });
+  }
+
+  private walkOps: OperationsQueue | null = null;
+  private walkInspector: Inspector | null = null;
+  /** The inspector for walks (attention, timelines, the overview), on the walk connection. */
+  get walker(): Inspector {
+    if (!this.walkInspector) {
+      const connection = this.walkConnection();
+      this.walkOps = connection === this.ops.connection ? this.ops : new OperationsQueue(connection, this.settings, this.ops.names);
+      this.walkInspector = this.inspectorOn(this.walkOps, connection);
+    }
+    return this.walkInspector;
   }
 
   queueEvents(): Promise<QueueEvents> {
@@ -534,6 +586,7 @@ export class ClientPartition {
   async close(): Promise<void> {
     if (this.events) await (await this.events).close();
     await this.ops.close();
+    if (this.walkOps && this.walkOps !== this.ops) await this.walkOps.close();
   }
 
   disconnect(): void {

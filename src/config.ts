@@ -206,6 +206,12 @@ export const EnvSchema = z.object({
    */
   LEASE_OPS_API_MAX_WAITS: int(500, 1),
   LEASE_OPS_API_MAX_WAITS_PER_COMPANY: int(100, 1),
+  /**
+   * Worker threads `lease-ops api` runs tenants' walks in (attention, timelines), each with its
+   * own Redis connection; a company has one walk in them at a time. 0: walks run in the API's
+   * own event loop, where one company's walks delay every other request.
+   */
+  LEASE_OPS_API_WALK_THREADS: int(2, 0),
   /** Lanes a company may hold paused at once (429 company_pauses_full past it; an admin token goes past it, and is told). 0: no limit. */
   LEASE_OPS_MAX_PAUSED_PER_COMPANY: int(100, 0),
   /**

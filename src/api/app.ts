@@ -1,8 +1,8 @@
 import { createBullBoard } from '@bull-board/api';
 import { LeaseOpsBoardAdapter } from './board-adapter.ts';
-import type { AttentionScope } from '../queues/inspect.ts';
 import { HttpError } from './http-error.ts';
 import { WaitBudget } from './wait-budget.ts';
+import { walksInProcess, type Walks } from './walks.ts';
 import { CompanyRateLimiter, DEFAULT_COMPANY_RATES, type RequestClass } from './company-rates.ts';
 import { actionPage, attentionPage, PAGE_CSP, timelinePage, timelinePath } from './pages.ts';
 import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
@@ -67,6 +67,8 @@ export interface ApiDeps {
   /** The waits the API holds (shared with /metrics); one of its own when not given. */
   waits?: WaitBudget;
   client: LeaseOpsClient;
+  /** Where tenants' walks (attention, timelines) run: worker threads in `lease-ops api`; this event loop when left out. */
+  walks?: Walks;
   log: Logger;
   /** Queues Bull Board shows besides the operations queue (the maintenance queue). */
   /** More queues for Bull Board (the maintenance queues), each with a prefix for its name there. */
@@ -232,6 +234,7 @@ const LOGGED_QUERY_PARAMS: ReadonlySet<string> = new Set(['waitMs', 'offset', 'l
 /** The HTTP API, Bull Board and the operations endpoints, as one express 5 app. */
 export function createApiApp(deps: ApiDeps): express.Express {
   const { client, log } = deps;
+  const walks = deps.walks ?? walksInProcess(client);
   const auth = new TokenAuthority(deps.config.LEASE_OPS_API_TOKENS);
   const waits = deps.waits ?? new WaitBudget({ perCompany: deps.config.LEASE_OPS_API_MAX_WAITS_PER_COMPANY ?? 100, total: deps.config.LEASE_OPS_API_MAX_WAITS ?? 500 });
   const rates = deps.rates ?? new CompanyRateLimiter({ ...DEFAULT_COMPANY_RATES, ...deps.config.LEASE_OPS_API_COMPANY_RATES });
@@ -491,7 +494,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
   v1.get('/leases/:provider/:companyId/:environmentId/:leaseId/timeline', async (req, res) => {
     const lease = parse(LeasePathSchema, req.params, 'path');
     if (!canSee(res.locals.principal as Principal, lease)) throw leaseNotFound();
-    res.json(await client.getLeaseTimeline(lease));
+    res.json(await walks.timeline(lease));
   });
 
   // Operator actions: any token, on its own leases; each is recorded on the lease's timeline.
@@ -639,7 +642,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const principal = res.locals.principal as Principal;
     const { offset, limit } = parse(AttentionQuerySchema, req.query, 'query');
     // Read with the scope, not filtered after: another company's items never crowd a caller's out.
-    res.json(await client.attentionPage(offset ?? 0, limit ?? 200, (lease) => canSee(principal, lease), scopeOf(principal)));
+    res.json(await walks.attentionPage(offset ?? 0, limit ?? 200, principal));
   });
 
   v1.get('/overview', adminOnly, async (_req, res) => {
@@ -666,13 +669,13 @@ export function createApiApp(deps: ApiDeps): express.Express {
   ui.get('/attention', async (req, res) => {
     const principal = res.locals.principal as Principal;
     const { offset, limit } = parse(AttentionQuerySchema, req.query, 'query');
-    const page = await client.attentionPage(offset ?? 0, limit ?? 200, (lease) => canSee(principal, lease), scopeOf(principal));
+    const page = await walks.attentionPage(offset ?? 0, limit ?? 200, principal);
     res.type('html').send(attentionPage(page.items, page.next, Date.now(), offset ?? 0));
   });
   ui.get('/leases/:provider/:companyId/:environmentId/:leaseId', async (req, res) => {
     const lease = parse(LeasePathSchema, req.params, 'path');
     if (!canSee(res.locals.principal as Principal, lease)) throw leaseNotFound();
-    res.type('html').send(timelinePage(await client.getLeaseTimeline(lease)));
+    res.type('html').send(timelinePage(await walks.timeline(lease)));
   });
   // The pages' buttons. A browser sends Basic credentials with any request to this origin,
   // a cross-site form's too: a change is taken only with an Origin header naming this host
@@ -730,10 +733,6 @@ function parse<T extends z.ZodType>(schema: T, value: unknown, where: string): z
   if (!parsed.success) throw InvalidRequestError.fromZod(parsed.error, where);
   return parsed.data;
 }
-
-/** A scoped token's company and environments, whose attention is read from their own index entries; none for an admin. */
-const scopeOf = (principal: Principal): AttentionScope | undefined =>
-  principal.admin || principal.companyId === undefined ? undefined : { companyId: principal.companyId, environmentIds: principal.environmentIds };
 
 const leaseNotFound = () => new HttpError(404, 'lease_not_found', 'no such lease');
 const operationNotFound = (jobId: string) => new HttpError(404, 'operation_not_found', `no operation ${jobId}`);

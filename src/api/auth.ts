@@ -1,6 +1,7 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { ApiToken } from '../config.ts';
 import type { LeaseIdentity } from '../lease.ts';
+import type { AttentionScope } from '../queues/inspect.ts';
 
 /** Who a request speaks for: an admin, or a token scoped to one company (and maybe some environments). */
 export interface Principal {
@@ -90,3 +91,7 @@ export function canSee(principal: Principal, lease: Pick<LeaseIdentity, 'company
   if (!lease || lease.companyId !== principal.companyId) return false;
   return !principal.environmentIds || principal.environmentIds.includes(lease.environmentId);
 }
+
+/** A scoped token's company and environments, whose attention is read from their own index entries; none for an admin. */
+export const scopeOf = (principal: Principal): AttentionScope | undefined =>
+  principal.admin || principal.companyId === undefined ? undefined : { companyId: principal.companyId, environmentIds: principal.environmentIds };

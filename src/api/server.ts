@@ -10,6 +10,7 @@ import { queueMetrics } from '../metrics.ts';
 import { pingWithin, reportRedisError } from '../queues/redis.ts';
 import { createApiApp } from './app.ts';
 import { WaitBudget } from './wait-budget.ts';
+import { WalkThreads } from './walks.ts';
 import { CompanyRateLimiter, DEFAULT_COMPANY_RATES } from './company-rates.ts';
 
 import { VERSION } from '../version.ts';
@@ -34,9 +35,11 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
   });
   const waits = new WaitBudget({ perCompany: config.LEASE_OPS_API_MAX_WAITS_PER_COMPANY, total: config.LEASE_OPS_API_MAX_WAITS });
   const rates = new CompanyRateLimiter({ ...DEFAULT_COMPANY_RATES, ...config.LEASE_OPS_API_COMPANY_RATES });
+  const walks = config.LEASE_OPS_API_WALK_THREADS > 0 ? new WalkThreads(config, config.LEASE_OPS_API_WALK_THREADS, log) : undefined;
   const app = createApiApp({
     config,
     client,
+    ...(walks ? { walks } : {}),
     log,
     version: VERSION,
     boardQueues: maintenance,
@@ -75,6 +78,7 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
   } catch (err) {
     // The port is taken, say: nothing this started may keep the process alive.
     await Promise.all(maintenance.map(({ queue }) => queue.close()));
+    await walks?.close();
     await client.close();
     throw err;
   }
@@ -96,6 +100,7 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
     await closed;
     clearTimeout(cut);
     await Promise.all(maintenance.map(({ queue }) => queue.close()));
+    await walks?.close();
     await client.close();
   };
   // A master key that does not open the registry's instances: stop (exit 2), nothing decrypted.

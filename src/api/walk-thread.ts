@@ -1,0 +1,24 @@
+import { parentPort, workerData } from 'node:worker_threads';
+import { LeaseOpsClient } from '../client.ts';
+import type { Config } from '../config.ts';
+import { RedisUnavailableError } from '../errors.ts';
+import { LayoutError } from '../queues/layout.ts';
+import type { WalkAsk, WalkReply } from './walks.ts';
+import { walksInProcess } from './walks.ts';
+
+/** A walk thread of the API (see WalkThreads): its own client and Redis connections, no provider keys. */
+const client = new LeaseOpsClient((workerData as { config: Config }).config, { failFast: true, masterKeys: null });
+const walks = walksInProcess(client);
+
+parentPort!.on('message', (request: WalkAsk & { id: number }) => {
+  const run = request.kind === 'attentionPage' ? walks.attentionPage(request.offset, request.limit, request.principal) : walks.timeline(request.lease);
+  run.then(
+    (value) => parentPort!.postMessage({ id: request.id, value } satisfies WalkReply),
+    (err: unknown) => {
+      const e = err instanceof Error ? err : new Error(String(err));
+      const redis = err instanceof RedisUnavailableError ? { url: err.url, timeoutMs: err.timeoutMs, credentialsRefused: err.credentialsRefused } : {};
+      const layout = err instanceof LayoutError ? { code: err.code, layout: true } : {};
+      parentPort!.postMessage({ id: request.id, error: { name: e.name, message: e.message, ...redis, ...layout } } satisfies WalkReply);
+    },
+  );
+});

@@ -1,0 +1,154 @@
+import { Worker } from 'node:worker_threads';
+import type { LeaseOpsClient } from '../client.ts';
+import type { Config } from '../config.ts';
+import type { Logger } from '../logger.ts';
+import { RedisUnavailableError } from '../errors.ts';
+import { faultPoint } from '../fault-points.ts';
+import { LayoutError } from '../queues/layout.ts';
+import type { LeaseIdentity } from '../lease.ts';
+import type { AttentionItem, LeaseTimeline } from '../queues/inspect.ts';
+import { canSee, scopeOf, type Principal } from './auth.ts';
+
+/**
+ * The walks a tenant may ask for (its attention, a lease's timeline): each reads many records
+ * and builds many items. Run in the API's own event loop, one company's walks held every other
+ * request behind them (issue 27: B's enqueue p99 went 7-23x while A walked its attention).
+ */
+export interface Walks {
+  attentionPage(offset: number, limit: number, principal: Principal): Promise<{ items: AttentionItem[]; next: number | null }>;
+  timeline(lease: LeaseIdentity): Promise<LeaseTimeline>;
+  close(): Promise<void>;
+}
+
+/** Walks in the caller's event loop (tests, embedded use, LEASE_OPS_API_WALK_THREADS=0). */
+export function walksInProcess(client: LeaseOpsClient): Walks {
+  return {
+    attentionPage: async (offset, limit, principal) => {
+      const page = await client.attentionPage(offset, limit, (lease) => canSee(principal, lease), scopeOf(principal));
+      await faultPoint('walk');
+      return page;
+    },
+    timeline: (lease) => client.getLeaseTimeline(lease),
+    close: async () => undefined,
+  };
+}
+
+/** What a walk thread is asked (with an id in its message). */
+export type WalkAsk = { kind: 'attentionPage'; offset: number; limit: number; principal: Principal } | { kind: 'timeline'; lease: LeaseIdentity };
+export type WalkReply = { id: number; value: unknown } | { id: number; error: { name: string; message: string; code?: string; layout?: boolean; url?: string; timeoutMs?: number; credentialsRefused?: boolean } };
+
+interface Pending {
+  request: WalkAsk;
+  company: string;
+  resolve: (value: unknown) => void;
+  reject: (err: unknown) => void;
+}
+
+/**
+ * Walks in worker threads, each with its own Redis connection: the API's event loop only
+ * parses requests and writes answers. A company has one walk in a thread at a time (its others
+ * wait their turn here, in order), and a walk goes to the thread with the fewest in hand: with
+ * two threads or more, one company's walks leave a thread free for everyone else's.
+ */
+export class WalkThreads implements Walks {
+  private readonly threads: { worker: Worker; inHand: Map<number, Pending> }[] = [];
+  private readonly busyCompanies = new Set<string>();
+  private readonly waiting = new Map<string, Pending[]>();
+  private nextId = 1;
+  private closed = false;
+
+  constructor(
+    private readonly config: Config,
+    private readonly count: number,
+    private readonly log?: Logger,
+  ) {}
+
+  private start(index: number): Worker {
+    const fromSources = import.meta.url.endsWith('.ts');
+    const file = new URL(fromSources ? './walk-thread.ts' : './walk-thread.js', import.meta.url);
+    // From the sources (the tests), the thread registers tsx's loader first, as `--import tsx` would.
+    const worker = fromSources
+      ? new Worker(`import('tsx/esm/api').then(({ register }) => { register(); return import(${JSON.stringify(file.href)}); });`, { eval: true, workerData: { config: this.config } })
+      : new Worker(file, { workerData: { config: this.config } });
+    worker.unref();
+    worker.on('message', (reply: WalkReply) => this.settle(index, reply));
+    worker.on('error', (err) => this.log?.error({ err }, 'a walk thread failed; a new one takes its place'));
+    worker.on('exit', () => {
+      const thread = this.threads[index];
+      if (!thread || thread.worker !== worker) return;
+      // A thread that died (out of memory, say) fails what it held, and a new one takes its place.
+      const held = [...thread.inHand.values()];
+      thread.inHand.clear();
+      if (!this.closed) thread.worker = this.start(index);
+      for (const pending of held) this.finish(pending, () => pending.reject(new Error('the walk thread exited')));
+    });
+    return worker;
+  }
+
+  attentionPage(offset: number, limit: number, principal: Principal): Promise<{ items: AttentionItem[]; next: number | null }> {
+    return this.run({ kind: 'attentionPage', offset, limit, principal }, companyOf(principal)) as Promise<{ items: AttentionItem[]; next: number | null }>;
+  }
+
+  timeline(lease: LeaseIdentity): Promise<LeaseTimeline> {
+    return this.run({ kind: 'timeline', lease }, lease.companyId) as Promise<LeaseTimeline>;
+  }
+
+  private run(request: WalkAsk, company: string): Promise<unknown> {
+    return new Promise((resolve, reject) => {
+      const pending = { request, company, resolve, reject };
+      if (this.busyCompanies.has(company)) {
+        const line = this.waiting.get(company) ?? [];
+        line.push(pending);
+        this.waiting.set(company, line);
+      } else this.send(pending);
+    });
+  }
+
+  private send(pending: Pending): void {
+    // Started at the first walk: an API that is never asked for one loads no thread.
+    while (this.threads.length < this.count) this.threads.push({ worker: this.start(this.threads.length), inHand: new Map() });
+    this.busyCompanies.add(pending.company);
+    const thread = this.threads.reduce((least, t) => (t.inHand.size < least.inHand.size ? t : least));
+    const id = this.nextId++;
+    thread.inHand.set(id, pending);
+    thread.worker.postMessage({ ...pending.request, id });
+  }
+
+  private settle(index: number, reply: WalkReply): void {
+    const thread = this.threads[index]!;
+    const pending = thread.inHand.get(reply.id);
+    if (!pending) return;
+    thread.inHand.delete(reply.id);
+    this.finish(pending, () => ('error' in reply ? pending.reject(rebuiltError(reply.error)) : pending.resolve(reply.value)));
+  }
+
+  /** Settles a walk, then sends its company's next, if one waits. */
+  private finish(pending: Pending, settle: () => void): void {
+    settle();
+    this.busyCompanies.delete(pending.company);
+    const line = this.waiting.get(pending.company);
+    const next = line?.shift();
+    if (!line?.length) this.waiting.delete(pending.company);
+    if (next) this.send(next);
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    for (const line of this.waiting.values()) for (const pending of line) pending.reject(new Error('the API is closing'));
+    this.waiting.clear();
+    await Promise.all(this.threads.map((t) => t.worker.terminate()));
+  }
+}
+
+/** An admin's walks share one turn: they are an operator's, few. */
+const companyOf = (principal: Principal) => (principal.admin || principal.companyId === undefined ? '' : principal.companyId);
+
+/**
+ * The thread's error as the API's handler knows it: Redis down stays a 503, a partition count
+ * that differs from the deployment's stays a LayoutError (503, detail in the log).
+ */
+function rebuiltError(error: Extract<WalkReply, { error: unknown }>['error']): Error {
+  if (error.name === 'RedisUnavailableError') return new RedisUnavailableError(error.url ?? '', error.timeoutMs ?? 0, undefined, error.credentialsRefused ?? false);
+  if (error.layout && error.code) return new LayoutError(error.code, error.message);
+  return new Error(error.message);
+}

@@ -1,0 +1,117 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { createInterface } from 'node:readline';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { BIN } from './helpers/cli.ts';
+import { TestBed } from './helpers/env.ts';
+
+// Issue 27 item 3: one company's attention walks held every other company's requests behind
+// them (B's enqueue p99 7-23x with A walking 600 failed leases). `lease-ops api` runs walks in
+// worker threads, a company's one at a time. A walk here, its items read, stalls its thread's
+// event loop for 3 s before it answers (fault point `walk`), once per thread, so what goes on
+// meanwhile is observable without timing anything.
+
+const A = 'walks-a-token-0123456789';
+const B = 'walks-b-token-0123456789';
+const bearer = (token: string) => ({ authorization: `Bearer ${token}` });
+
+interface Api {
+  base: string;
+  process: ChildProcess;
+  /** The stderr lines saying a walk stalled, so far. */
+  stalls: number;
+  stalled: () => Promise<void>;
+}
+
+describe('walks run beside the API, not in it (issue 27)', () => {
+  let bed: TestBed;
+  const apis: Api[] = [];
+
+  beforeAll(async () => {
+    bed = await TestBed.create({});
+  });
+
+  afterAll(async () => {
+    for (const api of apis) {
+      if (api.process.exitCode === null) {
+        api.process.kill('SIGTERM');
+        await once(api.process, 'exit');
+      }
+    }
+    await bed?.close();
+  });
+
+  async function startApi(walkThreads: string): Promise<Api> {
+    const child = spawn(process.execPath, [BIN, 'api'], {
+      env: {
+        ...process.env,
+        REDIS_URL: bed.config.REDIS_URL,
+        LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX,
+        LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }]),
+        LEASE_OPS_API_PORT: '0',
+        LEASE_OPS_LOG_LEVEL: 'warn',
+        LEASE_OPS_API_WALK_THREADS: walkThreads,
+        LEASE_OPS_FAULT_POINTS: 'walk=stall*1',
+      },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    const waiters: (() => void)[] = [];
+    const api: Api = {
+      base: '',
+      process: child,
+      stalls: 0,
+      stalled: () => new Promise<void>((resolve) => waiters.push(resolve)),
+    };
+    createInterface({ input: child.stderr! }).on('line', (line) => {
+      if (!line.includes('lease-ops fault point walk: stall')) return;
+      api.stalls++;
+      waiters.shift()?.();
+    });
+    api.base = await new Promise<string>((resolve, reject) => {
+      createInterface({ input: child.stdout! }).on('line', (line) => {
+        const m = /lease-ops API on (http:\/\/\S+)\/v1/.exec(line);
+        if (m) resolve(m[1]!);
+      });
+      child.once('exit', (code) => reject(new Error(`the API exited (${code})`)));
+    });
+    apis.push(api);
+    return api;
+  }
+
+  /** Which of two requests answered first. */
+  async function first(x: Promise<Response>, y: Promise<Response>): Promise<'x' | 'y'> {
+    return Promise.race([x.then(() => 'x' as const), y.then(() => 'y' as const)]);
+  }
+
+  it("answers B's read and B's walk while A's walk holds a thread, and runs A's next walk only after its first", async () => {
+    const api = await startApi('2');
+    const attention = (token: string) => fetch(`${api.base}/v1/attention`, { headers: bearer(token) });
+    const stalled = api.stalled();
+    const aFirst = attention(A);
+    await stalled;
+    // A's walk holds its thread for 3 s: B's read and B's walk (in the other thread) answer first.
+    const bRead = fetch(`${api.base}/v1/leases/noop/b/env/l1`, { headers: bearer(B) });
+    expect(await first(aFirst, bRead)).toBe('y');
+    expect((await bRead).status).toBe(200);
+    const bStalled = api.stalled();
+    const aSecond = attention(A);
+    const bWalk = attention(B);
+    // B's walk went to the other thread (its first walk: it stalls there too, then answers).
+    await bStalled;
+    expect((await bWalk).status).toBe(200);
+    expect((await aFirst).status).toBe(200);
+    expect((await aSecond).status).toBe(200);
+    // A's second walk waited for its first, and ran in the thread that had stalled already: no third stall.
+    expect(api.stalls).toBe(2);
+  });
+
+  it("without walk threads (LEASE_OPS_API_WALK_THREADS=0), A's walk holds B's read behind it", async () => {
+    const api = await startApi('0');
+    const stalled = api.stalled();
+    const aWalk = fetch(`${api.base}/v1/attention`, { headers: bearer(A) });
+    await stalled;
+    const bRead = fetch(`${api.base}/v1/leases/noop/b/env/l1`, { headers: bearer(B) });
+    expect(await first(aWalk, bRead)).toBe('x');
+    expect((await bRead).status).toBe(200);
+  });
+});
