@@ -207,6 +207,12 @@ export const EnvSchema = z.object({
   LEASE_OPS_API_MAX_WAITS: int(500, 1),
   LEASE_OPS_API_MAX_WAITS_PER_COMPANY: int(100, 1),
   /**
+   * Requests a company's tokens may have in progress in one API process at once; the next wait
+   * their turn, in order, before their body is read (a request waiting for an operation gives
+   * its turn back meanwhile). 0: no limit.
+   */
+  LEASE_OPS_API_REQUESTS_PER_COMPANY: int(4, 0),
+  /**
    * Worker threads `lease-ops api` runs tenants' walks in (attention, timelines), each with its
    * own Redis connection; a company has one walk in them at a time. 0: walks run in the API's
    * own event loop, where one company's walks delay every other request.

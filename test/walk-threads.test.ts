@@ -41,7 +41,7 @@ describe('walks run beside the API, not in it (issue 27)', () => {
     await bed?.close();
   });
 
-  async function startApi(walkThreads: string): Promise<Api> {
+  async function startApi(walkThreads: string, env: Record<string, string> = {}): Promise<Api> {
     const child = spawn(process.execPath, [BIN, 'api'], {
       env: {
         ...process.env,
@@ -52,6 +52,7 @@ describe('walks run beside the API, not in it (issue 27)', () => {
         LEASE_OPS_LOG_LEVEL: 'warn',
         LEASE_OPS_API_WALK_THREADS: walkThreads,
         LEASE_OPS_FAULT_POINTS: 'walk=stall*1',
+        ...env,
       },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
@@ -112,6 +113,22 @@ describe('walks run beside the API, not in it (issue 27)', () => {
     await stalled;
     const bRead = fetch(`${api.base}/v1/leases/noop/b/env/l1`, { headers: bearer(B) });
     expect(await first(aWalk, bRead)).toBe('x');
+    expect((await bRead).status).toBe(200);
+  });
+
+  it("holds a company's requests past its turns (LEASE_OPS_API_REQUESTS_PER_COMPANY) in line, not another company's", async () => {
+    const api = await startApi('2', { LEASE_OPS_API_REQUESTS_PER_COMPANY: '1' });
+    const stalled = api.stalled();
+    // A's walk holds A's one turn while its thread stalls.
+    const aWalk = fetch(`${api.base}/v1/attention`, { headers: bearer(A) });
+    await stalled;
+    const aRead = fetch(`${api.base}/v1/leases/noop/a/env/l1`, { headers: bearer(A) });
+    const bRead = fetch(`${api.base}/v1/leases/noop/b/env/l1`, { headers: bearer(B) });
+    expect(await first(aRead, bRead)).toBe('y');
+    expect(await first(aWalk, bRead)).toBe('y');
+    // A's read had to wait for A's walk to end.
+    expect(await first(aWalk, aRead)).toBe('x');
+    expect((await aRead).status).toBe(200);
     expect((await bRead).status).toBe(200);
   });
 });

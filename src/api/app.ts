@@ -2,6 +2,7 @@ import { createBullBoard } from '@bull-board/api';
 import { LeaseOpsBoardAdapter } from './board-adapter.ts';
 import { HttpError } from './http-error.ts';
 import { WaitBudget } from './wait-budget.ts';
+import { CompanyTurns } from './company-turns.ts';
 import { walksInProcess, type Walks } from './walks.ts';
 import { CompanyRateLimiter, DEFAULT_COMPANY_RATES, type RequestClass } from './company-rates.ts';
 import { actionPage, attentionPage, PAGE_CSP, timelinePage, timelinePath } from './pages.ts';
@@ -61,11 +62,13 @@ import { instanceNotFound, ProviderInstanceError } from '../providers/instances/
 
 export interface ApiDeps {
   config: Pick<Config, 'LEASE_OPS_API_TOKENS' | 'LEASE_OPS_API_MAX_WAIT_MS' | 'LEASE_OPS_BOARD_READ_ONLY' | 'LEASE_OPS_METRICS_TOKEN'> &
-    Partial<Pick<Config, 'LEASE_OPS_SHARED_PROVIDERS' | 'LEASE_OPS_API_MAX_WAITS' | 'LEASE_OPS_API_MAX_WAITS_PER_COMPANY' | 'LEASE_OPS_API_COMPANY_RATES'>>;
+    Partial<Pick<Config, 'LEASE_OPS_SHARED_PROVIDERS' | 'LEASE_OPS_API_MAX_WAITS' | 'LEASE_OPS_API_MAX_WAITS_PER_COMPANY' | 'LEASE_OPS_API_COMPANY_RATES' | 'LEASE_OPS_API_REQUESTS_PER_COMPANY'>>;
   /** The companies' request rates (shared with /metrics); one of its own when not given. */
   rates?: CompanyRateLimiter;
   /** The waits the API holds (shared with /metrics); one of its own when not given. */
   waits?: WaitBudget;
+  /** Requests each company has in progress (shared with /metrics); one of its own when not given. */
+  turns?: CompanyTurns;
   client: LeaseOpsClient;
   /** Where tenants' walks (attention, timelines) run: worker threads in `lease-ops api`; this event loop when left out. */
   walks?: Walks;
@@ -251,6 +254,22 @@ export function createApiApp(deps: ApiDeps): express.Express {
     rates.take(principal.companyId, kind);
     next();
   };
+  const turns = deps.turns ?? new CompanyTurns(deps.config.LEASE_OPS_API_REQUESTS_PER_COMPANY ?? 4);
+  /**
+   * A scoped token's request waits for a turn of its company (CompanyTurns) before anything
+   * of it is read or done; the turn goes back when the answer is sent, the caller hangs up, or
+   * the request starts to wait for an operation (givesTurnBack).
+   */
+  const turned = (req: Request, res: Response, next: NextFunction): void => {
+    const principal = res.locals.principal as Principal | undefined;
+    if (!principal || principal.admin || principal.companyId === undefined) return next();
+    const turn = turns.take(principal.companyId, () => (req.socket.destroyed ? turn.done() : next()));
+    res.locals.turnDone = turn.done;
+    res.once('finish', turn.done);
+    res.once('close', turn.done);
+  };
+  /** A request about to wait for an operation gives its company's turn back meanwhile. */
+  const givesTurnBack = (res: Response) => (res.locals.turnDone as (() => void) | undefined)?.();
   /** Whose budget a request's wait counts against: its company, or the admin token's own. */
   const waiter = (principal: Principal) => principal.companyId ?? `admin:${principal.name}`;
   const app = express();
@@ -353,6 +372,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
   });
   v1.use(authenticate('Bearer'));
   v1.use(rated);
+  v1.use(turned);
   // The API listens whether or not Redis answers; while it does not, /v1 says so at once.
   v1.use((_req, res, next) => {
     if (client.redisReady) return next();
@@ -434,6 +454,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
     // and the answer is the 202 at once (the operation is accepted either way).
     const slot = preferred > 0 && !hungUp(req) ? waits.take(waiter(principal)) : null;
     if (slot && 'release' in slot) {
+      givesTurnBack(res);
       // A caller that hangs up gives its wait back at once, not when the wait would have ended.
       res.on('close', slot.release);
       const wait = Math.min(preferred, deps.config.LEASE_OPS_API_MAX_WAIT_MS);
@@ -464,6 +485,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const gone = new AbortController();
     res.on('close', () => res.writableFinished || gone.abort());
     const release = waits.takeOrRefuse(waiter(res.locals.principal as Principal));
+    givesTurnBack(res);
     res.on('close', release);
     res.json(await client.exec(lease, body, { signal: gone.signal }).finally(release));
   });
@@ -555,6 +577,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
       // came before a listener could give the wait back).
       if (hungUp(req)) return;
       const release = waits.takeOrRefuse(waiter(principal));
+      givesTurnBack(res);
       res.on('close', release);
       view = await client.waitForEnd(first, wait).finally(release);
     }
@@ -656,6 +679,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
   const ui = express.Router();
   ui.use(authenticate('Basic'));
   ui.use(rated);
+  ui.use(turned);
   ui.use((_req, res, next) => {
     // same-origin, not no-referrer: with no-referrer a browser's form post says `Origin: null`.
     res.set({ 'content-security-policy': PAGE_CSP, 'x-content-type-options': 'nosniff', 'cache-control': 'no-store', 'referrer-policy': 'same-origin' });
