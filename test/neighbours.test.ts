@@ -1,4 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createLogger } from '../src/logger.ts';
+import { RefusalLog } from '../src/api/refusal-log.ts';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
 import { TestBed } from './helpers/env.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
@@ -327,5 +329,55 @@ describe("noisy neighbours: a company's request rates", () => {
     for (let i = 0; i < 6; i++) expect((await get(ADMIN, '/v1/attention')).status).toBe(200);
     // The refusals are counted on /metrics.
     expect(await (await fetch(`${api.base}/metrics`)).text()).toMatch(/^lease_ops_api_rate_limited_total 7$/m);
+  });
+});
+
+describe("noisy neighbours: a company's refusals in the log", () => {
+  it('logs a company refused at its budget once, then a count per interval, not a line a request; other 4xx stay one line each', async () => {
+    const lines: Record<string, unknown>[] = [];
+    const log = createLogger({ level: 'info', destination: { write: (t: string) => void lines.push(JSON.parse(t) as Record<string, unknown>) } });
+    const bed = await TestBed.create({
+      LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }]),
+      LEASE_OPS_API_COMPANY_RATES: JSON.stringify({ read: { perSecond: 1, burst: 1 } }),
+    });
+    const api = await startTestApi(bed, log);
+    try {
+      const statuses = [];
+      for (let i = 0; i < 20; i++) statuses.push((await fetch(`${api.base}/v1/leases/recording/a/env/l`, { headers: { authorization: `Bearer ${A}` } })).status);
+      expect(statuses.filter((s) => s === 429)).toHaveLength(19);
+      const refusedLines = lines.filter((l) => (l.res as { statusCode?: number } | undefined)?.statusCode === 429 || l.code === 'company_rate_limited');
+      expect(refusedLines).toEqual([expect.objectContaining({ level: 40, companyId: 'a', code: 'company_rate_limited' })]);
+      // Another 4xx is still a line of its own.
+      await fetch(`${api.base}/v1/leases/recording/a/env/l`, { headers: { authorization: 'Bearer not-a-token-0123456789' } });
+      expect(lines.filter((l) => (l.res as { statusCode?: number } | undefined)?.statusCode === 401)).toHaveLength(1);
+    } finally {
+      await api.close();
+      await bed.close();
+    }
+  });
+
+  it('tells the count of a company and code at the end of each interval', async () => {
+    const lines: Record<string, unknown>[] = [];
+    let told: () => void = () => undefined;
+    const counted = new Promise<void>((resolve) => (told = resolve));
+    const log = createLogger({
+      level: 'warn',
+      destination: {
+        write: (t: string) => {
+          const line = JSON.parse(t) as Record<string, unknown>;
+          lines.push(line);
+          if (line.refused !== undefined) told();
+        },
+      },
+    });
+    const refusals = new RefusalLog(log, 50);
+    for (let i = 0; i < 5; i++) refusals.note('a', 'company_rate_limited');
+    refusals.note('b', 'company_waits_full');
+    await counted;
+    expect(lines.map((l) => [l.companyId, l.code, l.refused])).toEqual([
+      ['a', 'company_rate_limited', undefined],
+      ['b', 'company_waits_full', undefined],
+      ['a', 'company_rate_limited', 4],
+    ]);
   });
 });

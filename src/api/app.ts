@@ -3,6 +3,7 @@ import { LeaseOpsBoardAdapter } from './board-adapter.ts';
 import { HttpError } from './http-error.ts';
 import { WaitBudget } from './wait-budget.ts';
 import { CompanyTurns } from './company-turns.ts';
+import { RefusalLog } from './refusal-log.ts';
 import { walksInProcess, type Walks } from './walks.ts';
 import { CompanyRateLimiter, DEFAULT_COMPANY_RATES, type RequestClass } from './company-rates.ts';
 import { actionPage, attentionPage, PAGE_CSP, timelinePage, timelinePath } from './pages.ts';
@@ -272,6 +273,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
   const givesTurnBack = (res: Response) => (res.locals.turnDone as (() => void) | undefined)?.();
   /** Whose budget a request's wait counts against: its company, or the admin token's own. */
   const waiter = (principal: Principal) => principal.companyId ?? `admin:${principal.name}`;
+  const refusals = new RefusalLog(log);
   const app = express();
   app.disable('x-powered-by');
   app.set('query parser', 'simple');
@@ -280,7 +282,19 @@ export function createApiApp(deps: ApiDeps): express.Express {
       logger: log,
       // Probes and scrapes are frequent and tell nothing; keep them out of the log.
       autoLogging: { ignore: (req) => ['/healthz', '/readyz', '/metrics'].includes(req.url ?? '') },
-      customLogLevel: (_req, res, err) => (err || res.statusCode >= 500 ? 'error' : res.statusCode >= 400 ? 'warn' : 'info'),
+      customLogLevel: (_req, res, err) => {
+        if (err || res.statusCode >= 500) return 'error';
+        if (res.statusCode === 429) {
+          // A company past its budget: counted, one line per interval (RefusalLog).
+          const code = (res as unknown as Response).locals?.errorCode as string | undefined;
+          const companyId = ((res as unknown as Response).locals?.principal as Principal | undefined)?.companyId;
+          if (code?.startsWith('company_') && companyId !== undefined) {
+            refusals.note(companyId, code);
+            return 'silent';
+          }
+        }
+        return res.statusCode >= 400 ? 'warn' : 'info';
+      },
       serializers: {
         // Only what helps; headers carry tokens and cookies.
         req: (req: { method: string; url: string; id: unknown }) => ({ id: req.id, method: req.method, url: redactQuery(req.url, LOGGED_QUERY_PARAMS) }),
@@ -851,6 +865,7 @@ function errorHandler(log: Logger): ErrorRequestHandler {
     if (err instanceof LayoutError) (req.log ?? log).error({ code: err.code }, err.message);
     else if (status >= 500) (req.log ?? log).error({ err }, 'request failed');
     if (res.headersSent) return;
+    res.locals.errorCode = body.code;
     res.status(status).json({ error: body });
   };
 }
