@@ -11,15 +11,15 @@ const headers = { authorization: `Bearer ${token}`, 'content-type': 'application
 type Measure = 'enqueue' | 'read' | 'attention' | 'endToEnd';
 let round = 0;
 
-async function measure(samples: number): Promise<{ times: Record<Measure, number[]>; refused: number }> {
+async function measure(samples: number): Promise<{ times: Record<Measure, number[]>; refused: Record<string, number> }> {
   const times: Record<Measure, number[]> = { enqueue: [], read: [], attention: [], endToEnd: [] };
-  let refused = 0;
+  const refused: Record<string, number> = {};
   const timed = async (what: Measure, run: () => Promise<Response>) => {
     const t0 = performance.now();
     const res = await run();
     await res.arrayBuffer();
     times[what].push(performance.now() - t0);
-    if (res.status === 429 || res.status >= 500) refused++;
+    if (res.status === 429 || res.status >= 500) refused[`${what} ${res.status}`] = (refused[`${what} ${res.status}`] ?? 0) + 1;
   };
   const post = (path: string, body: unknown, extra: Record<string, string> = {}) =>
     fetch(`${base}${path}`, { method: 'POST', headers: { ...headers, ...extra }, body: JSON.stringify(body) });
