@@ -239,6 +239,7 @@ describe('noisy neighbours: attention (issue 27 item 3)', () => {
   let worker: { close(): Promise<void> };
   // A Redis of its own: the commands it counts are this test's alone.
   let redis: RedisProcess;
+  const failing = () => createRecordingProvider({ behaviour: ({ ctx }) => (ctx.lease.leaseId.startsWith('fail') ? 'permanent' : 'ok') }).provider;
 
   beforeAll(async () => {
     redis = await RedisProcess.start();
@@ -247,8 +248,7 @@ describe('noisy neighbours: attention (issue 27 item 3)', () => {
       LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }, { token: `${B}-prod`, companyId: 'b', environmentIds: ['prod'] }]),
       LEASE_OPS_KEEP_FAILED_S: '600',
     });
-    const { provider } = createRecordingProvider({ behaviour: ({ ctx }) => (ctx.lease.leaseId.startsWith('fail') ? 'permanent' : 'ok') });
-    worker = await bed.startWorker(provider);
+    worker = await bed.startWorker(failing());
     api = await startTestApi(bed);
   });
 
@@ -288,6 +288,35 @@ describe('noisy neighbours: attention (issue 27 item 3)', () => {
     await api.client.acknowledgeFailures({ provider: 'recording', companyId: 'b', environmentId: 'dev', leaseId: 'fail-b2' }, 'test');
     expect((await list(B)).map((i) => i.lease.leaseId).sort()).toEqual(['fail-b1', 'fail-b3', 'held']);
     expect((await bed.redis.zrangebylex(bed.ops.lanes.attentionScopeKey, '[b\n', '(b\n\xff')).filter((m) => m.startsWith('b\ndev\n'))).toEqual([]);
+  });
+  it("keeps a company's attention entries when Redis fails their reads: the walk fails (503), nothing is taken out", async () => {
+    // helper-15: with Redis stalled mid-walk, every read of a page failed, each failure was read
+    // as "no reason left", and the walk answered 200 while it took 500 entries out of the index.
+    const lease = { provider: 'recording', companyId: 'b', environmentId: 'ops', leaseId: 'fail-kept' };
+    // The first test closed its worker (it counts commands): one of this test's own.
+    const ownWorker = await bed.startWorker(failing());
+    const { jobId } = await bed.ops.enqueue({ op: 'stop', lease, params: { providerLeaseId: 'fail-kept' } });
+    await bed.waitForAll([jobId], 30_000);
+    await ownWorker.close();
+    const entries = () => bed.redis.zrangebylex(bed.ops.lanes.attentionScopeKey, '[b\nops\n', '(b\nops\n\xff');
+    expect(await entries()).toHaveLength(1);
+    // Every read of the lane's three reasons answers an error (a hash where Redis expects a
+    // sorted set, and strings where it expects hashes): as a stalled Redis' timeouts would.
+    const keys = [bed.ops.lanes.failuresKey, bed.ops.lanes.pausedKey, `${bed.config.LEASE_OPS_PREFIX}:stopping`];
+    for (const key of keys) await bed.redis.rename(key, `${key}:aside`).catch(() => undefined);
+    for (const key of keys) await bed.redis.set(key, 'not what Redis expects here');
+    try {
+      const res = await fetch(`${api.base}/v1/attention`, { headers: { authorization: `Bearer ${B}` } });
+      expect(res.status).toBeGreaterThanOrEqual(500);
+      expect(await entries()).toHaveLength(1);
+    } finally {
+      for (const key of keys) {
+        await bed.redis.del(key);
+        await bed.redis.rename(`${key}:aside`, key).catch(() => undefined);
+      }
+    }
+    const items = ((await (await fetch(`${api.base}/v1/attention`, { headers: { authorization: `Bearer ${B}` } })).json()) as { items: { lease: { leaseId: string } }[] }).items;
+    expect(items.map((i) => i.lease.leaseId)).toContain('fail-kept');
   });
 });
 

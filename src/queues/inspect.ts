@@ -519,7 +519,12 @@ export class Inspector {
         const laneIds = members.map((m) => m.slice(m.lastIndexOf('\n') + 1));
         const pipeline = this.ops.connection.pipeline();
         for (const laneId of laneIds) pipeline.hget(this.ops.lanes.failuresKey, laneId).zscore(this.records.stoppingKey, laneId).hget(this.ops.lanes.pausedKey, laneId);
-        const replies = ((await pipeline.exec()) ?? []).map(([err, value]) => (err ? null : value));
+        const results = (await pipeline.exec()) ?? [];
+        // A failed read is not "no reason left": the walk fails (a stalled Redis: 503) and no
+        // entry is taken out (helper-15: a stall mid-walk took 500 out of the index).
+        const readError = results.find(([err]) => err)?.[0];
+        if (readError) throw readError;
+        const replies = results.map(([, value]) => value);
         const gone: string[] = [];
         laneIds.forEach((laneId, i) => {
           const [failures, stopping, pause] = replies.slice(i * 3, i * 3 + 3) as [string | null, string | null, string | null];
