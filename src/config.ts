@@ -214,10 +214,11 @@ export const EnvSchema = z.object({
   LEASE_OPS_API_REQUESTS_PER_COMPANY: int(4, 0),
   /**
    * Worker threads `lease-ops api` runs tenants' walks in (attention, timelines), each with its
-   * own Redis connection; a company has one walk in them at a time. 0: walks run in the API's
-   * own event loop, where one company's walks delay every other request.
+   * own Redis connection, started at the first walk; a company has one walk in them at a time
+   * and at most 4 waiting (429 company_walks_full past them). 0: walks run in the API's own
+   * event loop, where one company's walks delay every other request. At most 16.
    */
-  LEASE_OPS_API_WALK_THREADS: int(2, 0),
+  LEASE_OPS_API_WALK_THREADS: int(2, 0).pipe(z.number().max(16, 'at most 16: each thread holds its own copy of the client (about 50 MB) and Redis connections')),
   /** Lanes a company may hold paused at once (429 company_pauses_full past it; an admin token goes past it, and is told). 0: no limit. */
   LEASE_OPS_MAX_PAUSED_PER_COMPANY: int(100, 0),
   /**

@@ -21,6 +21,8 @@ interface Api {
   /** The stderr lines saying a walk stalled, so far. */
   stalls: number;
   stalled: () => Promise<void>;
+  /** Resolves at the first JSON log line on stdout that `match` accepts. */
+  logged: (match: (line: Record<string, unknown>) => boolean) => Promise<void>;
 }
 
 describe('walks run beside the API, not in it (issue 27)', () => {
@@ -50,6 +52,7 @@ describe('walks run beside the API, not in it (issue 27)', () => {
         LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }]),
         LEASE_OPS_API_PORT: '0',
         LEASE_OPS_LOG_LEVEL: 'warn',
+        LEASE_OPS_LOG_FORMAT: 'json',
         LEASE_OPS_API_WALK_THREADS: walkThreads,
         LEASE_OPS_FAULT_POINTS: 'walk=stall*1',
         ...env,
@@ -57,11 +60,13 @@ describe('walks run beside the API, not in it (issue 27)', () => {
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     const waiters: (() => void)[] = [];
+    const logWaiters: { match: (line: Record<string, unknown>) => boolean; resolve: () => void }[] = [];
     const api: Api = {
       base: '',
       process: child,
       stalls: 0,
       stalled: () => new Promise<void>((resolve) => waiters.push(resolve)),
+      logged: (match) => new Promise<void>((resolve) => logWaiters.push({ match, resolve })),
     };
     createInterface({ input: child.stderr! }).on('line', (line) => {
       if (!line.includes('lease-ops fault point walk: stall')) return;
@@ -72,6 +77,12 @@ describe('walks run beside the API, not in it (issue 27)', () => {
       createInterface({ input: child.stdout! }).on('line', (line) => {
         const m = /lease-ops API on (http:\/\/\S+)\/v1/.exec(line);
         if (m) resolve(m[1]!);
+        if (!line.startsWith('{')) return;
+        const parsed = JSON.parse(line) as Record<string, unknown>;
+        for (const w of logWaiters.filter((x) => x.match(parsed))) {
+          logWaiters.splice(logWaiters.indexOf(w), 1);
+          w.resolve();
+        }
       });
       child.once('exit', (code) => reject(new Error(`the API exited (${code})`)));
     });
@@ -130,5 +141,29 @@ describe('walks run beside the API, not in it (issue 27)', () => {
     expect(await first(aWalk, aRead)).toBe('x');
     expect((await aRead).status).toBe(200);
     expect((await bRead).status).toBe(200);
+  });
+
+  it("keeps a company's walks waiting for their turn to 4 (429 company_walks_full past them), and drops one whose caller hung up", async () => {
+    // No turns of requests here: they alone would keep A's walks in line to 3.
+    const api = await startApi('2', { LEASE_OPS_API_REQUESTS_PER_COMPANY: '0' });
+    const attention = (signal?: AbortSignal) => fetch(`${api.base}/v1/attention`, { headers: bearer(A), ...(signal ? { signal } : {}) });
+    const stalled = api.stalled();
+    const running = attention();
+    await stalled;
+    const leaving = new AbortController();
+    const first = attention(leaving.signal);
+    first.catch(() => undefined);
+    const waiting = [attention(), attention(), attention()];
+    // A fifth in line is refused at once, while A's first walk still stalls its thread.
+    const refused = await attention();
+    expect(refused.status).toBe(429);
+    expect(refused.headers.get('retry-after')).toBe('1');
+    expect(((await refused.json()) as { error: { code: string } }).error.code).toBe('company_walks_full');
+    // One in line hangs up: it leaves the line (the API says so), and makes room for another.
+    const dropped = api.logged((line) => line.code === 'walk_unavailable');
+    leaving.abort();
+    await dropped;
+    const another = attention();
+    for (const res of [await running, ...(await Promise.all(waiting)), await another]) expect(res.status).toBe(200);
   });
 });

@@ -530,7 +530,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
   v1.get('/leases/:provider/:companyId/:environmentId/:leaseId/timeline', async (req, res) => {
     const lease = parse(LeasePathSchema, req.params, 'path');
     if (!canSee(res.locals.principal as Principal, lease)) throw leaseNotFound();
-    res.json(await walks.timeline(lease));
+    res.json(await walks.timeline(lease, res.locals.principal as Principal, goneSignal(res)));
   });
 
   // Operator actions: any token, on its own leases; each is recorded on the lease's timeline.
@@ -679,7 +679,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const principal = res.locals.principal as Principal;
     const { offset, limit } = parse(AttentionQuerySchema, req.query, 'query');
     // Read with the scope, not filtered after: another company's items never crowd a caller's out.
-    res.json(await walks.attentionPage(offset ?? 0, limit ?? 200, principal));
+    res.json(await walks.attentionPage(offset ?? 0, limit ?? 200, principal, goneSignal(res)));
   });
 
   v1.get('/overview', adminOnly, async (_req, res) => {
@@ -707,13 +707,13 @@ export function createApiApp(deps: ApiDeps): express.Express {
   ui.get('/attention', async (req, res) => {
     const principal = res.locals.principal as Principal;
     const { offset, limit } = parse(AttentionQuerySchema, req.query, 'query');
-    const page = await walks.attentionPage(offset ?? 0, limit ?? 200, principal);
+    const page = await walks.attentionPage(offset ?? 0, limit ?? 200, principal, goneSignal(res));
     res.type('html').send(attentionPage(page.items, page.next, Date.now(), offset ?? 0));
   });
   ui.get('/leases/:provider/:companyId/:environmentId/:leaseId', async (req, res) => {
     const lease = parse(LeasePathSchema, req.params, 'path');
     if (!canSee(res.locals.principal as Principal, lease)) throw leaseNotFound();
-    res.type('html').send(timelinePage(await walks.timeline(lease)));
+    res.type('html').send(timelinePage(await walks.timeline(lease, res.locals.principal as Principal, goneSignal(res))));
   });
   // The pages' buttons. A browser sends Basic credentials with any request to this origin,
   // a cross-site form's too: a change is taken only with an Origin header naming this host
@@ -863,11 +863,20 @@ function errorHandler(log: Logger): ErrorRequestHandler {
     }
     // A deployment fault is one line with what to do, not a stack per request.
     if (err instanceof LayoutError) (req.log ?? log).error({ code: err.code }, err.message);
+    // An answer the API chose to give (503 walk_unavailable, say) is a line, not a stack.
+    else if (err instanceof HttpError && status >= 500) (req.log ?? log).warn({ code: err.code }, err.message);
     else if (status >= 500) (req.log ?? log).error({ err }, 'request failed');
     if (res.headersSent) return;
     res.locals.errorCode = body.code;
     res.status(status).json({ error: body });
   };
+}
+
+/** Aborts when the caller hangs up before its answer is sent. */
+function goneSignal(res: Response): AbortSignal {
+  const gone = new AbortController();
+  res.once('close', () => res.writableFinished || gone.abort());
+  return gone.signal;
 }
 
 /** Whether the caller hung up already (its connection's close has been and gone). */

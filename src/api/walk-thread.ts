@@ -11,7 +11,7 @@ const client = new LeaseOpsClient((workerData as { config: Config }).config, { f
 const walks = walksInProcess(client);
 
 parentPort!.on('message', (request: WalkAsk & { id: number }) => {
-  const run = request.kind === 'attentionPage' ? walks.attentionPage(request.offset, request.limit, request.principal) : walks.timeline(request.lease);
+  const run = request.kind === 'attentionPage' ? walks.attentionPage(request.offset, request.limit, request.principal) : client.getLeaseTimeline(request.lease);
   run.then(
     (value) => parentPort!.postMessage({ id: request.id, value } satisfies WalkReply),
     (err: unknown) => {

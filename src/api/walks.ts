@@ -8,6 +8,7 @@ import { LayoutError } from '../queues/layout.ts';
 import type { LeaseIdentity } from '../lease.ts';
 import type { AttentionItem, LeaseTimeline } from '../queues/inspect.ts';
 import { canSee, scopeOf, type Principal } from './auth.ts';
+import { HttpError } from './http-error.ts';
 
 /**
  * The walks a tenant may ask for (its attention, a lease's timeline): each reads many records
@@ -15,10 +16,14 @@ import { canSee, scopeOf, type Principal } from './auth.ts';
  * request behind them (issue 27: B's enqueue p99 went 7-23x while A walked its attention).
  */
 export interface Walks {
-  attentionPage(offset: number, limit: number, principal: Principal): Promise<{ items: AttentionItem[]; next: number | null }>;
-  timeline(lease: LeaseIdentity): Promise<LeaseTimeline>;
+  /** `gone` aborts when the caller hangs up: a walk still waiting its turn is dropped then. */
+  attentionPage(offset: number, limit: number, principal: Principal, gone?: AbortSignal): Promise<{ items: AttentionItem[]; next: number | null }>;
+  timeline(lease: LeaseIdentity, principal: Principal, gone?: AbortSignal): Promise<LeaseTimeline>;
   close(): Promise<void>;
 }
+
+/** Walks of one company that may wait for its turn in the threads; past them, 429 `company_walks_full`. */
+export const WALKS_WAITING_PER_COMPANY = 4;
 
 /** Walks in the caller's event loop (tests, embedded use, LEASE_OPS_API_WALK_THREADS=0). */
 export function walksInProcess(client: LeaseOpsClient): Walks {
@@ -42,6 +47,8 @@ interface Pending {
   company: string;
   resolve: (value: unknown) => void;
   reject: (err: unknown) => void;
+  /** Its caller hung up while it waited: it is skipped, never sent. */
+  dropped?: boolean;
 }
 
 /**
@@ -80,27 +87,38 @@ export class WalkThreads implements Walks {
       const held = [...thread.inHand.values()];
       thread.inHand.clear();
       if (!this.closed) thread.worker = this.start(index);
-      for (const pending of held) this.finish(pending, () => pending.reject(new Error('the walk thread exited')));
+      for (const pending of held) this.finish(pending, () => pending.reject(walkUnavailable('its walk thread exited')));
     });
     return worker;
   }
 
-  attentionPage(offset: number, limit: number, principal: Principal): Promise<{ items: AttentionItem[]; next: number | null }> {
-    return this.run({ kind: 'attentionPage', offset, limit, principal }, companyOf(principal)) as Promise<{ items: AttentionItem[]; next: number | null }>;
+  attentionPage(offset: number, limit: number, principal: Principal, gone?: AbortSignal): Promise<{ items: AttentionItem[]; next: number | null }> {
+    return this.run({ kind: 'attentionPage', offset, limit, principal }, principal, gone) as Promise<{ items: AttentionItem[]; next: number | null }>;
   }
 
-  timeline(lease: LeaseIdentity): Promise<LeaseTimeline> {
-    return this.run({ kind: 'timeline', lease }, lease.companyId) as Promise<LeaseTimeline>;
+  timeline(lease: LeaseIdentity, principal: Principal, gone?: AbortSignal): Promise<LeaseTimeline> {
+    return this.run({ kind: 'timeline', lease }, principal, gone) as Promise<LeaseTimeline>;
   }
 
-  private run(request: WalkAsk, company: string): Promise<unknown> {
+  private run(request: WalkAsk, principal: Principal, gone?: AbortSignal): Promise<unknown> {
+    if (this.closed) return Promise.reject(walkUnavailable('the API is closing'));
+    const company = companyOf(principal);
     return new Promise((resolve, reject) => {
-      const pending = { request, company, resolve, reject };
-      if (this.busyCompanies.has(company)) {
-        const line = this.waiting.get(company) ?? [];
-        line.push(pending);
-        this.waiting.set(company, line);
-      } else this.send(pending);
+      const pending: Pending = { request, company, resolve, reject };
+      if (!this.busyCompanies.has(company)) return this.send(pending);
+      const line = this.waiting.get(company) ?? [];
+      // A company's walks wait in a short line: one that hangs up and asks again cannot grow
+      // it (helper-15: 79 walks nobody waited for, Redis busy 18 s after the attack).
+      if (!principal.admin && line.filter((p) => !p.dropped).length >= WALKS_WAITING_PER_COMPANY) {
+        reject(new HttpError(429, 'company_walks_full', `the company already has ${WALKS_WAITING_PER_COMPANY} walks waiting for their turn (attention, timelines): retry after one ends`, { retryAfterS: 1 }));
+        return;
+      }
+      line.push(pending);
+      this.waiting.set(company, line);
+      gone?.addEventListener('abort', () => {
+        pending.dropped = true;
+        pending.reject(walkUnavailable('the caller hung up'));
+      }, { once: true });
     });
   }
 
@@ -127,18 +145,22 @@ export class WalkThreads implements Walks {
     settle();
     this.busyCompanies.delete(pending.company);
     const line = this.waiting.get(pending.company);
-    const next = line?.shift();
+    let next = line?.shift();
+    while (next?.dropped) next = line?.shift();
     if (!line?.length) this.waiting.delete(pending.company);
     if (next) this.send(next);
   }
 
   async close(): Promise<void> {
     this.closed = true;
-    for (const line of this.waiting.values()) for (const pending of line) pending.reject(new Error('the API is closing'));
+    for (const line of this.waiting.values()) for (const pending of line) pending.reject(walkUnavailable('the API is closing'));
     this.waiting.clear();
     await Promise.all(this.threads.map((t) => t.worker.terminate()));
   }
 }
+
+/** A walk that could not run (its thread died, the API closes, its caller left): 503, try again. */
+const walkUnavailable = (why: string) => new HttpError(503, 'walk_unavailable', `the walk did not run: ${why}; retry`, { retryAfterS: 1 });
 
 /** An admin's walks share one turn: they are an operator's, few. */
 const companyOf = (principal: Principal) => (principal.admin || principal.companyId === undefined ? '' : principal.companyId);
