@@ -361,6 +361,33 @@ describe("noisy neighbours: a company's request rates", () => {
   });
 });
 
+describe("noisy neighbours: a change's body counts against its company's rate", () => {
+  it('costs a change one token more for each 4 KiB of its body: 16 KiB of metadata is 5 small enqueues', async () => {
+    const bed = await TestBed.create({
+      LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }]),
+      LEASE_OPS_API_COMPANY_RATES: JSON.stringify({ write: { perSecond: 0.001, burst: 10 } }),
+    });
+    await bed.ops.announceProviders([{ name: 'recording', capabilities: { stop: true, pause: false, forceStop: true } }]);
+    const api = await startTestApi(bed);
+    try {
+      const enqueue = async (leaseId: string, metadataBytes: number) => {
+        const params = { providerLeaseId: leaseId, ...(metadataBytes ? { leaseMetadata: { blob: 'x'.repeat(metadataBytes) } } : {}) };
+        const res = await fetch(`${api.base}/v1/leases/recording/a/env/${leaseId}/operations`, {
+          method: 'POST',
+          headers: { authorization: `Bearer ${A}`, 'content-type': 'application/json' },
+          body: JSON.stringify({ op: 'resume', params }),
+        });
+        return res.status === 429 ? (((await res.json()) as { error: { code: string } }).error.code) : res.status;
+      };
+      // 10 tokens: 1 for a small one, 5 for 16 KiB, then 16 KiB is refused (4 left), a small one is not.
+      expect([await enqueue('l1', 0), await enqueue('l2', 16_340), await enqueue('l3', 16_340), await enqueue('l4', 0)]).toEqual([202, 202, 'company_rate_limited', 202]);
+    } finally {
+      await api.close();
+      await bed.close();
+    }
+  });
+});
+
 describe("noisy neighbours: a company's refusals in the log", () => {
   it('logs a company refused at its budget once, then a count per interval, not a line a request; other 4xx stay one line each', async () => {
     const lines: Record<string, unknown>[] = [];

@@ -5,7 +5,7 @@ import { WaitBudget } from './wait-budget.ts';
 import { CompanyTurns } from './company-turns.ts';
 import { RefusalLog } from './refusal-log.ts';
 import { walksInProcess, type Walks } from './walks.ts';
-import { CompanyRateLimiter, DEFAULT_COMPANY_RATES, type RequestClass } from './company-rates.ts';
+import { CompanyRateLimiter, costOfBody, DEFAULT_COMPANY_RATES, type RequestClass } from './company-rates.ts';
 import { actionPage, attentionPage, PAGE_CSP, timelinePage, timelinePath } from './pages.ts';
 import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import { ExpressAdapter } from '@bull-board/express';
@@ -252,7 +252,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
     // Express matches routes whatever their case: so does the class (`/v1/ATTENTION` is a walk).
     const path = req.path.toLowerCase();
     const kind: RequestClass = req.method !== 'GET' && req.method !== 'HEAD' ? 'write' : /\/(attention|timeline|overview)\/?$/.test(path) || (/^\/leases\//.test(path) && req.baseUrl.toLowerCase() === '/ui') ? 'walk' : 'read';
-    rates.take(principal.companyId, kind);
+    rates.take(principal.companyId, kind, kind === 'write' ? costOfBody(req.headers['content-length'], req.headers['content-length'] !== undefined || req.headers['transfer-encoding'] !== undefined) : 1);
     next();
   };
   const turns = deps.turns ?? new CompanyTurns(deps.config.LEASE_OPS_API_REQUESTS_PER_COMPANY ?? 4);

@@ -5,6 +5,18 @@ export type RequestClass = 'read' | 'walk' | 'write';
 
 export type CompanyRates = Record<RequestClass, { perSecond: number; burst: number }>;
 
+/**
+ * What a change's body adds to its cost: one token more for each 4 KiB (a 16 KiB enqueue costs
+ * 5). What a change costs the API, the workers and Redis grows with its body (issue 27: 16 KiB
+ * of metadata at the write rate put B's p99 at 4-9x); a body of unknown length counts as the
+ * largest the API takes (64 KiB).
+ */
+export function costOfBody(contentLength: string | undefined, hasBody: boolean): number {
+  if (!hasBody) return 1;
+  const bytes = contentLength !== undefined && /^\d+$/.test(contentLength) ? Number(contentLength) : 64 * 1024;
+  return 1 + Math.floor(bytes / 4096);
+}
+
 /** Defaults a deployment of about 100 companies can run with on one API replica (docs/security.md). */
 export const DEFAULT_COMPANY_RATES: CompanyRates = {
   read: { perSecond: 100, burst: 200 },
@@ -27,22 +39,27 @@ export class CompanyRateLimiter {
     private readonly now: () => number = () => performance.now(),
   ) {}
 
-  /** Takes one request's token for `company`, or throws the 429. */
-  take(company: string, kind: RequestClass): void {
+  /**
+   * Takes a request's tokens for `company` (one, or `cost`: a change counts its body too, see
+   * costOfBody), or throws the 429.
+   */
+  take(company: string, kind: RequestClass, cost = 1): void {
     const { perSecond, burst } = this.rates[kind];
     if (perSecond <= 0) return;
+    // Never more than a full bucket: a request the bucket could never hold would never pass.
+    const tokens = Math.min(Math.max(1, cost), burst);
     const key = `${kind}\n${company}`;
     const now = this.now();
     const bucket = this.buckets.get(key) ?? { tokens: burst, at: now };
     bucket.tokens = Math.min(burst, bucket.tokens + ((now - bucket.at) / 1000) * perSecond);
     bucket.at = now;
-    if (bucket.tokens < 1) {
+    if (bucket.tokens < tokens) {
       this.buckets.set(key, bucket);
       this.refused++;
-      const waitS = Math.max(1, Math.ceil((1 - bucket.tokens) / perSecond));
+      const waitS = Math.max(1, Math.ceil((tokens - bucket.tokens) / perSecond));
       throw new HttpError(429, 'company_rate_limited', `the company sends more ${kind} requests than its rate (${perSecond}/s, LEASE_OPS_API_COMPANY_RATES)`, { retryAfterS: waitS });
     }
-    bucket.tokens -= 1;
+    bucket.tokens -= tokens;
     this.buckets.set(key, bucket);
     // Full buckets tell nothing: let them go, so the map holds only companies that are busy now.
     if (this.buckets.size > 10_000) for (const [k, b] of this.buckets) if (b.tokens >= this.rates[k.slice(0, k.indexOf('\n')) as RequestClass].burst) this.buckets.delete(k);
