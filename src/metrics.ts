@@ -86,7 +86,10 @@ export interface WaitUsage {
   readonly refused: { company: number; server: number };
 }
 
-export function queueMetrics(client: LeaseOpsClient, opts: { bullmqTotals: boolean; waits?: WaitUsage; rates?: { readonly refused: number } }): () => Promise<string> {
+export function queueMetrics(
+  client: LeaseOpsClient,
+  opts: { bullmqTotals: boolean; waits?: WaitUsage; rates?: { readonly refused: number }; turns?: { usage(): { inProgress: number; waiting: number } } },
+): () => Promise<string> {
   enableProcessMetrics();
   const queueRegistry = new Registry();
   const depth = new Gauge({
@@ -112,8 +115,14 @@ export function queueMetrics(client: LeaseOpsClient, opts: { bullmqTotals: boole
   const waitsRefused = new Gauge({ name: 'lease_ops_api_waits_refused_total', help: 'Waits refused because a budget was full: a company (company_waits_full) or the server (server_waits_full)', labelNames: ['budget'] as const, registers: [queueRegistry] });
   const rateLimited = new Gauge({ name: 'lease_ops_api_rate_limited_total', help: 'Requests refused because their company was past its rate (company_rate_limited)', registers: [queueRegistry] });
   const bytesHeld = new Gauge({ name: 'lease_ops_company_bytes', help: "Redis bytes a company's operations are counted as holding (data plus an allowance each), against LEASE_OPS_MAX_BYTES_PER_COMPANY", labelNames: ['company'] as const, registers: [queueRegistry] });
+  const requests = new Gauge({ name: 'lease_ops_api_requests', help: "Companies' requests in this API process: in progress (with a turn, LEASE_OPS_API_REQUESTS_PER_COMPANY) and waiting for one", labelNames: ['state'] as const, registers: [queueRegistry] });
   return async () => {
     if (opts.rates) rateLimited.set(opts.rates.refused);
+    if (opts.turns) {
+      const { inProgress, waiting } = opts.turns.usage();
+      requests.set({ state: 'in_progress' }, inProgress);
+      requests.set({ state: 'waiting' }, waiting);
+    }
     if (opts.waits) {
       const { total, busiestCompany } = opts.waits.usage();
       waitsHeld.set({ of: 'all' }, total);

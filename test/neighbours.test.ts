@@ -1,5 +1,9 @@
+import { once } from 'node:events';
+import { connect, type Socket } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger } from '../src/logger.ts';
+import { loadConfig } from '../src/config.ts';
+import { startApiServer } from '../src/api/server.ts';
 import { RefusalLog } from '../src/api/refusal-log.ts';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
 import { TestBed } from './helpers/env.ts';
@@ -107,6 +111,83 @@ describe('noisy neighbours: waiting requests (issue 27 item 2)', () => {
     await until(async () => (await waitsHeld()).all === 2, "A's waits given back");
     longPoll(A, aJob);
     await until(async () => (await waitsHeld()).all === 3, "A's new wait held");
+  });
+});
+
+describe("noisy neighbours: a company's turns (LEASE_OPS_API_REQUESTS_PER_COMPANY)", () => {
+  let bed: TestBed;
+  let api: TestApi;
+  const bearer = (token: string) => ({ authorization: `Bearer ${token}` });
+
+  beforeAll(async () => {
+    bed = await TestBed.create({
+      LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }]),
+      LEASE_OPS_API_REQUESTS_PER_COMPANY: '1',
+    });
+    await bed.ops.announceProviders([{ name: 'recording', capabilities: { stop: true, pause: false, forceStop: true } }]);
+    api = await startTestApi(bed);
+  });
+
+  afterAll(async () => {
+    await api?.close();
+    await bed?.close();
+  });
+
+  /** The API's requests with a turn and waiting for one, and its waits, from /metrics. */
+  async function usage(): Promise<{ inProgress: number; waiting: number; waits: number }> {
+    const text = await (await fetch(`${api.base}/metrics`)).text();
+    const value = (pattern: RegExp) => Number(pattern.exec(text)?.[1] ?? NaN);
+    return { inProgress: value(/^lease_ops_api_requests\{state="in_progress"\} (\d+)$/m), waiting: value(/^lease_ops_api_requests\{state="waiting"\} (\d+)$/m), waits: value(/^lease_ops_api_waits\{of="all"\} (\d+)$/m) };
+  }
+
+  async function until(check: () => Promise<boolean>, what: string): Promise<void> {
+    const deadline = Date.now() + 10_000;
+    while (!(await check())) {
+      if (Date.now() > deadline) throw new Error(`never: ${what}`);
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  }
+
+  /**
+   * A socket of A's with a long poll and a read pipelined behind it: the read holds A's turn
+   * while its answer waits behind the poll's (helper-16's way to hold a company's turns).
+   */
+  async function pipelinedHolder(): Promise<Socket> {
+    const lease = '/v1/leases/recording/a/env/held';
+    expect((await fetch(`${api.base}${lease}/pause`, { method: 'POST', headers: bearer(A) })).status).toBe(200);
+    const res = await fetch(`${api.base}${lease}/operations`, { method: 'POST', headers: { ...bearer(A), 'content-type': 'application/json' }, body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 'held' } }) });
+    const { jobId } = (await res.json()) as { jobId: string };
+    const { port } = new URL(api.base);
+    const socket = connect(Number(port), '127.0.0.1');
+    await once(socket, 'connect');
+    const request = (path: string) => `GET ${path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${A}\r\n\r\n`;
+    socket.write(request(`/v1/operations/${encodeURIComponent(jobId)}?waitMs=25000`) + request('/v1/leases/recording/a/env/l1'));
+    socket.on('error', () => undefined);
+    await until(async () => {
+      const u = await usage();
+      return u.waits === 1 && u.inProgress === 1;
+    }, "the poll waits and the read behind it holds A's turn");
+    return socket;
+  }
+
+  it("gives a pipelined request's turn back when its caller hangs up, though its answer never left", async () => {
+    const socket = await pipelinedHolder();
+    socket.destroy();
+    await until(async () => (await usage()).inProgress === 0, "A's turn given back");
+    expect((await fetch(`${api.base}/v1/leases/recording/a/env/l1`, { headers: bearer(A) })).status).toBe(200);
+  });
+
+  it("keeps a company's line of waiting requests to four times its turns (429 company_requests_full), and another company answering", async () => {
+    const socket = await pipelinedHolder();
+    const inLine = Array.from({ length: 4 }, () => fetch(`${api.base}/v1/leases/recording/a/env/l1`, { headers: bearer(A) }));
+    await until(async () => (await usage()).waiting === 4, "A's four in line");
+    const refused = await fetch(`${api.base}/v1/leases/recording/a/env/l1`, { headers: bearer(A) });
+    expect(refused.status).toBe(429);
+    expect(refused.headers.get('retry-after')).toBe('1');
+    expect(((await refused.json()) as { error: { code: string } }).error.code).toBe('company_requests_full');
+    expect((await fetch(`${api.base}/v1/leases/recording/b/env/l1`, { headers: bearer(B) })).status).toBe(200);
+    socket.destroy();
+    for (const res of await Promise.all(inLine)) expect(res.status).toBe(200);
   });
 });
 
@@ -410,6 +491,21 @@ describe("noisy neighbours: a company's refusals in the log", () => {
       await api.close();
       await bed.close();
     }
+  });
+
+  it('tells the count since the last line when the API closes (helper-16: lost at SIGTERM)', async () => {
+    const lines: Record<string, unknown>[] = [];
+    const log = createLogger({ level: 'warn', destination: { write: (t: string) => void lines.push(JSON.parse(t) as Record<string, unknown>) } });
+    const bed = await TestBed.create({});
+    const config = loadConfig({ REDIS_URL: bed.config.REDIS_URL, LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX, LEASE_OPS_API_PORT: '0', LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }]), LEASE_OPS_API_COMPANY_RATES: JSON.stringify({ read: { perSecond: 1, burst: 1 } }) });
+    const server = await startApiServer(config, log);
+    try {
+      for (let i = 0; i < 6; i++) await (await fetch(`${server.url}/v1/leases/recording/a/env/l`, { headers: { authorization: `Bearer ${A}` } })).arrayBuffer();
+    } finally {
+      await server.close();
+      await bed.close();
+    }
+    expect(lines.filter((l) => l.code === 'company_rate_limited').map((l) => l.refused)).toEqual([undefined, 4]);
   });
 
   it('tells the count of a company and code at the end of each interval', async () => {

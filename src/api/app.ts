@@ -70,6 +70,8 @@ export interface ApiDeps {
   waits?: WaitBudget;
   /** Requests each company has in progress (shared with /metrics); one of its own when not given. */
   turns?: CompanyTurns;
+  /** Where refusals at a company's budgets are counted for the log (flushed by the server at close); one of its own when not given. */
+  refusals?: RefusalLog;
   client: LeaseOpsClient;
   /** Where tenants' walks (attention, timelines) run: worker threads in `lease-ops api`; this event loop when left out. */
   walks?: Walks;
@@ -264,16 +266,28 @@ export function createApiApp(deps: ApiDeps): express.Express {
   const turned = (req: Request, res: Response, next: NextFunction): void => {
     const principal = res.locals.principal as Principal | undefined;
     if (!principal || principal.admin || principal.companyId === undefined) return next();
-    const turn = turns.take(principal.companyId, () => (req.socket.destroyed ? turn.done() : next()));
-    res.locals.turnDone = turn.done;
-    res.once('finish', turn.done);
-    res.once('close', turn.done);
+    let turn: { done: () => void } | null = null;
+    turn = turns.take(principal.companyId, () => (req.socket.destroyed ? turn?.done() : next()));
+    if (!turn) throw new HttpError(429, 'company_requests_full', 'the company already has its requests in progress and its line of waiting ones full (LEASE_OPS_API_REQUESTS_PER_COMPANY, four times as many may wait): retry', { retryAfterS: 1 });
+    const { done } = turn;
+    // The socket's close too: a pipelined request whose answer waits behind another's never
+    // gets its response's close when the caller hangs up (helper-16: a company lost its turns).
+    const socket = req.socket;
+    const onSocketClose = () => finish();
+    const finish = () => {
+      socket.removeListener('close', onSocketClose);
+      done();
+    };
+    socket.once('close', onSocketClose);
+    res.locals.turnDone = finish;
+    res.once('finish', finish);
+    res.once('close', finish);
   };
   /** A request about to wait for an operation gives its company's turn back meanwhile. */
   const givesTurnBack = (res: Response) => (res.locals.turnDone as (() => void) | undefined)?.();
   /** Whose budget a request's wait counts against: its company, or the admin token's own. */
   const waiter = (principal: Principal) => principal.companyId ?? `admin:${principal.name}`;
-  const refusals = new RefusalLog(log);
+  const refusals = deps.refusals ?? new RefusalLog(log);
   const app = express();
   app.disable('x-powered-by');
   app.set('query parser', 'simple');

@@ -10,13 +10,20 @@ export class CompanyTurns {
   private readonly inProgress = new Map<string, number>();
   private readonly waiting = new Map<string, { go: () => void; cancelled: boolean }[]>();
 
-  constructor(private readonly perCompany: number) {}
+  constructor(
+    private readonly perCompany: number,
+    /** Requests of one company that may wait in line; past them, take answers null (a 429). */
+    private readonly maxWaiting = perCompany * 4,
+  ) {}
 
   /**
-   * Runs `go` once `company` has a turn free. The handle's `done` gives the turn back, or takes
-   * the request out of line if it has not had one yet; calling it again does nothing.
+   * Runs `go` once `company` has a turn free (later, never inside this call). The handle's
+   * `done` gives the turn back, or takes the request out of line if it has not had one yet;
+   * calling it again does nothing. Null when the company's line is full: the request is
+   * refused, so a company cannot hold the server's connections with requests in line
+   * (helper-16: 1,000 of them refused /healthz and every other company).
    */
-  take(company: string, go: () => void): { done: () => void } {
+  take(company: string, go: () => void): { done: () => void } | null {
     let state: 'waiting' | 'turn' | 'done' = 'waiting';
     const entry = {
       go: () => {
@@ -32,20 +39,24 @@ export class CompanyTurns {
     };
     if (this.perCompany <= 0 || (this.inProgress.get(company) ?? 0) < this.perCompany) {
       this.inProgress.set(company, (this.inProgress.get(company) ?? 0) + 1);
-      entry.go();
-    } else {
-      const line = this.waiting.get(company) ?? [];
-      line.push(entry);
-      this.waiting.set(company, line);
+      // After the caller holds its handle: a `go` that gives the turn back at once finds it.
+      queueMicrotask(entry.go);
+      return { done };
     }
+    const line = (this.waiting.get(company) ?? []).filter((e) => !e.cancelled);
+    if (line.length >= this.maxWaiting) return null;
+    line.push(entry);
+    this.waiting.set(company, line);
     return { done };
   }
 
-  /** Requests waiting for a turn now, in all (for /metrics). */
-  waitingCount(): number {
-    let n = 0;
-    for (const line of this.waiting.values()) n += line.filter((e) => !e.cancelled).length;
-    return n;
+  /** Requests with a turn, and requests waiting for one, now, in all companies (for /metrics). */
+  usage(): { inProgress: number; waiting: number } {
+    let inProgress = 0;
+    for (const n of this.inProgress.values()) inProgress += n;
+    let waiting = 0;
+    for (const line of this.waiting.values()) waiting += line.filter((e) => !e.cancelled).length;
+    return { inProgress, waiting };
   }
 
   private giveBack(company: string): void {

@@ -11,6 +11,8 @@ import { pingWithin, reportRedisError } from '../queues/redis.ts';
 import { createApiApp } from './app.ts';
 import { WaitBudget } from './wait-budget.ts';
 import { WalkThreads } from './walks.ts';
+import { CompanyTurns } from './company-turns.ts';
+import { RefusalLog } from './refusal-log.ts';
 import { CompanyRateLimiter, DEFAULT_COMPANY_RATES } from './company-rates.ts';
 
 import { VERSION } from '../version.ts';
@@ -35,6 +37,8 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
   });
   const waits = new WaitBudget({ perCompany: config.LEASE_OPS_API_MAX_WAITS_PER_COMPANY, total: config.LEASE_OPS_API_MAX_WAITS });
   const rates = new CompanyRateLimiter({ ...DEFAULT_COMPANY_RATES, ...config.LEASE_OPS_API_COMPANY_RATES });
+  const turns = new CompanyTurns(config.LEASE_OPS_API_REQUESTS_PER_COMPANY);
+  const refusals = new RefusalLog(log);
   const walks = config.LEASE_OPS_API_WALK_THREADS > 0 ? new WalkThreads(config, config.LEASE_OPS_API_WALK_THREADS, log) : undefined;
   const app = createApiApp({
     config,
@@ -45,7 +49,9 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
     boardQueues: maintenance,
     waits,
     rates,
-    metrics: queueMetrics(client, { bullmqTotals: config.LEASE_OPS_BULLMQ_METRICS, waits, rates }),
+    turns,
+    refusals,
+    metrics: queueMetrics(client, { bullmqTotals: config.LEASE_OPS_BULLMQ_METRICS, waits, rates, turns }),
     readiness: async () => {
       try {
         // A connection on its way up (at start, after an outage) gets its second to answer.
@@ -99,6 +105,8 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
     const cut = setTimeout(() => server.closeAllConnections(), 2_000);
     await closed;
     clearTimeout(cut);
+    // The refusals counted since the last line are told before the process goes.
+    refusals.flush();
     await Promise.all(maintenance.map(({ queue }) => queue.close()));
     await walks?.close();
     await client.close();

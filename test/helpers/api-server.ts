@@ -3,6 +3,7 @@ import type { AddressInfo } from 'node:net';
 import { createApiApp } from '../../src/api/app.ts';
 import { WaitBudget } from '../../src/api/wait-budget.ts';
 import { CompanyRateLimiter, DEFAULT_COMPANY_RATES } from '../../src/api/company-rates.ts';
+import { CompanyTurns } from '../../src/api/company-turns.ts';
 import { LeaseOpsClient } from '../../src/client.ts';
 import type { Logger } from '../../src/logger.ts';
 import type { MasterKeys } from '../../src/providers/instances/sealing.ts';
@@ -23,6 +24,7 @@ export async function startTestApi(bed: TestBed, log: Logger = createLogger({ le
   await client.connected();
   const waits = new WaitBudget({ perCompany: bed.config.LEASE_OPS_API_MAX_WAITS_PER_COMPANY, total: bed.config.LEASE_OPS_API_MAX_WAITS });
   const rates = new CompanyRateLimiter({ ...DEFAULT_COMPANY_RATES, ...bed.config.LEASE_OPS_API_COMPANY_RATES });
+  const turns = new CompanyTurns(bed.config.LEASE_OPS_API_REQUESTS_PER_COMPANY);
   const app = createApiApp({
     config: bed.config,
     client,
@@ -30,7 +32,8 @@ export async function startTestApi(bed: TestBed, log: Logger = createLogger({ le
     version: 'test',
     waits,
     rates,
-    metrics: queueMetrics(client, { bullmqTotals: bed.config.LEASE_OPS_BULLMQ_METRICS, waits, rates }),
+    turns,
+    metrics: queueMetrics(client, { bullmqTotals: bed.config.LEASE_OPS_BULLMQ_METRICS, waits, rates, turns }),
     readiness: async () => ({ ready: true, checks: { redis: 'ok' } }),
   });
   const server = app.listen(0, '127.0.0.1');
