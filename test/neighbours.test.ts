@@ -1,5 +1,6 @@
 import { once } from 'node:events';
 import { connect, type Socket } from 'node:net';
+import { gzipSync } from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger } from '../src/logger.ts';
 import { loadConfig } from '../src/config.ts';
@@ -462,6 +463,14 @@ describe("noisy neighbours: a change's body counts against its company's rate", 
       };
       // 10 tokens: 1 for a small one, 5 for 16 KiB, then 16 KiB is refused (4 left), a small one is not.
       expect([await enqueue('l1', 0), await enqueue('l2', 16_340), await enqueue('l3', 16_340), await enqueue('l4', 0)]).toEqual([202, 202, 'company_rate_limited', 202]);
+      // A gzipped body counts as the most it may inflate to (64 KiB: 17 tokens, capped at the
+      // burst of 10), not its few compressed bytes: refused with 3 tokens left.
+      const gzipped = await fetch(`${api.base}/v1/leases/recording/a/env/l5/operations`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${A}`, 'content-type': 'application/json', 'content-encoding': 'gzip' },
+        body: gzipSync(JSON.stringify({ op: 'resume', params: { providerLeaseId: 'l5', leaseMetadata: { blob: 'x'.repeat(16_340) } } })),
+      });
+      expect(gzipped.status).toBe(429);
     } finally {
       await api.close();
       await bed.close();

@@ -254,7 +254,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
     // Express matches routes whatever their case: so does the class (`/v1/ATTENTION` is a walk).
     const path = req.path.toLowerCase();
     const kind: RequestClass = req.method !== 'GET' && req.method !== 'HEAD' ? 'write' : /\/(attention|timeline|overview)\/?$/.test(path) || (/^\/leases\//.test(path) && req.baseUrl.toLowerCase() === '/ui') ? 'walk' : 'read';
-    rates.take(principal.companyId, kind, kind === 'write' ? costOfBody(req.headers['content-length'], req.headers['content-length'] !== undefined || req.headers['transfer-encoding'] !== undefined) : 1);
+    rates.take(principal.companyId, kind, kind === 'write' ? costOfBody(req.headers['content-length'], req.headers['content-length'] !== undefined || req.headers['transfer-encoding'] !== undefined, req.headers['content-encoding']) : 1);
     next();
   };
   const turns = deps.turns ?? new CompanyTurns(deps.config.LEASE_OPS_API_REQUESTS_PER_COMPANY ?? 4);

@@ -9,11 +9,14 @@ export type CompanyRates = Record<RequestClass, { perSecond: number; burst: numb
  * What a change's body adds to its cost: one token more for each 4 KiB (a 16 KiB enqueue costs
  * 5). What a change costs the API, the workers and Redis grows with its body (issue 27: 16 KiB
  * of metadata at the write rate put B's p99 at 4-9x); a body of unknown length counts as the
- * largest the API takes (64 KiB).
+ * largest the API takes (64 KiB), and so does a compressed one.
  */
-export function costOfBody(contentLength: string | undefined, hasBody: boolean): number {
+export function costOfBody(contentLength: string | undefined, hasBody: boolean, contentEncoding?: string): number {
   if (!hasBody) return 1;
-  const bytes = contentLength !== undefined && /^\d+$/.test(contentLength) ? Number(contentLength) : 64 * 1024;
+  // A compressed body's length says nothing of what it inflates to (up to 64 KiB): counted as that
+  // (helper-17: 16 KB of metadata sent gzipped as 120 bytes passed at a small one's cost).
+  const encoded = contentEncoding !== undefined && contentEncoding.trim().toLowerCase() !== 'identity';
+  const bytes = !encoded && contentLength !== undefined && /^\d+$/.test(contentLength) ? Number(contentLength) : 64 * 1024;
   return 1 + Math.floor(bytes / 4096);
 }
 
