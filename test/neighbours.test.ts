@@ -150,10 +150,10 @@ describe("noisy neighbours: a company's turns (LEASE_OPS_API_REQUESTS_PER_COMPAN
   }
 
   /**
-   * A socket of A's with a long poll and a read pipelined behind it: the read holds A's turn
-   * while its answer waits behind the poll's (helper-16's way to hold a company's turns).
+   * A socket of A's with a long poll and, pipelined behind it, `behind`: by default a change
+   * whose body never comes, which holds A's turn while it waits for its body.
    */
-  async function pipelinedHolder(): Promise<Socket> {
+  async function pipelinedHolder(behind?: string, held = 1): Promise<Socket> {
     const lease = '/v1/leases/recording/a/env/held';
     expect((await fetch(`${api.base}${lease}/pause`, { method: 'POST', headers: bearer(A) })).status).toBe(200);
     const res = await fetch(`${api.base}${lease}/operations`, { method: 'POST', headers: { ...bearer(A), 'content-type': 'application/json' }, body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 'held' } }) });
@@ -162,14 +162,23 @@ describe("noisy neighbours: a company's turns (LEASE_OPS_API_REQUESTS_PER_COMPAN
     const socket = connect(Number(port), '127.0.0.1');
     await once(socket, 'connect');
     const request = (path: string) => `GET ${path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${A}\r\n\r\n`;
-    socket.write(request(`/v1/operations/${encodeURIComponent(jobId)}?waitMs=25000`) + request('/v1/leases/recording/a/env/l1'));
+    const change = `POST /v1/leases/recording/a/env/l1/operations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${A}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{`;
+    socket.write(request(`/v1/operations/${encodeURIComponent(jobId)}?waitMs=25000`) + (behind ?? change));
     socket.on('error', () => undefined);
     await until(async () => {
       const u = await usage();
-      return u.waits === 1 && u.inProgress === 1;
-    }, "the poll waits and the read behind it holds A's turn");
+      return u.waits === 1 && u.inProgress === held;
+    }, `the poll waits and ${held} request(s) behind it hold A's turn`);
     return socket;
   }
+
+  it("gives a turn back when its request's answer is complete, though it waits behind a long poll's to be written", async () => {
+    const reads = Array.from({ length: 3 }, () => `GET /v1/leases/recording/a/env/l1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${A}\r\n\r\n`).join('');
+    // Three cheap reads behind the poll: their answers are done at once, so no turn stays held.
+    const socket = await pipelinedHolder(reads, 0);
+    expect((await fetch(`${api.base}/v1/leases/recording/a/env/l1`, { headers: bearer(A) })).status).toBe(200);
+    socket.destroy();
+  });
 
   it("gives a pipelined request's turn back when its caller hangs up, though its answer never left", async () => {
     const socket = await pipelinedHolder();

@@ -278,9 +278,19 @@ export function createApiApp(deps: ApiDeps): express.Express {
       socket.removeListener('close', onSocketClose);
       done();
     };
+    // A pipelined socket may hold a few such listeners at once (its requests with a turn or in
+    // line: 20 at most for one company), each removed at its request's end.
+    socket.setMaxListeners(Math.max(socket.getMaxListeners(), 32));
     socket.once('close', onSocketClose);
     res.locals.turnDone = finish;
-    res.once('finish', finish);
+    // The turn is given back when the answer is complete, not when it has been written: an
+    // answer pipelined behind a long poll's is written only after it (helper-17: four cheap
+    // reads behind one long poll held their company's turns for the whole wait).
+    const end = res.end.bind(res) as (...args: unknown[]) => Response;
+    res.end = ((...args: unknown[]) => {
+      finish();
+      return end(...args);
+    }) as typeof res.end;
     res.once('close', finish);
   };
   /** A request about to wait for an operation gives its company's turn back meanwhile. */
