@@ -115,17 +115,7 @@ export class LeaseOpsClient {
   /** Like call, for a walk: its connection up (within the timeout) first. */
   private walk<T>(run: () => Promise<T>): Promise<T> {
     return this.call(async () => {
-      const connection = this.walkConnectionOf();
-      if (connection.status !== 'ready') {
-        let timer: NodeJS.Timeout | undefined;
-        await Promise.race([
-          new Promise<void>((resolve, reject) => {
-            connection.once('ready', resolve);
-            connection.once('end', () => reject(new Error('Redis connection ended')));
-          }),
-          new Promise((_, reject) => (timer = setTimeout(() => reject(this.unavailable(this.lastRedisError)), this.timeoutMs))),
-        ]).finally(() => clearTimeout(timer));
-      }
+      await this.readyWithinTimeout(this.walkConnectionOf());
       return run();
     });
   }
@@ -157,11 +147,17 @@ export class LeaseOpsClient {
 
   /** Resolves once the Redis connection is up (with failFast, calls before that fail). */
   async connected(): Promise<void> {
-    if (this.connection.status === 'ready') return;
-    await new Promise<void>((resolve, reject) => {
-      this.connection.once('ready', resolve);
-      this.connection.once('end', () => reject(new Error('Redis connection ended')));
-    });
+    await whenReady(this.connection);
+  }
+
+  /** Resolves once `connection` is up; RedisUnavailableError past LEASE_OPS_REDIS_TIMEOUT_MS. */
+  private async readyWithinTimeout(connection: RedisClient): Promise<void> {
+    if (connection.status === 'ready') return;
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([
+      whenReady(connection),
+      new Promise((_, reject) => (timer = setTimeout(() => reject(this.unavailable(this.lastRedisError)), this.timeoutMs))),
+    ]).finally(() => clearTimeout(timer));
   }
 
   /** Accepts an operation for a lease and returns its job id at once. */
@@ -479,13 +475,7 @@ export class LeaseOpsClient {
    */
   private async call<T>(run: () => Promise<T>, claimLayout = true): Promise<T> {
     try {
-      if (this.connection.status !== 'ready') {
-        let timer: NodeJS.Timeout | undefined;
-        await Promise.race([
-          this.connected(),
-          new Promise((_, reject) => (timer = setTimeout(() => reject(this.unavailable(this.lastRedisError)), this.timeoutMs))),
-        ]).finally(() => clearTimeout(timer));
-      }
+      await this.readyWithinTimeout(this.connection);
       if (claimLayout) await this.claimLayout();
       return await run();
     } catch (err) {
@@ -599,6 +589,15 @@ const ActivityRequestSchema = z.object({
   kind: z.string().min(1).max(64).regex(/^[^\p{Cc}]+$/u, 'kind must not contain control characters'),
   ttlMs: z.number().int().min(MIN_ACTIVITY_TTL_MS).max(MAX_ACTIVITY_TTL_MS),
 });
+
+/** Resolves once the connection is up (at once if it is); rejects if it ends first. */
+async function whenReady(connection: RedisClient): Promise<void> {
+  if (connection.status === 'ready') return;
+  await new Promise<void>((resolve, reject) => {
+    connection.once('ready', resolve);
+    connection.once('end', () => reject(new Error('Redis connection ended')));
+  });
+}
 
 /** How often a client looks at the deployment's partition count again. */
 const LAYOUT_RECHECK_MS = 5_000;

@@ -254,7 +254,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
     // Express matches routes whatever their case: so does the class (`/v1/ATTENTION` is a walk).
     const path = req.path.toLowerCase();
     const kind: RequestClass = req.method !== 'GET' && req.method !== 'HEAD' ? 'write' : /\/(attention|timeline|overview)\/?$/.test(path) || (/^\/leases\//.test(path) && req.baseUrl.toLowerCase() === '/ui') ? 'walk' : 'read';
-    rates.take(principal.companyId, kind, kind === 'write' ? costOfBody(req.headers['content-length'], req.headers['content-length'] !== undefined || req.headers['transfer-encoding'] !== undefined, req.headers['content-encoding']) : 1);
+    rates.take(principal.companyId, kind, kind === 'write' ? costOfBody(req.headers) : 1);
     next();
   };
   const turns = deps.turns ?? new CompanyTurns(deps.config.LEASE_OPS_API_REQUESTS_PER_COMPANY ?? 4);
@@ -266,8 +266,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
   const turned = (req: Request, res: Response, next: NextFunction): void => {
     const principal = res.locals.principal as Principal | undefined;
     if (!principal || principal.admin || principal.companyId === undefined) return next();
-    let turn: { done: () => void } | null = null;
-    turn = turns.take(principal.companyId, () => (req.socket.destroyed ? turn?.done() : next()));
+    const turn = turns.take(principal.companyId, () => (req.socket.destroyed ? turn?.done() : next()));
     if (!turn) throw new HttpError(429, 'company_requests_full', 'the company already has its requests in progress and its line of waiting ones full (LEASE_OPS_API_REQUESTS_PER_COMPANY, four times as many may wait): retry', { retryAfterS: 1 });
     const { done } = turn;
     // The socket's close too: a pipelined request whose answer waits behind another's never

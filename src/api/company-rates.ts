@@ -1,3 +1,4 @@
+import type { IncomingHttpHeaders } from 'node:http';
 import { HttpError } from './http-error.ts';
 
 /** What a request costs its company: a cheap read, a walk over many records, or a change. */
@@ -11,12 +12,14 @@ export type CompanyRates = Record<RequestClass, { perSecond: number; burst: numb
  * of metadata at the write rate put B's p99 at 4-9x); a body of unknown length counts as the
  * largest the API takes (64 KiB), and so does a compressed one.
  */
-export function costOfBody(contentLength: string | undefined, hasBody: boolean, contentEncoding?: string): number {
-  if (!hasBody) return 1;
+export function costOfBody(headers: IncomingHttpHeaders): number {
+  const length = headers['content-length'];
+  if (length === undefined && headers['transfer-encoding'] === undefined) return 1;
   // A compressed body's length says nothing of what it inflates to (up to 64 KiB): counted as that
   // (helper-17: 16 KB of metadata sent gzipped as 120 bytes passed at a small one's cost).
-  const encoded = contentEncoding !== undefined && contentEncoding.trim().toLowerCase() !== 'identity';
-  const bytes = !encoded && contentLength !== undefined && /^\d+$/.test(contentLength) ? Number(contentLength) : 64 * 1024;
+  const encoding = headers['content-encoding'];
+  const encoded = encoding !== undefined && encoding.trim().toLowerCase() !== 'identity';
+  const bytes = !encoded && length !== undefined && /^\d+$/.test(length) ? Number(length) : 64 * 1024;
   return 1 + Math.floor(bytes / 4096);
 }
 

@@ -23,7 +23,7 @@ export class RefusalLog {
     else {
       // The first of a run is told at once; the rest at the end of the interval.
       this.counts.set(key, { companyId, code, refused: 0 });
-      this.log.warn({ companyId, code }, 'a request was refused at its company budget; more of this company and code are counted for 10 s');
+      this.log.warn({ companyId, code }, `a request was refused at its company budget; more of this company and code are counted for ${this.intervalMs / 1000} s`);
     }
     this.timer ??= setTimeout(() => this.flush(), this.intervalMs).unref();
   }

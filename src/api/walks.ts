@@ -8,6 +8,7 @@ import { LayoutError } from '../queues/layout.ts';
 import type { LeaseIdentity } from '../lease.ts';
 import type { AttentionItem, LeaseTimeline } from '../queues/inspect.ts';
 import { canSee, scopeOf, type Principal } from './auth.ts';
+import { CompanyTurns } from './company-turns.ts';
 import { HttpError } from './http-error.ts';
 
 /**
@@ -44,23 +45,26 @@ export type WalkReply = { id: number; value: unknown } | { id: number; error: { 
 
 interface Pending {
   request: WalkAsk;
-  company: string;
   resolve: (value: unknown) => void;
   reject: (err: unknown) => void;
-  /** Its caller hung up while it waited: it is skipped, never sent. */
-  dropped?: boolean;
+  /** Gives its company's walk turn back (the next of its line goes). */
+  done: () => void;
 }
 
 /**
  * Walks in worker threads, each with its own Redis connection: the API's event loop only
  * parses requests and writes answers. A company has one walk in a thread at a time (its others
- * wait their turn here, in order), and a walk goes to the thread with the fewest in hand: with
- * two threads or more, one company's walks leave a thread free for everyone else's.
+ * wait their turn, in order: CompanyTurns with one turn), and a walk goes to the thread with
+ * the fewest in hand: with two threads or more, one company's walks leave a thread free for
+ * everyone else's.
  */
 export class WalkThreads implements Walks {
   private readonly threads: { worker: Worker; inHand: Map<number, Pending> }[] = [];
-  private readonly busyCompanies = new Set<string>();
-  private readonly waiting = new Map<string, Pending[]>();
+  private readonly turns = new CompanyTurns(1, WALKS_WAITING_PER_COMPANY);
+  /** An admin's walks share one turn (an operator's, few) and are not held to the line's length. */
+  private readonly adminTurns = new CompanyTurns(1, Number.POSITIVE_INFINITY);
+  /** Walks not settled yet, in hand or in line: failed at close. */
+  private readonly open = new Set<Pending>();
   private nextId = 1;
   private closed = false;
 
@@ -102,30 +106,37 @@ export class WalkThreads implements Walks {
 
   private run(request: WalkAsk, principal: Principal, gone?: AbortSignal): Promise<unknown> {
     if (this.closed) return Promise.reject(walkUnavailable('the API is closing'));
-    const company = companyOf(principal);
     return new Promise((resolve, reject) => {
-      const pending: Pending = { request, company, resolve, reject };
-      if (!this.busyCompanies.has(company)) return this.send(pending);
-      const line = this.waiting.get(company) ?? [];
+      let sent = false;
+      const pending: Pending = { request, resolve, reject, done: () => turn?.done() };
       // A company's walks wait in a short line: one that hangs up and asks again cannot grow
       // it (helper-15: 79 walks nobody waited for, Redis busy 18 s after the attack).
-      if (!principal.admin && line.filter((p) => !p.dropped).length >= WALKS_WAITING_PER_COMPANY) {
+      const turn = (principal.admin ? this.adminTurns : this.turns).take(principal.companyId ?? '', () => {
+        sent = true;
+        this.send(pending);
+      });
+      if (!turn) {
         reject(new HttpError(429, 'company_walks_full', `the company already has ${WALKS_WAITING_PER_COMPANY} walks waiting for their turn (attention, timelines): retry after one ends`, { retryAfterS: 1 }));
         return;
       }
-      line.push(pending);
-      this.waiting.set(company, line);
-      gone?.addEventListener('abort', () => {
-        pending.dropped = true;
-        pending.reject(walkUnavailable('the caller hung up'));
-      }, { once: true });
+      this.open.add(pending);
+      gone?.addEventListener(
+        'abort',
+        () => {
+          // One in a thread runs to its end; one still in line leaves it.
+          if (sent) return;
+          this.open.delete(pending);
+          turn.done();
+          reject(walkUnavailable('the caller hung up'));
+        },
+        { once: true },
+      );
     });
   }
 
   private send(pending: Pending): void {
     // Started at the first walk: an API that is never asked for one loads no thread.
     while (this.threads.length < this.count) this.threads.push({ worker: this.start(this.threads.length), inHand: new Map() });
-    this.busyCompanies.add(pending.company);
     const thread = this.threads.reduce((least, t) => (t.inHand.size < least.inHand.size ? t : least));
     const id = this.nextId++;
     thread.inHand.set(id, pending);
@@ -140,30 +151,23 @@ export class WalkThreads implements Walks {
     this.finish(pending, () => ('error' in reply ? pending.reject(rebuiltError(reply.error)) : pending.resolve(reply.value)));
   }
 
-  /** Settles a walk, then sends its company's next, if one waits. */
+  /** Settles a walk, then gives its company's turn to the next of its line, if one waits. */
   private finish(pending: Pending, settle: () => void): void {
     settle();
-    this.busyCompanies.delete(pending.company);
-    const line = this.waiting.get(pending.company);
-    let next = line?.shift();
-    while (next?.dropped) next = line?.shift();
-    if (!line?.length) this.waiting.delete(pending.company);
-    if (next) this.send(next);
+    this.open.delete(pending);
+    pending.done();
   }
 
   async close(): Promise<void> {
     this.closed = true;
-    for (const line of this.waiting.values()) for (const pending of line) pending.reject(walkUnavailable('the API is closing'));
-    this.waiting.clear();
+    for (const pending of this.open) pending.reject(walkUnavailable('the API is closing'));
+    this.open.clear();
     await Promise.all(this.threads.map((t) => t.worker.terminate()));
   }
 }
 
 /** A walk that could not run (its thread died, the API closes, its caller left): 503, try again. */
 const walkUnavailable = (why: string) => new HttpError(503, 'walk_unavailable', `the walk did not run: ${why}; retry`, { retryAfterS: 1 });
-
-/** An admin's walks share one turn: they are an operator's, few. */
-const companyOf = (principal: Principal) => (principal.admin || principal.companyId === undefined ? '' : principal.companyId);
 
 /**
  * The thread's error as the API's handler knows it: Redis down stays a 503, a partition count
