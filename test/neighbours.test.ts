@@ -201,6 +201,45 @@ describe("noisy neighbours: a company's turns (LEASE_OPS_API_REQUESTS_PER_COMPAN
   });
 });
 
+describe("noisy neighbours: a request refused for a full line keeps its company's rate", () => {
+  it('gives the rate its token back when company_requests_full refuses the request', async () => {
+    const bed = await TestBed.create({
+      LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }]),
+      LEASE_OPS_API_REQUESTS_PER_COMPANY: '1',
+      // Six reads and the bucket is empty for the rest of the test.
+      LEASE_OPS_API_COMPANY_RATES: JSON.stringify({ read: { perSecond: 0.001, burst: 6 } }),
+    });
+    const api = await startTestApi(bed);
+    const { port } = new URL(api.base);
+    const socket = connect(Number(port), '127.0.0.1');
+    socket.on('error', () => undefined);
+    try {
+      await once(socket, 'connect');
+      // A change whose body never comes holds A's one turn (a write: no read token spent).
+      socket.write(`POST /v1/leases/recording/a/env/l1/operations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${A}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{`);
+      const waiting = async () => Number(/^lease_ops_api_requests\{state="waiting"\} (\d+)$/m.exec(await (await fetch(`${api.base}/metrics`)).text())?.[1]);
+      const inProgress = async () => Number(/^lease_ops_api_requests\{state="in_progress"\} (\d+)$/m.exec(await (await fetch(`${api.base}/metrics`)).text())?.[1]);
+      while ((await inProgress()) !== 1) await new Promise((r) => setImmediate(r));
+      // Four reads in line (four tokens), then three refused for the full line.
+      const inLine = Array.from({ length: 4 }, () => fetch(`${api.base}/v1/leases/recording/a/env/l1`, { headers: { authorization: `Bearer ${A}` } }));
+      while ((await waiting()) !== 4) await new Promise((r) => setImmediate(r));
+      const codes = [];
+      for (let i = 0; i < 3; i++) codes.push(((await (await fetch(`${api.base}/v1/leases/recording/a/env/l1`, { headers: { authorization: `Bearer ${A}` } })).json()) as { error: { code: string } }).error.code);
+      expect(codes).toEqual(['company_requests_full', 'company_requests_full', 'company_requests_full']);
+      socket.destroy();
+      for (const res of await Promise.all(inLine)) expect(res.status).toBe(200);
+      // The refused ones spent nothing: two tokens are left of six.
+      const after = [];
+      for (let i = 0; i < 3; i++) after.push((await fetch(`${api.base}/v1/leases/recording/a/env/l1`, { headers: { authorization: `Bearer ${A}` } })).status);
+      expect(after).toEqual([200, 200, 429]);
+    } finally {
+      socket.destroy();
+      await api.close();
+      await bed.close();
+    }
+  });
+});
+
 describe('noisy neighbours: pauses (issue 27 item 7)', () => {
   let bed: TestBed;
   let api: TestApi;
@@ -500,6 +539,8 @@ describe("noisy neighbours: a company's refusals in the log", () => {
       const statuses = [];
       for (let i = 0; i < 20; i++) statuses.push((await fetch(`${api.base}/v1/leases/recording/a/env/l`, { headers: { authorization: `Bearer ${A}` } })).status);
       expect(statuses.filter((s) => s === 429)).toHaveLength(19);
+      // A request's line names its company.
+      expect(lines.filter((l) => (l.res as { statusCode?: number } | undefined)?.statusCode === 200)).toEqual([expect.objectContaining({ companyId: 'a' })]);
       const refusedLines = lines.filter((l) => (l.res as { statusCode?: number } | undefined)?.statusCode === 429 || l.code === 'company_rate_limited');
       expect(refusedLines).toEqual([expect.objectContaining({ level: 40, companyId: 'a', code: 'company_rate_limited' })]);
       // Another 4xx is still a line of its own.
@@ -549,5 +590,66 @@ describe("noisy neighbours: a company's refusals in the log", () => {
       ['b', 'company_waits_full', undefined],
       ['a', 'company_rate_limited', 4],
     ]);
+  });
+});
+
+describe('noisy neighbours: idle connections (LEASE_OPS_API_MAX_CONNECTIONS)', () => {
+  /** Opens a TCP connection to `url` that sends nothing (or only part of a request's headers). */
+  async function silentSocket(url: string, partial?: string): Promise<Socket> {
+    const { hostname, port } = new URL(url);
+    const socket = connect(Number(port), hostname);
+    socket.on('error', () => undefined);
+    await once(socket, 'connect');
+    if (partial) socket.write(partial);
+    return socket;
+  }
+
+  it('lets a new connection in when every connection is taken by idle ones: the longest idle goes, one with a request in progress stays', async () => {
+    const bed = await TestBed.create({});
+    await bed.ops.announceProviders([{ name: 'recording', capabilities: { stop: true, pause: false, forceStop: true } }]);
+    const config = loadConfig({
+      REDIS_URL: bed.config.REDIS_URL,
+      LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX,
+      LEASE_OPS_API_PORT: '0',
+      LEASE_OPS_API_HOST: '127.0.0.1',
+      LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }]),
+      LEASE_OPS_API_MAX_CONNECTIONS: '20',
+      LEASE_OPS_API_MAX_WAITS: '5',
+    });
+    const server = await startApiServer(config, createLogger({ level: 'silent' }));
+    const sockets: Socket[] = [];
+    try {
+      // B holds a long poll on its paused lane: a connection with a request in progress.
+      const lease = `${server.url}/v1/leases/recording/b/env/held`;
+      expect((await fetch(`${lease}/pause`, { method: 'POST', headers: { authorization: `Bearer ${B}` } })).status).toBe(200);
+      const enqueued = await fetch(`${lease}/operations`, { method: 'POST', headers: { authorization: `Bearer ${B}`, 'content-type': 'application/json' }, body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 'held' } }) });
+      const { jobId } = (await enqueued.json()) as { jobId: string };
+      const poll = new AbortController();
+      const polled = fetch(`${server.url}/v1/operations/${encodeURIComponent(jobId)}?waitMs=20000`, { headers: { authorization: `Bearer ${B}` }, signal: poll.signal }).then(
+        (res) => res.status,
+        (err: Error) => err.name,
+      );
+      // A takes every other connection with sockets that say nothing, or half a request.
+      for (let i = 0; i < 25; i++) sockets.push(await silentSocket(server.url, i % 2 ? 'GET /v1/attention HTTP/1.1\r\nHost: x\r\n' : undefined));
+      const closed = sockets.map((s) => new Promise<boolean>((resolve) => (s.destroyed ? resolve(true) : s.once('close', () => resolve(true)))));
+      // Probes and B's requests get in, each time: one of A's idle sockets goes for each.
+      for (let i = 0; i < 10; i++) {
+        expect((await fetch(`${server.url}/healthz`)).status).toBe(200);
+        expect((await fetch(`${lease}`, { headers: { authorization: `Bearer ${B}` } })).status).toBe(200);
+      }
+      // The oldest of A's went first, and B's long poll is still held.
+      await closed[0];
+      expect(sockets[0]!.destroyed).toBe(true);
+      expect(sockets.at(-1)!.destroyed).toBe(false);
+      const metrics = await (await fetch(`${server.url}/metrics`)).text();
+      expect(Number(/^lease_ops_api_connections_evicted_total (\d+)$/m.exec(metrics)?.[1])).toBeGreaterThanOrEqual(6);
+      expect(Number(/^lease_ops_api_connections (\d+)$/m.exec(metrics)?.[1])).toBeLessThanOrEqual(20);
+      poll.abort();
+      expect(await polled).toBe('AbortError');
+    } finally {
+      for (const s of sockets) s.destroy();
+      await server.close();
+      await bed.close();
+    }
   });
 });

@@ -254,7 +254,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
     // Express matches routes whatever their case: so does the class (`/v1/ATTENTION` is a walk).
     const path = req.path.toLowerCase();
     const kind: RequestClass = req.method !== 'GET' && req.method !== 'HEAD' ? 'write' : /\/(attention|timeline|overview)\/?$/.test(path) || (/^\/leases\//.test(path) && req.baseUrl.toLowerCase() === '/ui') ? 'walk' : 'read';
-    rates.take(principal.companyId, kind, kind === 'write' ? costOfBody(req.headers) : 1);
+    res.locals.rateGiveBack = rates.take(principal.companyId, kind, kind === 'write' ? costOfBody(req.headers) : 1);
     next();
   };
   const turns = deps.turns ?? new CompanyTurns(deps.config.LEASE_OPS_API_REQUESTS_PER_COMPANY ?? 4);
@@ -267,7 +267,11 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const principal = res.locals.principal as Principal | undefined;
     if (!principal || principal.admin || principal.companyId === undefined) return next();
     const turn = turns.take(principal.companyId, () => (req.socket.destroyed ? turn?.done() : next()));
-    if (!turn) throw new HttpError(429, 'company_requests_full', 'the company already has its requests in progress and its line of waiting ones full (LEASE_OPS_API_REQUESTS_PER_COMPANY, four times as many may wait): retry', { retryAfterS: 1 });
+    if (!turn) {
+      // Refused before anything was done: the rate's tokens are not spent (a full line is not a request worked on).
+      (res.locals.rateGiveBack as (() => void) | undefined)?.();
+      throw new HttpError(429, 'company_requests_full', 'the company already has its requests in progress and its line of waiting ones full (LEASE_OPS_API_REQUESTS_PER_COMPANY, four times as many may wait): retry', { retryAfterS: 1 });
+    }
     const { done } = turn;
     // The socket's close too: a pipelined request whose answer waits behind another's never
     // gets its response's close when the caller hangs up (helper-16: a company lost its turns).
@@ -305,6 +309,11 @@ export function createApiApp(deps: ApiDeps): express.Express {
       logger: log,
       // Probes and scrapes are frequent and tell nothing; keep them out of the log.
       autoLogging: { ignore: (req) => ['/healthz', '/readyz', '/metrics'].includes(req.url ?? '') },
+      // Whose request it was, on its line (a company's token; read again when the line is written).
+      customProps: (_req, res) => {
+        const companyId = ((res as unknown as Response).locals?.principal as Principal | undefined)?.companyId;
+        return companyId === undefined ? {} : { companyId };
+      },
       customLogLevel: (_req, res, err) => {
         if (err || res.statusCode >= 500) return 'error';
         if (res.statusCode === 429) {

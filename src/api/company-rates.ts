@@ -47,11 +47,12 @@ export class CompanyRateLimiter {
 
   /**
    * Takes a request's tokens for `company` (one, or `cost`: a change counts its body too, see
-   * costOfBody), or throws the 429.
+   * costOfBody), or throws the 429. Returns what gives them back, for a request refused
+   * afterwards for another reason before anything of it was done.
    */
-  take(company: string, kind: RequestClass, cost = 1): void {
+  take(company: string, kind: RequestClass, cost = 1): () => void {
     const { perSecond, burst } = this.rates[kind];
-    if (perSecond <= 0) return;
+    if (perSecond <= 0) return () => undefined;
     // Never more than a full bucket: a request the bucket could never hold would never pass.
     const tokens = Math.min(Math.max(1, cost), burst);
     const key = `${kind}\n${company}`;
@@ -67,7 +68,15 @@ export class CompanyRateLimiter {
     }
     bucket.tokens -= tokens;
     this.buckets.set(key, bucket);
+    let given = false;
+    const giveBack = () => {
+      if (given) return;
+      given = true;
+      const current = this.buckets.get(key);
+      if (current) current.tokens = Math.min(burst, current.tokens + tokens);
+    };
     // Full buckets tell nothing: let them go, so the map holds only companies that are busy now.
     if (this.buckets.size > 10_000) for (const [k, b] of this.buckets) if (b.tokens >= this.rates[k.slice(0, k.indexOf('\n')) as RequestClass].burst) this.buckets.delete(k);
+    return giveBack;
   }
 }

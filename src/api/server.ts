@@ -13,6 +13,7 @@ import { WaitBudget } from './wait-budget.ts';
 import { WalkThreads } from './walks.ts';
 import { CompanyTurns } from './company-turns.ts';
 import { RefusalLog } from './refusal-log.ts';
+import { ConnectionPool } from './connections.ts';
 import { CompanyRateLimiter, DEFAULT_COMPANY_RATES } from './company-rates.ts';
 
 import { VERSION } from '../version.ts';
@@ -39,6 +40,7 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
   const rates = new CompanyRateLimiter({ ...DEFAULT_COMPANY_RATES, ...config.LEASE_OPS_API_COMPANY_RATES });
   const turns = new CompanyTurns(config.LEASE_OPS_API_REQUESTS_PER_COMPANY);
   const refusals = new RefusalLog(log);
+  const connections = new ConnectionPool(config.LEASE_OPS_API_MAX_CONNECTIONS);
   const walks = config.LEASE_OPS_API_WALK_THREADS > 0 ? new WalkThreads(config, config.LEASE_OPS_API_WALK_THREADS, log) : undefined;
   const app = createApiApp({
     config,
@@ -51,7 +53,7 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
     rates,
     turns,
     refusals,
-    metrics: queueMetrics(client, { bullmqTotals: config.LEASE_OPS_BULLMQ_METRICS, waits, rates, turns }),
+    metrics: queueMetrics(client, { bullmqTotals: config.LEASE_OPS_BULLMQ_METRICS, waits, rates, turns, connections }),
     readiness: async () => {
       try {
         // A connection on its way up (at start, after an outage) gets its second to answer.
@@ -77,7 +79,7 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
     },
     app,
   );
-  server.maxConnections = config.LEASE_OPS_API_MAX_CONNECTIONS;
+  connections.attach(server);
   server.listen(config.LEASE_OPS_API_PORT, config.LEASE_OPS_API_HOST);
   try {
     await once(server, 'listening');

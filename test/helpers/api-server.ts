@@ -1,9 +1,11 @@
 import { once } from 'node:events';
+import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { createApiApp } from '../../src/api/app.ts';
 import { WaitBudget } from '../../src/api/wait-budget.ts';
 import { CompanyRateLimiter, DEFAULT_COMPANY_RATES } from '../../src/api/company-rates.ts';
 import { CompanyTurns } from '../../src/api/company-turns.ts';
+import { ConnectionPool } from '../../src/api/connections.ts';
 import { LeaseOpsClient } from '../../src/client.ts';
 import type { Logger } from '../../src/logger.ts';
 import type { MasterKeys } from '../../src/providers/instances/sealing.ts';
@@ -25,6 +27,7 @@ export async function startTestApi(bed: TestBed, log: Logger = createLogger({ le
   const waits = new WaitBudget({ perCompany: bed.config.LEASE_OPS_API_MAX_WAITS_PER_COMPANY, total: bed.config.LEASE_OPS_API_MAX_WAITS });
   const rates = new CompanyRateLimiter({ ...DEFAULT_COMPANY_RATES, ...bed.config.LEASE_OPS_API_COMPANY_RATES });
   const turns = new CompanyTurns(bed.config.LEASE_OPS_API_REQUESTS_PER_COMPANY);
+  const connections = new ConnectionPool(bed.config.LEASE_OPS_API_MAX_CONNECTIONS);
   const app = createApiApp({
     config: bed.config,
     client,
@@ -33,11 +36,12 @@ export async function startTestApi(bed: TestBed, log: Logger = createLogger({ le
     waits,
     rates,
     turns,
-    metrics: queueMetrics(client, { bullmqTotals: bed.config.LEASE_OPS_BULLMQ_METRICS, waits, rates, turns }),
+    metrics: queueMetrics(client, { bullmqTotals: bed.config.LEASE_OPS_BULLMQ_METRICS, waits, rates, turns, connections }),
     readiness: async () => ({ ready: true, checks: { redis: 'ok' } }),
   });
-  const server = app.listen(0, '127.0.0.1');
-  server.maxConnections = bed.config.LEASE_OPS_API_MAX_CONNECTIONS;
+  const server = createServer(app);
+  connections.attach(server);
+  server.listen(0, '127.0.0.1');
   await once(server, 'listening');
   return {
     base: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
