@@ -242,12 +242,21 @@ describe('issue 12, scenario 11: slow clients are bounded', () => {
     }
   });
 
-  it('connections past LEASE_OPS_API_MAX_CONNECTIONS are closed as they arrive, and the API answers again once some close', { timeout: 30_000 }, async () => {
+  it('connections past LEASE_OPS_API_MAX_CONNECTIONS, all with a request in progress, are closed as they arrive, and the API answers again once some close', { timeout: 30_000 }, async () => {
     bed = await TestBed.create({ LEASE_OPS_API_TOKENS: TOKEN, LEASE_OPS_API_PORT: '0', LEASE_OPS_API_MAX_CONNECTIONS: '3' });
     const api = await startApiServer(bed.config, createLogger({ level: 'silent' }));
     try {
       const held = [connect(api.url), connect(api.url), connect(api.url)];
       await Promise.all(held.map((c) => c.ready));
+      // Each with a request in progress (its body still to come): none is closed for another.
+      // (Idle ones are: test/neighbours.test.ts.) The server's 100 Continue says it took the request.
+      await Promise.all(
+        held.map((c) => {
+          const continued = once(c.socket, 'data');
+          c.socket.write(`POST /v1/leases/recording/acme/env/l1/operations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n{`);
+          return continued;
+        }),
+      );
       const extra = connect(api.url);
       const refused = await extra.closed;
       expect(refused.reply).toBe('');
