@@ -49,12 +49,39 @@ export class WorkerProcess {
     }
   }
 
-  /** Resolves when the worker logs a line containing `text`. */
-  waitForLog(text: string, timeoutMs = 30_000): Promise<string> {
+  /**
+   * Resolves when the worker logs a line containing `text`. A fault point's pause line resolves
+   * once the process has stopped: it writes the line just before it stops itself, and a SIGCONT
+   * sent in between would be lost, leaving it stopped for good (a flaky test under load).
+   */
+  async waitForLog(text: string, timeoutMs = 30_000): Promise<string> {
+    const line = await this.logLine(text, timeoutMs);
+    if (/lease-ops fault point \S+: pause/.test(line)) await this.stopped(timeoutMs);
+    return line;
+  }
+
+  /** Resolves when the process is stopped (state T in /proc): a state, looked at until it holds. */
+  private async stopped(timeoutMs: number): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const state = (() => {
+        try {
+          return /^\d+ \(.*\) (\S)/.exec(readFileSync(`/proc/${this.pid}/stat`, 'utf8'))?.[1];
+        } catch {
+          return 'gone';
+        }
+      })();
+      if (state === 'T' || state === 't') return;
+      if (state === 'gone' || Date.now() > deadline) throw new Error(`worker did not stop at its pause fault point (state ${state})`);
+      await new Promise((r) => setTimeout(r, 2));
+    }
+  }
+
+  private logLine(text: string, timeoutMs: number): Promise<string> {
     const seen = this.logs.find((l) => l.includes(text));
     if (seen) return Promise.resolve(seen);
     return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`worker never logged "${text}"`)), timeoutMs);
+      const timer = setTimeout(() => reject(new Error(`worker never logged "${text}"; its last lines:\n${this.logs.slice(-15).join('\n')}`)), timeoutMs);
       const onLine = (line: string) => {
         if (!line.includes(text)) return;
         clearTimeout(timer);
