@@ -1,4 +1,5 @@
 import { defineConfig } from 'vitest/config';
+import LongestFirst from './test/helpers/longest-first.ts';
 
 // The suites that cover the lane, retries, fencing and the watchdog run twice: against the
 // shared Redis, and against a local 3-master Redis Cluster that the `cluster` project starts.
@@ -14,7 +15,13 @@ export default defineConfig({
     // (tests that restart or count a whole Redis start their own). Four, or the slowest files
     // all at once, failed timing-bound tests (see docs/testing.md).
     fileParallelism: true,
-    maxWorkers: 3,
+    maxWorkers: 4,
+    // A worker process runs file after file with the modules it has loaded (no process started,
+    // and no BullMQ, express or zod loaded again, per file): every test has its own key prefix
+    // and closes what it opens, and none changes a module's state for the next.
+    isolate: false,
+    sequence: { sequencer: LongestFirst },
+    setupFiles: ['test/helpers/per-file.ts'],
     testTimeout: 60_000,
     reporters: ['default', './test/helpers/summary-reporter.ts'],
     hookTimeout: 30_000,

@@ -1,7 +1,7 @@
 // An attack on liveness (every accepted operation ends, no lane stays blocked past the sweep's
 // bound once the workers are healthy), from a helper that read the code, not these tests.
 // Each case failed on the code it attacked.
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -108,7 +108,8 @@ describe('the same with real worker processes', () => {
       RECORDING_FILE: callFile,
       RECORDING_MAX_MS: '0',
       RECORDING_SETTLE_FIRST: 'resume',
-      RECORDING_MS_BY_OP: 'force-stop=5000',
+      // F runs until the test says (once the parking worker holds J), whatever the machine's load.
+      RECORDING_HOLD: `force-stop=${join(dir, 'force-stop-may-end')}`,
     };
     // One job at a time: while it runs the force-stop, J's retry can only go to the other worker.
     const runner = new WorkerProcess(workerEnv(b, { ...common, LEASE_OPS_CONCURRENCY: '1' }));
@@ -117,7 +118,7 @@ describe('the same with real worker processes', () => {
     const L = lease('park-kill');
     const deadlineMs = 600_000;
     const J = (await b.ops.enqueue({ op: 'resume', lease: L, params: { providerLeaseId: 'park-kill', leaseMetadata: {} }, deadlineMs })).jobId;
-    // J meets a settling sandbox and backs off 2.5 s; a force-stop F goes ahead of it and runs 5 s.
+    // J meets a settling sandbox and backs off 2.5 s; a force-stop F goes ahead of it and runs on.
     await readUntil(async () => (await b.ops.queue.getJobState(J)) === 'delayed', 10_000, 'J backing off');
     const F = (await b.ops.enqueue({ op: 'force-stop', lease: L, params: { providerLeaseId: 'park-kill' }, deadlineMs })).jobId;
     await readUntil(async () => readCallFile(callFile).some((c) => c.jobId === F), 10_000, 'F running');
@@ -129,6 +130,7 @@ describe('the same with real worker processes', () => {
     });
     await parker.waitForLog('fault point before-park: pause', 20_000);
     // F ends while J is active in the stopped worker's hands: its hand-off finds J there.
+    writeFileSync(join(dir, 'force-stop-may-end'), '');
     expect((await b.waitForAll([F], 20_000)).get(F)).toBe('completed');
     // The parking worker wakes, moves J to BullMQ's delayed set until its deadline, and is killed.
     parker.child.kill('SIGCONT');

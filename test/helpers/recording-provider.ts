@@ -1,4 +1,5 @@
-import { appendFileSync } from 'node:fs';
+import { appendFileSync, existsSync, watch } from 'node:fs';
+import { dirname } from 'node:path';
 import { createHash } from 'node:crypto';
 import { SettlingError, PermanentError } from '../../src/providers/errors.ts';
 import type { LeaseProvider, OperationContext } from '../../src/providers/types.ts';
@@ -89,6 +90,7 @@ export function seededFraction(seed: string, key: string): number {
  *   RECORDING_SETTLE_FIRST  '1': every operation's first attempt fails with a settling error;
  *                       or a comma-separated list of operations whose first attempt does
  *   RECORDING_MS_BY_OP  call durations of some operations, overriding the above: 'force-stop=4000,stop=10'
+ *   RECORDING_HOLD      calls of some operations last until a file exists: 'force-stop=/tmp/x/go'
  */
 export default function createProvider(env: NodeJS.ProcessEnv): LeaseProvider {
   const file = env.RECORDING_FILE;
@@ -102,6 +104,10 @@ export default function createProvider(env: NodeJS.ProcessEnv): LeaseProvider {
     const [op, ms] = entry.split('=');
     return [op!, Number(ms)] as const;
   }));
+  const holdByOp = new Map((env.RECORDING_HOLD ?? '').split(',').filter(Boolean).map((entry) => {
+    const at = entry.indexOf('=');
+    return [entry.slice(0, at), entry.slice(at + 1)] as const;
+  }));
   return createRecordingProvider({
     callsPerOp: Number(env.RECORDING_CALLS ?? '1'),
     sink: (r) => appendFileSync(file, `${JSON.stringify(r)}\n`),
@@ -109,8 +115,23 @@ export default function createProvider(env: NodeJS.ProcessEnv): LeaseProvider {
       const key = `${ctx.jobId}:${ctx.attempt}`;
       const ms = msByOp.get(op) ?? minMs + Math.floor(seededFraction(seed, `d:${key}`) * (maxMs - minMs));
       if (ms > 0) await new Promise((r) => setTimeout(r, ms));
+      const hold = holdByOp.get(op);
+      if (hold) await fileExists(hold);
       if ((settleFirst.includes('1') || settleFirst.includes(op)) && ctx.attempt === 1) return 'settling';
       return seededFraction(seed, `s:${key}`) < settleP ? 'settling' : 'ok';
     },
   }).provider;
+}
+
+/** Resolves once `file` exists (watching its directory). */
+function fileExists(file: string): Promise<void> {
+  return new Promise((resolve) => {
+    const check = () => {
+      if (!existsSync(file)) return;
+      watcher.close();
+      resolve();
+    };
+    const watcher = watch(dirname(file), check);
+    check();
+  });
 }

@@ -1,0 +1,47 @@
+import { statSync } from 'node:fs';
+import { relative } from 'node:path';
+import { BaseSequencer, type TestSpecification } from 'vitest/node';
+
+/**
+ * The files that take longest (wall time in clean-clone CI runs, docs/testing.md), most first:
+ * they start first, so none of them starts last and keeps the run going alone at its end. A
+ * clean clone has no timings of its own for vitest to sort by. The rest follow, largest first.
+ */
+const LONGEST = [
+  'redis:test/worker-process.test.ts',
+  'redis:test/chaos.test.ts',
+  'redis:test/lane-model.test.ts',
+  'redis:test/quick-start.test.ts',
+  'redis:test/paperclip-plugin.test.ts',
+  'redis:test/package.test.ts',
+  'cluster:test/partitioned.test.ts',
+  'redis:test/cli.test.ts',
+  'redis:test/partitioned.test.ts',
+  'redis:test/attack/nothing-lost.test.ts',
+  'redis:test/acquire-leaks.test.ts',
+  'cluster:test/fencing.test.ts',
+  'redis:test/stuck-stop-default.test.ts',
+  'redis:test/provider-instances-processes.test.ts',
+  'redis:test/nothing-silent.test.ts',
+  'redis:test/fail-fast.test.ts',
+  'redis:test/attack/security.test.ts',
+  'redis:test/attack/bounded-recovery.test.ts',
+  'redis:test/pacing.test.ts',
+  'redis:test/fencing.test.ts',
+  'redis:test/walk-threads.test.ts',
+  'redis:test/pages.test.ts',
+  'redis:test/failover.test.ts',
+];
+
+export default class LongestFirst extends BaseSequencer {
+  override async sort(files: TestSpecification[]): Promise<TestSpecification[]> {
+    const root = this.ctx.config.root;
+    const key = (f: TestSpecification) => `${f.project.name}:${relative(root, f.moduleId)}`;
+    const rank = (f: TestSpecification) => {
+      const i = LONGEST.indexOf(key(f));
+      return i === -1 ? LONGEST.length : i;
+    };
+    const size = (f: TestSpecification) => statSync(f.moduleId).size;
+    return [...files].sort((a, b) => rank(a) - rank(b) || size(b) - size(a));
+  }
+}
