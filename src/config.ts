@@ -284,6 +284,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   }
   // Unset: 500, or half the connections where fewer are allowed.
   if (env.LEASE_OPS_API_MAX_WAITS === undefined) parsed.data.LEASE_OPS_API_MAX_WAITS = Math.max(1, Math.min(500, Math.floor(parsed.data.LEASE_OPS_API_MAX_CONNECTIONS / 2)));
+  // Unset: 100, or a fifth of the server's waits where fewer are allowed, so one company never
+  // holds them all (helper-18: with 50 connections, one company's 25 refused every other's).
+  if (env.LEASE_OPS_API_MAX_WAITS_PER_COMPANY === undefined) parsed.data.LEASE_OPS_API_MAX_WAITS_PER_COMPANY = Math.max(1, Math.min(100, Math.floor(parsed.data.LEASE_OPS_API_MAX_WAITS / 5)));
   if (parsed.data.LEASE_OPS_API_MAX_WAITS >= parsed.data.LEASE_OPS_API_MAX_CONNECTIONS) {
     throw new ConfigError(
       `invalid configuration:\n  LEASE_OPS_API_MAX_WAITS=${parsed.data.LEASE_OPS_API_MAX_WAITS}: must be below LEASE_OPS_API_MAX_CONNECTIONS (${parsed.data.LEASE_OPS_API_MAX_CONNECTIONS}), so requests that do not wait (and /healthz) always find a connection`,

@@ -88,7 +88,7 @@ export interface WaitUsage {
 
 export function queueMetrics(
   client: LeaseOpsClient,
-  opts: { bullmqTotals: boolean; waits?: WaitUsage; rates?: { readonly refused: number }; turns?: { usage(): { inProgress: number; waiting: number } }; connections?: { readonly size: number; readonly evicted: number } },
+  opts: { bullmqTotals: boolean; waits?: WaitUsage; rates?: { readonly refused: number }; turns?: { usage(): { inProgress: number; waiting: number } }; connections?: { readonly size: number; readonly evicted: number; readonly overPipelined: number } },
 ): () => Promise<string> {
   enableProcessMetrics();
   const queueRegistry = new Registry();
@@ -117,12 +117,18 @@ export function queueMetrics(
   const bytesHeld = new Gauge({ name: 'lease_ops_company_bytes', help: "Redis bytes a company's operations are counted as holding (data plus an allowance each), against LEASE_OPS_MAX_BYTES_PER_COMPANY", labelNames: ['company'] as const, registers: [queueRegistry] });
   const requests = new Gauge({ name: 'lease_ops_api_requests', help: "Companies' requests in this API process: in progress (with a turn, LEASE_OPS_API_REQUESTS_PER_COMPANY) and waiting for one", labelNames: ['state'] as const, registers: [queueRegistry] });
   const connections = new Gauge({ name: 'lease_ops_api_connections', help: 'Connections open to this API process (at most LEASE_OPS_API_MAX_CONNECTIONS)', registers: [queueRegistry] });
-  const evicted = new Gauge({ name: 'lease_ops_api_connections_evicted_total', help: 'Idle connections closed to let a new one in, the server being at LEASE_OPS_API_MAX_CONNECTIONS', registers: [queueRegistry] });
+  const closedConnections = new Gauge({
+    name: 'lease_ops_api_connections_closed_total',
+    help: 'Connections the API closed: idle ones to let a new one in at LEASE_OPS_API_MAX_CONNECTIONS (evicted), and ones with more than 16 pipelined requests unanswered (over_pipelined)',
+    labelNames: ['reason'] as const,
+    registers: [queueRegistry],
+  });
   return async () => {
     if (opts.rates) rateLimited.set(opts.rates.refused);
     if (opts.connections) {
       connections.set(opts.connections.size);
-      evicted.set(opts.connections.evicted);
+      closedConnections.set({ reason: 'evicted' }, opts.connections.evicted);
+      closedConnections.set({ reason: 'over_pipelined' }, opts.connections.overPipelined);
     }
     if (opts.turns) {
       const { inProgress, waiting } = opts.turns.usage();

@@ -1,4 +1,5 @@
-import { once } from 'node:events';
+import { EventEmitter, once } from 'node:events';
+import type { Server } from 'node:http';
 import { connect, type Socket } from 'node:net';
 import { gzipSync } from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -6,6 +7,7 @@ import { createLogger } from '../src/logger.ts';
 import { loadConfig } from '../src/config.ts';
 import { startApiServer } from '../src/api/server.ts';
 import { RefusalLog } from '../src/api/refusal-log.ts';
+import { ConnectionPool } from '../src/api/connections.ts';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
 import { TestBed } from './helpers/env.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
@@ -642,12 +644,69 @@ describe('noisy neighbours: idle connections (LEASE_OPS_API_MAX_CONNECTIONS)', (
       expect(sockets[0]!.destroyed).toBe(true);
       expect(sockets.at(-1)!.destroyed).toBe(false);
       const metrics = await (await fetch(`${server.url}/metrics`)).text();
-      expect(Number(/^lease_ops_api_connections_evicted_total (\d+)$/m.exec(metrics)?.[1])).toBeGreaterThanOrEqual(6);
+      expect(Number(/^lease_ops_api_connections_closed_total\{reason="evicted"\} (\d+)$/m.exec(metrics)?.[1])).toBeGreaterThanOrEqual(6);
       expect(Number(/^lease_ops_api_connections (\d+)$/m.exec(metrics)?.[1])).toBeLessThanOrEqual(20);
       poll.abort();
       expect(await polled).toBe('AbortError');
     } finally {
       for (const s of sockets) s.destroy();
+      await server.close();
+      await bed.close();
+    }
+  });
+  it("counts a request whose answer is complete as done though its client reads nothing: its connection gives way to a newcomer", () => {
+    // The pool's own bookkeeping, driven as Node's server drives it: an answer a client never
+    // reads is complete (ended) but never written (its response never closes).
+    class FakeSocket extends EventEmitter {
+      destroyed = false;
+      destroy() {
+        this.destroyed = true;
+        this.emit('close');
+      }
+    }
+    class FakeResponse extends EventEmitter {
+      end() {
+        return this;
+      }
+    }
+    const server = new EventEmitter() as unknown as Server;
+    new ConnectionPool(2).attach(server);
+    const [unread, working, newcomer, last] = [new FakeSocket(), new FakeSocket(), new FakeSocket(), new FakeSocket()];
+    server.emit('connection', unread);
+    server.emit('connection', working);
+    const answered = new FakeResponse();
+    server.emit('request', { socket: unread }, answered);
+    answered.end();
+    server.emit('request', { socket: working }, new FakeResponse());
+    server.emit('connection', newcomer);
+    expect([unread.destroyed, working.destroyed, newcomer.destroyed]).toEqual([true, false, false]);
+    // Every other connection with a request being worked on: the newcomer is the one closed.
+    server.emit('request', { socket: newcomer }, new FakeResponse());
+    server.emit('connection', last);
+    expect([working.destroyed, newcomer.destroyed, last.destroyed]).toEqual([false, false, true]);
+  });
+
+  it('closes a connection with more than 16 pipelined requests unanswered, and says so in /metrics', async () => {
+    const bed = await TestBed.create({});
+    const config = loadConfig({ REDIS_URL: bed.config.REDIS_URL, LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX, LEASE_OPS_API_PORT: '0', LEASE_OPS_API_HOST: '127.0.0.1' });
+    const server = await startApiServer(config, createLogger({ level: 'silent' }));
+    try {
+      // Sixteen in one write are answered; seventeen close the connection (Node parses the
+      // requests of one write all at once, before their answers can be written).
+      const probe = 'GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n';
+      const answers = async (n: number) => {
+        const socket = await silentSocket(server.url);
+        let text = '';
+        socket.on('data', (d) => (text += String(d)));
+        socket.write(probe.repeat(n) + (n <= 16 ? 'GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n' : ''));
+        await once(socket, 'close');
+        return text.split('HTTP/1.1 200').length - 1;
+      };
+      expect(await answers(15)).toBe(16);
+      expect(await answers(17)).toBeLessThan(17);
+      const metrics = await (await fetch(`${server.url}/metrics`)).text();
+      expect(Number(/^lease_ops_api_connections_closed_total\{reason="over_pipelined"\} (\d+)$/m.exec(metrics)?.[1])).toBe(1);
+    } finally {
       await server.close();
       await bed.close();
     }
