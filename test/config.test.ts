@@ -8,6 +8,12 @@ describe('configuration', () => {
     expect(c.LEASE_OPS_CONCURRENCY).toBe(50);
   });
 
+  it("derives the API's wait budgets from its connections where they are not set: half of them in all, a fifth of those per company", () => {
+    expect(loadConfig({ LEASE_OPS_API_MAX_CONNECTIONS: '50' })).toMatchObject({ LEASE_OPS_API_MAX_WAITS: 25, LEASE_OPS_API_MAX_WAITS_PER_COMPANY: 5 });
+    expect(loadConfig({})).toMatchObject({ LEASE_OPS_API_MAX_WAITS: 500, LEASE_OPS_API_MAX_WAITS_PER_COMPANY: 100 });
+    expect(loadConfig({ LEASE_OPS_API_MAX_CONNECTIONS: '50', LEASE_OPS_API_MAX_WAITS_PER_COMPANY: '20' })).toMatchObject({ LEASE_OPS_API_MAX_WAITS_PER_COMPANY: 20 });
+  });
+
   it('names every bad variable and why', () => {
     const attempt = () => loadConfig({ LEASE_OPS_CONCURRENCY: 'many', LEASE_OPS_PREFIX: 'no-hash-tag', REDIS_URL: 'nope' });
     expect(attempt).toThrow(ConfigError);

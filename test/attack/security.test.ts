@@ -105,6 +105,21 @@ describe('issue 12, scenarios 8 and 10: the request log and the Authorization he
     expect(lines.filter((l) => l.includes(TOKEN))).toEqual([]);
   });
 
+  it("an activity's token in a route's path is masked in the request log (helper-18: logged in full)", async () => {
+    bed = await TestBed.create({ LEASE_OPS_API_TOKENS: TOKEN });
+    const { lines, log } = captureLog();
+    const api = await startTestApi(bed, log);
+    const activity = 'act_0123456789abcdef0123456789abcdef';
+    try {
+      await (await fetch(`${api.base}/v1/activities/${activity}/heartbeat`, { method: 'POST', headers: { authorization: `Bearer ${TOKEN}`, 'content-type': 'application/json' }, body: '{}' })).arrayBuffer();
+      await (await fetch(`${api.base}/v1/activities/${activity}`, { method: 'DELETE', headers: { authorization: `Bearer ${TOKEN}` } })).arrayBuffer();
+    } finally {
+      await api.close();
+    }
+    expect(lines.filter((l) => l.includes('/v1/activities/***'))).toHaveLength(2);
+    expect(lines.filter((l) => l.includes(activity))).toEqual([]);
+  });
+
   it('a credential followed by anything else does not authenticate', async () => {
     const authority = new TokenAuthority([{ token: TOKEN }]);
     const basic = (text: string) => `Basic ${Buffer.from(text).toString('base64')}`;
