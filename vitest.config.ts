@@ -10,15 +10,16 @@ export default defineConfig({
   // installed tree look stale, and the next `npx` walks all of node_modules to rebuild it.
   cacheDir: '.cache/vite',
   test: {
-    // Three files at a time on two cores: most of a test's time is spent waiting (on a worker,
-    // a deadline, a child process), and every test has a prefix of its own in the shared Redis
-    // (tests that restart or count a whole Redis start their own). Four, or the slowest files
-    // all at once, failed timing-bound tests (see docs/testing.md).
+    // Four files at a time on two cores, the longest first: much of a test's time is spent
+    // waiting (on a worker, a deadline, a child process), and every test has a prefix of its own
+    // in the shared Redis (tests that restart or count a whole Redis start their own). Tests
+    // wait on events, not on time, so a loaded machine slows them without failing them
+    // (docs/testing.md).
     fileParallelism: true,
     maxWorkers: 4,
     // A worker process runs file after file with the modules it has loaded (no process started,
     // and no BullMQ, express or zod loaded again, per file): every test has its own key prefix
-    // and closes what it opens, and none changes a module's state for the next.
+    // and closes what it opens; the process's metrics are reset for each file (per-file.ts).
     isolate: false,
     sequence: { sequencer: LongestFirst },
     setupFiles: ['test/helpers/per-file.ts'],
