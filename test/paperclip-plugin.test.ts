@@ -334,13 +334,17 @@ describe('faults a host meets', () => {
   });
 
   it('an acquire hook the host gives up on (its hookTimeoutMs) cancels the acquire: the sandbox it made is destroyed, and no other is made', { timeout: 60_000 }, async () => {
-    const env = environment('acme', 'abandoned', 'daytona', { hookTimeoutMs: 1_500 });
-    daytona.failNextCreate({ kind: 'slow-boot', bootMs: 4_000 });
+    // The hook gives up while the sandbox boots: 3 s leaves the acquire time to reach the cloud
+    // on a loaded machine (with 1.5 s, a CI run's cancel once came before it started, and nothing
+    // was made to clean up), and the boot outlasts it.
+    const env = environment('acme', 'abandoned', 'daytona', { hookTimeoutMs: 3_000 });
+    daytona.failNextCreate({ kind: 'slow-boot', bootMs: 6_000 });
     const started = Date.now();
     await expect(env.acquire('run-abandoned')).rejects.toThrow(/^lease-ops: hook_timeout: /);
     // Within the hook's own time, its cancel included.
-    expect(Date.now() - started).toBeLessThan(2_000);
+    expect(Date.now() - started).toBeLessThan(3_500);
     const made = () => [...daytona.sandboxes.values()].filter((sb) => sb.labels['lease-ops/run'] === 'run-abandoned');
+    expect(made()).toHaveLength(1);
     await readUntil(async () => made().length === 1 && made().every((sb) => daytona.stateOf(sb.id) === 'gone'), 30_000, 'the clean-up destroying the sandbox');
     // The host asks again for the run: a new acquire, a new sandbox (the cancelled one is not joined).
     const again = await environment('acme', 'abandoned', 'daytona').acquire('run-abandoned');
