@@ -14,6 +14,7 @@ import { exitEarlyOnSignals } from '../src/runtime.ts';
 import { maskUrl } from '../src/secrets.ts';
 import { activityCost } from './activities.ts';
 import { hookOverhead } from './hooks.ts';
+import { settleLag } from './settle-lag.ts';
 import { instanceCost, type InstanceFigures } from './instances.ts';
 import { measureRedis, type RedisCost } from './redis-cost.ts';
 
@@ -42,6 +43,11 @@ export interface Figures {
   stuck_stop_recovery_s: number;
   hook_overhead_p50_ms: number;
   hook_overhead_p99_ms: number;
+  /** (i) From a sandbox reaching the state an operation waits for (1-5 s transitions) to the operation's end. */
+  settle_lag_p50_ms: number;
+  settle_lag_p99_ms: number;
+  settle_lag_operations_waited: number;
+  settle_provider_requests_per_op: number;
   activity_redis_cpu_us_per_call: number;
   activity_script_us_per_call: number;
   /** (h) The provider registry: 10,000 instances of one company. */
@@ -360,6 +366,7 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
     hooks: Math.round(200 * scale),
     activity_cycles: Math.round(10_000 * scale),
     instances: Math.round(10_000 * scale),
+    settle_leases: opts.quick ? 20 : 100,
   };
   out(`bench: ${WORKERS} worker processes x concurrency ${CONCURRENCY}, Redis ${maskUrl(loadConfig().REDIS_URL)}`);
   const stopCleaningUp = exitEarlyOnSignals(cleanUpAfterSignal);
@@ -401,6 +408,8 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
   const activities = await activityCost(loads.activity_cycles);
   out(`(h) provider registry: ${loads.instances} instances of one company, listed and built ...`);
   const instances = await instanceCost(loads.instances, Math.min(1_000, loads.instances));
+  out(`(i) settle lag: ${loads.settle_leases} leases acquired, stopped and resumed on Daytona with 1-5 s transitions ...`);
+  const settle = await settleLag(loads.settle_leases);
 
   const figures: Figures = {
     lanes_ops_per_s: Math.round(lanes.opsPerS),
@@ -423,6 +432,10 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
     stuck_stop_recovery_s: Number(stuck.seconds.toFixed(1)),
     hook_overhead_p50_ms: hooks.p50Ms,
     hook_overhead_p99_ms: hooks.p99Ms,
+    settle_lag_p50_ms: settle.p50Ms,
+    settle_lag_p99_ms: settle.p99Ms,
+    settle_lag_operations_waited: settle.waited,
+    settle_provider_requests_per_op: settle.requestsPerOp,
     activity_redis_cpu_us_per_call: activities.cpu_us_per_call,
     activity_script_us_per_call: activities.script_us_per_call,
     instances,
@@ -456,6 +469,8 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
       [`(h) provider registry: ${instances.instances} instances saved`, `${instances.saves_per_s} saves/s, ${instances.redis_bytes_per_instance} Redis bytes each`],
       [`    listed in ${instances.list_pages} pages of 500: p50 / max per page`, `${instances.list_page_p50_ms} / ${instances.list_page_max_ms} ms`],
       [`    worker heap per built instance (${instances.built} built); an attempt's look-up p50`, `${instances.worker_bytes_per_built_instance} bytes; ${instances.resolve_cached_p50_us} µs`],
+      [`(i) settle lag, 1-5 s transitions (${figures.settle_lag_operations_waited} of ${settle.operations} ops waited): p50 / p99`, `${figures.settle_lag_p50_ms} / ${figures.settle_lag_p99_ms} ms`],
+      [`    provider requests per operation on its sandbox`, `${figures.settle_provider_requests_per_op}`],
     ];
     const w = Math.max(...rows.map((r) => r[0].length));
     process.stdout.write(`${rows.map(([k, v]) => `${k.padEnd(w)}  ${v}`).join('\n')}\n`);

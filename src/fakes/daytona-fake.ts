@@ -97,6 +97,8 @@ export interface DaytonaFakeOptions {
   execOnThisMachine?: boolean;
   organizationId?: string;
   timings?: Partial<DaytonaTimings>;
+  /** How long each transition to `to` takes, drawn per transition (the bench's seeded 1-5 s); the timings otherwise. */
+  transitionMs?: (to: string, ms: number) => number;
   faults?: DaytonaFaults;
   /** Per-throttler limits; none by default. */
   rateLimits?: Partial<Record<DaytonaThrottler, { limit: number; windowMs: number }>>;
@@ -238,10 +240,15 @@ export class DaytonaFake extends ApiFake {
     if (sb.state === 'started') sb.daemonVersion ??= 'v0.5.0';
   }
 
+  /** When each sandbox's latest transition ends (epoch ms), by id: when it reaches the state it was sent to. */
+  readonly transitionEnds = new Map<string, number>();
+
   private begin(sb: FakeSandbox, to: string, ms: number): void {
     // The stored state stays until the runner reports the new one; the reply derives the
     // transitional state from it and the desired state.
-    sb.transition = { to, at: Date.now() + Math.max(0, ms) };
+    const at = Date.now() + Math.max(0, this.opts.transitionMs ? this.opts.transitionMs(to, ms) : ms);
+    sb.transition = { to, at };
+    this.transitionEnds.set(sb.id, at);
     sb.updatedAt = new Date().toISOString();
     this.settle(sb);
   }
