@@ -330,12 +330,14 @@ export interface BenchSamples {
   plainRounds: number[];
   groupmqRounds: number[];
   handoffsMs: number[];
+  /** (i) Each waiting operation's settle lag (ms). */
+  settleLagsMs?: number[];
 }
 
 /**
  * Writes the figures as JSON and, next to it, an SVG of throughput per scenario (lanes and
- * plain BullMQ with each round as a dot) over the hand-off latency distribution. Returns
- * both paths.
+ * plain BullMQ with each round as a dot) over the hand-off latency distribution and, when
+ * measured, the settle lag's. Returns both paths.
  */
 export function writeBenchFiles(figures: Figures, samples: BenchSamples, dir: string, stamp = new Date().toISOString().replace(/[:.]/g, '-')): { json: string; svg: string } {
   mkdirSync(dir, { recursive: true });
@@ -352,7 +354,10 @@ export function writeBenchFiles(figures: Figures, samples: BenchSamples, dir: st
     { label: `${figures.loads.many_leases} leases, one op each`, value: figures.many_leases_ops_per_s },
   ]);
   const histogram = histogramSvg('Hand-off latency, one hot lease (end of one operation to start of the next)', samples.handoffsMs);
-  writeFileSync(svg, stackSvg([bars, histogram]));
+  const settle = samples.settleLagsMs?.length
+    ? [histogramSvg('Settle lag, 1-5 s transitions (the sandbox reaching its state to the operation ending)', samples.settleLagsMs, 760, 'operations that waited')]
+    : [];
+  writeFileSync(svg, stackSvg([bars, histogram, ...settle]));
   return { json, svg };
 }
 
@@ -443,7 +448,7 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
     loads,
   };
   stopCleaningUp();
-  const files = writeBenchFiles(figures, { lanesRounds: lanesRounds.map((r) => Math.round(r.opsPerS)), plainRounds: plainRounds.map(Math.round), groupmqRounds: groupmqRounds.map(Math.round), handoffsMs: handoffs }, opts.out ?? 'bench-results');
+  const files = writeBenchFiles(figures, { lanesRounds: lanesRounds.map((r) => Math.round(r.opsPerS)), plainRounds: plainRounds.map(Math.round), groupmqRounds: groupmqRounds.map(Math.round), handoffsMs: handoffs, settleLagsMs: settle.lagsMs }, opts.out ?? 'bench-results');
   out(`bench: figures in ${files.json}, charts in ${files.svg}`);
   if (opts.json) {
     process.stdout.write(`${JSON.stringify(figures)}\n`);

@@ -18,6 +18,8 @@ export interface SettleLag {
   /** Provider requests per operation, all operations. */
   requestsPerOp: number;
   operations: number;
+  /** Each waiting operation's lag (ms), sorted. */
+  lagsMs: number[];
 }
 
 const KEY = 'settle-lag-bench-key';
@@ -79,5 +81,5 @@ export async function settleLag(leases: number, seed = 20261205): Promise<Settle
   }
   lags.sort((a, b) => a - b);
   const at = (p: number) => (lags.length ? lags[Math.min(lags.length - 1, Math.floor((p / 100) * lags.length))]! : NaN);
-  return { p50Ms: at(50), p99Ms: at(99), waited: lags.length, requestsPerOp: Number((requests / Math.max(1, operations)).toFixed(1)), operations };
+  return { p50Ms: at(50), p99Ms: at(99), waited: lags.length, requestsPerOp: Number((requests / Math.max(1, operations)).toFixed(1)), operations, lagsMs: lags };
 }

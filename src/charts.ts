@@ -79,7 +79,7 @@ export function barChartSvg(title: string, unit: string, bars: Bar[], width = 76
 }
 
 /** A distribution on a log axis (for latencies in ms), with its p50 and p99 marked. */
-export function histogramSvg(title: string, values: number[], width = 760): string {
+export function histogramSvg(title: string, values: number[], width = 760, counted = 'hand-offs'): string {
   const height = 230;
   const left = 50;
   const bottom = height - 40;
@@ -111,7 +111,7 @@ export function histogramSvg(title: string, values: number[], width = 760): stri
     parts.push(`<line x1="${x(v)}" y1="36" x2="${x(v)}" y2="${bottom}" stroke="${colour}" stroke-dasharray="4 3"/>`);
     parts.push(`<text x="${x(v) + 4}" y="${p === 50 ? 48 : 62}" font-size="11" fill="${colour}">${esc(`p${p} ${v.toFixed(2)} ms`)}</text>`);
   }
-  parts.push(`<text x="${left}" y="${height - 6}" font-size="11" fill="#5b6573">${esc(`${positive.length} hand-offs`)}</text>`);
+  parts.push(`<text x="${left}" y="${height - 6}" font-size="11" fill="#5b6573">${esc(`${positive.length} ${counted}`)}</text>`);
   return svg(width, height, parts);
 }
 
