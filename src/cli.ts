@@ -2,7 +2,6 @@ import { Command, CommanderError } from 'commander';
 import { ConfigError, loadConfig } from './config.ts';
 import { RedisUnavailableError } from './errors.ts';
 import { LayoutError } from './queues/layout.ts';
-import { exitEarlyOnSignals, loggerFor, reportRedisTrouble, serveWorkerMetrics, startWorker } from './runtime.ts';
 
 import type { ActivityCliOptions, EnqueueCliOptions, StatusCliOptions } from './cli-commands.ts';
 import type { ProviderCliOptions } from './cli-providers.ts';
@@ -22,6 +21,8 @@ program
   .description('run one worker replica (start as many as you like); configured by environment variables')
   .action(async () => {
     const config = loadConfig();
+    // Loaded only by the commands that run a worker or the API: `--version` took 0.8 s of CPU with it, 0.24 s without.
+    const { exitEarlyOnSignals, loggerFor, serveWorkerMetrics, startWorker } = await import('./runtime.ts');
     const log = loggerFor(config, 'lease-ops-worker');
     const handOver = exitEarlyOnSignals();
     const worker = await startWorker(config, log);
@@ -43,6 +44,7 @@ program
     if (config.LEASE_OPS_API_TOKENS.length === 0) {
       throw new ConfigError('invalid configuration:\n  LEASE_OPS_API_TOKENS="": the API needs at least one token (comma-separated, 16+ characters)');
     }
+    const { exitEarlyOnSignals, loggerFor, reportRedisTrouble } = await import('./runtime.ts');
     const log = loggerFor(config, 'lease-ops-api');
     reportRedisTrouble(config, log);
     const { startApiServer } = await import('./api/server.ts');
