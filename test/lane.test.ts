@@ -239,7 +239,8 @@ describe('the lane', () => {
     });
     await bed.startWorker(provider);
     const executing = await bed.ops.enqueue({ op: 'stop', lease: lease('a'), params: stop('a') });
-    await new Promise<void>((resolve) => bed!.events.once('active', () => resolve()));
+    // Its state, not the 'active' event: the event can come before a listener is on (under load it did, and the test hung).
+    await readUntil(async () => (await bed!.ops.queue.getJobState(executing.jobId)) === 'active', 10_000, 'executing running');
     const force = await bed.ops.enqueue({ op: 'force-stop', lease: lease('a'), params: stop('a') });
     held.open();
     await bed.waitForAll([executing.jobId, force.jobId]);
@@ -402,7 +403,8 @@ describe('a force-stop and a queued stop', () => {
     const { provider, calls } = createRecordingProvider({ behaviour: async ({ op, ctx }) => (op === 'resume' && ctx.attempt === 1 ? (await held.promise, 'settling' as const) : ('ok' as const)) });
     await bed.startWorker(provider);
     const resume = await bed.ops.enqueue({ op: 'resume', lease: lease('b'), params: { providerLeaseId: 'b' } });
-    await new Promise<void>((resolve) => bed!.events.once('active', () => resolve()));
+    // Its state, not the 'active' event: the event can come before a listener is on (under load it did, and the test hung).
+    await readUntil(async () => (await bed!.ops.queue.getJobState(resume.jobId)) === 'active', 10_000, 'resume running');
     const queuedStop = await bed.ops.enqueue({ op: 'stop', lease: lease('b'), params: stop('b') });
     const force = await bed.ops.enqueue({ op: 'force-stop', lease: lease('b'), params: stop('b') });
     expect(force.jobId).not.toBe(queuedStop.jobId);
@@ -418,7 +420,8 @@ describe('a force-stop and a queued stop', () => {
     const { provider } = createRecordingProvider({ behaviour: async ({ op, ctx }) => (op === 'resume' && ctx.attempt === 1 ? (await held.promise, 'settling' as const) : ('ok' as const)) });
     await bed.startWorker(provider);
     const resume = await bed.ops.enqueue({ op: 'resume', lease: lease('p'), params: { providerLeaseId: 'p' } });
-    await new Promise<void>((resolve) => bed!.events.once('active', () => resolve()));
+    // Its state, not the 'active' event: the event can come before a listener is on (under load it did, and the test hung).
+    await readUntil(async () => (await bed!.ops.queue.getJobState(resume.jobId)) === 'active', 10_000, 'resume running');
     const force = await bed.ops.enqueue({ op: 'force-stop', lease: lease('p'), params: stop('p') });
     await bed.ops.lanes.pause(resume.laneId, 'test', Date.now(), lease('p'));
     held.open();
