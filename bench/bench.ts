@@ -48,6 +48,10 @@ export interface Figures {
   settle_lag_p99_ms: number;
   settle_lag_operations_waited: number;
   settle_provider_requests_per_op: number;
+  /** The same without Daytona's pushes (each transition waited out by lane backoff, as before them). */
+  settle_lag_backoff_p50_ms: number;
+  settle_lag_backoff_p99_ms: number;
+  settle_backoff_provider_requests_per_op: number;
   activity_redis_cpu_us_per_call: number;
   activity_script_us_per_call: number;
   /** (h) The provider registry: 10,000 instances of one company. */
@@ -413,8 +417,9 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
   const activities = await activityCost(loads.activity_cycles);
   out(`(h) provider registry: ${loads.instances} instances of one company, listed and built ...`);
   const instances = await instanceCost(loads.instances, Math.min(1_000, loads.instances));
-  out(`(i) settle lag: ${loads.settle_leases} leases acquired, stopped and resumed on Daytona with 1-5 s transitions ...`);
-  const settle = await settleLag(loads.settle_leases);
+  out(`(i) settle lag: ${loads.settle_leases} leases acquired, stopped and resumed on Daytona with 1-5 s transitions, with its pushes and without ...`);
+  const settle = await settleLag(loads.settle_leases, { push: true });
+  const settleBackoff = await settleLag(loads.settle_leases, { push: false });
 
   const figures: Figures = {
     lanes_ops_per_s: Math.round(lanes.opsPerS),
@@ -441,6 +446,9 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
     settle_lag_p99_ms: settle.p99Ms,
     settle_lag_operations_waited: settle.waited,
     settle_provider_requests_per_op: settle.requestsPerOp,
+    settle_lag_backoff_p50_ms: settleBackoff.p50Ms,
+    settle_lag_backoff_p99_ms: settleBackoff.p99Ms,
+    settle_backoff_provider_requests_per_op: settleBackoff.requestsPerOp,
     activity_redis_cpu_us_per_call: activities.cpu_us_per_call,
     activity_script_us_per_call: activities.script_us_per_call,
     instances,
@@ -476,6 +484,7 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
       [`    worker heap per built instance (${instances.built} built); an attempt's look-up p50`, `${instances.worker_bytes_per_built_instance} bytes; ${instances.resolve_cached_p50_us} µs`],
       [`(i) settle lag, 1-5 s transitions (${figures.settle_lag_operations_waited} of ${settle.operations} ops waited): p50 / p99`, `${figures.settle_lag_p50_ms} / ${figures.settle_lag_p99_ms} ms`],
       [`    provider requests per operation on its sandbox`, `${figures.settle_provider_requests_per_op}`],
+      [`    without Daytona's pushes (backoff only): p50 / p99, requests per operation`, `${figures.settle_lag_backoff_p50_ms} / ${figures.settle_lag_backoff_p99_ms} ms, ${figures.settle_backoff_provider_requests_per_op}`],
     ];
     const w = Math.max(...rows.map((r) => r[0].length));
     process.stdout.write(`${rows.map(([k, v]) => `${k.padEnd(w)}  ${v}`).join('\n')}\n`);

@@ -23,22 +23,38 @@ export interface SettleLag {
 }
 
 const KEY = 'settle-lag-bench-key';
+const ORG = '5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9';
 
 /**
  * (i) Settle lag on the Daytona fake with transitions of 1-5 s (seeded, drawn per transition):
  * each lease is acquired (the sandbox boots), stopped and resumed, all leases at once, on one
- * worker in this process with the default backoff. For each operation whose sandbox's latest
+ * worker in this process with the default settings: with Daytona's notification gateway
+ * pushing state changes (`push`), or without (every transition waited out by backoff). For each operation whose sandbox's latest
  * transition ended after it was accepted and before it ended, the lag is the operation's end (BullMQ's finishedOn) minus the
  * moment the transition ended; requests are the fake's calls on the sandbox while it ran (a lookup by name before the
  * sandbox exists is not counted).
  */
-export async function settleLag(leases: number, seed = 20261205): Promise<SettleLag> {
+export async function settleLag(leases: number, opts: { push: boolean }, seed = 20261205): Promise<SettleLag> {
   const prefix = `{lease-ops-bench-settle-${randomBytes(3).toString('hex')}}`;
   const config = loadConfig({ ...process.env, LEASE_OPS_PREFIX: prefix, LEASE_OPS_LOG_LEVEL: 'silent' });
   const random = seededRandom(seed);
-  const fake = new DaytonaFake({ apiKey: KEY, transitionMs: (to, ms) => (to === 'started' || to === 'stopped' ? 1_000 + Math.round(random() * 4_000) : ms) });
+  const fake = new DaytonaFake({
+    apiKey: KEY,
+    organizationId: ORG,
+    notifications: true,
+    transitionMs: (to, ms) => (to === 'started' || to === 'stopped' ? 1_000 + Math.round(random() * 4_000) : ms),
+  });
   const apiUrl = await fake.listen();
-  const provider = createDaytonaProvider({ name: 'daytona', apiUrl, apiKey: KEY, timeoutMs: 10_000, rateLimits: { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null } });
+  const provider = createDaytonaProvider({
+    name: 'daytona',
+    apiUrl,
+    apiKey: KEY,
+    organizationId: ORG,
+    // Without the gateway's pushes every transition is waited out by backing off (as before them).
+    notifications: opts.push,
+    timeoutMs: 10_000,
+    rateLimits: { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null },
+  });
   const worker = new LeaseWorker(config, new ProviderRegistry([provider]), createLogger({ level: 'silent' }));
   await worker.start();
   const client = new LeaseOpsClient(config);

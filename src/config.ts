@@ -128,6 +128,12 @@ export const EnvSchema = z.object({
   LEASE_OPS_STUCK_STOPPING_MS: int(30_000, 0),
   /** After a request that may still be running at the cloud (timed out, cut), the lane waits this long before its next call; 0 = no wait. */
   LEASE_OPS_INFLIGHT_GRACE_MS: int(5_000, 0),
+  /**
+   * How long an attempt that met a settling sandbox waits, holding its lane, for the provider
+   * to push the sandbox's next state (Daytona's notification gateway) before it backs off as
+   * usual; 0 = never waits. Only providers that can push wait at all.
+   */
+  LEASE_OPS_SETTLE_WAIT_MS: int(5_000, 0),
   LEASE_OPS_WATCHDOG_MAX_FORCE: int(5, 1),
   /** Retry backoff for settling and transient errors (brief: 250 ms doubling to 5 s). */
   LEASE_OPS_BACKOFF_BASE_MS: int(250, 1),

@@ -21,6 +21,7 @@ export type FaultPoint =
   | 'after-lane-acquire'
   | 'before-provider-call'
   | 'after-provider-call'
+  | 'settle-wait'
   | 'lane-yield'
   | 'after-lane-yield'
   | 'before-acquire-release'

@@ -44,6 +44,30 @@ const retries = new Counter({
   registers: [registry],
 });
 
+const settleWaits = new Counter({
+  name: 'lease_ops_settle_waits_total',
+  help: 'Waits of an attempt for a settling sandbox\'s pushed state change, by how they ended: changed (the attempt went on), timed_out (it backed off), stopped (lock lost or worker closing)',
+  labelNames: ['op', 'outcome'] as const,
+  registers: [registry],
+});
+
+const settleWaiting = new Gauge({
+  name: 'lease_ops_settle_waits_in_progress',
+  help: 'Attempts of this process waiting now for a settling sandbox\'s pushed state change (each holds its lane and a worker slot)',
+  registers: [registry],
+});
+
+/** An attempt begins to wait for a pushed state change. */
+export function settleWaitBegan(): void {
+  settleWaiting.inc();
+}
+
+/** An attempt's wait for a pushed state change ended (`cannot_push`: it never began: not counted). */
+export function settleWaitEnded(op: string, outcome: 'changed' | 'timed_out' | 'stopped' | 'cannot_push'): void {
+  settleWaiting.dec();
+  if (outcome !== 'cannot_push') settleWaits.inc({ op, outcome });
+}
+
 const forceStops = new Counter({
   name: 'lease_ops_force_stops_total',
   help: "Force-stops by outcome: queued by the watchdog, succeeded, or refused by the provider (state_change_in_progress)",

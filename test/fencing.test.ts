@@ -11,7 +11,7 @@ import { lease, QUICK_RECOVERY, readUntil, REDIS_URL, TestBed, workerEnv } from 
 import { readCallFile } from './helpers/invariants.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
 import { waitForCall } from './helpers/watch-file.ts';
-import { WorkerProcess } from './helpers/worker-process.ts';
+import { killAll, WorkerProcess } from './helpers/worker-process.ts';
 
 const PROVIDER = fileURLToPath(new URL('./helpers/recording-provider.ts', import.meta.url));
 
@@ -19,11 +19,7 @@ let bed: TestBed | undefined;
 let dir: string | undefined;
 const workers: WorkerProcess[] = [];
 afterEach(async () => {
-  for (const w of workers.splice(0)) {
-    w.child.kill('SIGCONT');
-    w.child.kill('SIGKILL');
-    await w.exited;
-  }
+  await killAll(workers);
   await bed?.close();
   if (dir) rmSync(dir, { recursive: true, force: true });
   bed = undefined;

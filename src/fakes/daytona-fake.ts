@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto';
+import type { Server as SocketServer } from 'socket.io';
 import { DaytonaToolbox } from './daytona-toolbox.ts';
 import { seededRandom } from './seeded-random.ts';
 import { ApiFake, applyCreateFault, WindowLimit, type FakeReply, type FakeRequest, type Transitioning } from './http-fake.ts';
@@ -104,6 +105,12 @@ export interface DaytonaFakeOptions {
   rateLimits?: Partial<Record<DaytonaThrottler, { limit: number; windowMs: number }>>;
   /** Fields newer servers send that this client does not know; merged into every sandbox reply. */
   extraFields?: Record<string, unknown>;
+  /**
+   * Serves Daytona's notification gateway (socket.io at /api/socket.io/, websocket only),
+   * which pushes `sandbox.state.updated` to the sockets of the sandbox's organization. Off
+   * by default (socket.io is a development dependency); the bench and the push tests turn it on.
+   */
+  notifications?: boolean;
 }
 
 const DEFAULT_TIMINGS: DaytonaTimings = { create: 20, start: 20, stop: 20, forceStop: 0, destroy: 10, archive: 20 };
@@ -154,7 +161,12 @@ export class DaytonaFake extends ApiFake {
   readonly toolbox = new DaytonaToolbox();
 
   constructor(private readonly opts: DaytonaFakeOptions = {}) {
-    super((req) => this.route(req));
+    super((req) => {
+      const result = this.route(req);
+      const sb = result.sandboxId === null ? undefined : this.sandboxes.get(result.sandboxId);
+      if (sb) this.announce(sb);
+      return result;
+    });
     this.timings = { ...DEFAULT_TIMINGS, ...opts.timings };
     this.random = opts.faults ? seededRandom(opts.faults.seed) : null;
     for (const [name, l] of Object.entries(opts.rateLimits ?? {})) this.limits.set(name as DaytonaThrottler, new WindowLimit(l.limit, l.windowMs));
@@ -162,9 +174,81 @@ export class DaytonaFake extends ApiFake {
     this.apiKeys = opts.apiKey ? new Set([opts.apiKey]) : null;
   }
 
-  override close(): Promise<void> {
+  override async listen(port = 0, host?: string): Promise<string> {
+    const url = await super.listen(port, host);
+    if (this.opts.notifications) await this.openGateway();
+    return url;
+  }
+
+  override async close(): Promise<void> {
     this.toolbox.close();
+    for (const timer of this.transitionTimers) clearTimeout(timer);
+    this.transitionTimers.clear();
+    const gateway = this.gateway;
+    this.gateway = null;
+    if (gateway) {
+      gateway.disconnectSockets(true);
+      // socket.io's close also closes the HTTP server it is attached to: the fake closes that itself.
+      gateway.engine.close();
+    }
     return super.close();
+  }
+
+  private gateway: SocketServer | null = null;
+  private readonly transitionTimers = new Set<NodeJS.Timeout>();
+  /** The state each sandbox was last announced in, by id. */
+  private readonly announced = new Map<string, string>();
+  /** Sockets refused at the gateway's handshake (wrong or missing token). */
+  gatewayRefusals = 0;
+
+  /**
+   * NotificationGateway, as apps/api has it: the handshake's `auth.token` is checked, the
+   * socket joins its `organizationId` query's room, and sandbox events go to the sandbox's
+   * organization's room only (a socket that names no organization hears none of them).
+   */
+  private async openGateway(): Promise<void> {
+    const { Server } = await import('socket.io');
+    const gateway = new Server(this.http.nodeServer, { path: '/api/socket.io/', transports: ['websocket'], serveClient: false });
+    gateway.use((socket, next) => {
+      const token: unknown = socket.handshake.auth.token;
+      if (typeof token !== 'string' || token === '' || (this.apiKeys && !this.apiKeys.has(token))) {
+        this.gatewayRefusals++;
+        next(new Error('Unauthorized'));
+        return;
+      }
+      const organizationId = socket.handshake.query.organizationId;
+      if (typeof organizationId === 'string' && organizationId !== '') void socket.join(organizationId);
+      next();
+    });
+    this.gateway = gateway;
+  }
+
+  /** Sockets connected to the gateway now. */
+  gatewaySockets(): number {
+    return this.gateway?.engine.clientsCount ?? 0;
+  }
+
+  /** Pushes `sandbox.state.updated` if the state a client would read changed since it was last pushed. */
+  private announce(sb: FakeSandbox): void {
+    if (!this.gateway) return;
+    this.settle(sb);
+    const state = sb.state === 'destroyed' ? 'destroyed' : reportedState(sb);
+    const before = this.announced.get(sb.id);
+    if (before === state) return;
+    this.announced.set(sb.id, state);
+    if (before === undefined) this.gateway.to(sb.organizationId).emit('sandbox.created', this.view(sb, { withRelations: false }));
+    else this.gateway.to(sb.organizationId).emit('sandbox.state.updated', { sandbox: this.view(sb, { withRelations: false }), oldState: before, newState: state });
+  }
+
+  /** Announces a transition's end when it is due (the runner reporting its new state). */
+  private announceAt(sb: FakeSandbox, at: number): void {
+    if (!this.gateway) return;
+    const timer = setTimeout(() => {
+      this.transitionTimers.delete(timer);
+      this.announce(sb);
+    }, Math.max(0, at - Date.now()));
+    timer.unref();
+    this.transitionTimers.add(timer);
   }
 
   /** Changes how long transitions take from now on. */
@@ -200,6 +284,7 @@ export class DaytonaFake extends ApiFake {
       if (['started', 'stopped', 'archived', 'paused'].includes(controls.state)) sb.desiredState = controls.state as DesiredState;
       if (controls.desiredState !== undefined) sb.desiredState = controls.desiredState as DesiredState;
     }
+    this.announce(sb);
   }
 
   /** The sandbox's state now, as the API reports it (after any transition that is due). */
@@ -251,6 +336,7 @@ export class DaytonaFake extends ApiFake {
     this.transitionEnds.set(sb.id, at);
     sb.updatedAt = new Date().toISOString();
     this.settle(sb);
+    this.announceAt(sb, at);
   }
 
   private error(req: FakeRequest, status: number, message: string, headers?: Record<string, string>): FakeReply {

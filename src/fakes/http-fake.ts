@@ -67,6 +67,12 @@ export class HttpFake extends EventEmitter {
     super();
   }
 
+  /** The listening server (for a websocket gateway beside the routes). */
+  get nodeServer(): Server {
+    if (!this.server) throw new Error('fake is not listening');
+    return this.server;
+  }
+
   get url(): string {
     if (!this.server) throw new Error('fake is not listening');
     return this.baseUrl;

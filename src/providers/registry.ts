@@ -84,6 +84,7 @@ function optional<T extends z.ZodType>(env: NodeJS.ProcessEnv, variable: string,
   return parsed.data;
 }
 const positiveInt = z.coerce.number().int().positive();
+const booleanFlag = z.enum(['true', 'false', '1', '0']).transform((v) => v === 'true' || v === '1');
 const jsonObject = z.string().transform((text, ctx) => {
   try {
     return JSON.parse(text) as unknown;
@@ -103,11 +104,13 @@ function daytonaFromEnv(env: NodeJS.ProcessEnv) {
   const timeoutMs = optional(env, 'DAYTONA_TIMEOUT_MS', positiveInt);
   const createTimeoutMs = optional(env, 'DAYTONA_CREATE_TIMEOUT_MS', positiveInt);
   const rateLimits = optional(env, 'DAYTONA_RATE_LIMITS', jsonObject.pipe(DaytonaRateLimitsSchema));
+  const notifications = optional(env, 'DAYTONA_NOTIFICATIONS', booleanFlag);
   return {
     ...(env.DAYTONA_ORGANIZATION_ID ? { organizationId: env.DAYTONA_ORGANIZATION_ID } : {}),
     ...(timeoutMs ? { timeoutMs } : {}),
     ...(createTimeoutMs ? { createTimeoutMs } : {}),
     ...(rateLimits ? { rateLimits } : {}),
+    ...(notifications === undefined ? {} : { notifications }),
   };
 }
 function createosFromEnv(env: NodeJS.ProcessEnv) {

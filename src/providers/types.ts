@@ -168,6 +168,16 @@ export interface LeaseProvider {
    * ignore its cancel for a while) or `graceMs` after the cancel, whichever is first.
    */
   exec?(ctx: OperationContext, sandboxId: string, request: ExecRequest, opts: { graceMs: number }): Promise<ExecResult>;
+  /**
+   * Waits for the service to push a state of the sandbox other than `seen` (what the
+   * attempt's last read saw): `changed` once one came (or came after `since`, a
+   * performance.now() time taken before that read); `unchanged` when none came within
+   * `timeoutMs` or `signal` aborted; `cannot_push` at once when the service cannot push now.
+   * Never throws, and makes no request that counts against a rate limit. An attempt that met
+   * a settling error calls it and, on `changed`, runs its operation again at once instead of
+   * backing off in its lane.
+   */
+  waitForChange?(ctx: OperationContext, providerLeaseId: string, seen: SandboxState, opts: { since: number; timeoutMs: number; signal: AbortSignal }): Promise<'changed' | 'unchanged' | 'cannot_push'>;
   close?(): Promise<void>;
 }
 

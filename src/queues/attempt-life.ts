@@ -3,7 +3,7 @@ import { z } from 'zod';
 import { faultPoint, faultPointArmed } from '../fault-points.ts';
 import { laneIdOf, laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
 import type { Logger } from '../logger.ts';
-import { attemptEnded } from '../metrics.ts';
+import { attemptEnded, settleWaitBegan, settleWaitEnded } from '../metrics.ts';
 import { OperationJobDataSchema, type OperationJobData } from '../operations.ts';
 import { runOperation } from '../processors/index.ts';
 import { isProviderError, PermanentError, SettlingError, TransientError } from '../providers/errors.ts';
@@ -34,6 +34,10 @@ export interface AttemptDeps {
   maxStalled: number;
   /** How long the lane waits after a request that may still be running at the cloud (see ProviderError.requestMayBeInFlight). */
   inFlightGraceMs: number;
+  /** How long an attempt waits for a settling sandbox's pushed state change before it backs off (0: never). */
+  settleWaitMs: number;
+  /** Aborted when the worker begins to close: an attempt waiting for a state change stops waiting. */
+  closing: AbortSignal;
   log: Logger;
   redis: RedisClient;
   checkpointOf(jobId: string): OperationContext['checkpoint'];
@@ -46,6 +50,9 @@ export interface AttemptDeps {
   /** An operation saw a sandbox begin a stopping episode (see Watchdog); both times in Redis' clock. */
   stoppingBegan(laneId: string, since: number, now: number): void;
 }
+
+/** Runs of an operation within one attempt, each after a pushed state change: a bound against a provider that keeps saying "changed". */
+const MAX_RUNS_PER_ATTEMPT = 20;
 
 /** A lane step that met a Redis error: the attempt is retried, never failed for it (BullMQ's own steps would fail too). */
 class LaneUnavailableError extends RetryLaterError {
@@ -180,6 +187,8 @@ export class AttemptLife {
     const held = new Attempt(this.jobId, laneId, fence, this.lockToken);
     const untrack = this.deps.fencing.track(held);
     let observed: [string, SandboxState] | null = null;
+    /** What the current run of the operation read, for a wait on its sandbox. */
+    let seen: [string, SandboxState] | null = null;
     const ctx: OperationContext = {
       lease: data.lease,
       jobId: this.jobId,
@@ -194,6 +203,7 @@ export class AttemptLife {
       fenceIsFresh: () => held.fresh(),
       observe: (providerLeaseId, state) => {
         observed = [providerLeaseId, state];
+        seen = observed;
       },
       get log() {
         return log();
@@ -209,9 +219,20 @@ export class AttemptLife {
       if (held.stale) throw held.staleError();
       await this.waitForActivities(laneId, data);
       const spanAttributes = { 'lease.op': data.op, 'lease.provider': data.lease.provider, 'lease.job_id': this.jobId, 'lease.attempt': ctx.attempt };
-      result = await telemetry.processSpan(this.deps.ops.queue.name, this.jobId, spanAttributes, () =>
-        data.op === 'force-stop' ? telemetry.forceStopSpan(spanAttributes, () => runOperation(provider, ctx, data)) : runOperation(provider, ctx, data),
-      );
+      const runOnce = () =>
+        data.op === 'force-stop' ? telemetry.forceStopSpan(spanAttributes, () => runOperation(provider, ctx, data)) : runOperation(provider, ctx, data);
+      result = await telemetry.processSpan(this.deps.ops.queue.name, this.jobId, spanAttributes, async () => {
+        const waitUntil = Math.min(data.deadlineAt, Date.now() + this.deps.settleWaitMs);
+        for (let runs = 1; ; runs++) {
+          const since = performance.now();
+          seen = null;
+          try {
+            return await runOnce();
+          } catch (err) {
+            if (runs >= MAX_RUNS_PER_ATTEMPT || !(await this.waitedForChange(err, seen, provider, ctx, laneId, data, since, waitUntil, log))) throw err;
+          }
+        }
+      });
       if (data.op === 'force-stop') telemetry.forceStop('succeeded', { 'lease.provider': data.lease.provider });
       await faultPoint('after-provider-call');
     } catch (err) {
@@ -232,6 +253,53 @@ export class AttemptLife {
       throw staleEnd(held.staleError(), this.deps.backoff.baseMs);
     }
     return this.complete(laneId, fence, data, result, observed, log);
+  }
+
+  /**
+   * A settling error from a provider that can push state changes: the attempt keeps its lane
+   * and waits (bounded by LEASE_OPS_SETTLE_WAIT_MS and the deadline, stopped by a lost lock or
+   * the worker closing) for the sandbox's next state, then runs the operation again at once,
+   * fenced as every run is. What it read is recorded first, as a backoff would, so the
+   * watchdog and every view see the sandbox's state while it waits. False: back off as usual.
+   */
+  private async waitedForChange(
+    err: unknown,
+    seen: [string, SandboxState] | null,
+    provider: LeaseProvider,
+    ctx: OperationContext,
+    laneId: string,
+    data: OperationJobData,
+    since: number,
+    waitUntil: number,
+    log: () => Logger,
+  ): Promise<boolean> {
+    if (!provider.waitForChange || !seen || !isProviderError(err) || err.kind !== 'settling' || err.requestMayBeInFlight) return false;
+    const timeoutMs = waitUntil - Date.now();
+    if (timeoutMs <= 0 || ctx.signal.aborted || this.deps.closing.aborted) return false;
+    await this.keepObserved(laneId, data, seen, log);
+    // A crash test stops the worker here: the lane held, the sandbox read, the wait not begun.
+    await faultPoint('settle-wait');
+    const started = performance.now();
+    const signal = AbortSignal.any([ctx.signal, this.deps.closing]);
+    settleWaitBegan();
+    const outcome = await provider.waitForChange(ctx, seen[0], seen[1], { since, timeoutMs, signal }).catch((waitErr: unknown) => {
+      log().warn({ err: waitErr }, 'waiting for a pushed state change failed: backing off instead');
+      return 'unchanged' as const;
+    });
+    const changed = outcome === 'changed';
+    settleWaitEnded(data.op, outcome === 'cannot_push' ? outcome : changed ? 'changed' : signal.aborted ? 'stopped' : 'timed_out');
+    if (outcome === 'cannot_push') return false;
+    log().debug({ waitedMs: Math.round(performance.now() - started), changed, state: seen[1] }, 'waited for the sandbox to settle');
+    return changed && !ctx.signal.aborted;
+  }
+
+  /** What the attempt read of its lease's sandbox is kept (an acquire names its lease by the sandbox first). */
+  private async keepObserved(laneId: string, data: OperationJobData, attemptSaw: [string, SandboxState] | null, log: () => Logger): Promise<[string, SandboxState] | null> {
+    const observed = await this.theLeases(laneId, data, attemptSaw);
+    // An acquire that learnt its sandbox's id names the lease by it before anything shows it.
+    if (observed && observed[0] !== data.lease.leaseId) await this.nameSandbox(laneId, data.lease, observed[0], log, false);
+    await this.record(laneId, data.lease, observed, log);
+    return observed;
   }
 
   /**
@@ -332,14 +400,11 @@ export class AttemptLife {
 
   /** The provider call failed: retry it after a delay, keeping the lane's head, or fail it for good. */
   private async endFailed(laneId: string, fence: string, data: OperationJobData, err: unknown, attemptSaw: [string, SandboxState] | null, log: () => Logger): Promise<never> {
-    const observed = await this.theLeases(laneId, data, attemptSaw);
+    const observed = await this.keepObserved(laneId, data, attemptSaw, log);
     const decision = decideRetry(err, this.job.attemptsMade, data.deadlineAt, Date.now(), {
       ...this.deps.backoff,
       ...this.deps.backoffByOp[data.op],
     });
-    // An acquire that learnt its sandbox's id names the lease by it before anything shows it.
-    if (observed && observed[0] !== data.lease.leaseId) await this.nameSandbox(laneId, data.lease, observed[0], log, false);
-    await this.record(laneId, data.lease, observed, log);
     if (isProviderError(err) && err.requestMayBeInFlight && this.deps.inFlightGraceMs > 0) {
       // The cloud may still be running the request that timed out or was cut: this attempt
       // keeps the lane (and its lock) a while, so the next call to the sandbox, this

@@ -61,6 +61,7 @@ export type WorkerSettings = Pick<
   | 'LEASE_OPS_STUCK_STOPPING_MS'
   | 'LEASE_OPS_WATCHDOG_MAX_FORCE'
   | 'LEASE_OPS_INFLIGHT_GRACE_MS'
+  | 'LEASE_OPS_SETTLE_WAIT_MS'
   | 'LEASE_OPS_BULLMQ_METRICS'
   | 'LEASE_OPS_MAX_QUEUED_PER_LEASE'
   | 'LEASE_OPS_MAX_QUEUED'
@@ -100,6 +101,8 @@ export class LeaseWorker {
   /** Connections handed to BullMQ (which leaves closing them to their owner), and its copies of them. */
   private readonly ownedConnections: RedisClient[] = [];
   private closing: Promise<void> | null = null;
+  /** Aborted as close() begins: attempts waiting for a pushed state change stop waiting. */
+  private readonly closeBegan = new AbortController();
   /** Attempts between BullMQ handing over their job and their end (see waitForClose). */
   private attemptsInFlight = 0;
   private readonly backoff: BackoffSettings;
@@ -184,6 +187,8 @@ export class LeaseWorker {
       backoffByOp: settings.LEASE_OPS_BACKOFF_BY_OP,
       maxStalled: settings.LEASE_OPS_MAX_STALLED,
       inFlightGraceMs: settings.LEASE_OPS_INFLIGHT_GRACE_MS,
+      settleWaitMs: settings.LEASE_OPS_SETTLE_WAIT_MS,
+      closing: this.closeBegan.signal,
       log,
       redis: this.connection,
       checkpointOf: (jobId: string) => this.checkpointOf(jobId),
@@ -355,6 +360,7 @@ export class LeaseWorker {
    */
   close(): Promise<void> {
     this.closing ??= (async () => {
+      this.closeBegan.abort();
       if (this.scheduleCheck) clearInterval(this.scheduleCheck);
       const reachable = await this.redisAnswersWithin(CLOSE_PING_MS);
       if (!reachable) this.log.warn('Redis does not answer: closing without waiting for running jobs (their locks lapse and they run again elsewhere)');

@@ -151,3 +151,12 @@ export class WorkerProcess {
     throw new Error(`worker ${this.pid} did not stop within ${timeoutMs} ms of SIGTERM (state: ${state}); its stacks (whole report: ${kept}):\n${stack}\nits last lines:\n${this.logs.slice(-30).join('\n')}`);
   }
 }
+
+/** Kills every worker of the list (paused ones too) and empties it, once each has exited. */
+export async function killAll(workers: WorkerProcess[]): Promise<void> {
+  for (const w of workers.splice(0)) {
+    w.child.kill('SIGCONT');
+    w.child.kill('SIGKILL');
+    await w.exited;
+  }
+}

@@ -9,6 +9,7 @@ import { fencedTransport, FenceWindowError } from '../fenced-transport.ts';
 import { localRateLimiters, type RateLimit, type RateLimiterFactory } from '../pacing.ts';
 import { releaseByDisposition } from '../release.ts';
 import { probeFailure } from '../types.ts';
+import { DaytonaStateEvents } from './events.ts';
 import { daytonaExec } from './exec.ts';
 import type {
   ExpiredLease,
@@ -56,6 +57,12 @@ export const DaytonaSettingsSchema = z.strictObject({
   snapshot: z.string().min(1).optional(),
   /** A snapshot per adapter type (the host's `adapterType` of an acquire), over `snapshot`. */
   snapshotsByAdapter: z.record(z.string().min(1), z.string().min(1)).default({}),
+  /**
+   * Listens to Daytona's notification gateway (with `organizationId` only: the gateway sends
+   * sandbox events to an organization's room), so an attempt waiting out a transition goes
+   * on when it ends instead of backing off. Off: every transition is waited out by backoff.
+   */
+  notifications: z.boolean().default(true),
   /** Per-throttler pacing, shared by every worker replica; null turns a bucket's pacing off. */
   rateLimits: z.partialRecord(z.enum(DAYTONA_THROTTLERS), RateLimitSchema.nullable()).default({}),
 });
@@ -149,6 +156,12 @@ export function daytonaState(sb: Pick<SandboxReply, 'state' | 'desiredState' | '
   return toward ? { kind: 'transitioning', providerState: state, toward } : { kind: 'transitioning', providerState: state };
 }
 
+/** The state name Daytona reports for a normalised state (what a pushed state is compared with). */
+function daytonaStateName(state: SandboxState): string {
+  if ('providerState' in state) return state.providerState;
+  return state.kind === 'running' ? 'started' : 'destroyed';
+}
+
 /**
  * Whether a string can be a Daytona sandbox id (a UUID: lowercase, no separators but `-`).
  * Daytona also finds a sandbox by its name, or by its id in capitals: either would make one
@@ -215,6 +228,8 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
   // without one named, this API key) shares one budget.
   const account = settings.organizationId ?? createHash('sha256').update(settings.apiKey).digest('hex').slice(0, 16);
   const limiter = rateLimiters(`daytona:${new URL(settings.apiUrl).host}:${account}`, limits);
+  // The gateway sends sandbox events to an organization's room: without one named, none would come.
+  const events = settings.notifications && org ? new DaytonaStateEvents({ apiUrl: settings.apiUrl, apiKey: settings.apiKey, organizationId: org }) : null;
 
   /**
    * Sends a request in its throttler's turn, once the fence holds. A 429 holds the
@@ -600,6 +615,14 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
         graceMs,
       );
     },
+
+    ...(events
+      ? {
+          waitForChange: (ctx: OperationContext, id: string, seen: SandboxState, opts: { since: number; timeoutMs: number; signal: AbortSignal }) =>
+            events.waitForChange(id, daytonaStateName(seen), opts.since, opts.timeoutMs, opts.signal, () => ctx.log),
+          close: async () => events.close(),
+        }
+      : {}),
 
     // One page of one sandbox: the cheapest read that needs the key (and the organization).
     async probe(ctx) {

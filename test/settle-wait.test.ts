@@ -1,0 +1,183 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
+import type { LeaseIdentity } from '../src/lease.ts';
+import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
+import { QUICK_RECOVERY, readUntil, TestBed, workerEnv } from './helpers/env.ts';
+import { killAll, WorkerProcess } from './helpers/worker-process.ts';
+
+// Settle waits: an attempt that meets a sandbox in transition waits, holding its lane, for
+// Daytona's notification gateway to push the sandbox's next state, and goes on at once.
+// The fake serves the gateway as apps/api's NotificationGateway does (socket.io, token in the
+// handshake, events to the organization's room).
+
+const ORG = '7c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f';
+const KEY = 'settle-key';
+const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
+const identity = (leaseId: string): LeaseIdentity => ({ provider: 'daytona', companyId: 'co', environmentId: 'env', leaseId });
+
+let bed: TestBed | undefined;
+let fake: DaytonaFake | undefined;
+const workers: WorkerProcess[] = [];
+afterEach(async () => {
+  await killAll(workers);
+  await bed?.close();
+  await fake?.close();
+  bed = undefined;
+  fake = undefined;
+});
+
+/** Attempts a job took (BullMQ counts the one it finished with too). */
+async function attemptsOf(jobId: string): Promise<number> {
+  const job = await bed!.ops.queue.getJob(jobId);
+  return job!.attemptsMade;
+}
+
+/** Requests the fake served for one sandbox, by the job's attempts (their X-Lease-Ops-Attempt). */
+function requestsOf(jobId: string): number {
+  return fake!.calls.filter((c) => c.attempt?.startsWith(`${jobId}:`)).length;
+}
+
+describe('settle waits on Daytona pushes', () => {
+  it('an acquire, a stop and a resume each end in their first attempt when the gateway pushes the end of the transition', { timeout: 30_000 }, async () => {
+    fake = new DaytonaFake({ apiKey: KEY, organizationId: ORG, notifications: true, timings: { create: 1_200, start: 1_200, stop: 1_200, destroy: 50 } });
+    const apiUrl = await fake.listen();
+    bed = await TestBed.create();
+    await bed.startWorker(createDaytonaProvider({ apiUrl, apiKey: KEY, organizationId: ORG, rateLimits: unpaced }));
+
+    const acquire = await bed.ops.enqueue({ op: 'acquire', lease: identity('w1'), params: { runId: 'r1' } });
+    expect((await bed.waitForAll([acquire.jobId])).get(acquire.jobId)).toBe('completed');
+    const sandbox = ((await bed.ops.queue.getJob(acquire.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: identity(sandbox), params: { providerLeaseId: sandbox } });
+    expect((await bed.waitForAll([stop.jobId])).get(stop.jobId)).toBe('completed');
+    expect(fake.stateOf(sandbox)).toBe('stopped');
+    const resume = await bed.ops.enqueue({ op: 'resume', lease: identity(sandbox), params: { providerLeaseId: sandbox, leaseMetadata: {} } });
+    expect((await bed.waitForAll([resume.jobId])).get(resume.jobId)).toBe('completed');
+    expect(fake.stateOf(sandbox)).toBe('started');
+
+    // Each waited in its attempt (no retry), and read the sandbox only after the push:
+    // acquire: read by name, create, read, read after the push; stop and resume: read,
+    // action, read, read after the push.
+    expect(await Promise.all([acquire, stop, resume].map((j) => attemptsOf(j.jobId)))).toEqual([1, 1, 1]);
+    expect([acquire, stop, resume].map((j) => requestsOf(j.jobId))).toEqual([4, 4, 4]);
+    expect(fake.gatewaySockets()).toBe(1);
+    const metrics = await import('../src/metrics.ts');
+    const text = await metrics.registry.metrics();
+    expect(text).toMatch(/lease_ops_settle_waits_total\{op="resume",outcome="changed"\} 1/);
+  });
+
+  it('without an organization (the gateway sends none of its events) or without a gateway, a transition is waited out by backing off, as before', { timeout: 30_000 }, async () => {
+    fake = new DaytonaFake({ apiKey: KEY, organizationId: ORG, notifications: true, timings: { create: 600, start: 50, stop: 50, destroy: 50 } });
+    const apiUrl = await fake.listen();
+    bed = await TestBed.create({ LEASE_OPS_BACKOFF_BASE_MS: '100', LEASE_OPS_BACKOFF_CAP_MS: '200' });
+    const noGateway = new DaytonaFake({ apiKey: KEY, organizationId: ORG, timings: { create: 600, start: 50, stop: 50, destroy: 50 } });
+    const noGatewayUrl = await noGateway.listen();
+    try {
+      await bed.startWorker(
+        createDaytonaProvider({ name: 'daytona', apiUrl, apiKey: KEY, rateLimits: unpaced }),
+        createDaytonaProvider({ name: 'daytona-b', apiUrl: noGatewayUrl, apiKey: KEY, organizationId: ORG, rateLimits: unpaced }),
+      );
+      const a = await bed.ops.enqueue({ op: 'acquire', lease: identity('no-org'), params: { runId: 'r2' } });
+      const b = await bed.ops.enqueue({ op: 'acquire', lease: { ...identity('no-gateway'), provider: 'daytona-b' }, params: { runId: 'r3' } });
+      const ended = await bed.waitForAll([a.jobId, b.jobId]);
+      expect([ended.get(a.jobId), ended.get(b.jobId)]).toEqual(['completed', 'completed']);
+      expect(await attemptsOf(a.jobId)).toBeGreaterThan(1);
+      expect(await attemptsOf(b.jobId)).toBeGreaterThan(1);
+      expect(fake.gatewaySockets()).toBe(0);
+    } finally {
+      await noGateway.close();
+    }
+  });
+
+  it('a gateway that pushes nothing for the sandbox (another organization\'s room): the wait times out, the operation backs off, and the silent socket is dropped', { timeout: 30_000 }, async () => {
+    fake = new DaytonaFake({ apiKey: KEY, organizationId: ORG, notifications: true, timings: { create: 1_000, start: 50, stop: 50, destroy: 50 } });
+    const apiUrl = await fake.listen();
+    bed = await TestBed.create({ LEASE_OPS_SETTLE_WAIT_MS: '300', LEASE_OPS_BACKOFF_BASE_MS: '100', LEASE_OPS_BACKOFF_CAP_MS: '200' });
+    await bed.startWorker(createDaytonaProvider({ apiUrl, apiKey: KEY, organizationId: 'another-organization', rateLimits: unpaced }));
+    const a = await bed.ops.enqueue({ op: 'acquire', lease: identity('silent'), params: { runId: 'r4' } });
+    expect((await bed.waitForAll([a.jobId])).get(a.jobId)).toBe('completed');
+    expect(await attemptsOf(a.jobId)).toBeGreaterThan(1);
+    const text = await (await import('../src/metrics.ts')).registry.metrics();
+    expect(text).toMatch(/lease_ops_settle_waits_total\{op="acquire",outcome="timed_out"\} 1\b/);
+    await readUntil(async () => fake!.gatewaySockets() === 0, 5_000, 'the silent socket dropped');
+  });
+
+  it('a worker that closes stops its attempts\' waits: the close does not wait for the transition', { timeout: 30_000 }, async () => {
+    fake = new DaytonaFake({ apiKey: KEY, organizationId: ORG, notifications: true, timings: { create: 50, start: 50, stop: 50, destroy: 50 } });
+    const apiUrl = await fake.listen();
+    bed = await TestBed.create({ LEASE_OPS_SETTLE_WAIT_MS: '120000' });
+    const worker = await bed.startWorker(createDaytonaProvider({ apiUrl, apiKey: KEY, organizationId: ORG, rateLimits: unpaced }));
+    const acquire = await bed.ops.enqueue({ op: 'acquire', lease: identity('closing'), params: { runId: 'r5' } });
+    await bed.waitForAll([acquire.jobId]);
+    const sandbox = ((await bed.ops.queue.getJob(acquire.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    // The stop hangs in `stopping` far longer than the test (a process ignoring SIGTERM).
+    fake.control(sandbox, { stuckStoppingMs: 600_000 });
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: identity(sandbox), params: { providerLeaseId: sandbox } });
+    const metrics = await import('../src/metrics.ts');
+    await readUntil(async () => /lease_ops_settle_waits_in_progress 1\b/.test(await metrics.registry.metrics()), 10_000, 'the stop waiting');
+    await worker.close();
+    expect(fake.stateOf(sandbox)).toBe('stopping');
+    const text = await metrics.registry.metrics();
+    expect(text).toMatch(/lease_ops_settle_waits_total\{op="stop",outcome="stopped"\} 1/);
+    expect(text).toMatch(/lease_ops_settle_waits_in_progress 0\b/);
+    // The stop was not lost: it waits in its lane for the next worker.
+    expect(await bed.ops.queue.getJobState(stop.jobId)).toMatch(/delayed|waiting|active/);
+  });
+});
+
+describe('settle waits: crashes at the wait', () => {
+  const daytonaEnv = (apiUrl: string, extra: Record<string, string> = {}) =>
+    workerEnv(bed!, { ...QUICK_RECOVERY, LEASE_OPS_PROVIDERS: 'daytona', DAYTONA_API_URL: apiUrl, DAYTONA_API_KEY: KEY, DAYTONA_ORGANIZATION_ID: ORG, ...extra });
+
+  it('a worker killed while its acquire waits: the successor finds the sandbox by name, makes no second one, and completes', { timeout: 60_000 }, async () => {
+    fake = new DaytonaFake({ apiKey: KEY, organizationId: ORG, notifications: true, timings: { create: 1_500, start: 50, stop: 50, destroy: 50 } });
+    const apiUrl = await fake.listen();
+    bed = await TestBed.create();
+    const first = new WorkerProcess(daytonaEnv(apiUrl, { LEASE_OPS_FAULT_POINTS: 'settle-wait=kill*1' }));
+    workers.push(first);
+    await first.ready;
+    const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: identity('killed'), params: { runId: 'r6' } });
+    await first.waitForLog('fault point settle-wait: kill');
+    await first.exited;
+    const second = new WorkerProcess(daytonaEnv(apiUrl));
+    workers.push(second);
+    await second.ready;
+    expect((await bed.waitForAll([jobId])).get(jobId)).toBe('completed');
+    expect(fake.ids()).toHaveLength(1);
+    expect(fake.calls.filter((c) => c.method === 'POST' && c.path === '/sandbox')).toHaveLength(1);
+    const sandbox = ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    expect(sandbox).toBe(fake.ids()[0]);
+  });
+
+  it('a worker frozen at the wait past its lock: its successor completes the resume, and the frozen attempt, thawed, sends nothing', { timeout: 60_000 }, async () => {
+    fake = new DaytonaFake({ apiKey: KEY, organizationId: ORG, notifications: true, timings: { create: 50, start: 1_500, stop: 50, destroy: 50 } });
+    const apiUrl = await fake.listen();
+    bed = await TestBed.create();
+    const setup = await bed.startWorker(createDaytonaProvider({ apiUrl, apiKey: KEY, organizationId: ORG, rateLimits: unpaced }));
+    const acquire = await bed.ops.enqueue({ op: 'acquire', lease: identity('frozen'), params: { runId: 'r7' } });
+    await bed.waitForAll([acquire.jobId]);
+    const sandbox = ((await bed.ops.queue.getJob(acquire.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: identity(sandbox), params: { providerLeaseId: sandbox } });
+    await bed.waitForAll([stop.jobId]);
+    await setup.close();
+
+    const first = new WorkerProcess(daytonaEnv(apiUrl, { LEASE_OPS_FAULT_POINTS: 'settle-wait=pause*1' }));
+    workers.push(first);
+    await first.ready;
+    const resume = await bed.ops.enqueue({ op: 'resume', lease: identity(sandbox), params: { providerLeaseId: sandbox, leaseMetadata: {} } });
+    await first.waitForLog('fault point settle-wait: pause');
+    const firstAttempt = fake.calls.filter((c) => c.attempt?.startsWith(`${resume.jobId}:`)).map((c) => c.attempt)[0]!;
+    const firstCalls = fake.calls.filter((c) => c.attempt === firstAttempt).length;
+
+    const second = new WorkerProcess(daytonaEnv(apiUrl));
+    workers.push(second);
+    await second.ready;
+    expect((await bed.waitForAll([resume.jobId])).get(resume.jobId)).toBe('completed');
+    expect(fake.stateOf(sandbox)).toBe('started');
+
+    // Thawed, the stale attempt's wait ends (pushed or aborted) and it is refused at its fence.
+    first.child.kill('SIGCONT');
+    await first.waitForLog('stale attempt');
+    expect(fake.calls.filter((c) => c.attempt === firstAttempt)).toHaveLength(firstCalls);
+    expect(fake.calls.some((c) => c.attempt?.startsWith(`${resume.jobId}:`) && c.attempt !== firstAttempt)).toBe(true);
+  });
+});
