@@ -245,7 +245,9 @@ export class DaytonaFake extends ApiFake {
     if (!this.gateway) return;
     const timer = setTimeout(() => {
       this.transitionTimers.delete(timer);
-      this.announce(sb);
+      // A timer may fire a millisecond before Date.now() reaches `at`: the transition would not end yet.
+      if (Date.now() < at) this.announceAt(sb, at);
+      else this.announce(sb);
     }, Math.max(0, at - Date.now()));
     timer.unref();
     this.transitionTimers.add(timer);
