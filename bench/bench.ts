@@ -359,7 +359,7 @@ export function writeBenchFiles(figures: Figures, samples: BenchSamples, dir: st
   ]);
   const histogram = histogramSvg('Hand-off latency, one hot lease (end of one operation to start of the next)', samples.handoffsMs);
   const settle = samples.settleLagsMs?.length
-    ? [histogramSvg('Settle lag with Daytona's pushes, 1-5 s transitions (the sandbox reaching its state to the operation ending)', samples.settleLagsMs, 760, 'operations that waited')]
+    ? [histogramSvg('Settle lag with Daytona pushes, 1-5 s transitions (the sandbox reaching its state to the operation ending)', samples.settleLagsMs, 760, 'operations that waited')]
     : [];
   writeFileSync(svg, stackSvg([bars, histogram, ...settle]));
   return { json, svg };
