@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
-import { Configuration, SandboxApi } from '@daytona/api-client';
-import { isAxiosError, type AxiosResponse } from 'axios';
+import type { SandboxApi } from '@daytona/api-client';
+import type { AxiosError, AxiosResponse } from 'axios';
 import { z } from 'zod';
 import type { OperationParams } from '../../operations.ts';
 import { PermanentError, ProviderError, SettlingError, TransientError } from '../errors.ts';
@@ -10,7 +10,6 @@ import { localRateLimiters, type RateLimit, type RateLimiterFactory } from '../p
 import { releaseByDisposition } from '../release.ts';
 import { probeFailure } from '../types.ts';
 import { DaytonaStateEvents } from './events.ts';
-import { daytonaExec } from './exec.ts';
 import type {
   ExpiredLease,
   Lease,
@@ -195,7 +194,10 @@ function retryAfterOf(headers: Record<string, unknown>): { ms: number | undefine
 const isStale = (err: unknown) => (err as { code?: unknown } | null)?.code === 'stale_attempt';
 const isMismatch = (err: unknown) => err instanceof PermanentError && err.code === 'lease_environment_mismatch';
 
-type Request<T> = (options: ReturnType<typeof requestOptions>) => Promise<AxiosResponse<T>>;
+type Request<T> = (api: SandboxApi, options: ReturnType<typeof requestOptions>) => Promise<AxiosResponse<T>>;
+
+/** axios' own test (an error it made carries `isAxiosError`), without loading axios to make it. */
+const isAxiosError = (err: unknown): err is AxiosError => (err as { isAxiosError?: unknown } | null)?.isAxiosError === true;
 
 /**
  * Per-request options: the attempt's signal and timeout, its id for tracing, and a
@@ -220,7 +222,14 @@ function requestOptions(ctx: OperationContext, timeoutMs: number) {
 export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: RateLimiterFactory = localRateLimiters): LeaseProvider {
   const settings = DaytonaSettingsSchema.parse(input);
   // No redirects: the address is checked before it is used (instances), and a redirect would go anywhere.
-  const api = new SandboxApi(new Configuration({ basePath: settings.apiUrl.replace(/\/+$/, ''), accessToken: settings.apiKey, baseOptions: { maxRedirects: 0 } }));
+  // The client (and axios under it) is loaded with the first request: a process that never
+  // calls Daytona (a CLI command, a worker serving other providers) does not pay for it.
+  let api: Promise<SandboxApi> | null = null;
+  const loadApi = () =>
+    (api ??= import('@daytona/api-client').then(
+      ({ Configuration, SandboxApi }) =>
+        new SandboxApi(new Configuration({ basePath: settings.apiUrl.replace(/\/+$/, ''), accessToken: settings.apiKey, baseOptions: { maxRedirects: 0 } })),
+    ));
   const org = settings.organizationId;
   const name = settings.name;
   const limits: Record<string, RateLimit | null> = { ...DAYTONA_DEFAULT_RATE_LIMITS, ...settings.rateLimits };
@@ -237,6 +246,7 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
    * stalled between check and send) is sent again only after a fresh check says so.
    */
   const send = async <T>(ctx: OperationContext, throttler: Throttler, request: Request<T>): Promise<AxiosResponse<T>> => {
+    const client = await loadApi();
     for (let tries = 1; ; tries++) {
       await limiter.take(throttler, { signal: ctx.signal, deadlineAt: ctx.deadlineAt });
       await ctx.fence();
@@ -245,7 +255,7 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
       if (left <= 0) throw new TransientError('deadline_passed', `${name}: the operation's deadline passed before this request could be sent`);
       const timeoutMs = Math.min(throttler === 'sandbox-create' ? settings.createTimeoutMs : settings.timeoutMs, left);
       try {
-        return await request(requestOptions(ctx, timeoutMs));
+        return await request(client, requestOptions(ctx, timeoutMs));
       } catch (err) {
         if (isAxiosError(err) && err.response?.status === 429) {
           const { ms, throttlers } = retryAfterOf(err.response.headers as Record<string, unknown>);
@@ -305,7 +315,7 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
       throw new PermanentError('not_a_sandbox_id', `${name}: ${idOrName} is not a sandbox id: name the sandbox by its id`);
     }
     try {
-      const sb = parseReply((await send(ctx, 'authenticated', (o) => api.getSandbox(idOrName, org, undefined, o))).data);
+      const sb = parseReply((await send(ctx, 'authenticated', (api, o) => api.getSandbox(idOrName, org, undefined, o))).data);
       // Daytona finds a sandbox by its name too: a lease names its sandbox by id only, or the
       // same sandbox could be two leases (two lanes, their calls overlapping).
       // (An acquire reads its own sandbox by the name it gave it.)
@@ -357,7 +367,7 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
     if (at <= until) return sb;
     const minutes = ttlMinutesUntil(until, Date.now());
     if (minutes === null) return { ...sb, autoDestroyAt: null };
-    await call(ctx, 'authenticated', (o) => api.setTtl(sb.id, minutes, org, o));
+    await call(ctx, 'authenticated', (api, o) => api.setTtl(sb.id, minutes, org, o));
     const after = await read(ctx, sb.id);
     if (!after) throw new SettlingError('sandbox_not_visible', `${name}: sandbox ${sb.id} is not readable after its TTL was set`);
     return after;
@@ -380,7 +390,7 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
     const forcedRecently = Date.now() - forcedAt < FORCE_RESEND_MS;
     if (stoppable || (force && stuckStopping && !forcedRecently)) {
       try {
-        await call(ctx, 'sandbox-lifecycle', (o) => api.stopSandbox(id, org, force, o));
+        await call(ctx, 'sandbox-lifecycle', (api, o) => api.stopSandbox(id, org, force, o));
         if (force) await ctx.checkpoint.write({ forceSentAt: String(Date.now()) });
       } catch (err) {
         // 400 "not in a stoppable state": it stopped meanwhile, or is in no state to stop;
@@ -403,7 +413,7 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
     const sb = await read(ctx, id);
     if (!sb) return { providerLeaseId: id, state: 'destroyed' };
     if (sb.autoDeleteInterval !== -1) {
-      await call(ctx, 'authenticated', (o) => api.setAutoDeleteInterval(id, -1, org, o));
+      await call(ctx, 'authenticated', (api, o) => api.setAutoDeleteInterval(id, -1, org, o));
       const confirmed = await read(ctx, id);
       if (!confirmed) return { providerLeaseId: id, state: 'destroyed' };
       if (confirmed.autoDeleteInterval !== -1) throw new SettlingError('auto_delete_pending', `${name}: auto-delete of ${id} not yet disabled`);
@@ -422,7 +432,7 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
     if (before.state === 'archiving' || before.desiredState === 'archived') throw settling(before, 'archive confirms');
     const stopped = await retainConfirmed(ctx, id, force);
     if (stopped.state === 'destroyed') return stopped;
-    await call(ctx, 'sandbox-lifecycle', (o) => api.archiveSandbox(id, org, o));
+    await call(ctx, 'sandbox-lifecycle', (api, o) => api.archiveSandbox(id, org, o));
     const after = await read(ctx, id);
     if (!after) return { providerLeaseId: id, state: 'destroyed' };
     if (after.state === 'archived') return { providerLeaseId: id, state: 'stopped' };
@@ -435,7 +445,7 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
     requireOwn(ctx, before);
     if (before.desiredState !== 'destroyed') {
       try {
-        await call(ctx, 'sandbox-lifecycle', (o) => api.deleteSandbox(id, org, o));
+        await call(ctx, 'sandbox-lifecycle', (api, o) => api.deleteSandbox(id, org, o));
       } catch (err) {
         if (!(err instanceof PermanentError && err.code === 'not_found')) throw err; // 404: already gone
       }
@@ -456,7 +466,7 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
     await ctx.checkpoint.write({ createSentAt: String(Date.now()) });
     const ttl = params.requestedExpiresAt ? ttlMinutesUntil(Date.parse(params.requestedExpiresAt), Date.now()) : null;
     try {
-      await call(ctx, 'sandbox-create', (o) =>
+      await call(ctx, 'sandbox-create', (api, o) =>
         api.createSandbox(
           {
             name: sandboxName,
@@ -510,7 +520,7 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
         return lease(final, params.adapterType ? { adapterType: params.adapterType, snapshot: snapshotFor(params) ?? null } : {});
       }
       if (state.kind === 'error' && state.recoverable) {
-        await call(ctx, 'sandbox-lifecycle', (o) => api.recoverSandbox(sb.id, org, undefined, o));
+        await call(ctx, 'sandbox-lifecycle', (api, o) => api.recoverSandbox(sb.id, org, undefined, o));
         throw settling(sb, 'acquire completes after recovery');
       }
       if (state.kind === 'error') {
@@ -519,7 +529,7 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
       }
       if (state.kind === 'stopped' && sb.state !== 'paused') {
         // It stopped by itself (auto-stop) before its acquire could hand it out.
-        await call(ctx, 'sandbox-lifecycle', (o) => api.startSandbox(sb.id, org, o));
+        await call(ctx, 'sandbox-lifecycle', (api, o) => api.startSandbox(sb.id, org, o));
       }
       throw settling(sb, 'acquire completes');
     },
@@ -546,12 +556,12 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
         case 'gone':
           return expired;
         case 'stopped':
-          await call(ctx, 'sandbox-lifecycle', (o) => api.startSandbox(sb.id, org, o));
+          await call(ctx, 'sandbox-lifecycle', (api, o) => api.startSandbox(sb.id, org, o));
           break;
         case 'error':
           if (sb.state === 'build_failed') return expired;
           if (!state.recoverable) throw new PermanentError('sandbox_unrecoverable', `${name}: sandbox ${sb.id} is in error: ${sb.errorReason ?? 'unknown'}`);
-          await call(ctx, 'sandbox-lifecycle', (o) => api.recoverSandbox(sb.id, org, undefined, o));
+          await call(ctx, 'sandbox-lifecycle', (api, o) => api.recoverSandbox(sb.id, org, undefined, o));
           break;
         case 'transitioning':
           if (state.toward === 'gone') return expired;
@@ -600,13 +610,14 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
       const sb = await read(ctx, sandboxId);
       if (!sb) throw new PermanentError('sandbox_gone', `${name}: sandbox ${sandboxId} does not exist`);
       if (daytonaState(sb).kind !== 'running') throw new PermanentError('sandbox_not_running', `${name}: sandbox ${sandboxId} is not running (${sb.state ?? 'unknown'}): resume it first`);
+      const { daytonaExec } = await import('./exec.ts');
       return daytonaExec(
         {
           name,
           apiKey: settings.apiKey,
           organizationId: org,
           timeoutMs: settings.timeoutMs,
-          proxyUrl: async (c, id) => (await call(c, 'authenticated', (o) => api.getToolboxProxyUrl(id, org, o))).url,
+          proxyUrl: async (c, id) => (await call(c, 'authenticated', (api, o) => api.getToolboxProxyUrl(id, org, o))).url,
           pace: (c) => limiter.take('authenticated', { deadlineAt: c.deadlineAt }),
         },
         ctx,
@@ -628,8 +639,10 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
     async probe(ctx) {
       try {
         // listSandboxes takes 30 filters before its options, all left out here but the page size.
-        const list = api.listSandboxes.bind(api) as (...args: unknown[]) => ReturnType<typeof api.listSandboxes>;
-        await call(ctx, 'authenticated', (o) => list(org, undefined, 1, ...new Array<undefined>(27).fill(undefined), o));
+        await call(ctx, 'authenticated', (api, o) => {
+          const list = api.listSandboxes.bind(api) as (...args: unknown[]) => ReturnType<typeof api.listSandboxes>;
+          return list(org, undefined, 1, ...new Array<undefined>(27).fill(undefined), o);
+        });
         return { ok: true, code: 'ok', message: `${name}: the service takes the API key${org ? ' for the organization' : ''}` };
       } catch (err) {
         return probeFailure(err);
