@@ -1,6 +1,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
 import type { LeaseIdentity } from '../src/lease.ts';
+import { DaytonaStateEvents } from '../src/providers/daytona/events.ts';
 import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
 import { QUICK_RECOVERY, readUntil, TestBed, workerEnv } from './helpers/env.ts';
 import { killAll, WorkerProcess } from './helpers/worker-process.ts';
@@ -56,9 +57,10 @@ describe('settle waits on Daytona pushes', () => {
 
     // Each waited in its attempt (no retry), and read the sandbox only after the push:
     // acquire: read by name, create, read, read after the push; stop and resume: read,
-    // action, read, read after the push.
+    // action, read, read after the push. The acquire's first wait connected the socket after
+    // its read, so it read once more (an event before the socket would have been missed).
     expect(await Promise.all([acquire, stop, resume].map((j) => attemptsOf(j.jobId)))).toEqual([1, 1, 1]);
-    expect([acquire, stop, resume].map((j) => requestsOf(j.jobId))).toEqual([4, 4, 4]);
+    expect([acquire, stop, resume].map((j) => requestsOf(j.jobId))).toEqual([5, 4, 4]);
     expect(fake.gatewaySockets()).toBe(1);
     const metrics = await import('../src/metrics.ts');
     const text = await metrics.registry.metrics();
@@ -179,5 +181,45 @@ describe('settle waits: crashes at the wait', () => {
     await first.waitForLog('stale attempt');
     expect(fake.calls.filter((c) => c.attempt === firstAttempt)).toHaveLength(firstCalls);
     expect(fake.calls.some((c) => c.attempt?.startsWith(`${resume.jobId}:`) && c.attempt !== firstAttempt)).toBe(true);
+  });
+});
+
+describe('the gateway listener (DaytonaStateEvents) on its own', () => {
+  it('wakes a wait only for its own sandbox\'s new state, ignores what it cannot read, and closes its socket once no wait uses it', { timeout: 30_000 }, async () => {
+    fake = new DaytonaFake({ apiKey: KEY, organizationId: ORG, notifications: true, timings: { create: 300, start: 300, stop: 300, destroy: 50 } });
+    const apiUrl = await fake.listen();
+    const events = new DaytonaStateEvents({ apiUrl, apiKey: KEY, organizationId: ORG, idleCloseMs: 200 });
+    try {
+      const gateway = (fake as unknown as { gateway: { to(room: string): { emit(event: string, payload: unknown): void } } }).gateway;
+      const create = (name: string) => fetch(`${apiUrl}/sandbox`, { method: 'POST', headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' }, body: JSON.stringify({ name }) }).then((r) => r.json() as Promise<{ id: string }>);
+      // A wait that begins after a read older than the socket answers `changed` at once: the
+      // socket may have connected after the event it waits for.
+      expect(await events.waitForChange('not-made-yet', 'creating', performance.now(), 10_000, new AbortController().signal)).toBe('changed');
+      expect(fake.gatewaySockets()).toBe(1);
+      const mine = await create('mine');
+      const since = performance.now();
+      const waiting = events.waitForChange(mine.id, 'creating', since, 10_000, new AbortController().signal);
+      // Junk and other sandboxes' events do not end the wait; the same state does not either.
+      for (const payload of [null, 42, 'x', { sandbox: null }, { sandbox: { id: mine.id } }, { sandbox: { id: mine.id }, newState: 7 }, JSON.parse('{"__proto__":{"polluted":true},"sandbox":{"id":"x"},"newState":"started"}'), { sandbox: { id: 'someone-else' }, newState: 'started' }, { sandbox: { id: mine.id }, newState: 'creating' }]) {
+        gateway.to(ORG).emit('sandbox.state.updated', payload);
+      }
+      expect(({} as Record<string, unknown>).polluted).toBeUndefined();
+      expect(await waiting).toBe('changed');
+      expect(fake.stateOf(mine.id)).toBe('started');
+      // A state pushed after `since` and before the wait began counts at once.
+      const other = await create('other');
+      const otherSince = performance.now();
+      await readUntil(async () => fake!.stateOf(other.id) === 'started', 5_000, 'the other sandbox started');
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      expect(await events.waitForChange(other.id, 'creating', otherSince, 10_000, new AbortController().signal)).toBe('changed');
+      // An aborted wait ends unchanged; then, unused, the socket is closed.
+      const stopper = new AbortController();
+      const aborted = events.waitForChange(other.id, 'started', performance.now(), 10_000, stopper.signal);
+      stopper.abort();
+      expect(await aborted).toBe('unchanged');
+      await readUntil(async () => fake!.gatewaySockets() === 0, 5_000, 'the idle socket closed');
+    } finally {
+      events.close();
+    }
   });
 });

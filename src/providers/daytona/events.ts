@@ -13,12 +13,16 @@ const LATEST_KEPT = 10_000;
 /** After the gateway refused or failed, or stayed silent through a wait, it is not asked again for this long. */
 const RETRY_CONNECT_MS = 60_000;
 const CONNECT_TIMEOUT_MS = 5_000;
+/** A socket no wait used for this long is closed (a provider instance evicted from a worker's cache leaves none behind). */
+const IDLE_CLOSE_MS = 30_000;
 
 export interface DaytonaEventsSettings {
   apiUrl: string;
   apiKey: string;
   /** The gateway sends sandbox events to an organization's room only. */
   organizationId: string;
+  /** A socket no wait used for this long is closed (default 30 s). */
+  idleCloseMs?: number;
 }
 
 /**
@@ -41,6 +45,9 @@ export class DaytonaStateEvents {
   /** Events heard on the current socket. */
   private heard = 0;
   private closed = false;
+  private idleTimer: NodeJS.Timeout | null = null;
+  /** When the current socket connected (performance.now()). */
+  private connectedAt = 0;
 
   /** Where this provider's warnings go: the log of the attempt that last waited. */
   private log: (() => Logger) | undefined;
@@ -51,9 +58,19 @@ export class DaytonaStateEvents {
   async waitForChange(sandboxId: string, seenState: string, since: number, timeoutMs: number, signal: AbortSignal, log?: () => Logger): Promise<'changed' | 'unchanged' | 'cannot_push'> {
     if (timeoutMs <= 0 || signal.aborted) return 'unchanged';
     if (log) this.log = log;
+    try {
+      return await this.waitOnSocket(sandboxId, seenState, since, timeoutMs, signal);
+    } finally {
+      if (this.waiters.size === 0 && this.socket) this.closeWhenIdle();
+    }
+  }
+
+  private async waitOnSocket(sandboxId: string, seenState: string, since: number, timeoutMs: number, signal: AbortSignal): Promise<'changed' | 'unchanged' | 'cannot_push'> {
     const socket = await this.connected();
     if (!socket) return 'cannot_push';
     if (signal.aborted) return 'unchanged';
+    // Connected after the read: its event may have come before the socket did. One more read says.
+    if (this.connectedAt > since) return 'changed';
     const known = this.latest.get(sandboxId);
     if (known && known.at >= since && known.state !== seenState) return 'changed';
     const changed = await new Promise<boolean>((resolve) => {
@@ -95,8 +112,25 @@ export class DaytonaStateEvents {
     for (const handlers of [...this.waiters.values()]) for (const h of [...handlers]) h(null);
   }
 
+  private closeWhenIdle(): void {
+    if (this.closed) return;
+    if (this.idleTimer) clearTimeout(this.idleTimer);
+    this.idleTimer = setTimeout(() => {
+      this.idleTimer = null;
+      if (this.waiters.size === 0) this.disconnect();
+    }, this.settings.idleCloseMs ?? IDLE_CLOSE_MS);
+    this.idleTimer.unref();
+  }
+
+  /** Drops the socket and does not connect again for a while (it failed, or pushed nothing). */
   private drop(): void {
     this.quietUntil = Date.now() + RETRY_CONNECT_MS;
+    this.disconnect();
+  }
+
+  private disconnect(): void {
+    if (this.idleTimer) clearTimeout(this.idleTimer);
+    this.idleTimer = null;
     const socket = this.socket;
     this.socket = null;
     this.heard = 0;
@@ -155,6 +189,7 @@ export class DaytonaStateEvents {
     });
     socket.on('sandbox.state.updated', (payload: unknown) => this.onState(payload));
     this.socket = socket;
+    this.connectedAt = performance.now();
     this.heard = 0;
     return socket;
   }
