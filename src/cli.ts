@@ -278,17 +278,18 @@ program
   .option('--out <dir>', 'where to write the figures (JSON) and their charts (SVG)', 'bench-results')
   .option('--scale', 'measure scaling instead: by worker processes, partitions (on a local Redis Cluster) and open leases, with Redis CPU per operation')
   .option('--neighbours', "measure one company's attacks on another's latency instead (the API in its own process, two workers)")
-  .action(async (opts: { json?: boolean; quick?: boolean; out: string; scale?: boolean; neighbours?: boolean }) => {
+  .option('--burst', 'measure a 9 a.m. burst instead: thousands of acquires under Daytona\'s create limit on three workers, and what operations in flight cost')
+  .action(async (opts: { json?: boolean; quick?: boolean; out: string; scale?: boolean; neighbours?: boolean; burst?: boolean }) => {
     // The bench lives beside the sources, not in the package: it needs a checkout and its dev dependencies.
-    const benchModule = opts.neighbours ? '../bench/neighbours.ts' : opts.scale ? '../bench/scale.ts' : '../bench/bench.ts';
+    const benchModule = opts.burst ? '../bench/burst.ts' : opts.neighbours ? '../bench/neighbours.ts' : opts.scale ? '../bench/scale.ts' : '../bench/bench.ts';
     const missing = (err: { code?: string }) => (['ERR_MODULE_NOT_FOUND', 'ERR_UNKNOWN_FILE_EXTENSION'].includes(err.code ?? '') ? null : Promise.reject(err));
     type Run = (opts: { json: boolean; quick: boolean; out: string }) => Promise<unknown>;
-    const bench = (await import(benchModule).catch(missing)) as { runBench?: Run; runScale?: Run; runNeighbours?: Run } | null;
+    const bench = (await import(benchModule).catch(missing)) as { runBench?: Run; runScale?: Run; runNeighbours?: Run; runBurst?: Run } | null;
     if (!bench) {
       process.stderr.write('lease-ops: bench runs from a source checkout with its dev dependencies: git clone, npm ci, npm run bench\n');
       process.exit(2);
     }
-    await (bench.runNeighbours ?? bench.runScale ?? bench.runBench)!({ json: Boolean(opts.json), quick: Boolean(opts.quick), out: opts.out });
+    await (bench.runBurst ?? bench.runNeighbours ?? bench.runScale ?? bench.runBench)!({ json: Boolean(opts.json), quick: Boolean(opts.quick), out: opts.out });
   });
 
 // Exit codes (README, Commands): 0 ok, 1 the operation failed, 2 bad input, 3 a wait ended
