@@ -280,12 +280,24 @@ export class AttemptLife {
     // A crash test stops the worker here: the lane held, the sandbox read, the wait not begun.
     await faultPoint('settle-wait');
     const started = performance.now();
-    const signal = AbortSignal.any([ctx.signal, this.deps.closing]);
+    // One controller per wait, unhooked after it: a listener left on the worker's long-lived
+    // close signal per wait would pile up.
+    const stop = new AbortController();
+    const abort = () => stop.abort();
+    const sources = [ctx.signal, this.deps.closing];
+    for (const source of sources) source.addEventListener('abort', abort, { once: true });
+    if (sources.some((source) => source.aborted)) stop.abort();
+    const signal = stop.signal;
     settleWaitBegan();
-    const outcome = await provider.waitForChange(ctx, seen[0], seen[1], { since, timeoutMs, signal }).catch((waitErr: unknown) => {
-      log().warn({ err: waitErr }, 'waiting for a pushed state change failed: backing off instead');
-      return 'unchanged' as const;
-    });
+    const outcome = await provider
+      .waitForChange(ctx, seen[0], seen[1], { since, timeoutMs, signal })
+      .catch((waitErr: unknown) => {
+        log().warn({ err: waitErr }, 'waiting for a pushed state change failed: backing off instead');
+        return 'unchanged' as const;
+      })
+      .finally(() => {
+        for (const source of sources) source.removeEventListener('abort', abort);
+      });
     const changed = outcome === 'changed';
     settleWaitEnded(data.op, outcome === 'cannot_push' ? outcome : changed ? 'changed' : signal.aborted ? 'stopped' : 'timed_out');
     if (outcome === 'cannot_push') return false;

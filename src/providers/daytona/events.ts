@@ -42,7 +42,7 @@ export class DaytonaStateEvents {
   private readonly latest = new Map<string, { state: string; at: number }>();
   /** Called with each pushed state of their sandbox, and with null when the listener closes. */
   private readonly waiters = new Map<string, Set<(state: string | null) => void>>();
-  /** Events heard on the current socket. */
+  /** Sandbox events of any kind heard on the current socket. */
   private heard = 0;
   private closed = false;
   private idleTimer: NodeJS.Timeout | null = null;
@@ -188,6 +188,8 @@ export class DaytonaStateEvents {
       }
     });
     socket.on('sandbox.state.updated', (payload: unknown) => this.onState(payload));
+    // Any of the organization's sandbox events shows the gateway sends it events at all.
+    for (const event of ['sandbox.created', 'sandbox.desired-state.updated']) socket.on(event, () => void this.heard++);
     this.socket = socket;
     this.connectedAt = performance.now();
     this.heard = 0;
