@@ -134,6 +134,8 @@ export const EnvSchema = z.object({
    * usual; 0 = never waits. Only providers that can push wait at all.
    */
   LEASE_OPS_SETTLE_WAIT_MS: int(5_000, 0),
+  /** How many attempts of a worker may wait for a push at once (each holds a worker slot); unset: half of LEASE_OPS_CONCURRENCY. */
+  LEASE_OPS_SETTLE_WAITS: z.coerce.number().int().min(0).optional(),
   LEASE_OPS_WATCHDOG_MAX_FORCE: int(5, 1),
   /** Retry backoff for settling and transient errors (brief: 250 ms doubling to 5 s). */
   LEASE_OPS_BACKOFF_BASE_MS: int(250, 1),

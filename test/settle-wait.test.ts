@@ -90,7 +90,7 @@ describe('settle waits on Daytona pushes', () => {
     }
   });
 
-  it('a gateway that pushes nothing for the sandbox (another organization\'s room): the wait times out, the operation backs off, and the silent socket is dropped', { timeout: 30_000 }, async () => {
+  it('a gateway that pushes nothing for the sandbox (another organization\'s room): the waits time out, the operation backs off, and once a read finds a change no push brought, the socket is dropped', { timeout: 30_000 }, async () => {
     fake = new DaytonaFake({ apiKey: KEY, organizationId: ORG, notifications: true, timings: { create: 1_000, start: 50, stop: 50, destroy: 50 } });
     const apiUrl = await fake.listen();
     bed = await TestBed.create({ LEASE_OPS_SETTLE_WAIT_MS: '300', LEASE_OPS_BACKOFF_BASE_MS: '100', LEASE_OPS_BACKOFF_CAP_MS: '200' });
@@ -99,7 +99,9 @@ describe('settle waits on Daytona pushes', () => {
     expect((await bed.waitForAll([a.jobId])).get(a.jobId)).toBe('completed');
     expect(await attemptsOf(a.jobId)).toBeGreaterThan(1);
     const text = await (await import('../src/metrics.ts')).registry.metrics();
-    expect(text).toMatch(/lease_ops_settle_waits_total\{op="acquire",outcome="timed_out"\} 1\b/);
+    // Waits timed out while the sandbox was still being made; the read that found it started
+    // with no push between showed the gateway missed it, and the socket was dropped.
+    expect(text).toMatch(/lease_ops_settle_waits_total\{op="acquire",outcome="timed_out"\} [1-9]/);
     await readUntil(async () => fake!.gatewaySockets() === 0, 5_000, 'the silent socket dropped');
   });
 
@@ -220,6 +222,80 @@ describe('the gateway listener (DaytonaStateEvents) on its own', () => {
       await readUntil(async () => fake!.gatewaySockets() === 0, 5_000, 'the idle socket closed');
     } finally {
       events.close();
+    }
+  });
+});
+
+describe('settle waits: what an attack on them found', () => {
+  it('no more attempts wait at once than LEASE_OPS_SETTLE_WAITS: the rest back off and leave their slots to other work', { timeout: 60_000 }, async () => {
+    fake = new DaytonaFake({ apiKey: KEY, organizationId: ORG, notifications: true, timings: { create: 50, start: 50, stop: 50, destroy: 50 } });
+    const apiUrl = await fake.listen();
+    bed = await TestBed.create({ LEASE_OPS_CONCURRENCY: '10', LEASE_OPS_SETTLE_WAITS: '2', LEASE_OPS_BACKOFF_BASE_MS: '50', LEASE_OPS_BACKOFF_CAP_MS: '100' });
+    await bed.startWorker(createDaytonaProvider({ apiUrl, apiKey: KEY, organizationId: ORG, rateLimits: unpaced }));
+    const acquires = await Promise.all(Array.from({ length: 6 }, (_, i) => bed!.ops.enqueue({ op: 'acquire', lease: identity(`many-${i}`), params: { runId: `m${i}` } })));
+    await bed.waitForAll(acquires.map((a) => a.jobId));
+    const sandboxes = await Promise.all(acquires.map(async (a) => ((await bed!.ops.queue.getJob(a.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId));
+    const stops = await Promise.all(sandboxes.map((id) => bed!.ops.enqueue({ op: 'stop', lease: identity(id), params: { providerLeaseId: id } })));
+    await bed.waitForAll(stops.map((s) => s.jobId));
+    // Six resumes whose sandboxes take 3 s to start: all six run at once (10 slots), two wait.
+    fake.setTimings({ start: 3_000 });
+    const metrics = await import('../src/metrics.ts');
+    const waiting = async () => Number(/lease_ops_settle_waits_in_progress (\d+)/.exec(await metrics.registry.metrics())?.[1] ?? -1);
+    const resumes = await Promise.all(sandboxes.map((id) => bed!.ops.enqueue({ op: 'resume', lease: identity(id), params: { providerLeaseId: id, leaseMetadata: {} } })));
+    const seen = new Set<number>();
+    const sampling = (async () => {
+      for (let ended = false; !ended; ) {
+        seen.add(await waiting());
+        ended = (await Promise.all(resumes.map((r) => bed!.ops.queue.getJobState(r.jobId)))).every((s) => s === 'completed' || s === 'failed');
+      }
+    })();
+    const ended = await bed.waitForAll(resumes.map((r) => r.jobId));
+    await sampling;
+    expect([...ended.values()].every((s) => s === 'completed')).toBe(true);
+    expect(seen.has(2)).toBe(true);
+    expect(Math.max(...seen)).toBe(2);
+  });
+
+  it('a 409 on a sandbox at rest is not waited on (no push would end the wait): the resume backs off', { timeout: 30_000 }, async () => {
+    fake = new DaytonaFake({ apiKey: KEY, organizationId: ORG, notifications: true, timings: { create: 50, start: 50, stop: 50, destroy: 50 } });
+    const apiUrl = await fake.listen();
+    bed = await TestBed.create({ LEASE_OPS_BACKOFF_BASE_MS: '50', LEASE_OPS_BACKOFF_CAP_MS: '100' });
+    await bed.startWorker(createDaytonaProvider({ apiUrl, apiKey: KEY, organizationId: ORG, rateLimits: unpaced }));
+    const acquire = await bed.ops.enqueue({ op: 'acquire', lease: identity('rest'), params: { runId: 'rest' } });
+    await bed.waitForAll([acquire.jobId]);
+    const sandbox = ((await bed.ops.queue.getJob(acquire.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: identity(sandbox), params: { providerLeaseId: sandbox } });
+    await bed.waitForAll([stop.jobId]);
+    const metrics = await import('../src/metrics.ts');
+    const resumeWaits = async () => (await metrics.registry.metrics()).split('\n').filter((l) => l.startsWith('lease_ops_settle_waits_total{op="resume"')).join('\n');
+    const before = await resumeWaits();
+    // The start answers 409 for 600 ms while the sandbox reads `stopped`; then it starts at once.
+    fake.setTimings({ start: 0 });
+    fake.control(sandbox, { conflictUntil: { at: Date.now() + 600, message: 'Sandbox state change in progress' } });
+    const resume = await bed.ops.enqueue({ op: 'resume', lease: identity(sandbox), params: { providerLeaseId: sandbox, leaseMetadata: {} } });
+    expect((await bed.waitForAll([resume.jobId])).get(resume.jobId)).toBe('completed');
+    expect(await attemptsOf(resume.jobId)).toBeGreaterThan(1);
+    expect(await resumeWaits()).toBe(before);
+  });
+
+  it('the gateway is looked for under the API URL itself: the key goes nowhere outside it', { timeout: 30_000 }, async () => {
+    const { createServer } = await import('node:http');
+    const upgrades: string[] = [];
+    const server = createServer((_req, res) => res.writeHead(404).end());
+    server.on('upgrade', (req, socket) => {
+      upgrades.push(req.url ?? '');
+      socket.destroy();
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const port = (server.address() as { port: number }).port;
+    const events = new DaytonaStateEvents({ apiUrl: `http://127.0.0.1:${port}/tenant-a/api`, apiKey: 'TENANT-A-KEY', organizationId: ORG });
+    try {
+      expect(await events.waitForChange('x', 'starting', performance.now(), 3_000, new AbortController().signal)).toBe('cannot_push');
+      expect(upgrades).toHaveLength(1);
+      expect(upgrades[0]).toMatch(/^\/tenant-a\/api\/socket\.io\/\?/);
+    } finally {
+      events.close();
+      server.close();
     }
   });
 });

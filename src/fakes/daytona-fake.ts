@@ -106,7 +106,8 @@ export interface DaytonaFakeOptions {
   /** Fields newer servers send that this client does not know; merged into every sandbox reply. */
   extraFields?: Record<string, unknown>;
   /**
-   * Serves Daytona's notification gateway (socket.io at /api/socket.io/, websocket only),
+   * Serves Daytona's notification gateway (socket.io at <url>/socket.io/, as Daytona's at
+   * /api/socket.io/ beside its /api routes; websocket only),
    * which pushes `sandbox.state.updated` to the sockets of the sandbox's organization. Off
    * by default (socket.io is a development dependency); the bench and the push tests turn it on.
    */
@@ -208,7 +209,8 @@ export class DaytonaFake extends ApiFake {
    */
   private async openGateway(): Promise<void> {
     const { Server } = await import('socket.io');
-    const gateway = new Server(this.http.nodeServer, { path: '/api/socket.io/', transports: ['websocket'], serveClient: false });
+    // Under the API's own address, as Daytona's /api/socket.io/ (the fake's routes are its /api).
+    const gateway = new Server(this.http.nodeServer, { path: '/socket.io/', transports: ['websocket'], serveClient: false });
     gateway.use((socket, next) => {
       const token: unknown = socket.handshake.auth.token;
       if (typeof token !== 'string' || token === '' || (this.apiKeys && !this.apiKeys.has(token))) {

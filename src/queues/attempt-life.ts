@@ -36,6 +36,8 @@ export interface AttemptDeps {
   inFlightGraceMs: number;
   /** How long an attempt waits for a settling sandbox's pushed state change before it backs off (0: never). */
   settleWaitMs: number;
+  /** The worker's waits now, and how many may wait at once (each holds a worker slot): past it, an attempt backs off. */
+  settleWaits: { active: number; readonly max: number };
   /** Aborted when the worker begins to close: an attempt waiting for a state change stops waiting. */
   closing: AbortSignal;
   log: Logger;
@@ -51,8 +53,12 @@ export interface AttemptDeps {
   stoppingBegan(laneId: string, since: number, now: number): void;
 }
 
-/** Runs of an operation within one attempt, each after a pushed state change: a bound against a provider that keeps saying "changed". */
-const MAX_RUNS_PER_ATTEMPT = 20;
+/**
+ * Runs of an operation within one attempt, each after a pushed state change: a bound against
+ * a gateway that keeps pushing changes that are none (an attempt then reads at most this many
+ * times before it backs off, where without pushes it would read once).
+ */
+const MAX_RUNS_PER_ATTEMPT = 4;
 
 /** A lane step that met a Redis error: the attempt is retried, never failed for it (BullMQ's own steps would fail too). */
 class LaneUnavailableError extends RetryLaterError {
@@ -274,8 +280,33 @@ export class AttemptLife {
     log: () => Logger,
   ): Promise<boolean> {
     if (!provider.waitForChange || !seen || !isProviderError(err) || err.kind !== 'settling' || err.requestMayBeInFlight) return false;
+    // Only a transition ends with a push: a 409 on a sandbox at rest (its state change not
+    // begun, or not visible yet) is waited out by backing off.
+    if (seen[1].kind !== 'transitioning') return false;
     const timeoutMs = waitUntil - Date.now();
     if (timeoutMs <= 0 || ctx.signal.aborted || this.deps.closing.aborted) return false;
+    // Waits hold worker slots: past their share, an attempt backs off and leaves its slot to other leases' work.
+    const waits = this.deps.settleWaits;
+    if (waits.active >= waits.max) return false;
+    waits.active++;
+    try {
+      return await this.waitForPush(provider, ctx, seen, laneId, data, since, waitUntil, log);
+    } finally {
+      waits.active--;
+    }
+  }
+
+  private async waitForPush(
+    provider: LeaseProvider,
+    ctx: OperationContext,
+    seen: [string, SandboxState],
+    laneId: string,
+    data: OperationJobData,
+    since: number,
+    waitUntil: number,
+    log: () => Logger,
+  ): Promise<boolean> {
+    if (!provider.waitForChange) return false;
     await this.keepObserved(laneId, data, seen, log);
     // A crash test stops the worker here: the lane held, the sandbox read, the wait not begun.
     await faultPoint('settle-wait');
@@ -290,7 +321,7 @@ export class AttemptLife {
     const signal = stop.signal;
     settleWaitBegan();
     const outcome = await provider
-      .waitForChange(ctx, seen[0], seen[1], { since, timeoutMs, signal })
+      .waitForChange(ctx, seen[0], seen[1], { since, timeoutMs: Math.max(0, waitUntil - Date.now()), signal })
       .catch((waitErr: unknown) => {
         log().warn({ err: waitErr }, 'waiting for a pushed state change failed: backing off instead');
         return 'unchanged' as const;

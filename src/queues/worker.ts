@@ -62,6 +62,7 @@ export type WorkerSettings = Pick<
   | 'LEASE_OPS_WATCHDOG_MAX_FORCE'
   | 'LEASE_OPS_INFLIGHT_GRACE_MS'
   | 'LEASE_OPS_SETTLE_WAIT_MS'
+  | 'LEASE_OPS_SETTLE_WAITS'
   | 'LEASE_OPS_BULLMQ_METRICS'
   | 'LEASE_OPS_MAX_QUEUED_PER_LEASE'
   | 'LEASE_OPS_MAX_QUEUED'
@@ -188,6 +189,7 @@ export class LeaseWorker {
       maxStalled: settings.LEASE_OPS_MAX_STALLED,
       inFlightGraceMs: settings.LEASE_OPS_INFLIGHT_GRACE_MS,
       settleWaitMs: settings.LEASE_OPS_SETTLE_WAIT_MS,
+      settleWaits: { active: 0, max: settings.LEASE_OPS_SETTLE_WAITS ?? Math.max(1, Math.floor(settings.LEASE_OPS_CONCURRENCY / 2)) },
       closing: this.closeBegan.signal,
       log,
       redis: this.connection,

@@ -2,19 +2,29 @@ import type { Socket } from 'socket.io-client';
 import { z } from 'zod';
 import type { Logger } from '../../logger.ts';
 
-/** What a state event must carry to be used; the rest of the sandbox passes unread. */
+/**
+ * What a state event must carry to be used; the rest of the sandbox passes unread. Bounded:
+ * a state name or an id longer than these is no Daytona state or id, and is not kept.
+ */
 const StateUpdatedSchema = z.object({
-  sandbox: z.object({ id: z.string().min(1) }),
-  newState: z.string().min(1),
+  sandbox: z.object({ id: z.string().min(1).max(128) }),
+  newState: z.string().min(1).max(64),
 });
 
-/** How many sandboxes' latest pushed states are kept (the oldest go first). */
-const LATEST_KEPT = 10_000;
-/** After the gateway refused or failed, or stayed silent through a wait, it is not asked again for this long. */
+/** How many sandboxes' latest pushed states (and timed-out waits) are kept (the oldest go first). */
+const KEPT = 10_000;
+/** After the gateway refused, failed, dropped the socket or missed a change, it is not asked again for this long. */
 const RETRY_CONNECT_MS = 60_000;
 const CONNECT_TIMEOUT_MS = 5_000;
 /** A socket no wait used for this long is closed (a provider instance evicted from a worker's cache leaves none behind). */
 const IDLE_CLOSE_MS = 30_000;
+
+/**
+ * States a sandbox rests in (Daytona's SandboxState): only a push of one of these ends a
+ * wait. A transition's intermediate steps (creating, pulling_snapshot, starting) would only
+ * make the attempt read again to find it still moving.
+ */
+const RESTING = new Set(['started', 'stopped', 'archived', 'paused', 'error', 'build_failed', 'destroyed']);
 
 export interface DaytonaEventsSettings {
   apiUrl: string;
@@ -25,25 +35,27 @@ export interface DaytonaEventsSettings {
   idleCloseMs?: number;
 }
 
+type Outcome = 'changed' | 'unchanged' | 'cannot_push';
+
 /**
- * Daytona's notification gateway (socket.io at `<origin>/api/socket.io/`, as Daytona's own
- * SDK subscribes to it): pushes `sandbox.state.updated` for every sandbox of the
- * organization. It lets an attempt waiting out a transition go on when the transition ends,
- * with no read while it waits. Connected on the first wait, one socket per provider.
- * When it cannot tell (not connected, no event in time), the attempt backs off in its lane
- * as without it.
+ * Daytona's notification gateway (socket.io at `<api URL>/socket.io/`, e.g.
+ * https://app.daytona.io/api/socket.io/, as Daytona's own SDK subscribes to it): pushes
+ * `sandbox.state.updated` for every sandbox of the organization. It lets an attempt waiting
+ * out a transition go on when the transition ends, with no read while it waits. Connected on
+ * the first wait, one socket per provider, closed after 30 s without waits. When it cannot
+ * tell (not connected, no event in time), the attempt backs off in its lane as without it.
  */
 export class DaytonaStateEvents {
   private socket: Socket | null = null;
   private connecting: Promise<Socket | null> | null = null;
   /** No connect is tried before this time (epoch ms). */
   private quietUntil = 0;
-  /** The last state pushed per sandbox, and when it came (performance.now()). */
+  /** The last resting state pushed per sandbox, and when it came (performance.now()). */
   private readonly latest = new Map<string, { state: string; at: number }>();
-  /** Called with each pushed state of their sandbox, and with null when the listener closes. */
+  /** Waits that timed out: what they saw, and when they ended (performance.now()). */
+  private readonly timedOut = new Map<string, { state: string; at: number }>();
+  /** Called with each pushed resting state of their sandbox, and with null when they must end unchanged. */
   private readonly waiters = new Map<string, Set<(state: string | null) => void>>();
-  /** Sandbox events of any kind heard on the current socket. */
-  private heard = 0;
   private closed = false;
   private idleTimer: NodeJS.Timeout | null = null;
   /** When the current socket connected (performance.now()). */
@@ -55,28 +67,55 @@ export class DaytonaStateEvents {
   constructor(private readonly settings: DaytonaEventsSettings) {}
 
   /** See LeaseProvider.waitForChange. */
-  async waitForChange(sandboxId: string, seenState: string, since: number, timeoutMs: number, signal: AbortSignal, log?: () => Logger): Promise<'changed' | 'unchanged' | 'cannot_push'> {
+  async waitForChange(sandboxId: string, seenState: string, since: number, timeoutMs: number, signal: AbortSignal, log?: () => Logger): Promise<Outcome> {
     if (timeoutMs <= 0 || signal.aborted) return 'unchanged';
     if (log) this.log = log;
     try {
-      return await this.waitOnSocket(sandboxId, seenState, since, timeoutMs, signal);
+      return await this.waitOnSocket(sandboxId, seenState, since, performance.now() + timeoutMs, signal);
     } finally {
       if (this.waiters.size === 0 && this.socket) this.closeWhenIdle();
     }
   }
 
-  private async waitOnSocket(sandboxId: string, seenState: string, since: number, timeoutMs: number, signal: AbortSignal): Promise<'changed' | 'unchanged' | 'cannot_push'> {
-    const socket = await this.connected();
+  /**
+   * What a read of the sandbox found (every read the provider makes). A wait that timed out
+   * on `state` and a read that finds another, with no push for the sandbox between them:
+   * the gateway missed a change (it sends this organization nothing, say), so waiting on it
+   * would only delay. It is not used for a minute.
+   */
+  sawRead(sandboxId: string, state: string): void {
+    const waited = this.timedOut.get(sandboxId);
+    if (!waited) return;
+    this.timedOut.delete(sandboxId);
+    const pushed = this.latest.get(sandboxId);
+    if (state === waited.state || (pushed && pushed.at >= waited.at) || !this.socket) return;
+    this.log?.().warn({ sandboxId, waitedOn: waited.state, found: state }, 'Daytona\'s notification gateway did not push a change a read found (does it send this organization events?): transitions are waited out by backing off for a while');
+    this.drop();
+  }
+
+  /** Whether a socket is connected now. */
+  get isConnected(): boolean {
+    return this.socket?.connected === true;
+  }
+
+  close(): void {
+    this.closed = true;
+    this.drop();
+  }
+
+  private async waitOnSocket(sandboxId: string, seenState: string, since: number, deadline: number, signal: AbortSignal): Promise<Outcome> {
+    // The connect counts against the wait: never past its time, nor past an abort.
+    const socket = await this.within(this.connected(), deadline, signal);
+    if (socket === undefined) return 'unchanged';
     if (!socket) return 'cannot_push';
-    if (signal.aborted) return 'unchanged';
     // Connected after the read: its event may have come before the socket did. One more read says.
     if (this.connectedAt > since) return 'changed';
     const known = this.latest.get(sandboxId);
     if (known && known.at >= since && known.state !== seenState) return 'changed';
-    const changed = await new Promise<boolean>((resolve) => {
+    const changed = await new Promise<boolean | null>((resolve) => {
       const handlers = this.waiters.get(sandboxId) ?? new Set<(state: string | null) => void>();
       this.waiters.set(sandboxId, handlers);
-      const end = (value: boolean) => {
+      const end = (value: boolean | null) => {
         clearTimeout(timer);
         signal.removeEventListener('abort', onAbort);
         handlers.delete(onState);
@@ -88,28 +127,32 @@ export class DaytonaStateEvents {
         else if (state !== seenState) end(true);
       };
       const onAbort = () => end(false);
-      const timer = setTimeout(() => end(false), timeoutMs);
+      const timer = setTimeout(() => end(null), Math.max(0, deadline - performance.now()));
       handlers.add(onState);
       signal.addEventListener('abort', onAbort, { once: true });
     });
-    if (!changed && !signal.aborted && this.heard === 0 && this.socket === socket) {
-      // Connected, yet nothing was pushed through a whole wait: the gateway sends this
-      // organization nothing (a token it takes for another one, say). Waiting on it would only delay.
-      this.log?.().warn({ waitedMs: timeoutMs }, 'Daytona\'s notification gateway pushed nothing through a settle wait: transitions are waited out by backing off for a while');
-      this.drop();
+    if (changed === null) {
+      // Timed out: a read that then finds another state shows whether a push was missed (sawRead).
+      this.timedOut.delete(sandboxId);
+      this.timedOut.set(sandboxId, { state: seenState, at: performance.now() });
+      if (this.timedOut.size > KEPT) this.timedOut.delete(this.timedOut.keys().next().value!);
     }
     return changed ? 'changed' : 'unchanged';
   }
 
-  /** Whether a socket is connected now (for tests and the status of a provider). */
-  get isConnected(): boolean {
-    return this.socket?.connected === true;
-  }
-
-  close(): void {
-    this.closed = true;
-    this.drop();
-    for (const handlers of [...this.waiters.values()]) for (const h of [...handlers]) h(null);
+  /** `work`'s result, or undefined once `deadline` (performance.now()) passed or `signal` aborted first. */
+  private within<T>(work: Promise<T>, deadline: number, signal: AbortSignal): Promise<T | undefined> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => finish(undefined), Math.max(0, deadline - performance.now()));
+      const onAbort = () => finish(undefined);
+      const finish = (value: T | undefined) => {
+        clearTimeout(timer);
+        signal.removeEventListener('abort', onAbort);
+        resolve(value);
+      };
+      signal.addEventListener('abort', onAbort, { once: true });
+      work.then(finish, () => finish(undefined));
+    });
   }
 
   private closeWhenIdle(): void {
@@ -122,10 +165,13 @@ export class DaytonaStateEvents {
     this.idleTimer.unref();
   }
 
-  /** Drops the socket and does not connect again for a while (it failed, or pushed nothing). */
+  /** Drops the socket and does not connect again for a while. Every wait ends unchanged: its attempt backs off. */
   private drop(): void {
     this.quietUntil = Date.now() + RETRY_CONNECT_MS;
     this.disconnect();
+    this.latest.clear();
+    this.timedOut.clear();
+    for (const handlers of [...this.waiters.values()]) for (const h of [...handlers]) h(null);
   }
 
   private disconnect(): void {
@@ -133,7 +179,6 @@ export class DaytonaStateEvents {
     this.idleTimer = null;
     const socket = this.socket;
     this.socket = null;
-    this.heard = 0;
     socket?.removeAllListeners();
     socket?.disconnect();
   }
@@ -150,26 +195,32 @@ export class DaytonaStateEvents {
   private async connect(): Promise<Socket | null> {
     // Loaded on the first wait: a worker that never waits on Daytona never loads it.
     const { io } = await import('socket.io-client');
-    const origin = this.settings.apiUrl.replace(/\/+$/, '').replace(/\/api$/, '');
-    const socket = io(origin, {
-      path: '/api/socket.io/',
+    // The gateway lives under the API's own address (Daytona: /api/socket.io/), so the key
+    // goes nowhere the API URL does not lead (an allowed URL prefix holds it too).
+    const api = new URL(this.settings.apiUrl);
+    const socket = io(api.origin, {
+      path: `${api.pathname.replace(/\/+$/, '')}/socket.io/`,
       transports: ['websocket'],
       auth: { token: this.settings.apiKey },
       query: { organizationId: this.settings.organizationId },
-      // Reconnects are this class's: a lost socket is dropped, and the next wait connects again.
+      // Reconnects are this class's: a lost socket is dropped, and a later wait connects again.
       reconnection: false,
       timeout: CONNECT_TIMEOUT_MS,
+      // The socket and its timers must not keep a process alive that is done otherwise.
+      autoUnref: true,
     });
     const up = await new Promise<boolean>((resolve) => {
       const timer = setTimeout(() => resolve(false), CONNECT_TIMEOUT_MS);
+      timer.unref();
       socket.once('connect', () => {
         clearTimeout(timer);
         resolve(true);
       });
       socket.once('connect_error', (err) => {
         clearTimeout(timer);
-        // The message names no credential: socket.io's own, or the gateway's refusal.
-        this.log?.().warn({ reason: err.message }, 'Daytona\'s notification gateway is not reachable: transitions are waited out by backing off for a while');
+        // The gateway's own words may repeat what it was sent: the key is masked out of them.
+        const reason = err.message.split(this.settings.apiKey).join('***').slice(0, 200);
+        this.log?.().warn({ reason }, 'Daytona\'s notification gateway is not reachable: transitions are waited out by backing off for a while');
         resolve(false);
       });
     });
@@ -179,31 +230,23 @@ export class DaytonaStateEvents {
       this.quietUntil = Date.now() + RETRY_CONNECT_MS;
       return null;
     }
-    // The socket must not keep a process alive that is done otherwise.
-    (socket.io.engine?.transport as unknown as { ws?: { _socket?: { unref?: () => void } } } | undefined)?.ws?._socket?.unref?.();
     socket.on('disconnect', () => {
-      if (this.socket === socket) {
-        this.socket = null;
-        this.heard = 0;
-      }
+      // Events sent while it was away are lost: waits end and back off, and the gateway rests a minute.
+      if (this.socket === socket) this.drop();
     });
     socket.on('sandbox.state.updated', (payload: unknown) => this.onState(payload));
-    // Any of the organization's sandbox events shows the gateway sends it events at all.
-    for (const event of ['sandbox.created', 'sandbox.desired-state.updated']) socket.on(event, () => void this.heard++);
     this.socket = socket;
     this.connectedAt = performance.now();
-    this.heard = 0;
     return socket;
   }
 
   private onState(payload: unknown): void {
     const parsed = StateUpdatedSchema.safeParse(payload);
-    if (!parsed.success) return;
-    this.heard++;
+    if (!parsed.success || !RESTING.has(parsed.data.newState)) return;
     const id = parsed.data.sandbox.id;
     this.latest.delete(id);
     this.latest.set(id, { state: parsed.data.newState, at: performance.now() });
-    if (this.latest.size > LATEST_KEPT) this.latest.delete(this.latest.keys().next().value!);
+    if (this.latest.size > KEPT) this.latest.delete(this.latest.keys().next().value!);
     const handlers = this.waiters.get(id);
     if (handlers) for (const handler of [...handlers]) handler(parsed.data.newState);
   }

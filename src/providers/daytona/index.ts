@@ -327,6 +327,7 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
         throw notThisEnvironments(idOrName);
       }
       ctx.observe(sb.id, daytonaState(sb));
+      events?.sawRead(sb.id, sb.state ?? 'unknown');
       return sb;
     } catch (err) {
       if (isSandboxNotFound(err)) {
