@@ -290,23 +290,18 @@ export class AttemptLife {
     if (waits.active >= waits.max) return false;
     waits.active++;
     try {
-      return await this.waitForPush(provider, ctx, seen, laneId, data, since, waitUntil, log);
+      return await this.waitForPush(provider.waitForChange.bind(provider), { ctx, seen, laneId, data, since, waitUntil, log });
     } finally {
       waits.active--;
     }
   }
 
+  /** The wait itself, in its slot: what was read is kept first, then the provider is asked. */
   private async waitForPush(
-    provider: LeaseProvider,
-    ctx: OperationContext,
-    seen: [string, SandboxState],
-    laneId: string,
-    data: OperationJobData,
-    since: number,
-    waitUntil: number,
-    log: () => Logger,
+    waitForChange: NonNullable<LeaseProvider['waitForChange']>,
+    w: { ctx: OperationContext; seen: [string, SandboxState]; laneId: string; data: OperationJobData; since: number; waitUntil: number; log: () => Logger },
   ): Promise<boolean> {
-    if (!provider.waitForChange) return false;
+    const { ctx, seen, laneId, data, since, waitUntil, log } = w;
     await this.keepObserved(laneId, data, seen, log);
     // A crash test stops the worker here: the lane held, the sandbox read, the wait not begun.
     await faultPoint('settle-wait');
@@ -320,8 +315,7 @@ export class AttemptLife {
     if (sources.some((source) => source.aborted)) stop.abort();
     const signal = stop.signal;
     settleWaitBegan();
-    const outcome = await provider
-      .waitForChange(ctx, seen[0], seen[1], { since, timeoutMs: Math.max(0, waitUntil - Date.now()), signal })
+    const outcome = await waitForChange(ctx, seen[0], seen[1], { since, timeoutMs: Math.max(0, waitUntil - Date.now()), signal })
       .catch((waitErr: unknown) => {
         log().warn({ err: waitErr }, 'waiting for a pushed state change failed: backing off instead');
         return 'unchanged' as const;
