@@ -1,3 +1,4 @@
+import { setMaxListeners } from 'node:events';
 import { partitionOfLane } from '../partitions.ts';
 import { MetricsTime, Queue, UnrecoverableError, Worker, type Job } from 'bullmq';
 import { Redis } from 'ioredis';
@@ -102,8 +103,12 @@ export class LeaseWorker {
   /** Connections handed to BullMQ (which leaves closing them to their owner), and its copies of them. */
   private readonly ownedConnections: RedisClient[] = [];
   private closing: Promise<void> | null = null;
-  /** Aborted as close() begins: attempts waiting for a pushed state change stop waiting. */
-  private readonly closeBegan = new AbortController();
+  /** Aborted as close() begins: attempts waiting for a pushed state change stop waiting (each listens while it waits). */
+  private readonly closeBegan = (() => {
+    const controller = new AbortController();
+    setMaxListeners(0, controller.signal);
+    return controller;
+  })();
   /** Attempts between BullMQ handing over their job and their end (see waitForClose). */
   private attemptsInFlight = 0;
   private readonly backoff: BackoffSettings;
