@@ -125,8 +125,9 @@ describe("the README's quick start, in a fresh copy of the repository", () => {
     expect(((await done.json()) as { state: string }).state).toBe('completed');
 
     // The README's HTTP example, as it reads: an acquire with a key and Prefer: wait=20 answers
-    // 200 with the ended operation (the simulated cloud answers a create with "creating":
-    // two attempts); the lease reads the same by its acquire's id and its sandbox's.
+    // 200 with the ended operation (the simulated cloud answers a create with "creating", and
+    // its gateway pushes "started": one attempt that waited for it); the lease reads the same
+    // by its acquire's id and its sandbox's.
     const lease = `${api}/v1/leases/simulated/acme/prod/run-42`;
     const waited = await fetch(`${lease}/operations`, {
       method: 'POST',
@@ -135,13 +136,13 @@ describe("the README's quick start, in a fresh copy of the repository", () => {
     });
     expect(waited.status).toBe(200);
     const acquired = (await waited.json()) as { op: string; state: string; attempts: number; result: { providerLeaseId: string } };
-    expect(acquired).toMatchObject({ op: 'acquire', state: 'completed', attempts: 2 });
+    expect(acquired).toMatchObject({ op: 'acquire', state: 'completed', attempts: 1 });
     const byRun = (await (await fetch(lease, { headers: auth })).json()) as { laneId: string; sandboxId: string };
     const bySandbox = (await (await fetch(`${api}/v1/leases/simulated/acme/prod/${acquired.result.providerLeaseId}`, { headers: auth })).json()) as { laneId: string };
     expect(byRun.laneId).toBe(bySandbox.laneId);
     expect(byRun.sandboxId).toBe(acquired.result.providerLeaseId);
     const story = (await (await fetch(`${lease}/timeline`, { headers: auth })).json()) as { events: { kind: string }[] };
-    expect(story.events.map((e) => e.kind)).toEqual(expect.arrayContaining(['accepted', 'started', 'backing-off', 'completed']));
+    expect(story.events.map((e) => e.kind)).toEqual(expect.arrayContaining(['accepted', 'started', 'completed']));
     expect((await fetch(`${api}/v1/attention`, { headers: auth })).status).toBe(200);
 
     const metrics = await (await fetch(`${api}/metrics`)).text();

@@ -109,7 +109,7 @@ export interface DaytonaFakeOptions {
    * Serves Daytona's notification gateway (socket.io at <url>/socket.io/, as Daytona's at
    * /api/socket.io/ beside its /api routes; websocket only),
    * which pushes `sandbox.state.updated` to the sockets of the sandbox's organization. Off
-   * by default (socket.io is a development dependency); the bench and the push tests turn it on.
+   * by default: the simulated cloud, the bench and the push tests turn it on.
    */
   notifications?: boolean;
 }

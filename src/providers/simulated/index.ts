@@ -3,6 +3,8 @@ import { createDaytonaProvider } from '../daytona/index.ts';
 import type { LeaseProvider } from '../types.ts';
 
 const SIMULATED_KEY = 'simulated-cloud-key';
+/** The simulated cloud's one organization: its notification gateway pushes state changes to it. */
+const SIMULATED_ORG = 'simulated-organization';
 
 /**
  * The simulated cloud: a Daytona fake whose transitions take a fraction of a second. With
@@ -10,7 +12,14 @@ const SIMULATED_KEY = 'simulated-cloud-key';
  * machine it runs on: for a laptop or a test, never for a shared host.
  */
 const simulatedCloud = (env: NodeJS.ProcessEnv = process.env) =>
-  new DaytonaFake({ apiKey: SIMULATED_KEY, timings: { create: 50, start: 200, stop: 200, forceStop: 0, destroy: 50 }, execOnThisMachine: env.LEASE_OPS_SIMULATED_EXEC === 'true' });
+  new DaytonaFake({
+    apiKey: SIMULATED_KEY,
+    organizationId: SIMULATED_ORG,
+    // Its gateway pushes state changes, as Daytona's does: an operation goes on when a transition ends.
+    notifications: true,
+    timings: { create: 50, start: 200, stop: 200, forceStop: 0, destroy: 50 },
+    execOnThisMachine: env.LEASE_OPS_SIMULATED_EXEC === 'true',
+  });
 
 /**
  * The embedded default: the Daytona provider (the real client code path) against a local
@@ -28,10 +37,14 @@ export async function createSimulatedProvider(env: NodeJS.ProcessEnv): Promise<L
   }
   // The simulated cloud has no rate limits to pace under.
   const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
-  const provider = createDaytonaProvider({ name: 'simulated', apiUrl, apiKey: SIMULATED_KEY, timeoutMs: 10_000, rateLimits: unpaced });
+  const provider = createDaytonaProvider({ name: 'simulated', apiUrl, apiKey: SIMULATED_KEY, organizationId: SIMULATED_ORG, timeoutMs: 10_000, rateLimits: unpaced });
   // Commands only when asked for (a shared cloud is started with the same setting).
   const exec = env.LEASE_OPS_SIMULATED_EXEC === 'true';
-  return { ...provider, capabilities: { ...provider.capabilities, exec }, ...(exec ? {} : { exec: undefined }), close: async () => fake?.close() };
+  const close = async () => {
+    await provider.close?.();
+    await fake?.close();
+  };
+  return { ...provider, capabilities: { ...provider.capabilities, exec }, ...(exec ? {} : { exec: undefined }), close };
 }
 
 /** Runs the simulated cloud on its own, for several worker processes to share. */
