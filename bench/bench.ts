@@ -16,7 +16,7 @@ import { activityCost } from './activities.ts';
 import { hookOverhead } from './hooks.ts';
 import { settleLag } from './settle-lag.ts';
 import { instanceCost, type InstanceFigures } from './instances.ts';
-import { measureRedis, type RedisCost } from './redis-cost.ts';
+import { measureRedis, perOperation, type RedisCost } from './redis-cost.ts';
 
 const WORKERS = 2;
 const CONCURRENCY = 50;
@@ -44,6 +44,11 @@ export interface Figures {
   hook_overhead_p50_ms: number;
   hook_overhead_p99_ms: number;
   /** (i) From a sandbox reaching the state an operation waits for (1-5 s transitions) to the operation's end. */
+  /** (a) and (b): CPU per operation, Redis' and the worker processes' (µs, medians of the rounds). */
+  lanes_redis_cpu_us_per_op: number;
+  plain_redis_cpu_us_per_op: number;
+  lanes_worker_cpu_us_per_op: number;
+  plain_worker_cpu_us_per_op: number;
   settle_lag_p50_ms: number;
   settle_lag_p99_ms: number;
   settle_lag_operations_waited: number;
@@ -382,11 +387,13 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
   // (a) and (b) alternate over several rounds and report medians: on a small shared machine
   // one round's figure drifts, the ratio of medians measured side by side much less.
   const plainRounds: number[] = [];
+  const plainRuns: Awaited<ReturnType<typeof plainRun>>[] = [];
   const groupmqRounds: number[] = [];
   const lanesRounds: LanesRun[] = [];
   for (let round = 1; round <= ROUNDS; round++) {
     out(`(b) plain BullMQ, the same ${loads.jobs} jobs, round ${round}/${ROUNDS} ...`);
-    plainRounds.push((await plainRun(loads.jobs, loads.leases)).jobsPerS);
+    plainRuns.push(await plainRun(loads.jobs, loads.leases));
+    plainRounds.push(plainRuns.at(-1)!.jobsPerS);
     out(`(b') groupmq, the same ${loads.jobs} jobs over ${loads.leases} groups, round ${round}/${ROUNDS} ...`);
     groupmqRounds.push(await groupmqRun(loads.jobs, loads.leases));
     out(`(a) lanes, ${loads.jobs} operations over ${loads.leases} leases, round ${round}/${ROUNDS} ...`);
@@ -421,7 +428,18 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
   const settle = await settleLag(loads.settle_leases, { push: true });
   const settleBackoff = await settleLag(loads.settle_leases, { push: false });
 
+  // What one operation costs Redis and the workers, lanes beside plain BullMQ (medians of the rounds).
+  const perOp = (runs: { cost: RedisCost; workerCpuUs: number }[]) => ({
+    redis: median(runs.map((r) => perOperation(r.cost, loads.jobs).cpu_us)),
+    worker: Number(median(runs.map((r) => r.workerCpuUs / loads.jobs)).toFixed(1)),
+  });
+  const lanesCost = perOp(lanesRounds);
+  const plainCost = perOp(plainRuns);
   const figures: Figures = {
+    lanes_redis_cpu_us_per_op: lanesCost.redis,
+    plain_redis_cpu_us_per_op: plainCost.redis,
+    lanes_worker_cpu_us_per_op: lanesCost.worker,
+    plain_worker_cpu_us_per_op: plainCost.worker,
     lanes_ops_per_s: Math.round(lanes.opsPerS),
     plain_bullmq_jobs_per_s: Math.round(plain),
     ratio_vs_plain: Number((lanes.opsPerS / plain).toFixed(3)),
@@ -465,6 +483,7 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
       [`(a) lanes: ${loads.jobs} ops over ${loads.leases} leases (median of ${ROUNDS})`, `${figures.lanes_ops_per_s} ops/s`],
       [`(b) plain BullMQ: the same jobs and data, no lanes (median of ${ROUNDS})`, `${figures.plain_bullmq_jobs_per_s} jobs/s`],
       [`    ratio (a)/(b)`, `${figures.ratio_vs_plain}`],
+      [`    CPU per operation, Redis / workers: (a) and (b)`, `${figures.lanes_redis_cpu_us_per_op} / ${figures.lanes_worker_cpu_us_per_op} µs and ${figures.plain_redis_cpu_us_per_op} / ${figures.plain_worker_cpu_us_per_op} µs`],
       [`(b') groupmq: the same jobs, each lease a group (median of ${ROUNDS})`, `${figures.groupmq_jobs_per_s} jobs/s`],
       [`    ratio (a)/(b')`, `${figures.ratio_vs_groupmq}`],
       [`(c) one hot lease: ${loads.hot_ops} ops`, `${figures.hot_lease_ops_per_s} ops/s`],
