@@ -1,8 +1,14 @@
+import { randomBytes } from 'node:crypto';
 import { afterEach, describe, expect, it } from 'vitest';
 import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
 import type { LeaseIdentity } from '../src/lease.ts';
 import { DaytonaStateEvents } from '../src/providers/daytona/events.ts';
 import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
+import { InstanceProviders } from '../src/providers/instances/resolver.ts';
+import { MasterKeys } from '../src/providers/instances/sealing.ts';
+import { ProviderInstanceStore } from '../src/providers/instances/store.ts';
+import { localRateLimiters } from '../src/providers/pacing.ts';
+import { createLogger } from '../src/logger.ts';
 import { QUICK_RECOVERY, readUntil, TestBed, workerEnv } from './helpers/env.ts';
 import { killAll, WorkerProcess } from './helpers/worker-process.ts';
 
@@ -297,5 +303,29 @@ describe('settle waits: what an attack on them found', () => {
       events.close();
       server.close();
     }
+  });
+});
+
+describe('settle waits: provider instances', () => {
+  it('an instance provider that leaves the worker\'s cache (its instance changed) is closed, and its gateway socket with it', { timeout: 30_000 }, async () => {
+    fake = new DaytonaFake({ apiKey: KEY, organizationId: ORG, notifications: true, timings: { create: 50, start: 50, stop: 50, destroy: 50 } });
+    const apiUrl = await fake.listen();
+    bed = await TestBed.create();
+    const store = new ProviderInstanceStore(bed.redis, bed.config.LEASE_OPS_PREFIX, { keys: new MasterKeys(randomBytes(32)), allowedApiUrls: [apiUrl] });
+    const instances = new InstanceProviders(store, { rateLimiters: localRateLimiters }, [apiUrl]);
+    const config = { apiUrl, organizationId: ORG, rateLimits: unpaced };
+    await store.create('acme', { name: 'dt', type: 'daytona', config, credentials: { apiKey: KEY } } as never, 'test');
+    const first = await instances.resolve('acme', 'env', 'dt');
+    if (!('provider' in first)) throw new Error(first.message);
+    const ctx = { log: createLogger({ level: 'silent' }) } as never;
+    // A wait connects the instance's socket (and, connected after the read, answers at once).
+    expect(await first.provider.waitForChange!(ctx, 'x', { kind: 'transitioning', providerState: 'starting' }, { since: performance.now(), timeoutMs: 3_000, signal: new AbortController().signal })).toBe('changed');
+    expect(fake.gatewaySockets()).toBe(1);
+    await store.update('acme', 'dt', { config: { ...config, timeoutMs: 20_000 } } as never, 'test');
+    const second = await instances.resolve('acme', 'env', 'dt');
+    if (!('provider' in second)) throw new Error(second.message);
+    expect(second.provider).not.toBe(first.provider);
+    await readUntil(async () => fake!.gatewaySockets() === 0, 5_000, 'the replaced provider\'s socket closed');
+    await second.provider.close?.();
   });
 });

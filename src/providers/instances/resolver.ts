@@ -41,7 +41,7 @@ export class InstanceProviders {
     const deleted = { code: 'provider_deleted', message: `the provider instance "${name}" of company ${companyId} was deleted`, forGood: true } as const;
     const rev = await this.store.rev(companyId, name);
     if (rev === null) {
-      this.built.delete(cacheKey);
+      this.retire(cacheKey);
       return (await this.store.wasDeleted(companyId, name))
         ? deleted
         : { code: 'unknown_provider', message: `no provider named "${name}" is configured on this worker, nor saved for company ${companyId}`, forGood: false };
@@ -52,16 +52,29 @@ export class InstanceProviders {
       if (record === null) return deleted;
       const built = this.build(record);
       if ('code' in built) return built;
+      this.retire(cacheKey);
       entry = { rev: (record as InstanceRecord).rev, provider: built.provider, environmentIds: (record as InstanceRecord).environmentIds };
     }
     // Least recently used first out: re-inserting moves an entry to the end.
     this.built.delete(cacheKey);
     this.built.set(cacheKey, entry);
-    while (this.built.size > this.maxBuilt) this.built.delete(this.built.keys().next().value!);
+    while (this.built.size > this.maxBuilt) this.retire(this.built.keys().next().value!);
     if (entry.environmentIds && !entry.environmentIds.includes(environmentId)) {
       return { code: 'unknown_provider', message: `the provider instance "${name}" of company ${companyId} is not for environment ${environmentId}`, forGood: true };
     }
     return { provider: entry.provider };
+  }
+
+  /**
+   * A built provider leaves the cache (its instance changed or went, or it was used least
+   * lately): it is closed, so what it holds open (a Daytona gateway socket) goes with it. An
+   * attempt still using it finishes its calls; a wait of it for a push ends, and backs off.
+   */
+  private retire(cacheKey: string): void {
+    const entry = this.built.get(cacheKey);
+    if (!entry) return;
+    this.built.delete(cacheKey);
+    void Promise.resolve(entry.provider.close?.()).catch(() => undefined);
   }
 
   /** A draft's provider (an instance probed before it is saved). */
