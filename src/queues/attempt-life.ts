@@ -87,6 +87,8 @@ export class AttemptLife {
   /** When the attempt proper began (its provider call), for the history: null before. */
   private ranFrom: number | null = null;
   private logger: Logger | undefined;
+  /** The read a settle wait kept last (the very tuple `observe` made), and what keeping it gave. */
+  private kept: { read: [string, SandboxState]; observed: [string, SandboxState] | null } | null = null;
 
   constructor(
     private readonly deps: AttemptDeps,
@@ -332,10 +334,13 @@ export class AttemptLife {
 
   /** What the attempt read of its lease's sandbox is kept (an acquire names its lease by the sandbox first). */
   private async keepObserved(laneId: string, data: OperationJobData, attemptSaw: [string, SandboxState] | null, log: () => Logger): Promise<[string, SandboxState] | null> {
+    // A wait that ended without a run after it kept this same read already: not written twice.
+    if (attemptSaw && this.kept?.read === attemptSaw) return this.kept.observed;
     const observed = await this.theLeases(laneId, data, attemptSaw);
     // An acquire that learnt its sandbox's id names the lease by it before anything shows it.
     if (observed && observed[0] !== data.lease.leaseId) await this.nameSandbox(laneId, data.lease, observed[0], log, false);
     await this.record(laneId, data.lease, observed, log);
+    if (attemptSaw) this.kept = { read: attemptSaw, observed };
     return observed;
   }
 
