@@ -110,8 +110,9 @@ export async function startWorkers(mode: 'plain' | 'groupmq' | 'lanes', config: 
     LEASE_OPS_CONCURRENCY: String(CONCURRENCY),
     LEASE_OPS_KEEP_COMPLETED_S: '0',
   };
+  // BENCH_CPU_PROF=<dir>: each worker process writes a V8 CPU profile there as it exits.
   const children = Array.from({ length: count }, () =>
-    fork(new URL('./worker-child.ts', import.meta.url).pathname, [mode], { env, execArgv: ['--import', 'tsx'] }),
+    fork(new URL('./worker-child.ts', import.meta.url).pathname, [mode], { env, execArgv: ['--import', 'tsx', ...(process.env.BENCH_CPU_PROF ? ['--cpu-prof', '--cpu-prof-dir=' + process.env.BENCH_CPU_PROF] : [])] }),
   );
   for (const child of children) {
     liveWorkers.add(child);

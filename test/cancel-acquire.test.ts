@@ -87,6 +87,54 @@ describe('cancelling an acquire', () => {
   });
 });
 
+describe('a cancel taken after the lane handed the acquire off and before its first attempt started', () => {
+  /**
+   * The acquire is the lane's holder, handed off by the release of the operation before it,
+   * while no worker fetches (the queue is paused): the cancel marks it, and it starts after.
+   */
+  async function handedOffThenCancelled(before: (bed: TestBed) => Promise<{ jobId: string }>, lastLease: string) {
+    const held = gate();
+    const inside = gate();
+    const { bed, fake, actions } = await setUp({ create: 10 }, (p) => ({
+      ...p,
+      async stop(ctx, params) {
+        inside.open();
+        await held.promise;
+        return p.stop(ctx, params);
+      },
+      async acquire(ctx, params) {
+        const made = await p.acquire(ctx, params);
+        inside.open();
+        await held.promise;
+        return made;
+      },
+    }));
+    const first = await before(bed);
+    await inside.promise;
+    await bed.ops.queue.pause();
+    const acquired = await bed.ops.enqueue({ op: 'acquire', lease: lease(lastLease), params: { runId: `${lastLease}-again` } });
+    held.open();
+    expect((await bed.waitForAll([first.jobId])).get(first.jobId)).toBe('completed');
+    expect(await bed.ops.queue.getJobState(acquired.jobId)).toBe('waiting');
+    expect(await actions.cancel(acquired.jobId, 'host')).toMatchObject({ cancelled: true, whileExecuting: true });
+    await bed.ops.queue.resume();
+    expect((await bed.waitForAll([acquired.jobId])).get(acquired.jobId)).toBe('failed');
+    return { fake, acquired, job: (await bed.ops.queue.getJob(acquired.jobId))! };
+  }
+
+  it('behind a stop: it makes nothing, and fails with cancelled', async () => {
+    const { fake, acquired, job } = await handedOffThenCancelled((bed) => bed.ops.enqueue({ op: 'stop', lease: lease('run-h'), params: { providerLeaseId: 'run-h' } }), 'run-h');
+    expect(job.failedReason).toMatch(/^cancelled: /);
+    expect(madeFor(fake, acquired.jobId)).toEqual([]);
+  });
+
+  it('where it would also be refused (accepted while the lease\'s first acquire ran, which made a sandbox): the cancel is what it fails with', async () => {
+    const { fake, acquired, job } = await handedOffThenCancelled((bed) => bed.ops.enqueue({ op: 'acquire', lease: lease('run-k'), params: { runId: 'run-k' } }), 'run-k');
+    expect(job.failedReason).toMatch(/^cancelled: /);
+    expect(madeFor(fake, acquired.jobId)).toEqual([]);
+  });
+});
+
 describe('a cancel that races the acquire\'s end', () => {
   it('taken after the attempt looked for a cancel and before its end was recorded: the acquire still fails with cancelled, and its sandbox is destroyed', { timeout: 60_000 }, async () => {
     bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600' });

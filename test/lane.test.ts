@@ -1,4 +1,5 @@
 import { Job } from 'bullmq';
+import { Cluster } from 'ioredis';
 import { afterEach, describe, expect, it } from 'vitest';
 import { ZodError } from 'zod';
 import { laneIdOf } from '../src/lease.ts';
@@ -259,6 +260,46 @@ describe('the lane', () => {
     await bed.waitForAll(ids);
     expect(await bed.laneKeys()).toEqual([]);
     expect(await bed.ops.lanes.openLaneCount()).toBe(0);
+  });
+
+  it('starts an operation that a release handed off without reading the lease\'s record or its cancel mark: they come with the hand-off', async () => {
+    bed = await TestBed.create();
+    // Like the bench's provider: no fence of its own, and the sandbox is the lease's own id.
+    const { provider } = createRecordingProvider();
+    await bed.startWorker({ ...provider, acquire: async (ctx) => ({ providerLeaseId: ctx.lease.leaseId, metadata: {}, expiresAt: null }) });
+    await bed.ops.queue.pause();
+    const ids: string[] = [];
+    for (let i = 0; i < 10; i++) {
+      ids.push((await bed.ops.enqueue({ op: 'acquire', lease: lease('hot'), params: { runId: `r${i}` } })).jobId);
+      ids.push((await bed.ops.enqueue({ op: 'destroy', lease: lease('hot'), params: stop('hot') })).jobId);
+    }
+    // Every master sees its own commands (the cluster project has several).
+    const nodes = bed.redis instanceof Cluster ? bed.redis.nodes('master') : [bed.redis];
+    const monitors = await Promise.all(nodes.map((node) => node.duplicate().monitor()));
+    const reads: string[] = [];
+    let seen = 0;
+    const prefix = bed.config.LEASE_OPS_PREFIX;
+    for (const monitor of monitors) {
+      monitor.on('monitor', (_time: string, args: string[], source: string) => {
+        if (source === 'lua' || !args.some((arg) => arg.startsWith(prefix))) return;
+        seen++;
+        const command = args[0]!.toLowerCase();
+        if (command === 'hget' && args[2] === 'lo:cancel') reads.push('cancel mark');
+        else if (['hget', 'hgetall', 'hmget'].includes(command) && args[1]!.startsWith(`${prefix}:lease:`)) reads.push(`record (${command})`);
+      });
+    }
+    try {
+      await bed.ops.queue.resume();
+      const ended = await bed.waitForAll(ids);
+      expect([...ended.values()].every((state) => state === 'completed')).toBe(true);
+    } finally {
+      for (const monitor of monitors) monitor.disconnect();
+    }
+    // The monitors saw the run (each operation's release and completion at least).
+    expect(seen).toBeGreaterThan(2 * ids.length);
+    // The first start was handed off by the enqueue (not a release): it reads them, once.
+    expect(reads.filter((r) => r === 'cancel mark').length).toBeLessThanOrEqual(1);
+    expect(reads.filter((r) => r.startsWith('record')).length).toBeLessThanOrEqual(1);
   });
 });
 

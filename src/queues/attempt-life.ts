@@ -14,7 +14,7 @@ import { isoUtc } from '../time-format.ts';
 import { Attempt, type Fencing, StaleAttemptError } from './fencing.ts';
 import type { Lanes, LaneOutcome } from './lane.ts';
 import { historyEntry, type LeaseHistory } from './lease-history.ts';
-import { hasAcquiredSandbox, isStopping, type LeaseRecords } from './lease-records.ts';
+import { hasAcquiredSandbox, isStopping, type LeaseRecord, type LeaseRecords } from './lease-records.ts';
 import { parkDelay, targetSandbox, type OperationsQueue } from './operations-queue.ts';
 import type { RedisClient } from './redis.ts';
 import { type BackoffSettings, decideRetry, DeadlineExceededError, OperationFailedError, RetryLaterError } from './retry-policy.ts';
@@ -87,6 +87,8 @@ export class AttemptLife {
   /** When the attempt proper began (its provider call), for the history: null before. */
   private ranFrom: number | null = null;
   private logger: Logger | undefined;
+  /** A first start handed off by a release, which does not look for a cancel at its start (see live). */
+  private cancelLookSkipped = false;
   /** The read a settle wait kept last (the very tuple `observe` made), and what keeping it gave. */
   private kept: { read: [string, SandboxState]; observed: [string, SandboxState] | null } | null = null;
 
@@ -108,6 +110,8 @@ export class AttemptLife {
     const parsed = OperationJobDataSchema.safeParse(this.job.data);
 
     let fence = handedOffFence(this.job);
+    /** What the release that handed this job off copied from the lease's record (see handOff in includes/lane.lua). */
+    const copied = fence === null ? null : recordAtHandOff(this.job);
     if (fence === null) {
       const acquired = await this.laneStep(async () => {
         await faultPoint('lane-acquire', this.deps.redis);
@@ -134,6 +138,7 @@ export class AttemptLife {
 
     if (!parsed.success) return this.fail(laneId, fence, 'unknown', 'invalid_job_data', `invalid job data: ${z.prettifyError(parsed.error)}`);
     const data = parsed.data;
+    this.cancelLookSkipped = copied !== null && data.op === 'acquire';
     const log = () => (this.logger ??= this.deps.log.child({ leaseId: data.lease.leaseId, provider: data.lease.provider, jobId: this.jobId, op: data.op, attempt: this.job.attemptsMade + 1 }));
 
     const resolved = await this.laneStep(() => this.deps.providers.resolve(data.lease));
@@ -151,12 +156,15 @@ export class AttemptLife {
       return this.complete(laneId, fence, data, { providerLeaseId: null, state: 'none' }, null, log);
     }
     if (data.op === 'acquire') {
-      // Cancelled while an earlier attempt ran (which then died): that is what ends it.
-      const cancelledBy = await this.laneStep(() => this.cancelledBy());
-      if (cancelledBy !== null) return this.failForGood(laneId, fence, data, 'cancelled', `cancelled by ${cancelledBy} while it ran; what it made is destroyed`, log);
+      // Cancelled while an earlier attempt ran (which then died): that is what ends it. A
+      // first attempt handed off by a release had none; a cancel that came since is seen
+      // at its provider calls' fence, at its release, and before any refusal here
+      // (failForGood), so it does not look now.
       // One lease, one sandbox: an acquire that reaches the head of a lease whose acquire
       // handed out a sandbox that lives (accepted before that one ended) makes nothing.
-      const record = await this.laneStep(() => this.deps.records.get(laneId));
+      // Both looks in one round trip, or none: a lane's hand-offs wait on them.
+      const [cancelledBy, record] = await this.laneStep(() => Promise.all([this.cancelLookSkipped ? null : this.cancelledBy(), copied ? copied.record : this.deps.records.get(laneId)]));
+      if (cancelledBy !== null) return this.failForGood(laneId, fence, data, 'cancelled', `cancelled by ${cancelledBy} while it ran; what it made is destroyed`, log);
       if (record && hasAcquiredSandbox(record)) {
         return this.failForGood(laneId, fence, data, 'lease_has_sandbox', `this lease has sandbox ${record.providerLeaseId} already: destroy it first, or acquire under another id`, log);
       }
@@ -167,7 +175,7 @@ export class AttemptLife {
     // make a second live sandbox). It does nothing, and says why.
     const sandbox = targetSandbox(data);
     if (sandbox !== null) {
-      const current = await this.laneStep(() => this.deps.records.currentSandbox(laneId));
+      const current = copied ? copied.providerLeaseId || null : await this.laneStep(() => this.deps.records.currentSandbox(laneId));
       if (current && current !== sandbox) {
         return this.failForGood(laneId, fence, data, 'sandbox_replaced', `sandbox ${sandbox} is not the sandbox of lease ${data.lease.leaseId} any more (its sandbox is ${current}): nothing was done`, log);
       }
@@ -353,11 +361,15 @@ export class AttemptLife {
   private async complete(laneId: string, fence: string, data: OperationJobData, result: unknown, attemptSaw: [string, SandboxState] | null, log: () => Logger): Promise<unknown> {
     const observed = await this.theLeases(laneId, data, attemptSaw);
     if (data.op === 'acquire') {
-      // Cancelled while it ran, and it made its sandbox anyway: the clean-up destroys it.
-      const cancelledBy = await this.laneStep(() => this.cancelledBy());
-      if (cancelledBy !== null) return this.failForGood(laneId, fence, data, 'cancelled', `cancelled by ${cancelledBy} while it ran; what it made is destroyed`, log);
       const sandbox = (result as { providerLeaseId?: unknown } | null)?.providerLeaseId;
-      if (typeof sandbox === 'string') await this.nameSandbox(laneId, data.lease, sandbox, log, true);
+      // Cancelled while it ran, and it made its sandbox anyway: the clean-up destroys it, and
+      // the sandbox is not named first. With nothing to name, the release's own look (below)
+      // is enough, and a lane's hand-off waits on one round trip less.
+      if (typeof sandbox === 'string' && sandbox !== data.lease.leaseId) {
+        const cancelledBy = await this.laneStep(() => this.cancelledBy());
+        if (cancelledBy !== null) return this.failForGood(laneId, fence, data, 'cancelled', `cancelled by ${cancelledBy} while it ran; what it made is destroyed`, log);
+        await this.nameSandbox(laneId, data.lease, sandbox, log, true);
+      }
     } else if (observed && observed[0] !== data.lease.leaseId) {
       // Named by its other id (an operation by the run id): the sandbox's name is renewed.
       await this.nameSandbox(laneId, data.lease, observed[0], log, false);
@@ -506,6 +518,12 @@ export class AttemptLife {
    * acquire that may have handed its sandbox out.
    */
   private async failForGood(laneId: string, fence: string, data: OperationJobData, code: string, message: string, log: () => Logger): Promise<never> {
+    if (data.op === 'acquire' && this.cancelLookSkipped && code !== 'cancelled') {
+      // A cancel taken before this start, which did not look for one: it is what ends it.
+      this.cancelLookSkipped = false;
+      const by = await this.laneStep(() => this.cancelledBy());
+      if (by !== null) return this.failForGood(laneId, fence, data, 'cancelled', `cancelled by ${by} while it ran; what it made is destroyed`, log);
+    }
     if (data.op === 'acquire') {
       const held = new Attempt(this.jobId, laneId, fence, this.lockToken);
       const stale = await this.laneStep(() => this.deps.fencing.check(held).then(() => null, (err: unknown) => (err instanceof StaleAttemptError ? err : Promise.reject(err))));
@@ -663,6 +681,26 @@ function handedOffFence(job: Job): string | null {
   const progress = job.progress as unknown;
   if (progress && typeof progress === 'object' && 'fence' in progress && typeof progress.fence === 'string') return progress.fence;
   return null;
+}
+
+/** What an attempt's start looks at in the lease's record. */
+type RecordAtStart = Pick<LeaseRecord, 'providerLeaseId' | 'acquiredSandbox' | 'kind'>;
+
+const RecordCopySchema = z.object({ sandbox: z.string(), acquired: z.string(), kind: z.string(), present: z.boolean() });
+
+/**
+ * The record's fields the release that handed this job off copied into its progress, for
+ * its first start only (as the fence: handedOffFence); null when there is no copy (another
+ * kind of hand-off), and the attempt reads the record. `providerLeaseId` is '' when the
+ * record names no sandbox; a record without a lease or kind is none, as LeaseRecords.get says.
+ */
+function recordAtHandOff(job: Job): { providerLeaseId: string; record: RecordAtStart | null } | null {
+  const progress = job.progress as unknown;
+  if (!progress || typeof progress !== 'object' || !('record' in progress)) return null;
+  const copy = RecordCopySchema.safeParse(progress.record);
+  if (!copy.success) return null;
+  const { sandbox, acquired, kind, present } = copy.data;
+  return { providerLeaseId: sandbox, record: present ? { providerLeaseId: sandbox, acquiredSandbox: acquired || null, kind: kind as SandboxState['kind'] } : null };
 }
 
 /** A provider's message, for people: bounded, as it is kept with the job and shown to callers. */

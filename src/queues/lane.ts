@@ -1,6 +1,7 @@
 import { companyBytesKeys, ENDED_ALLOWANCE_BYTES } from './company-bytes.ts';
 import { layoutKey } from './layout.ts';
 import { historyKey, type HistoryNote } from './lease-history.ts';
+import { leaseRecordKey } from './lease-records.ts';
 import { luaCommand, luaCommandName, type LuaCommand } from './lua-scripts.ts';
 import type { RedisClient } from './redis.ts';
 import type { QueueLimit } from '../errors.ts';
@@ -12,7 +13,7 @@ const SCRIPTS = {
   'lane-push': 24,
   'lane-alias': 3,
   'lane-acquire': 21,
-  'lane-release': 24,
+  'lane-release': 25,
   'lane-yield': 19,
   'lane-repair': 18,
   'lane-upgrade': 20,
@@ -377,6 +378,7 @@ export class Lanes {
       this.attentionScopeKey,
       bytesHeld,
       bytesOfCompany,
+      leaseRecordKey(this.prefix, laneId),
       jobId,
       token,
       JSON.stringify(outcome),

@@ -30,6 +30,8 @@
   KEYS[23] bytes held, by company   KEYS[24] the company's counted jobs (company-bytes.ts)
   ARGV[12] the job's company: a counted job is counted ARGV[13] bytes and twice its outcome
   more (what its attempts left, and the result, which BullMQ keeps as its return value too)
+  KEYS[25] the lease's record: the next job's progress carries what its start looks at there
+  (see handOff)
 
   An acquire that completed, but was cancelled (job-cancel.lua marked its job) while it ran,
   is not released: {'cancelled'}, and the attempt fails it instead, queueing the clean-up of
@@ -79,4 +81,4 @@ end
 if ARGV[11] ~= '' then
   historyAppendJoined(KEYS[21], ARGV[11])
 end
-return advanceLane(k, ARGV[6], laneId, ARGV[7] == '1')
+return advanceLane(k, ARGV[6], laneId, ARGV[7] == '1', KEYS[25])

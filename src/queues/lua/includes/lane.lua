@@ -129,8 +129,23 @@ end
   Returns 'promoted', 'missing' (the job was removed), 'elsewhere' (not parked: already
   waiting, or active while it parks; it then asks the lane itself), or 'held' (the lane is
   paused: nothing is handed off until it is unpaused).
+
+  With recordKey (the lease's record), the progress also carries what the start of an
+  operation looks at in the record (its sandbox, the acquired one, its kind, whether it is
+  there), so that first attempt starts without reading it. Only the lane's holder writes
+  those fields, and this job is the holder from here on, so they stay as copied until it
+  writes them itself. Only a release passes it; any other hand-off leaves the attempt to read.
 ]]
-local function handOff(k, jobPrefix, jobId, lazyMarker, laneId)
+local function handOffProgress(token, recordKey)
+  if not recordKey then
+    return '{"lane":"handed-off","fence":"' .. token .. '"}'
+  end
+  local r = rcall('HMGET', recordKey, 'providerLeaseId', 'acquiredSandbox', 'kind', 'lease')
+  return cjson.encode({ lane = 'handed-off', fence = token,
+    record = { sandbox = r[1] or '', acquired = r[2] or '', kind = r[3] or '', present = r[4] and r[3] and true or false } })
+end
+
+local function handOff(k, jobPrefix, jobId, lazyMarker, laneId, recordKey)
   -- An operator paused the lane: the head stays parked until the lane is unpaused.
   if rcall('HEXISTS', k.paused, laneId) == 1 then
     return 'held'
@@ -146,7 +161,7 @@ local function handOff(k, jobPrefix, jobId, lazyMarker, laneId)
       rcall('ZADD', k.marker, 0, '0')
     end
     rcall('XADD', k.events, '*', 'event', 'waiting', 'jobId', jobId, 'prev', 'delayed')
-    rcall('HSET', jobKey, 'delay', 0, 'progress', '{"lane":"handed-off","fence":"' .. token .. '"}')
+    rcall('HSET', jobKey, 'delay', 0, 'progress', handOffProgress(token, recordKey))
     rcall('HDEL', jobKey, 'lo:parked')
     return 'promoted'
   end
@@ -168,7 +183,7 @@ end
   After a lane's head was removed: hand off the next job, skipping jobs that were removed
   while they waited. Returns {'next', jobId, handOffResult} or {'idle'}.
 ]]
-local function advanceLane(k, jobPrefix, laneId, lazyMarker)
+local function advanceLane(k, jobPrefix, laneId, lazyMarker, recordKey)
   while true do
     local nextJob = rcall('LINDEX', k.list, 0)
     if not nextJob then
@@ -176,7 +191,7 @@ local function advanceLane(k, jobPrefix, laneId, lazyMarker)
       recount(k, laneId)
       return {'idle'}
     end
-    local r = handOff(k, jobPrefix, nextJob, lazyMarker, laneId)
+    local r = handOff(k, jobPrefix, nextJob, lazyMarker, laneId, recordKey)
     if r ~= 'missing' then
       -- The lanes index is not touched on every hand-off: a busy lane only gets looked at
       -- by the sweep, which costs less than a write per operation.
