@@ -9,6 +9,8 @@ import { MasterKeys } from '../src/providers/instances/sealing.ts';
 import { ProviderInstanceStore } from '../src/providers/instances/store.ts';
 import { localRateLimiters } from '../src/providers/pacing.ts';
 import { createLogger } from '../src/logger.ts';
+import { startTestApi } from './helpers/api-server.ts';
+import { cli } from './helpers/cli.ts';
 import { QUICK_RECOVERY, readUntil, TestBed, workerEnv } from './helpers/env.ts';
 import { killAll, WorkerProcess } from './helpers/worker-process.ts';
 
@@ -327,5 +329,63 @@ describe('settle waits: provider instances', () => {
     expect(second.provider).not.toBe(first.provider);
     await readUntil(async () => fake!.gatewaySockets() === 0, 5_000, 'the replaced provider\'s socket closed');
     await second.provider.close?.();
+  });
+});
+
+describe('one truth while an attempt waits for a push', () => {
+  it('the client, /v1, the page, the CLI and /metrics all say the resume is running (not backing off) and its sandbox starting; then all say it ended', { timeout: 60_000 }, async () => {
+    const admin = 'settle-views-admin-token-0123456789';
+    fake = new DaytonaFake({ apiKey: KEY, organizationId: ORG, notifications: true, timings: { create: 50, start: 120_000, stop: 50, destroy: 50 } });
+    const apiUrl = await fake.listen();
+    bed = await TestBed.create({ LEASE_OPS_API_TOKENS: admin, LEASE_OPS_SETTLE_WAIT_MS: '120000' });
+    await bed.startWorker(createDaytonaProvider({ apiUrl, apiKey: KEY, organizationId: ORG, rateLimits: unpaced }));
+    const api = await startTestApi(bed);
+    const bearer = { authorization: `Bearer ${admin}` };
+    try {
+      const acquire = await bed.ops.enqueue({ op: 'acquire', lease: identity('wv'), params: { runId: 'wv' } });
+      expect((await bed.waitForAll([acquire.jobId])).get(acquire.jobId)).toBe('completed');
+      const sandbox = ((await bed.ops.queue.getJob(acquire.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+      const stop = await bed.ops.enqueue({ op: 'stop', lease: identity('wv'), params: { providerLeaseId: sandbox } });
+      expect((await bed.waitForAll([stop.jobId])).get(stop.jobId)).toBe('completed');
+      const resume = await bed.ops.enqueue({ op: 'resume', lease: identity('wv'), params: { providerLeaseId: sandbox, leaseMetadata: {} } });
+      const metricsText = async () => (await fetch(`${api.base}/metrics`)).text();
+      await readUntil(async () => /^lease_ops_settle_waits_in_progress 1$/m.test(await metricsText()), 10_000, 'the resume to wait for the push');
+
+      // The operation: running, in its first attempt.
+      const operation = (await api.client.getOperation(resume.jobId))!;
+      expect(operation.state).toBe('running');
+      // The lease, by either name: the resume executing, nothing backing off, the sandbox seen starting.
+      for (const name of ['wv', sandbox]) {
+        const view = await api.client.getLease(identity(name));
+        expect({ executing: view.executing?.jobId, backingOff: view.backingOff, kind: view.observed?.kind, state: view.observed?.providerState }).toEqual({
+          executing: resume.jobId,
+          backingOff: null,
+          kind: 'transitioning',
+          state: 'starting',
+        });
+      }
+      const overview = (await (await fetch(`${api.base}/v1/overview`, { headers: bearer })).json()) as { counts: Record<string, number> };
+      expect(overview.counts).toMatchObject({ running: 1, 'backing-off': 0 });
+      const metrics = await metricsText();
+      expect(metrics).toMatch(/^lease_ops_operations\{state="running"\} 1$/m);
+      expect(metrics).toMatch(/^lease_ops_operations\{state="backing-off"\} 0$/m);
+      const page = await (await fetch(`${api.base}/ui/leases/daytona/co/env/wv`, { headers: { authorization: `Basic ${Buffer.from(`x:${admin}`).toString('base64')}` } })).text();
+      expect(page).toContain('resume executing');
+      expect(page).toMatch(/starting <span class="muted">since/);
+      const text = await cli(['status', '--provider', 'daytona', '--company', 'co', '--environment', 'env', '--lease', 'wv'], workerEnv(bed, {}));
+      expect(text.stdout).toMatch(new RegExp(`executing: +resume ${resume.jobId} running\n +backing off: -\n`));
+      expect(text.stdout).toMatch(/observed: +starting \(transitioning\)/);
+
+      // The push comes: the same attempt ends it, and every view says so.
+      fake.control(sandbox, { state: 'started' });
+      expect((await bed.waitForAll([resume.jobId])).get(resume.jobId)).toBe('completed');
+      expect(await attemptsOf(resume.jobId)).toBe(1);
+      expect((await api.client.getOperation(resume.jobId))!.state).toBe('completed');
+      const after = await api.client.getLease(identity('wv'));
+      expect({ executing: after.executing, kind: after.observed?.kind }).toEqual({ executing: null, kind: 'running' });
+      expect(await metricsText()).toMatch(/^lease_ops_settle_waits_in_progress 0$/m);
+    } finally {
+      await api.close();
+    }
   });
 });
