@@ -348,6 +348,39 @@ describe('one lease identity, attacked (helper-2)', () => {
     expect([...fake.sandboxes.values()].filter((sb) => sb.labels['lease-ops/run'] === 'run-two')).toHaveLength(1);
   });
 
+  it('a provider whose sandboxes take their lease\'s own id: a second acquire accepted while the first ran fails with lease_has_sandbox, and a third is refused at enqueue (helper-20)', async () => {
+    bed = await TestBed.create();
+    const made: string[] = [];
+    const held = gate();
+    const ownId: LeaseProvider = {
+      name: 'own-id',
+      capabilities: { stop: true, pause: false, forceStop: true },
+      async acquire(ctx: OperationContext) {
+        await ctx.fence();
+        await held.promise;
+        made.push(ctx.jobId);
+        ctx.observe(ctx.lease.leaseId, { kind: 'running' });
+        return { providerLeaseId: ctx.lease.leaseId, metadata: {}, expiresAt: null };
+      },
+      resume: async (_ctx, p) => ({ providerLeaseId: p.providerLeaseId, metadata: {}, expiresAt: null }),
+      release: async () => null,
+      stop: async (_ctx, p) => ({ providerLeaseId: p.providerLeaseId, state: 'stopped' }),
+      forceStop: async (_ctx, p) => ({ providerLeaseId: p.providerLeaseId, state: 'stopped' }),
+      destroy: async (_ctx, p) => ({ providerLeaseId: p.providerLeaseId, state: 'destroyed' }),
+      status: async () => ({ kind: 'running' }),
+    };
+    await bed.startWorker(ownId);
+    const own = (leaseId: string): LeaseIdentity => ({ provider: 'own-id', companyId: 'co', environmentId: 'env', leaseId });
+    const first = await bed.ops.enqueue({ op: 'acquire', lease: own('same'), params: { runId: 'a' } });
+    const second = await bed.ops.enqueue({ op: 'acquire', lease: own('same'), params: { runId: 'b' } });
+    held.open();
+    const ended = await bed.waitForAll([first.jobId, second.jobId]);
+    expect([ended.get(first.jobId), ended.get(second.jobId)]).toEqual(['completed', 'failed']);
+    expect((await bed.ops.queue.getJob(second.jobId))!.failedReason).toMatch(/^lease_has_sandbox: /);
+    expect(made).toEqual([first.jobId]);
+    await expect(bed.ops.enqueue({ op: 'acquire', lease: own('same'), params: { runId: 'c' } })).rejects.toThrow(LeaseHasSandboxError);
+  });
+
   it('an acquire enqueued under a sandbox id (its lease destroyed) runs in the lease\'s lane, and cancelled, its clean-up runs there too', async () => {
     const { bed, fake } = await daytonaBed({ create: 600 });
     const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-again'), params: { runId: 'run-again' } });

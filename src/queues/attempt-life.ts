@@ -379,7 +379,9 @@ export class AttemptLife {
     if (observed) await this.record(laneId, data.lease, observed, log);
     const entry = this.historyEntry({ kind: 'completed', jobId: this.jobId, op: data.op, attempt: this.job.attemptsMade + 1 });
     if (data.op === 'acquire') await faultPoint('before-acquire-release');
-    const releasing = this.deps.releaseLanes.release(laneId, this.jobId, fence, { status: 'completed', result }, this.deps.fetchesNext(), data.op === 'acquire', entry, data.lease.companyId);
+    // A sandbox with the lease's own id was not named (nothing to name): the release notes it.
+    const ownIdSandbox = data.op === 'acquire' && (result as { providerLeaseId?: unknown } | null)?.providerLeaseId === data.lease.leaseId ? data.lease.leaseId : '';
+    const releasing = this.deps.releaseLanes.release(laneId, this.jobId, fence, { status: 'completed', result }, this.deps.fetchesNext(), data.op === 'acquire', entry, data.lease.companyId, ownIdSandbox);
     if (data.op === 'acquire') {
       // Cancelled after the look above and before this release: the release refused to record
       // a completion, and the acquire fails with its sandbox cleaned up, as the cancel said.

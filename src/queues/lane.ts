@@ -367,7 +367,8 @@ export class Lanes {
    * `historyEntry` (from historyEntry in lease-history.ts) goes into the lease's history in
    * the same step.
    */
-  async release(laneId: string, jobId: string, token: string, outcome: LaneOutcome, fetchFollows = false, acquire = false, historyEntry = '', companyId = ''): Promise<ReleaseResult> {
+  /** `ownIdSandbox`: an acquire's sandbox whose id is its lease's own, to note as the lease's acquired one (lane-release.lua). */
+  async release(laneId: string, jobId: string, token: string, outcome: LaneOutcome, fetchFollows = false, acquire = false, historyEntry = '', companyId = '', ownIdSandbox = ''): Promise<ReleaseResult> {
     const [bytesHeld, bytesOfCompany] = companyBytesKeys(this.prefix, companyId);
     const r = (await this.run(
       'lane-release',
@@ -392,6 +393,7 @@ export class Lanes {
       historyEntry,
       companyId,
       ENDED_ALLOWANCE_BYTES,
+      ownIdSandbox,
     )) as string[];
     if (r[0] === 'stale') return { kind: 'stale' };
     if (r[0] === 'cancelled') return { kind: 'cancelled' };

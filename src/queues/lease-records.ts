@@ -152,7 +152,8 @@ export class LeaseRecords {
 
   /**
    * Notes that the lease's acquire (enqueued under `leaseId`) handed out `sandbox`: the lease
-   * has a sandbox while the record shows that one and not gone (one lease, one sandbox).
+   * has a sandbox while the record shows that one and not gone (one lease, one sandbox). A
+   * sandbox with the lease's own id is noted by the acquire's release instead (lane-release.lua).
    */
   async noteAcquired(laneId: string, leaseId: string, sandbox: string): Promise<void> {
     await this.redis.multi().hset(this.recordKey(laneId), 'acquiredAs', leaseId, 'acquiredSandbox', sandbox).expire(this.recordKey(laneId), RECORD_TTL_S).exec();

@@ -32,6 +32,9 @@
   more (what its attempts left, and the result, which BullMQ keeps as its return value too)
   KEYS[25] the lease's record: the next job's progress carries what its start looks at there
   (see handOff)
+  ARGV[14] for an acquire that completed with a sandbox whose id is the lease's own (nothing
+  to name: the attempt noted no sandbox itself), that id: noted here, in the step that ends
+  the acquire, as the lease's acquired sandbox (one lease, one sandbox: lease-records.ts)
 
   An acquire that completed, but was cancelled (job-cancel.lua marked its job) while it ran,
   is not released: {'cancelled'}, and the attempt fails it instead, queueing the clean-up of
@@ -59,6 +62,10 @@ end
 -- stops never go before an executing one.
 -- Not in the backing-off index: a job leaves it in the step that makes it the holder (lane-
 -- acquire, handOff), and one that backs off stops being the holder (lane-yield).
+if ARGV[10] == '1' and ARGV[14] ~= '' then
+  rcall('HSET', KEYS[25], 'acquiredSandbox', ARGV[14])
+  rcall('EXPIRE', KEYS[25], 604800)
+end
 rcall('LPOP', k.list)
 rcall('DEL', k.holder)
 forgetCoalescing(k, jobId)
