@@ -9,6 +9,7 @@ import { MasterKeys } from '../src/providers/instances/sealing.ts';
 import { ProviderInstanceStore } from '../src/providers/instances/store.ts';
 import { localRateLimiters } from '../src/providers/pacing.ts';
 import { createLogger } from '../src/logger.ts';
+import { LeaseRecords } from '../src/queues/lease-records.ts';
 import { startTestApi } from './helpers/api-server.ts';
 import { cli } from './helpers/cli.ts';
 import { QUICK_RECOVERY, readUntil, TestBed, workerEnv } from './helpers/env.ts';
@@ -191,6 +192,42 @@ describe('settle waits: crashes at the wait', () => {
     await first.waitForLog('stale attempt');
     expect(fake.calls.filter((c) => c.attempt === firstAttempt)).toHaveLength(firstCalls);
     expect(fake.calls.some((c) => c.attempt?.startsWith(`${resume.jobId}:`) && c.attempt !== firstAttempt)).toBe(true);
+  });
+});
+
+describe('an attempt that lost its turn writes nothing to the lease\'s record', () => {
+  it('frozen after its stop\'s provider call past its lock, thawed after its successor and a resume: the record still says running (helper-20)', { timeout: 60_000 }, async () => {
+    fake = new DaytonaFake({ apiKey: KEY, organizationId: ORG, notifications: true, timings: { create: 50, start: 50, stop: 50, destroy: 50 } });
+    const apiUrl = await fake.listen();
+    bed = await TestBed.create();
+    const env = (extra: Record<string, string> = {}) =>
+      workerEnv(bed!, { ...QUICK_RECOVERY, LEASE_OPS_PROVIDERS: 'daytona', DAYTONA_API_URL: apiUrl, DAYTONA_API_KEY: KEY, DAYTONA_ORGANIZATION_ID: ORG, ...extra });
+    const setup = await bed.startWorker(createDaytonaProvider({ apiUrl, apiKey: KEY, organizationId: ORG, rateLimits: unpaced }));
+    const acquire = await bed.ops.enqueue({ op: 'acquire', lease: identity('late'), params: { runId: 'r-late' } });
+    await bed.waitForAll([acquire.jobId]);
+    const sandbox = ((await bed.ops.queue.getJob(acquire.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    await setup.close();
+
+    const first = new WorkerProcess(env({ LEASE_OPS_FAULT_POINTS: 'after-provider-call=pause*1' }));
+    workers.push(first);
+    await first.ready;
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: identity('late'), params: { providerLeaseId: sandbox } });
+    await first.waitForLog('fault point after-provider-call: pause');
+    const second = new WorkerProcess(env());
+    workers.push(second);
+    await second.ready;
+    expect((await bed.waitForAll([stop.jobId])).get(stop.jobId)).toBe('completed');
+    const resume = await bed.ops.enqueue({ op: 'resume', lease: identity('late'), params: { providerLeaseId: sandbox, leaseMetadata: {} } });
+    expect((await bed.waitForAll([resume.jobId])).get(resume.jobId)).toBe('completed');
+    const records = new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX);
+    const laneId = await bed.ops.laneOf(identity('late'));
+    expect((await records.get(laneId))?.kind).toBe('running');
+
+    // Thawed, the stale stop goes on to its end: it saw the sandbox stopped, long ago.
+    first.child.kill('SIGCONT');
+    await first.waitForLog('superseded');
+    expect((await records.get(laneId))?.kind).toBe('running');
+    expect(fake.stateOf(sandbox)).toBe('started');
   });
 });
 

@@ -14,7 +14,7 @@ import { isoUtc } from '../time-format.ts';
 import { Attempt, type Fencing, StaleAttemptError } from './fencing.ts';
 import type { Lanes, LaneOutcome } from './lane.ts';
 import { historyEntry, type LeaseHistory } from './lease-history.ts';
-import { hasAcquiredSandbox, isStopping, type LeaseRecord, type LeaseRecords } from './lease-records.ts';
+import { hasAcquiredSandbox, isStopping, type LaneHold, type LeaseRecord, type LeaseRecords } from './lease-records.ts';
 import { parkDelay, targetSandbox, type OperationsQueue } from './operations-queue.ts';
 import type { RedisClient } from './redis.ts';
 import { type BackoffSettings, decideRetry, DeadlineExceededError, OperationFailedError, RetryLaterError } from './retry-policy.ts';
@@ -87,6 +87,8 @@ export class AttemptLife {
   /** When the attempt proper began (its provider call), for the history: null before. */
   private ranFrom: number | null = null;
   private logger: Logger | undefined;
+  /** This attempt's fencing token, once it has its turn: its writes to the lease's record are fenced with it. */
+  private fence = '';
   /** A first start handed off by a release, which does not look for a cancel at its start (see live). */
   private cancelLookSkipped = false;
   /** The read a settle wait kept last (the very tuple `observe` made), and what keeping it gave. */
@@ -134,6 +136,7 @@ export class AttemptLife {
           fence = acquired.token;
       }
     }
+    this.fence = fence;
     await faultPoint('after-lane-acquire');
 
     if (!parsed.success) return this.fail(laneId, fence, 'unknown', 'invalid_job_data', `invalid job data: ${z.prettifyError(parsed.error)}`);
@@ -443,7 +446,7 @@ export class AttemptLife {
   private async nameSandbox(laneId: string, lease: LeaseIdentity, sandbox: string, log: () => Logger, acquired: boolean): Promise<void> {
     if (sandbox === lease.leaseId) return;
     const named = await this.laneStep(() => this.deps.ops.names.name(laneIdOf({ ...lease, leaseId: sandbox }), laneId));
-    if (acquired && (named === 'new' || named === 'named')) await this.laneStep(() => this.deps.records.noteAcquired(laneId, lease.leaseId, sandbox));
+    if (acquired && (named === 'new' || named === 'named')) await this.laneStep(() => this.deps.records.noteAcquired(laneId, lease.leaseId, sandbox, this.hold(laneId)));
     if (named === 'new') {
       this.deps.history.append(laneId, { kind: 'named', jobId: this.jobId, op: 'acquire', sandbox, message: `sandbox ${sandbox} names this lease from now on` });
       return;
@@ -623,11 +626,20 @@ export class AttemptLife {
   private async record(laneId: string, lease: LeaseIdentity, observed: [string, SandboxState] | null, log: () => Logger): Promise<void> {
     if (!observed) return;
     try {
-      const { since, began, now } = await this.deps.records.observe(laneId, lease, observed[0], observed[1], this.jobId);
-      if (began && isStopping(observed[1])) this.deps.stoppingBegan(laneId, since, now);
+      const kept = await this.deps.records.observe(laneId, lease, observed[0], observed[1], this.jobId, this.hold(laneId));
+      if (!kept) {
+        log().warn('attempt no longer holds its lane (superseded, or Redis lost its data): what it saw is not recorded');
+        return;
+      }
+      if (kept.began && isStopping(observed[1])) this.deps.stoppingBegan(laneId, kept.since, kept.now);
     } catch (err) {
       log().warn({ err }, 'could not record the observed sandbox state');
     }
+  }
+
+  /** This attempt's hold on its lane, which fences its writes to the lease's record. */
+  private hold(laneId: string): LaneHold {
+    return { holderKey: this.deps.ops.lanes.execKey(laneId), token: this.fence };
   }
 
   /** Runs a lane step; a Redis error (not a decision) retries the attempt after a backoff. */

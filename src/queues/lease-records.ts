@@ -36,6 +36,12 @@ export function hasAcquiredSandbox(record: Pick<LeaseRecord, 'acquiredSandbox' |
   return !!record?.acquiredSandbox && record.acquiredSandbox === record.providerLeaseId && record.kind !== 'gone';
 }
 
+/** An attempt's hold on its lane, for fenced writes: the lane's holder hash and the attempt's token. */
+export interface LaneHold {
+  holderKey: string;
+  token: string;
+}
+
 /** A week without news and the record goes: it is a cache of observations, not a source of truth. */
 const RECORD_TTL_S = 7 * 24 * 3_600;
 
@@ -53,13 +59,15 @@ export class LeaseRecords {
   readonly stoppingKey: string;
   private readonly observeScript: LuaCommand;
   private readonly forceScript: LuaCommand;
+  private readonly acquiredScript: LuaCommand;
 
   constructor(
     private readonly redis: RedisClient,
     private readonly prefix: string,
   ) {
     this.stoppingKey = `${prefix}:stopping`;
-    this.observeScript = luaCommand(redis, 'lease-observe', 4);
+    this.observeScript = luaCommand(redis, 'lease-observe', 5);
+    this.acquiredScript = luaCommand(redis, 'lease-acquired', 2);
     this.forceScript = luaCommand(redis, 'lease-force', 1);
   }
 
@@ -70,8 +78,10 @@ export class LeaseRecords {
   /**
    * Records an observation; returns since when the sandbox has been in that state, and
    * whether this observation began it (a new stopping episode gets its own stuck check).
+   * An attempt's observation is fenced (`held`: its lane's holder key and its token): one
+   * that no longer holds the lane records nothing, and gets null.
    */
-  async observe(laneId: string, lease: LeaseIdentity, providerLeaseId: string, state: SandboxState, jobId = ''): Promise<{ since: number; began: boolean; now: number }> {
+  async observe(laneId: string, lease: LeaseIdentity, providerLeaseId: string, state: SandboxState, jobId = '', held: LaneHold | null = null): Promise<{ since: number; began: boolean; now: number } | null> {
     // A provider's word for the state, bounded: it is kept per lease and shown to callers.
     const providerState = historyValue(('providerState' in state ? state.providerState : state.kind).slice(0, 100));
     const [since, now] = (await this.observeScript(
@@ -79,6 +89,7 @@ export class LeaseRecords {
       this.stoppingKey,
       historyKey(this.prefix, laneId),
       `${this.prefix}:attention:scope`,
+      held?.holderKey ?? this.recordKey(laneId),
       laneId,
       state.kind,
       providerState,
@@ -88,7 +99,9 @@ export class LeaseRecords {
       isStopping(state) ? '1' : '0',
       jobId,
       `${lease.companyId}\n${lease.environmentId}\n${laneId}`,
+      held?.token ?? '',
     )) as [string, string];
+    if (since === 'stale') return null;
     return { since: Number(since), began: since === now, now: Number(now) };
   }
 
@@ -155,8 +168,8 @@ export class LeaseRecords {
    * has a sandbox while the record shows that one and not gone (one lease, one sandbox). A
    * sandbox with the lease's own id is noted by the acquire's release instead (lane-release.lua).
    */
-  async noteAcquired(laneId: string, leaseId: string, sandbox: string): Promise<void> {
-    await this.redis.multi().hset(this.recordKey(laneId), 'acquiredAs', leaseId, 'acquiredSandbox', sandbox).expire(this.recordKey(laneId), RECORD_TTL_S).exec();
+  async noteAcquired(laneId: string, leaseId: string, sandbox: string, held: LaneHold): Promise<boolean> {
+    return Number(await this.acquiredScript(this.recordKey(laneId), held.holderKey, held.token, leaseId, sandbox, RECORD_TTL_S)) === 1;
   }
 
   /** Counts a force-stop the watchdog queued for the episode that began at `since`; false once that episode is over. */

@@ -16,11 +16,19 @@
   ARGV[7] '1' when the state is a transition toward stopped
   ARGV[8] the job whose attempt saw it ('' when none)
   ARGV[9] the lane's entry in the scope index ('<company>\n<environment>\n<laneId>')
+  KEYS[5] the lane's holder   ARGV[10] the attempt's fencing token, or '' (not an attempt's)
 
-  Returns {since, now} in ms: the `since` of the recorded state, and Redis' time.
+  Fenced: an attempt that lost its turn (frozen past its lock, say) records nothing, so what
+  it saw long ago never overwrites what the lane's holder saw since.
+
+  Returns {since, now} in ms: the `since` of the recorded state, and Redis' time; or
+  {'stale'} for an attempt that no longer holds the lane.
 ]]
 local rcall = redis.call
 --- @include "history"
+if ARGV[10] ~= '' and rcall('HGET', KEYS[5], 'token') ~= ARGV[10] then
+  return {'stale'}
+end
 local recordKey, stoppingKey = KEYS[1], KEYS[2]
 local laneId, kind, providerState = ARGV[1], ARGV[2], ARGV[3]
 local time = rcall('TIME')

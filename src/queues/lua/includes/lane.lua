@@ -133,8 +133,9 @@ end
   With recordKey (the lease's record), the progress also carries what the start of an
   operation looks at in the record (its sandbox, the acquired one, its kind, whether it is
   there), so that first attempt starts without reading it. Only the lane's holder writes
-  those fields, and this job is the holder from here on, so they stay as copied until it
-  writes them itself. Only a release passes it; any other hand-off leaves the attempt to read.
+  those fields (lease-observe.lua and lease-acquired.lua are fenced; a release writes them
+  before it hands off), and this job is the holder from here on, so they stay as copied
+  until it writes them itself. Only a release passes it; any other hand-off leaves the attempt to read.
 ]]
 local function handOffProgress(token, recordKey)
   if not recordKey then
