@@ -6,11 +6,13 @@ export const OPERATIONS = ['acquire', 'resume', 'release', 'stop', 'force-stop',
 export const OperationNameSchema = z.enum(OPERATIONS);
 export type OperationName = z.infer<typeof OperationNameSchema>;
 
-const providerLeaseId = z
+/** A sandbox's id, as callers send it and as providers must return it. */
+export const ProviderLeaseIdSchema = z
   .string()
   .min(1)
   .max(256)
   .regex(/^[^\p{Cc}]+$/u, 'providerLeaseId must not contain control characters');
+const providerLeaseId = ProviderLeaseIdSchema;
 /**
  * Opaque metadata a provider returned with a lease; bounded so a job stays small and no
  * parser, logger or Lua script meets a structure deeper than it can handle.

@@ -303,6 +303,19 @@ describe('the lane', () => {
   });
 });
 
+describe('what a provider returns is checked as callers\' input is', () => {
+  it('an acquire whose provider returns a sandbox id with a control character fails invalid_provider_result: no caller could send that id back', async () => {
+    bed = await TestBed.create();
+    const { provider } = createRecordingProvider();
+    await bed.startWorker({ ...provider, acquire: async () => ({ providerLeaseId: 'sb\u0007bell', metadata: {}, expiresAt: null }) });
+    const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: lease('bell'), params: { runId: 'bell' } });
+    expect((await bed.waitForAll([jobId])).get(jobId)).toBe('failed');
+    expect((await bed.ops.queue.getJob(jobId))!.failedReason).toMatch(/^invalid_provider_result: provider recording returned an invalid acquire result: .*control characters/s);
+    // The id it named could never be stopped or destroyed by a caller: that is why.
+    await expect(bed.ops.enqueue({ op: 'destroy', lease: lease('bell'), params: stop('sb\u0007bell') })).rejects.toThrow(/control characters/);
+  });
+});
+
 describe('coalescing and idempotency at enqueue', () => {
   it('an identical stop or release queued and not started absorbs the new one; a started one does not', async () => {
     bed = await TestBed.create();

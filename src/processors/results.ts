@@ -1,12 +1,13 @@
 import { z } from 'zod';
-import { LeaseMetadataSchema } from '../operations.ts';
+import { LeaseMetadataSchema, ProviderLeaseIdSchema } from '../operations.ts';
 import { PermanentError } from '../providers/errors.ts';
 
 // What providers return is checked like any other input: a provider (possibly a user's
 // own module) that breaks the contract fails the operation clearly instead of storing junk.
 
 export const LeaseSchema = z.strictObject({
-  providerLeaseId: z.string().min(1).max(256),
+  // The same rule as callers meet: an id they could not send back (a stop, a destroy) is no id.
+  providerLeaseId: ProviderLeaseIdSchema,
   // Handed back later as a resume's leaseMetadata: held to the same limits here.
   metadata: LeaseMetadataSchema,
   expiresAt: z.iso.datetime({ offset: true }).nullable(),
@@ -16,7 +17,7 @@ export const ExpiredLeaseSchema = z.strictObject({
   metadata: z.object({ expired: z.literal(true) }),
 });
 export const TerminationReceiptSchema = z.strictObject({
-  providerLeaseId: z.string().min(1).max(256),
+  providerLeaseId: ProviderLeaseIdSchema,
   state: z.enum(['stopped', 'destroyed']),
 });
 /** A termination receipt, or null when nothing ended (a keep_running release of a running sandbox). */
