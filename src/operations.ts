@@ -103,6 +103,10 @@ export const TargetParamsSchema = z.strictObject({ providerLeaseId, cancelActive
  */
 export const ForceStopParamsSchema = z.strictObject({ providerLeaseId, ifStoppingSince: z.number().int().nonnegative().optional() });
 
+/** What an acquire's clean-up carries of its checkpoint: string values, keys and values bounded. */
+export const CHECKPOINT_KEY_MAX = 128;
+export const CHECKPOINT_VALUE_MAX = 256;
+
 /**
  * An acquire that failed for good left a sandbox behind (or may have): find it the way a
  * retry of that acquire would, and destroy it. Queued by lease-ops itself, never by callers.
@@ -110,7 +114,7 @@ export const ForceStopParamsSchema = z.strictObject({ providerLeaseId, ifStoppin
 export const AbandonAcquireParamsSchema = z.strictObject({
   acquireJobId: z.string().min(1).max(256),
   /** What the acquire's attempts checkpointed (a sandbox id, a name asked for); null when its job was gone. */
-  checkpoint: z.record(z.string().max(128), z.string().max(256)).nullable(),
+  checkpoint: z.record(z.string().max(CHECKPOINT_KEY_MAX), z.string().max(CHECKPOINT_VALUE_MAX)).nullable(),
 });
 
 /** The params each operation takes, keyed by operation name. */

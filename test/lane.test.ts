@@ -8,6 +8,7 @@ import { LeaseRecords } from '../src/queues/lease-records.ts';
 import { gate, lease, readUntil, TestBed } from './helpers/env.ts';
 import { findOrderViolations, findOverlaps, joinCalls } from './helpers/invariants.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
+import { PermanentError } from '../src/providers/errors.ts';
 
 let bed: TestBed | undefined;
 afterEach(async () => {
@@ -313,6 +314,26 @@ describe('what a provider returns is checked as callers\' input is', () => {
     expect((await bed.ops.queue.getJob(jobId))!.failedReason).toMatch(/^invalid_provider_result: provider recording returned an invalid acquire result: .*control characters/s);
     // The id it named could never be stopped or destroyed by a caller: that is why.
     await expect(bed.ops.enqueue({ op: 'destroy', lease: lease('bell'), params: stop('sb\u0007bell') })).rejects.toThrow(/control characters/);
+  });
+});
+
+describe('an acquire whose checkpoint its clean-up cannot carry', () => {
+  it('fails once, and its clean-up is queued with what it can carry (helper-20: the clean-up was refused, and the acquire retried)', async () => {
+    bed = await TestBed.create();
+    const { provider } = createRecordingProvider();
+    await bed.startWorker({
+      ...provider,
+      acquire: async (ctx) => {
+        await ctx.checkpoint.write({ long: 'x'.repeat(300), count: 5, kept: 'sb-1' });
+        throw new PermanentError('refused', 'no capacity for this shape');
+      },
+    });
+    const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: lease('ckpt'), params: { runId: 'ckpt' } });
+    expect((await bed.waitForAll([jobId])).get(jobId)).toBe('failed');
+    const acquire = (await bed.ops.queue.getJob(jobId))!;
+    expect({ reason: acquire.failedReason, attempts: acquire.attemptsMade }).toEqual({ reason: 'refused: no capacity for this shape', attempts: 1 });
+    const cleanUp = await readUntil(async () => (await bed!.ops.queue.getJobs(['waiting', 'active', 'delayed', 'completed', 'failed'])).find((j) => j?.name === 'abandon-acquire'), 10_000, 'the clean-up');
+    expect((cleanUp.data as { params: { checkpoint: unknown } }).params.checkpoint).toEqual({ kept: 'sb-1' });
   });
 });
 

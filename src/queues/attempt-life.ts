@@ -4,7 +4,7 @@ import { faultPoint, faultPointArmed } from '../fault-points.ts';
 import { laneIdOf, laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
 import type { Logger } from '../logger.ts';
 import { attemptEnded, settleWaitBegan, settleWaitEnded } from '../metrics.ts';
-import { OperationJobDataSchema, type OperationJobData } from '../operations.ts';
+import { CHECKPOINT_KEY_MAX, CHECKPOINT_VALUE_MAX, OperationJobDataSchema, type OperationJobData } from '../operations.ts';
 import { runOperation } from '../processors/index.ts';
 import { isProviderError, PermanentError, SettlingError, TransientError } from '../providers/errors.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
@@ -600,7 +600,11 @@ export class AttemptLife {
    */
   private async abandon(data: OperationJobData & { op: 'acquire' }, log: () => Logger): Promise<void> {
     try {
-      const checkpoint = await this.deps.checkpointOf(this.jobId).read();
+      const { kept: checkpoint, dropped } = cleanUpCheckpoint(await this.deps.checkpointOf(this.jobId).read());
+      // A provider's checkpoint is not validated as it writes it: what the clean-up cannot
+      // carry is left out (it still finds a sandbox named after the job), never a clean-up
+      // refused and the acquire retried for ever.
+      if (dropped.length) log().warn({ dropped }, 'checkpoint entries the clean-up cannot carry (keys up to 128 characters, string values up to 256) are left out');
       const { jobId: cleanUp } = await this.deps.ops.enqueueAbandon(data.lease, this.jobId, checkpoint);
       log().warn({ cleanUpJobId: cleanUp }, 'acquire failed for good; the clean-up of what it made is queued');
     } catch (err) {
@@ -695,6 +699,17 @@ function handedOffFence(job: Job): string | null {
   const progress = job.progress as unknown;
   if (progress && typeof progress === 'object' && 'fence' in progress && typeof progress.fence === 'string') return progress.fence;
   return null;
+}
+
+/** The entries of an acquire's checkpoint its clean-up can carry (AbandonAcquireParamsSchema), and the keys of the rest. */
+export function cleanUpCheckpoint(checkpoint: Record<string, unknown>): { kept: Record<string, string>; dropped: string[] } {
+  const kept: Record<string, string> = {};
+  const dropped: string[] = [];
+  for (const [key, value] of Object.entries(checkpoint)) {
+    if (key.length <= CHECKPOINT_KEY_MAX && typeof value === 'string' && value.length <= CHECKPOINT_VALUE_MAX) kept[key] = value;
+    else dropped.push(key.slice(0, CHECKPOINT_KEY_MAX));
+  }
+  return { kept, dropped };
 }
 
 /** What an attempt's start looks at in the lease's record. */
