@@ -74,13 +74,15 @@ describe('a lease history', () => {
     held.open();
     expect((await bed.waitForAll([op.jobId])).get(op.jobId)).toBe('completed');
     const events = (await inspector.timeline(lease('h1'))).events;
-    expect(events.map((e) => [e.kind, e.attempt ?? null])).toEqual([
-      ['accepted', null],
-      ['started', 1],
-      ['observed', null],
-      ['backing-off', 1],
-      ['started', 2],
-      ['completed', 2],
+    // The stop's receipt is its last word on the sandbox: stopped, after the read that saw it running.
+    expect(events.map((e) => [e.kind, e.attempt ?? null, e.state ?? null])).toEqual([
+      ['accepted', null, null],
+      ['started', 1, null],
+      ['observed', null, 'running'],
+      ['backing-off', 1, null],
+      ['started', 2, null],
+      ['observed', null, 'stopped'],
+      ['completed', 2, null],
     ]);
     expect(events.every((e, i) => i === 0 || events[i - 1]!.at <= e.at)).toBe(true);
     expect(events.filter((e) => e.kind === 'started').every((e) => e.jobId === op.jobId && e.op === 'stop')).toBe(true);

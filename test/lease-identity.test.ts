@@ -348,9 +348,10 @@ describe('one lease identity, attacked (helper-2)', () => {
     expect([...fake.sandboxes.values()].filter((sb) => sb.labels['lease-ops/run'] === 'run-two')).toHaveLength(1);
   });
 
-  it('a provider whose sandboxes take their lease\'s own id: a second acquire accepted while the first ran fails with lease_has_sandbox, and a third is refused at enqueue (helper-20)', async () => {
+  it('a provider whose sandboxes take their lease\'s own id: a second acquire accepted while the first ran fails with lease_has_sandbox and destroys nothing, a third is refused at enqueue, and after a destroy the lease is acquired again (helper-20, helper-21)', async () => {
     bed = await TestBed.create();
     const made: string[] = [];
+    const destroyed: string[] = [];
     const held = gate();
     const ownId: LeaseProvider = {
       name: 'own-id',
@@ -366,8 +367,14 @@ describe('one lease identity, attacked (helper-2)', () => {
       release: async () => null,
       stop: async (_ctx, p) => ({ providerLeaseId: p.providerLeaseId, state: 'stopped' }),
       forceStop: async (_ctx, p) => ({ providerLeaseId: p.providerLeaseId, state: 'stopped' }),
-      destroy: async (_ctx, p) => ({ providerLeaseId: p.providerLeaseId, state: 'destroyed' }),
+      // Gone without a read after (as examples/memory-provider.ts): the receipt says so.
+      destroy: async (_ctx, p) => {
+        destroyed.push(p.providerLeaseId);
+        return { providerLeaseId: p.providerLeaseId, state: 'destroyed' };
+      },
       status: async () => ({ kind: 'running' }),
+      // Finds an acquire's sandbox the way its retry would: by the lease's id.
+      findAcquired: async (ctx) => ctx.lease.leaseId,
     };
     await bed.startWorker(ownId);
     const own = (leaseId: string): LeaseIdentity => ({ provider: 'own-id', companyId: 'co', environmentId: 'env', leaseId });
@@ -379,6 +386,17 @@ describe('one lease identity, attacked (helper-2)', () => {
     expect((await bed.ops.queue.getJob(second.jobId))!.failedReason).toMatch(/^lease_has_sandbox: /);
     expect(made).toEqual([first.jobId]);
     await expect(bed.ops.enqueue({ op: 'acquire', lease: own('same'), params: { runId: 'c' } })).rejects.toThrow(LeaseHasSandboxError);
+    // The refused one made nothing: no clean-up, and the first one's sandbox lives.
+    const jobs = await bed.ops.queue.getJobs(['waiting', 'active', 'delayed', 'completed', 'failed']);
+    expect(jobs.filter((j) => j?.name === 'abandon-acquire')).toEqual([]);
+    expect(destroyed).toEqual([]);
+    // Destroyed, the lease takes an acquire again.
+    const destroy = await bed.ops.enqueue({ op: 'destroy', lease: own('same'), params: { providerLeaseId: 'same' } });
+    expect((await bed.waitForAll([destroy.jobId])).get(destroy.jobId)).toBe('completed');
+    expect(destroyed).toEqual(['same']);
+    const again = await bed.ops.enqueue({ op: 'acquire', lease: own('same'), params: { runId: 'd' } });
+    expect((await bed.waitForAll([again.jobId])).get(again.jobId)).toBe('completed');
+    expect(made).toEqual([first.jobId, again.jobId]);
   });
 
   it('an acquire enqueued under a sandbox id (its lease destroyed) runs in the lease\'s lane, and cancelled, its clean-up runs there too', async () => {

@@ -6,6 +6,7 @@ import type { Logger } from '../logger.ts';
 import { attemptEnded, settleWaitBegan, settleWaitEnded } from '../metrics.ts';
 import { CHECKPOINT_KEY_MAX, CHECKPOINT_VALUE_MAX, OperationJobDataSchema, type OperationJobData } from '../operations.ts';
 import { runOperation } from '../processors/index.ts';
+import { TerminationReceiptSchema } from '../processors/results.ts';
 import { isProviderError, PermanentError, SettlingError, TransientError } from '../providers/errors.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
 import type { LeaseProvider, OperationContext, SandboxState } from '../providers/types.ts';
@@ -26,6 +27,8 @@ export interface AttemptDeps {
   releaseLanes: Lanes;
   fencing: Fencing;
   records: LeaseRecords;
+  /** The same records on the releases' connection: an attempt's last observation goes just ahead of its release, in one write. */
+  releaseRecords: LeaseRecords;
   /** Each lease's events, for its timeline (written without waiting). */
   history: LeaseHistory;
   providers: ProviderRegistry;
@@ -89,6 +92,8 @@ export class AttemptLife {
   private logger: Logger | undefined;
   /** This attempt's fencing token, once it has its turn: its writes to the lease's record are fenced with it. */
   private fence = '';
+  /** This attempt got as far as its provider call (an acquire's may then have made something). */
+  private providerReached = false;
   /** A first start handed off by a release, which does not look for a cancel at its start (see live). */
   private cancelLookSkipped = false;
   /** The read a settle wait kept last (the very tuple `observe` made), and what keeping it gave. */
@@ -233,6 +238,7 @@ export class AttemptLife {
     let result: unknown;
     try {
       await faultPoint('before-provider-call');
+      this.providerReached = true;
       // Stale already (its worker closed without waiting while its lane step was out, say):
       // the provider is not called at all, not even to be refused by its first fence.
       if (held.stale) throw held.staleError();
@@ -271,7 +277,7 @@ export class AttemptLife {
       log().warn('the worker closed while this attempt ran: its result is not recorded, and it runs again elsewhere');
       throw staleEnd(held.staleError(), this.deps.backoff.baseMs);
     }
-    return this.complete(laneId, fence, data, result, observed, log);
+    return this.complete(laneId, fence, data, result, withReceipt(observed, result), log);
   }
 
   /**
@@ -379,7 +385,11 @@ export class AttemptLife {
     }
     this.deps.coalesceWrites();
     attemptEnded(data.op, 'completed', this.seconds());
-    if (observed) await this.record(laneId, data.lease, observed, log);
+    // Sent on the releases' connection just ahead of the release (Redis runs one connection's
+    // commands in order), not awaited first: the record is written before the lane moves on
+    // (the release copies it for the next job), in the same round trip.
+    // It never rejects (record says what failed), so nothing waits for it.
+    void this.record(laneId, data.lease, observed, log, this.deps.releaseRecords);
     const entry = this.historyEntry({ kind: 'completed', jobId: this.jobId, op: data.op, attempt: this.job.attemptsMade + 1 });
     if (data.op === 'acquire') await faultPoint('before-acquire-release');
     // A sandbox with the lease's own id was not named (nothing to name): the release notes it.
@@ -537,7 +547,11 @@ export class AttemptLife {
         attemptEnded(data.op, 'stale', this.seconds());
         throw staleEnd(stale, this.deps.backoff.baseMs);
       }
-      await this.abandon(data, log);
+      // Refused before any attempt of it reached its provider (its first, no stall): it made
+      // nothing, and a clean-up would only look for what it made. A provider that finds by
+      // the lease's own id would find the lease's live sandbox there and destroy it.
+      const madeNothing = !this.providerReached && this.job.attemptsMade === 0 && this.job.stalledCounter === 0;
+      if (!madeNothing) await this.abandon(data, log);
     }
     return this.fail(laneId, fence, data.op, code, message);
   }
@@ -627,10 +641,10 @@ export class AttemptLife {
     return record?.acquiredSandbox && record.acquiredSandbox !== observed[0] ? null : observed;
   }
 
-  private async record(laneId: string, lease: LeaseIdentity, observed: [string, SandboxState] | null, log: () => Logger): Promise<void> {
+  private async record(laneId: string, lease: LeaseIdentity, observed: [string, SandboxState] | null, log: () => Logger, records = this.deps.records): Promise<void> {
     if (!observed) return;
     try {
-      const kept = await this.deps.records.observe(laneId, lease, observed[0], observed[1], this.jobId, this.hold(laneId));
+      const kept = await records.observe(laneId, lease, observed[0], observed[1], this.jobId, this.hold(laneId));
       if (!kept) {
         log().warn('attempt no longer holds its lane (superseded, or Redis lost its data): what it saw is not recorded');
         return;
@@ -710,6 +724,21 @@ export function cleanUpCheckpoint(checkpoint: Record<string, unknown>): { kept: 
     else dropped.push(key.slice(0, CHECKPOINT_KEY_MAX));
   }
   return { kept, dropped };
+}
+
+/**
+ * What an attempt saw, with its termination receipt as the last word: a provider that says it
+ * stopped or destroyed the sandbox (TerminationReceiptSchema) has seen it so, whether or not
+ * it read it again. Without this, a destroy that did not read again left the record saying
+ * `running`, and the lease's next acquire was refused (helper-21). A receipt for another
+ * sandbox than the one seen changes nothing.
+ */
+export function withReceipt(observed: [string, SandboxState] | null, result: unknown): [string, SandboxState] | null {
+  const receipt = TerminationReceiptSchema.safeParse(result);
+  if (!receipt.success || (observed && observed[0] !== receipt.data.providerLeaseId)) return observed;
+  const id = receipt.data.providerLeaseId;
+  if (receipt.data.state === 'destroyed') return observed?.[1].kind === 'gone' ? observed : [id, { kind: 'gone' }];
+  return observed?.[1].kind === 'stopped' || observed?.[1].kind === 'gone' ? observed : [id, { kind: 'stopped', providerState: 'stopped' }];
 }
 
 /** What an attempt's start looks at in the lease's record. */

@@ -187,6 +187,7 @@ export class LeaseWorker {
       releaseLanes: this.releaseLanes,
       fencing: this.fencing,
       records: this.records,
+      releaseRecords: new LeaseRecords(workerConnection, prefix),
       history: this.history,
       providers,
       backoff: this.backoff,
