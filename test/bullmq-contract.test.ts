@@ -4,7 +4,7 @@ import { BULLMQ_TESTED_RANGE, checkBullmqVersion } from '../src/queues/bullmq-ve
 import { bullmqFetchingScripts, FETCHING_SCRIPTS, quietScript } from '../src/queues/quiet-fetch.ts';
 import { openQueueEvents } from '../src/queues/queue-events.ts';
 import { createRedis, keepCopies, type RedisClient } from '../src/queues/redis.ts';
-import { LOCK_RENEWAL_FAILED } from '../src/queues/worker.ts';
+import { LOCK_RENEWAL_FAILED, SUPERSEDED_END } from '../src/queues/worker.ts';
 import { gate, REDIS_URL, scratchRedis, waitForJobs } from './helpers/env.ts';
 
 // What lease-ops relies on inside BullMQ, pinned: the lane scripts write BullMQ's keys and
@@ -270,7 +270,8 @@ describe('BullMQ, as lease-ops relies on it', () => {
     const said: string[] = [];
     w.on('lockRenewalFailed', (ids) => said.push(`lockRenewalFailed ${ids.join(',')}`));
     const errored = gate<string>();
-    w.on('error', (err) => errored.open(err.message));
+    const ended = gate<string>();
+    w.on('error', (err) => (LOCK_RENEWAL_FAILED.test(err.message) ? errored.open(err.message) : ended.open(err.message)));
     await queue.add('renewal', {}, { jobId: 'renewal-1' });
     await running.promise;
     // The lock taken away from under the worker (its outage outlasted it, say).
@@ -278,7 +279,11 @@ describe('BullMQ, as lease-ops relies on it', () => {
     expect(await errored.promise).toBe('could not renew lock for job renewal-1');
     expect(said).toEqual(['lockRenewalFailed renewal-1']);
     expect(LOCK_RENEWAL_FAILED.test('could not renew lock for job renewal-1')).toBe(true);
+    // The attempt ends anyway: BullMQ refuses its completion, with the error lease-ops logs as a superseded end.
     release.open();
+    const refused = await ended.promise;
+    expect(refused).toMatch(/^Missing lock for job renewal-1\. moveToFinished/);
+    expect(SUPERSEDED_END.test(refused)).toBe(true);
   });
 
   it('runs a Worker\'s fetches on copies it makes with duplicate() of the connection it is given, and closes them (what closeForGood reaches)', async () => {

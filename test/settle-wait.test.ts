@@ -228,6 +228,9 @@ describe('an attempt that lost its turn writes nothing to the lease\'s record', 
     await first.waitForLog('superseded');
     expect((await records.get(laneId))?.kind).toBe('running');
     expect(fake.stateOf(sandbox)).toBe('started');
+    // BullMQ refuses its end too: a warning, not an error with a stack (helper-21).
+    await first.waitForLog('BullMQ refused the end of a superseded attempt');
+    expect(first.logs.filter((l) => l.includes('"level":50'))).toEqual([]);
   });
 });
 

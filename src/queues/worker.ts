@@ -28,6 +28,12 @@ const SWEEP_SCHEDULER_ID = 'lane-sweep';
 const CLOSE_PING_MS = 2_000;
 /** BullMQ's error after a lockRenewalFailed event, one per job (test/bullmq-contract.test.ts pins it). */
 export const LOCK_RENEWAL_FAILED = /^could not renew lock for job /;
+/**
+ * BullMQ's error when a job's end comes from an attempt whose lock passed on (a superseded
+ * attempt, frozen past its lock, say): the lane refused its release already, and this is no
+ * fault of the worker's (test/bullmq-contract.test.ts pins it).
+ */
+export const SUPERSEDED_END = /^Missing lock for job \S+\. moveTo(Finished|Failed|Delayed)\b/;
 /** How long a closing worker waits for BullMQ's close once no job runs and Redis answers. */
 const CLOSE_STUCK_MS = 5_000;
 /** How a closing worker's wait for BullMQ's close ended (see waitForClose). */
@@ -171,7 +177,9 @@ export class LeaseWorker {
     this.worker.on('error', (err) => {
       if (isRedisUnavailable(err)) reportRedisError(err);
       // Said already, by job, through lockRenewalFailed (below): no second line, no stack.
-      else if (!LOCK_RENEWAL_FAILED.test(err.message)) this.log.error({ err }, 'worker error');
+      else if (LOCK_RENEWAL_FAILED.test(err.message)) return;
+      else if (SUPERSEDED_END.test(err.message)) this.log.warn({ reason: err.message }, 'BullMQ refused the end of a superseded attempt (its lock had passed on); its lane had refused it already');
+      else this.log.error({ err }, 'worker error');
     });
     // Fences are checked on the ops connection; the watcher runs a few times per lock period.
     this.fencing = new Fencing(
