@@ -227,6 +227,9 @@ describe('a graceful close while Redis fails', () => {
     // operation waited for its lock to lapse, ran again and counted a stall.
     const { b, w, callFile } = await setUp({ LEASE_OPS_LOCK_MS: '10000', RECORDING_MIN_MS: '1500', RECORDING_MAX_MS: '1500' });
     const jobId = await termDuringCall(b, w, callFile);
+    // Away once the close has begun to wait (Redis answered it): before that, a close that
+    // finds Redis silent does not wait at all, which another test covers.
+    await w.waitForLog('closing: waiting for the running operations to end');
     server!.pause();
     await new Promise((r) => setTimeout(r, 3_500)); // the outage itself
     server!.resume();

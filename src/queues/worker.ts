@@ -380,6 +380,7 @@ export class LeaseWorker {
       if (this.scheduleCheck) clearInterval(this.scheduleCheck);
       const reachable = await this.redisAnswersWithin(CLOSE_PING_MS);
       if (!reachable) this.log.warn('Redis does not answer: closing without waiting for running jobs (their locks lapse and they run again elsewhere)');
+      else if (this.attemptsInFlight > 0) this.log.info({ running: this.attemptsInFlight }, 'closing: waiting for the running operations to end');
       const workersClosed = Promise.all([this.worker.close(!reachable), this.maintenanceWorker.close(!reachable), this.execWorker.close(!reachable)]);
       let waited: CloseWait = 'redis-gone';
       if (reachable) waited = await this.waitForClose(workersClosed);
