@@ -9,6 +9,7 @@ import { LeaseHasSandboxError } from '../src/errors.ts';
 import { PermanentError } from '../src/providers/errors.ts';
 import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
 import { OperatorActions } from '../src/queues/operator-actions.ts';
+import { ProviderRegistry } from '../src/providers/registry.ts';
 import { gate, lease, readUntil, TestBed } from './helpers/env.ts';
 
 let bed: TestBed | undefined;
@@ -208,6 +209,37 @@ describe('one lease identity from acquire to destroy', () => {
   });
 });
 
+/**
+ * A provider whose sandboxes take their lease's own id (none of the built-in ones do): it
+ * notes what it made and destroyed, holds each acquire at `held`, and finds an acquire's
+ * sandbox the way its retry would, by the lease's id.
+ */
+function ownIdProvider(made: string[], destroyed: string[], held: { promise: Promise<unknown> }): LeaseProvider {
+  return {
+    name: 'own-id',
+    capabilities: { stop: true, pause: false, forceStop: true },
+    async acquire(ctx: OperationContext) {
+      await ctx.fence();
+      await held.promise;
+      made.push(ctx.jobId);
+      ctx.observe(ctx.lease.leaseId, { kind: 'running' });
+      return { providerLeaseId: ctx.lease.leaseId, metadata: {}, expiresAt: null };
+    },
+    resume: async (_ctx, p) => ({ providerLeaseId: p.providerLeaseId, metadata: {}, expiresAt: null }),
+    release: async () => null,
+    stop: async (_ctx, p) => ({ providerLeaseId: p.providerLeaseId, state: 'stopped' }),
+    forceStop: async (_ctx, p) => ({ providerLeaseId: p.providerLeaseId, state: 'stopped' }),
+    // Gone without a read after (as examples/memory-provider.ts): the receipt says so.
+    destroy: async (_ctx, p) => {
+      destroyed.push(p.providerLeaseId);
+      return { providerLeaseId: p.providerLeaseId, state: 'destroyed' };
+    },
+    status: async () => ({ kind: 'running' }),
+    findAcquired: async (ctx) => ctx.lease.leaseId,
+  };
+}
+const own = (leaseId: string): LeaseIdentity => ({ provider: 'own-id', companyId: 'co', environmentId: 'env', leaseId });
+
 describe('one lease identity, attacked (helper-2)', () => {
   let fake: DaytonaFake | undefined;
   afterEach(async () => {
@@ -353,31 +385,8 @@ describe('one lease identity, attacked (helper-2)', () => {
     const made: string[] = [];
     const destroyed: string[] = [];
     const held = gate();
-    const ownId: LeaseProvider = {
-      name: 'own-id',
-      capabilities: { stop: true, pause: false, forceStop: true },
-      async acquire(ctx: OperationContext) {
-        await ctx.fence();
-        await held.promise;
-        made.push(ctx.jobId);
-        ctx.observe(ctx.lease.leaseId, { kind: 'running' });
-        return { providerLeaseId: ctx.lease.leaseId, metadata: {}, expiresAt: null };
-      },
-      resume: async (_ctx, p) => ({ providerLeaseId: p.providerLeaseId, metadata: {}, expiresAt: null }),
-      release: async () => null,
-      stop: async (_ctx, p) => ({ providerLeaseId: p.providerLeaseId, state: 'stopped' }),
-      forceStop: async (_ctx, p) => ({ providerLeaseId: p.providerLeaseId, state: 'stopped' }),
-      // Gone without a read after (as examples/memory-provider.ts): the receipt says so.
-      destroy: async (_ctx, p) => {
-        destroyed.push(p.providerLeaseId);
-        return { providerLeaseId: p.providerLeaseId, state: 'destroyed' };
-      },
-      status: async () => ({ kind: 'running' }),
-      // Finds an acquire's sandbox the way its retry would: by the lease's id.
-      findAcquired: async (ctx) => ctx.lease.leaseId,
-    };
+    const ownId = ownIdProvider(made, destroyed, held);
     await bed.startWorker(ownId);
-    const own = (leaseId: string): LeaseIdentity => ({ provider: 'own-id', companyId: 'co', environmentId: 'env', leaseId });
     const first = await bed.ops.enqueue({ op: 'acquire', lease: own('same'), params: { runId: 'a' } });
     const second = await bed.ops.enqueue({ op: 'acquire', lease: own('same'), params: { runId: 'b' } });
     held.open();
@@ -397,6 +406,34 @@ describe('one lease identity, attacked (helper-2)', () => {
     const again = await bed.ops.enqueue({ op: 'acquire', lease: own('same'), params: { runId: 'd' } });
     expect((await bed.waitForAll([again.jobId])).get(again.jobId)).toBe('completed');
     expect(made).toEqual([first.jobId, again.jobId]);
+  });
+
+  it('an acquire refused after a retry (its first attempt ended before its provider) queues a clean-up that leaves the lease\'s live sandbox alone (helper-22)', async () => {
+    bed = await TestBed.create();
+    const made: string[] = [];
+    const destroyed: string[] = [];
+    const held = gate();
+    const registry = new ProviderRegistry([ownIdProvider(made, destroyed, held)]);
+    await bed.startWorkerWith(registry);
+    const first = await bed.ops.enqueue({ op: 'acquire', lease: own('spared'), params: { runId: 'a' } });
+    const second = await bed.ops.enqueue({ op: 'acquire', lease: own('spared'), params: { runId: 'b' } });
+    // The second's first attempt ends before its provider: the replica does not serve it yet.
+    const resolve = registry.resolve.bind(registry);
+    let refusals = 1;
+    registry.resolve = async (lease) => (refusals-- > 0 && made.length === 1 ? { code: 'unknown_provider', message: 'not served here yet', forGood: false } : resolve(lease));
+    held.open();
+    const ended = await bed.waitForAll([first.jobId, second.jobId]);
+    expect([ended.get(first.jobId), ended.get(second.jobId)]).toEqual(['completed', 'failed']);
+    const refused = (await bed.ops.queue.getJob(second.jobId))!;
+    expect({ reason: refused.failedReason?.split(':')[0], attempts: refused.attemptsMade }).toEqual({ reason: 'lease_has_sandbox', attempts: 2 });
+    // Its clean-up ran, found the lease's sandbox by the id they share, and left it alone.
+    const cleanUp = await readUntil(async () => {
+      const jobs = await bed!.ops.queue.getJobs(['completed', 'failed']);
+      return jobs.find((j) => j?.name === 'abandon-acquire');
+    }, 10_000, 'the clean-up to end');
+    expect(cleanUp.returnvalue).toEqual({ providerLeaseId: null, state: 'none' });
+    expect(destroyed).toEqual([]);
+    expect((await new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX).get(await bed.ops.laneOf(own('spared'))))?.kind).toBe('running');
   });
 
   it('an acquire enqueued under a sandbox id (its lease destroyed) runs in the lease\'s lane, and cancelled, its clean-up runs there too', async () => {

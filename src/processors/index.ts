@@ -8,8 +8,11 @@ import { release } from './release.ts';
 import { resume } from './resume.ts';
 import { stop } from './stop.ts';
 
-/** Runs one operation against its provider; the lane around it is the worker's business. */
-export function runOperation(provider: LeaseProvider, ctx: OperationContext, data: OperationJobData): Promise<unknown> {
+/**
+ * Runs one operation against its provider; the lane around it is the worker's business.
+ * `spare`: a sandbox an abandon-acquire must not destroy (the lease's, from another acquire).
+ */
+export function runOperation(provider: LeaseProvider, ctx: OperationContext, data: OperationJobData, spare: string | null = null): Promise<unknown> {
   switch (data.op) {
     case 'acquire':
       return acquire(provider, ctx, data.params);
@@ -24,6 +27,6 @@ export function runOperation(provider: LeaseProvider, ctx: OperationContext, dat
     case 'destroy':
       return destroy(provider, ctx, data.params);
     case 'abandon-acquire':
-      return abandonAcquire(provider, ctx, data.params);
+      return abandonAcquire(provider, ctx, data.params, spare);
   }
 }

@@ -244,8 +244,12 @@ export class AttemptLife {
       if (held.stale) throw held.staleError();
       await this.waitForActivities(laneId, data);
       const spanAttributes = { 'lease.op': data.op, 'lease.provider': data.lease.provider, 'lease.job_id': this.jobId, 'lease.attempt': ctx.attempt };
+      // A clean-up leaves alone the lease's live sandbox that another acquire handed out: a
+      // provider that finds by the lease's own id would find that one (helper-22).
+      const keep = data.op === 'abandon-acquire' ? await this.laneStep(() => this.deps.records.acquiredLive(laneId)) : null;
+      const spare = keep && data.op === 'abandon-acquire' && keep.by !== data.params.acquireJobId ? keep.sandbox : null;
       const runOnce = () =>
-        data.op === 'force-stop' ? telemetry.forceStopSpan(spanAttributes, () => runOperation(provider, ctx, data)) : runOperation(provider, ctx, data);
+        data.op === 'force-stop' ? telemetry.forceStopSpan(spanAttributes, () => runOperation(provider, ctx, data)) : runOperation(provider, ctx, data, spare);
       result = await telemetry.processSpan(this.deps.ops.queue.name, this.jobId, spanAttributes, async () => {
         const waitUntil = Math.min(data.deadlineAt, Date.now() + this.deps.settleWaitMs);
         for (let runs = 1; ; runs++) {
@@ -456,7 +460,7 @@ export class AttemptLife {
   private async nameSandbox(laneId: string, lease: LeaseIdentity, sandbox: string, log: () => Logger, acquired: boolean): Promise<void> {
     if (sandbox === lease.leaseId) return;
     const named = await this.laneStep(() => this.deps.ops.names.name(laneIdOf({ ...lease, leaseId: sandbox }), laneId));
-    if (acquired && (named === 'new' || named === 'named')) await this.laneStep(() => this.deps.records.noteAcquired(laneId, lease.leaseId, sandbox, this.hold(laneId)));
+    if (acquired && (named === 'new' || named === 'named')) await this.laneStep(() => this.deps.records.noteAcquired(laneId, lease.leaseId, sandbox, this.hold(laneId), this.jobId));
     if (named === 'new') {
       this.deps.history.append(laneId, { kind: 'named', jobId: this.jobId, op: 'acquire', sandbox, message: `sandbox ${sandbox} names this lease from now on` });
       return;

@@ -168,8 +168,18 @@ export class LeaseRecords {
    * has a sandbox while the record shows that one and not gone (one lease, one sandbox). A
    * sandbox with the lease's own id is noted by the acquire's release instead (lane-release.lua).
    */
-  async noteAcquired(laneId: string, leaseId: string, sandbox: string, held: LaneHold): Promise<boolean> {
-    return Number(await this.acquiredScript(this.recordKey(laneId), held.holderKey, held.token, leaseId, sandbox, RECORD_TTL_S)) === 1;
+  async noteAcquired(laneId: string, leaseId: string, sandbox: string, held: LaneHold, jobId: string): Promise<boolean> {
+    return Number(await this.acquiredScript(this.recordKey(laneId), held.holderKey, held.token, leaseId, sandbox, RECORD_TTL_S, jobId)) === 1;
+  }
+
+  /**
+   * The lease's live acquired sandbox and the acquire that handed it out (null when there is
+   * none, or it was noted before lease-ops kept who): what another acquire's clean-up leaves alone.
+   */
+  async acquiredLive(laneId: string): Promise<{ sandbox: string; by: string } | null> {
+    const [kind, providerLeaseId, acquiredSandbox, acquiredBy] = await this.redis.hmget(this.recordKey(laneId), 'kind', 'providerLeaseId', 'acquiredSandbox', 'acquiredBy');
+    if (!acquiredBy || !hasAcquiredSandbox({ kind: kind as LeaseRecord['kind'], providerLeaseId: providerLeaseId ?? '', acquiredSandbox: acquiredSandbox ?? null })) return null;
+    return { sandbox: acquiredSandbox!, by: acquiredBy };
   }
 
   /** Counts a force-stop the watchdog queued for the episode that began at `since`; false once that episode is over. */

@@ -63,7 +63,7 @@ end
 -- Not in the backing-off index: a job leaves it in the step that makes it the holder (lane-
 -- acquire, handOff), and one that backs off stops being the holder (lane-yield).
 if ARGV[10] == '1' and ARGV[14] ~= '' then
-  rcall('HSET', KEYS[25], 'acquiredSandbox', ARGV[14])
+  rcall('HSET', KEYS[25], 'acquiredSandbox', ARGV[14], 'acquiredBy', jobId)
   rcall('EXPIRE', KEYS[25], 604800)
 end
 rcall('LPOP', k.list)

@@ -45,6 +45,11 @@ else
 end
 rcall('HSET', recordKey, 'kind', kind, 'providerState', providerState, 'since', since, 'observedAt', now,
   'lease', ARGV[4], 'providerLeaseId', ARGV[5])
+-- The lease's acquired sandbox, seen gone, is the lease's no more: a later acquire's sandbox
+-- with the same id (a provider that names sandboxes after their lease) is that acquire's own.
+if kind == 'gone' and rcall('HGET', recordKey, 'acquiredSandbox') == ARGV[5] then
+  rcall('HDEL', recordKey, 'acquiredSandbox', 'acquiredBy')
+end
 rcall('EXPIRE', recordKey, ARGV[6])
 
 if ARGV[7] == '1' then
