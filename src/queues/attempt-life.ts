@@ -246,8 +246,11 @@ export class AttemptLife {
       const spanAttributes = { 'lease.op': data.op, 'lease.provider': data.lease.provider, 'lease.job_id': this.jobId, 'lease.attempt': ctx.attempt };
       // A clean-up leaves alone the lease's live sandbox that another acquire handed out: a
       // provider that finds by the lease's own id would find that one (helper-22).
-      const keep = data.op === 'abandon-acquire' ? await this.laneStep(() => this.deps.records.acquiredLive(laneId)) : null;
-      const spare = keep && data.op === 'abandon-acquire' && keep.by !== data.params.acquireJobId ? keep.sandbox : null;
+      let spare: string | null = null;
+      if (data.op === 'abandon-acquire') {
+        const live = await this.laneStep(() => this.deps.records.acquiredLive(laneId));
+        if (live && live.by !== data.params.acquireJobId) spare = live.sandbox;
+      }
       const runOnce = () =>
         data.op === 'force-stop' ? telemetry.forceStopSpan(spanAttributes, () => runOperation(provider, ctx, data)) : runOperation(provider, ctx, data, spare);
       result = await telemetry.processSpan(this.deps.ops.queue.name, this.jobId, spanAttributes, async () => {
@@ -281,7 +284,7 @@ export class AttemptLife {
       log().warn('the worker closed while this attempt ran: its result is not recorded, and it runs again elsewhere');
       throw staleEnd(held.staleError(), this.deps.backoff.baseMs);
     }
-    return this.complete(laneId, fence, data, result, withReceipt(observed, result), log);
+    return this.complete(laneId, fence, data, result, ENDS_IN_RECEIPT.has(data.op) ? withReceipt(observed, result) : observed, log);
   }
 
   /**
@@ -373,8 +376,8 @@ export class AttemptLife {
    */
   private async complete(laneId: string, fence: string, data: OperationJobData, result: unknown, attemptSaw: [string, SandboxState] | null, log: () => Logger): Promise<unknown> {
     const observed = await this.theLeases(laneId, data, attemptSaw);
+    const sandbox = data.op === 'acquire' ? (result as { providerLeaseId?: unknown } | null)?.providerLeaseId : undefined;
     if (data.op === 'acquire') {
-      const sandbox = (result as { providerLeaseId?: unknown } | null)?.providerLeaseId;
       // Cancelled while it ran, and it made its sandbox anyway: the clean-up destroys it, and
       // the sandbox is not named first. With nothing to name, the release's own look (below)
       // is enough, and a lane's hand-off waits on one round trip less.
@@ -397,7 +400,7 @@ export class AttemptLife {
     const entry = this.historyEntry({ kind: 'completed', jobId: this.jobId, op: data.op, attempt: this.job.attemptsMade + 1 });
     if (data.op === 'acquire') await faultPoint('before-acquire-release');
     // A sandbox with the lease's own id was not named (nothing to name): the release notes it.
-    const ownIdSandbox = data.op === 'acquire' && (result as { providerLeaseId?: unknown } | null)?.providerLeaseId === data.lease.leaseId ? data.lease.leaseId : '';
+    const ownIdSandbox = sandbox === data.lease.leaseId ? sandbox : '';
     const releasing = this.deps.releaseLanes.release(laneId, this.jobId, fence, { status: 'completed', result }, this.deps.fetchesNext(), data.op === 'acquire', entry, data.lease.companyId, ownIdSandbox);
     if (data.op === 'acquire') {
       // Cancelled after the look above and before this release: the release refused to record
@@ -729,6 +732,13 @@ export function cleanUpCheckpoint(checkpoint: Record<string, unknown>): { kept: 
   }
   return { kept, dropped };
 }
+
+/**
+ * The operations whose result can be a termination receipt (a release that kept its sandbox
+ * running returns null; a clean-up that found nothing, `state: 'none'`): acquires and resumes
+ * never, so their hot path parses nothing more.
+ */
+const ENDS_IN_RECEIPT: ReadonlySet<OperationJobData['op']> = new Set(['stop', 'force-stop', 'destroy', 'release', 'abandon-acquire']);
 
 /**
  * What an attempt saw, with its termination receipt as the last word: a provider that says it
