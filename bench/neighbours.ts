@@ -1,12 +1,12 @@
 import { fork, spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { once } from 'node:events';
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { loadConfig } from '../src/config.ts';
 import { createRedis } from '../src/queues/redis.ts';
-import { pool, startWorkers, stopWorkers } from './bench.ts';
+import { pool, startWorkers, stopWorkers, workersCpuUs } from './bench.ts';
 
 /**
  * `npm run bench -- --neighbours` (issue 27): company A drives each attack at or past its
@@ -32,6 +32,10 @@ interface Attack {
   a: Record<string, number>;
   /** Redis memory grown during the attack (bytes). */
   redisGrowth: number;
+  /** CPU each part spent per second of the attack (ms/s; B's own measuring included), where the cores went. */
+  cpuMsPerS: { api: number; workers: number; redis: number };
+  /** The API's event-loop delay meanwhile (ms, from its /metrics): how long a request that arrived found it busy. */
+  apiLoopDelayMs: { p99: number; max: number };
   /** A's operations counted in Redis bytes at the end, against its budget (the filling attack). */
   aBytes?: { held: number; budget: number };
 }
@@ -42,7 +46,7 @@ const A_BYTES_BUDGET = 4 * 1024 * 1024;
 const quantile = (sorted: number[], q: number) => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? NaN;
 const round = (n: number) => Math.round(n * 100) / 100;
 
-export async function runNeighbours(opts: { json: boolean; quick: boolean; out: string }): Promise<{ baseline: Latencies; attacks: Attack[] }> {
+export async function runNeighbours(opts: { json: boolean; quick: boolean; out: string }): Promise<{ baseline: Latencies; baselineCpuMsPerS: Attack['cpuMsPerS']; baselineApiLoopDelayMs: Attack['apiLoopDelayMs']; attacks: Attack[] }> {
   const prefix = `{lo-nb-${randomBytes(3).toString('hex')}}`;
   const config = loadConfig({ ...process.env, LEASE_OPS_PREFIX: prefix });
   const redis = createRedis(config.REDIS_URL);
@@ -94,6 +98,27 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
     }
     return out;
   };
+  /** A process's CPU time so far (ms), from /proc (Linux). */
+  const processCpuMs = (pid: number) => {
+    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+    return ((Number(fields[11]) + Number(fields[12])) * 1000) / 100;
+  };
+  const redisCpuMs = async () => {
+    const info = await redis.info('cpu');
+    return (Number(/used_cpu_user:([\d.]+)/.exec(info)?.[1] ?? 0) + Number(/used_cpu_sys:([\d.]+)/.exec(info)?.[1] ?? 0)) * 1000;
+  };
+  const cpuNow = async () => ({ at: performance.now(), api: processCpuMs(api.pid!), workers: (await workersCpuUs(workers as ChildProcess[])) / 1000, redis: await redisCpuMs() });
+  const cpuSince = async (from: Awaited<ReturnType<typeof cpuNow>>) => {
+    const to = await cpuNow();
+    const s = (to.at - from.at) / 1000;
+    return { api: Math.round((to.api - from.api) / s), workers: Math.round((to.workers - from.workers) / s), redis: Math.round((to.redis - from.redis) / s) };
+  };
+  /** The API's event-loop delay since the last call (prom-client resets it at each scrape). */
+  const apiLoopDelay = async () => {
+    const text = await (await fetch(`${base}/metrics`, { headers: headers(ADMIN) })).text();
+    const read = (name: string) => round(Number(new RegExp(`^lease_ops_process_nodejs_eventloop_lag_${name}_seconds (\\S+)`, 'm').exec(text)?.[1] ?? NaN) * 1000);
+    return { p99: read('p99'), max: read('max') };
+  };
   const memory = async () => Number(/used_memory:(\d+)/.exec(await redis.info('memory'))?.[1] ?? 0);
   const tally = (into: Record<string, number>, res: Response, code?: string) => {
     const key = `${res.status}${code ? ` ${code}` : ''}`;
@@ -114,18 +139,26 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
     const stop = new AbortController();
     const before = await memory();
     bRefused = {};
+    const cpuFrom = await cpuNow();
+    await apiLoopDelay();
     const load = attack(stop.signal, a);
     const b = await measureB();
+    const cpuMsPerS = await cpuSince(cpuFrom);
+    const apiLoopDelayMs = await apiLoopDelay();
     stop.abort();
     await load.catch(() => undefined);
     const ratioP99 = Object.fromEntries((Object.keys(b) as (keyof Latencies)[]).map((k) => [k, round(b[k].p99 / baseline[k].p99)])) as Attack['ratioP99'];
-    return { name, b, ratioP99, bRefused, a, redisGrowth: (await memory()) - before };
+    return { name, b, ratioP99, bRefused, a, cpuMsPerS, apiLoopDelayMs, redisGrowth: (await memory()) - before };
   };
 
   try {
     // Warm up, then B alone.
     await measureB();
+    const baselineCpuFrom = await cpuNow();
+    await apiLoopDelay();
     const baseline = await measureB();
+    const baselineCpuMsPerS = await cpuSince(baselineCpuFrom);
+    const baselineApiLoopDelayMs = await apiLoopDelay();
     const attacks: Attack[] = [];
 
     // 1. Long polls: A holds twice its budget of waits on an operation that waits in a paused lane.
@@ -241,15 +274,15 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
       }),
     );
 
-    const figures = { baseline, attacks };
+    const figures = { baseline, baselineCpuMsPerS, baselineApiLoopDelayMs, attacks };
     mkdirSync(opts.out, { recursive: true });
     writeFileSync(join(opts.out, 'neighbours.json'), `${JSON.stringify(figures, null, 2)}\n`);
     if (opts.json) process.stdout.write(`${JSON.stringify(figures)}\n`);
     else {
       const row = (l: Latencies) => (Object.keys(l) as (keyof Latencies)[]).map((k) => `${k} ${l[k].p50}/${l[k].p99}`).join('  ');
-      process.stdout.write(`B alone (p50/p99 ms):  ${row(baseline)}\n`);
+      process.stdout.write(`B alone (p50/p99 ms):  ${row(baseline)}\n  CPU ms/s API / workers / Redis: ${JSON.stringify(baselineCpuMsPerS)}  API loop delay ms: ${JSON.stringify(baselineApiLoopDelayMs)}\n`);
       for (const attack of attacks) {
-        process.stdout.write(`${attack.name}:\n  B: ${row(attack.b)}\n  B p99 over alone: ${JSON.stringify(attack.ratioP99)}  B refused: ${JSON.stringify(attack.bRefused)}\n  A got: ${JSON.stringify(attack.a)}  Redis grew ${(attack.redisGrowth / 1024 / 1024).toFixed(1)} MB${attack.aBytes ? `; A counted ${(attack.aBytes.held / 1024 / 1024).toFixed(1)} of its ${(attack.aBytes.budget / 1024 / 1024).toFixed(1)} MB` : ''}\n`);
+        process.stdout.write(`${attack.name}:\n  B: ${row(attack.b)}\n  B p99 over alone: ${JSON.stringify(attack.ratioP99)}  B refused: ${JSON.stringify(attack.bRefused)}\n  CPU ms/s: ${JSON.stringify(attack.cpuMsPerS)}  API loop delay ms: ${JSON.stringify(attack.apiLoopDelayMs)}\n  A got: ${JSON.stringify(attack.a)}  Redis grew ${(attack.redisGrowth / 1024 / 1024).toFixed(1)} MB${attack.aBytes ? `; A counted ${(attack.aBytes.held / 1024 / 1024).toFixed(1)} of its ${(attack.aBytes.budget / 1024 / 1024).toFixed(1)} MB` : ''}\n`);
       }
     }
     return figures;

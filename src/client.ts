@@ -10,7 +10,7 @@ import { partitionOfLane, partitionPrefixes } from './partitions.ts';
 import { claimPartitionLayout, heldPartitionCount, LayoutError } from './queues/layout.ts';
 import type { OperationName, OperationParams } from './operations.ts';
 import { OperatorActions, type AcknowledgeResult, type CancelResult, type PauseResult, type RerunResult } from './queues/operator-actions.ts';
-import { Inspector, type AttentionItem, type AttentionScope, type AttentionReason, type LeaseTimeline, type LeaseView, type OperationView, type QueueOverview } from './queues/inspect.ts';
+import { Inspector, type AttentionItem, type AttentionScope, type AttentionReason, type LeaseTimeline, type LeaseView, type OperationView, type QueueOverview, type QueueGauges } from './queues/inspect.ts';
 import { LeaseRecords } from './queues/lease-records.ts';
 import { LaneNames } from './queues/lane-names.ts';
 import { enqueueRouted, OperationsQueue, type AnnouncedProvider, type Enqueued } from './queues/operations-queue.ts';
@@ -444,6 +444,19 @@ export class LeaseOpsClient {
   async attentionCounts(): Promise<Record<AttentionReason, number>> {
     const counts = await this.walk(() => Promise.all(this.partitions.map((p) => p.walker.attentionCounts())));
     return sumRecords(counts);
+  }
+
+  /** The overview's counts and the attention by reason, without reading any item: what /metrics reports. */
+  async gauges(): Promise<QueueGauges> {
+    const views = await this.walk(() => Promise.all(this.partitions.map((p) => p.walker.gauges())));
+    if (views.length === 1) return views[0]!;
+    return {
+      counts: sumRecords(views.map((v) => v.counts)),
+      openLanes: views.reduce((n, v) => n + v.openLanes, 0),
+      attentionLeases: views.reduce((n, v) => n + v.attentionLeases, 0),
+      bytesByCompany: sumRecords(views.map((v) => v.bytesByCompany)),
+      attentionByReason: sumRecords(views.map((v) => v.attentionByReason)),
+    };
   }
 
   /** The whole queue at a glance: operations by state, open lanes, leases needing attention. */

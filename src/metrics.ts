@@ -166,15 +166,14 @@ export function queueMetrics(
       waitsRefused.set({ budget: 'company' }, opts.waits.refused.company);
       waitsRefused.set({ budget: 'server' }, opts.waits.refused.server);
     }
-    const overview = await client.overview();
-    for (const [state, n] of Object.entries(overview.counts) as [OperationState, number][]) depth.set({ state }, n);
-    lanes.set(overview.openLanes);
-    attentionLeases.set(overview.attentionLeases);
+    const gauges = await client.gauges();
+    for (const [state, n] of Object.entries(gauges.counts) as [OperationState, number][]) depth.set({ state }, n);
+    lanes.set(gauges.openLanes);
+    attentionLeases.set(gauges.attentionLeases);
     bytesHeld.reset();
-    for (const [company, bytes] of Object.entries(overview.bytesByCompany)) bytesHeld.set({ company }, bytes);
-    const byReason = await client.attentionCounts();
-    for (const [reason, n] of Object.entries(byReason)) attention.set({ reason }, n);
-    blocked.set(byReason.blocked);
+    for (const [company, bytes] of Object.entries(gauges.bytesByCompany)) bytesHeld.set({ company }, bytes);
+    for (const [reason, n] of Object.entries(gauges.attentionByReason)) attention.set({ reason }, n);
+    blocked.set(gauges.attentionByReason.blocked);
     const [own, queue, bullmq] = await Promise.all([
       registry.metrics(),
       queueRegistry.metrics(),

@@ -421,6 +421,28 @@ describe('noisy neighbours: attention (issue 27 item 3)', () => {
     expect((await list(B)).map((i) => i.lease.leaseId).sort()).toEqual(['fail-b1', 'fail-b3', 'held']);
     expect((await bed.redis.zrangebylex(bed.ops.lanes.attentionScopeKey, '[b\n', '(b\n\xff')).filter((m) => m.startsWith('b\ndev\n'))).toEqual([]);
   });
+  it("counts attention for /metrics without reading its items: A's hundreds of failures cost a scrape nothing", async () => {
+    // The first test left A's 300 failures, B's three (one acknowledged) and its pause, its worker closed.
+    // A scrape read the first 200 items of the attention list (each failure's operations,
+    // its record) in the API's event loop to count them: a 157 ms stall every scrape at 600
+    // of A's failures, felt by every company's requests.
+    const commands = async () => Number(/total_commands_processed:(\d+)/.exec(await bed.redis.info('stats'))?.[1]);
+    const scrape = async () => (await fetch(`${api.base}/metrics`)).text();
+    await scrape();
+    const before = await commands();
+    const text = await scrape();
+    const cost = (await commands()) - before;
+    const gauge = (line: string) => Number(new RegExp(`^${line.replace(/[{}"]/g, (c) => `\\${c}`)} (\\S+)$`, 'm').exec(text)?.[1]);
+    expect(gauge('lease_ops_leases_needing_attention{reason="operation_failed"}')).toBe(302);
+    expect(gauge('lease_ops_leases_needing_attention{reason="paused"}')).toBe(1);
+    expect(gauge('lease_ops_attention_leases')).toBe(303);
+    expect(gauge('lease_ops_operations{state="failed"}')).toBe(303);
+    // The same counts the overview gives.
+    const overview = await api.client.overview();
+    expect(overview.attentionLeases).toBe(303);
+    expect(overview.counts.failed).toBe(303);
+    expect(cost).toBeLessThan(80);
+  });
   it("keeps a company's attention entries when Redis fails their reads: the walk fails (503), nothing is taken out", async () => {
     // helper-15: with Redis stalled mid-walk, every read of a page failed, each failure was read
     // as "no reason left", and the walk answered 200 while it took 500 entries out of the index.

@@ -13,6 +13,7 @@ import { TestBed } from './helpers/env.ts';
 
 const A = 'walks-a-token-0123456789';
 const B = 'walks-b-token-0123456789';
+const ADMIN = 'walks-admin-token-0123456789';
 const bearer = (token: string) => ({ authorization: `Bearer ${token}` });
 
 interface Api {
@@ -49,7 +50,7 @@ describe('walks run beside the API, not in it (issue 27)', () => {
         ...process.env,
         REDIS_URL: bed.config.REDIS_URL,
         LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX,
-        LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }]),
+        LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }, { token: ADMIN }]),
         LEASE_OPS_API_PORT: '0',
         LEASE_OPS_LOG_LEVEL: 'warn',
         LEASE_OPS_LOG_FORMAT: 'json',
@@ -115,6 +116,19 @@ describe('walks run beside the API, not in it (issue 27)', () => {
     expect((await aSecond).status).toBe(200);
     // A's second walk waited for its first, and ran in the thread that had stalled already: no third stall.
     expect(api.stalls).toBe(2);
+  });
+
+  it("runs the admin's overview (every company's first attention items) in a thread too: B's read answers while it stalls", async () => {
+    const api = await startApi('1');
+    const stalled = api.stalled();
+    const overview = fetch(`${api.base}/v1/overview`, { headers: bearer(ADMIN) });
+    await stalled;
+    const bRead = fetch(`${api.base}/v1/leases/noop/b/env/l1`, { headers: bearer(B) });
+    expect(await first(overview, bRead)).toBe('y');
+    expect((await bRead).status).toBe(200);
+    const body = (await (await overview).json()) as { counts: Record<string, number>; attention: unknown[] };
+    expect(Object.keys(body.counts).sort()).toEqual(['backing-off', 'completed', 'failed', 'paused', 'queued', 'ready', 'running']);
+    expect(Array.isArray(body.attention)).toBe(true);
   });
 
   it("without walk threads (LEASE_OPS_API_WALK_THREADS=0), A's walk holds B's read behind it", async () => {

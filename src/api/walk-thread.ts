@@ -11,7 +11,8 @@ const client = new LeaseOpsClient((workerData as { config: Config }).config, { f
 const walks = walksInProcess(client);
 
 parentPort!.on('message', (request: WalkAsk & { id: number }) => {
-  const run = request.kind === 'attentionPage' ? walks.attentionPage(request.offset, request.limit, request.principal) : client.getLeaseTimeline(request.lease);
+  const run: Promise<unknown> =
+    request.kind === 'attentionPage' ? walks.attentionPage(request.offset, request.limit, request.principal) : request.kind === 'timeline' ? client.getLeaseTimeline(request.lease) : walks.overview({ name: 'walk-thread', admin: true });
   run.then(
     (value) => parentPort!.postMessage({ id: request.id, value } satisfies WalkReply),
     (err: unknown) => {

@@ -6,7 +6,7 @@ import { RedisUnavailableError } from '../errors.ts';
 import { faultPoint } from '../fault-points.ts';
 import { LayoutError } from '../queues/layout.ts';
 import type { LeaseIdentity } from '../lease.ts';
-import type { AttentionItem, LeaseTimeline } from '../queues/inspect.ts';
+import type { AttentionItem, LeaseTimeline, QueueOverview } from '../queues/inspect.ts';
 import { canSee, scopeOf, type Principal } from './auth.ts';
 import { CompanyTurns } from './company-turns.ts';
 import { HttpError } from './http-error.ts';
@@ -20,6 +20,8 @@ export interface Walks {
   /** `gone` aborts when the caller hangs up: a walk still waiting its turn is dropped then. */
   attentionPage(offset: number, limit: number, principal: Principal, gone?: AbortSignal): Promise<{ items: AttentionItem[]; next: number | null }>;
   timeline(lease: LeaseIdentity, principal: Principal, gone?: AbortSignal): Promise<LeaseTimeline>;
+  /** The admin's overview: it reads the first 200 attention items of every company. */
+  overview(principal: Principal, gone?: AbortSignal): Promise<QueueOverview>;
   close(): Promise<void>;
 }
 
@@ -35,12 +37,17 @@ export function walksInProcess(client: LeaseOpsClient): Walks {
       return page;
     },
     timeline: (lease) => client.getLeaseTimeline(lease),
+    overview: async () => {
+      const overview = await client.overview();
+      await faultPoint('walk');
+      return overview;
+    },
     close: async () => undefined,
   };
 }
 
 /** What a walk thread is asked (with an id in its message). */
-export type WalkAsk = { kind: 'attentionPage'; offset: number; limit: number; principal: Principal } | { kind: 'timeline'; lease: LeaseIdentity };
+export type WalkAsk = { kind: 'attentionPage'; offset: number; limit: number; principal: Principal } | { kind: 'timeline'; lease: LeaseIdentity } | { kind: 'overview' };
 export type WalkReply = { id: number; value: unknown } | { id: number; error: { name: string; message: string; code?: string; layout?: boolean; url?: string; timeoutMs?: number; credentialsRefused?: boolean } };
 
 interface Pending {
@@ -102,6 +109,10 @@ export class WalkThreads implements Walks {
 
   timeline(lease: LeaseIdentity, principal: Principal, gone?: AbortSignal): Promise<LeaseTimeline> {
     return this.run({ kind: 'timeline', lease }, principal, gone) as Promise<LeaseTimeline>;
+  }
+
+  overview(principal: Principal, gone?: AbortSignal): Promise<QueueOverview> {
+    return this.run({ kind: 'overview' }, principal, gone) as Promise<QueueOverview>;
   }
 
   private run(request: WalkAsk, principal: Principal, gone?: AbortSignal): Promise<unknown> {
