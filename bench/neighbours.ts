@@ -51,7 +51,8 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
   const config = loadConfig({ ...process.env, LEASE_OPS_PREFIX: prefix });
   const redis = createRedis(config.REDIS_URL);
   // p99 of 300 is its third-slowest: fewer, and one stray sample (a GC, the OS) decides it.
-  const samples = opts.quick ? 40 : 300;
+  // NB_SAMPLES and NB_ONLY (a part of an attack's name): for comparing one attack across changes.
+  const samples = Number(process.env.NB_SAMPLES ?? (opts.quick ? 40 : 300));
   const failedLeases = opts.quick ? 600 : 3_000;
   const workers = await startWorkers('lanes', config);
   workers.forEach((w) => w.send('go'));
@@ -134,6 +135,7 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
 
   /** Runs `attack` (A's load) while B is measured; A's answers tallied by the attack itself. */
   const underAttack = async (name: string, baseline: Latencies, setUp: () => Promise<void>, attack: (signal: AbortSignal, a: Record<string, number>) => Promise<void>): Promise<Attack> => {
+    if (process.env.NB_ONLY && !name.includes(process.env.NB_ONLY)) return { name, skipped: true } as unknown as Attack;
     await setUp();
     const a: Record<string, number> = {};
     const stop = new AbortController();
@@ -237,7 +239,7 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
     );
 
     const overview = (await (await fetch(`${base}/v1/overview`, { headers: headers(ADMIN) })).json()) as { bytesByCompany: Record<string, number> };
-    attacks.at(-1)!.aBytes = { held: overview.bytesByCompany.a ?? 0, budget: A_BYTES_BUDGET };
+    if (!('skipped' in attacks.at(-1)!)) attacks.at(-1)!.aBytes = { held: overview.bytesByCompany.a ?? 0, budget: A_BYTES_BUDGET };
 
     // 4. Reruns: A runs its failed operations again as fast as it can.
     attacks.push(
@@ -274,14 +276,14 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
       }),
     );
 
-    const figures = { baseline, baselineCpuMsPerS, baselineApiLoopDelayMs, attacks };
+    const figures = { baseline, baselineCpuMsPerS, baselineApiLoopDelayMs, attacks: attacks.filter((attack) => !('skipped' in attack)) };
     mkdirSync(opts.out, { recursive: true });
     writeFileSync(join(opts.out, 'neighbours.json'), `${JSON.stringify(figures, null, 2)}\n`);
     if (opts.json) process.stdout.write(`${JSON.stringify(figures)}\n`);
     else {
       const row = (l: Latencies) => (Object.keys(l) as (keyof Latencies)[]).map((k) => `${k} ${l[k].p50}/${l[k].p99}`).join('  ');
       process.stdout.write(`B alone (p50/p99 ms):  ${row(baseline)}\n  CPU ms/s API / workers / Redis: ${JSON.stringify(baselineCpuMsPerS)}  API loop delay ms: ${JSON.stringify(baselineApiLoopDelayMs)}\n`);
-      for (const attack of attacks) {
+      for (const attack of figures.attacks) {
         process.stdout.write(`${attack.name}:\n  B: ${row(attack.b)}\n  B p99 over alone: ${JSON.stringify(attack.ratioP99)}  B refused: ${JSON.stringify(attack.bRefused)}\n  CPU ms/s: ${JSON.stringify(attack.cpuMsPerS)}  API loop delay ms: ${JSON.stringify(attack.apiLoopDelayMs)}\n  A got: ${JSON.stringify(attack.a)}  Redis grew ${(attack.redisGrowth / 1024 / 1024).toFixed(1)} MB${attack.aBytes ? `; A counted ${(attack.aBytes.held / 1024 / 1024).toFixed(1)} of its ${(attack.aBytes.budget / 1024 / 1024).toFixed(1)} MB` : ''}\n`);
       }
     }

@@ -131,6 +131,28 @@ describe('walks run beside the API, not in it (issue 27)', () => {
     expect(Array.isArray(body.attention)).toBe(true);
   });
 
+  it("counts a walk's thread time against its company's walk rate: A's 3 s walk holds A's next walks, B's walks go on", async () => {
+    // The stalled walk keeps its thread busy 3 s: 300 tokens of A's walk rate (a token each
+    // 10 ms), which goes below empty to minus its burst (10) and refills at 5 a second.
+    // One thread: only the first walk of the process stalls.
+    const api = await startApi('1');
+    const attention = (token: string) => fetch(`${api.base}/v1/attention`, { headers: bearer(token) });
+    const stalled = api.stalled();
+    const aFirst = attention(A);
+    await stalled;
+    expect((await aFirst).status).toBe(200);
+    const aNext = await attention(A);
+    expect(aNext.status).toBe(429);
+    expect(((await aNext.json()) as { error: { code: string } }).error.code).toBe('company_rate_limited');
+    expect(Number(aNext.headers.get('retry-after'))).toBeGreaterThanOrEqual(2);
+    // B's short walks keep B's rate: five in a row (half its burst), each charged its own time only.
+    for (let i = 0; i < 5; i++) expect((await attention(B)).status).toBe(200);
+    const metrics = await (await fetch(`${api.base}/metrics`)).text();
+    const seconds = (company: string) => Number(new RegExp(`^lease_ops_api_walk_seconds_total\\{company="${company}"\\} (\\S+)$`, 'm').exec(metrics)?.[1]);
+    expect(seconds('a')).toBeGreaterThanOrEqual(2.9);
+    expect(seconds('b')).toBeLessThan(1);
+  });
+
   it("without walk threads (LEASE_OPS_API_WALK_THREADS=0), A's walk holds B's read behind it", async () => {
     const api = await startApi('0');
     const stalled = api.stalled();

@@ -23,6 +23,15 @@ export function costOfBody(headers: IncomingHttpHeaders): number {
   return 1 + Math.floor(bytes / 4096);
 }
 
+/**
+ * A walk counts one token more for each this many ms of a walk thread's busy time past its
+ * first (charged when it ends): requests are a poor measure of a walk, whose cost grows with
+ * what it reads (issue 27: A's walks over 3,000 failed leases, at A's rate, put B's p99 at
+ * 2-4x), so a company's walks are held to a budget of thread time, 50 ms a second at the
+ * default rate, and a company with short walks keeps its rate of them.
+ */
+export const WALK_TOKEN_MS = 10;
+
 /** Defaults a deployment of about 100 companies can run with on one API replica (docs/security.md). */
 export const DEFAULT_COMPANY_RATES: CompanyRates = {
   read: { perSecond: 100, burst: 200 },
@@ -78,5 +87,22 @@ export class CompanyRateLimiter {
     // Full buckets tell nothing: let them go, so the map holds only companies that are busy now.
     if (this.buckets.size > 10_000) for (const [k, b] of this.buckets) if (b.tokens >= this.rates[k.slice(0, k.indexOf('\n')) as RequestClass].burst) this.buckets.delete(k);
     return giveBack;
+  }
+
+  /**
+   * Counts what a company's walk cost past its first token (WALK_TOKEN_MS of thread time a
+   * token), once it ended: the bucket may go below empty, down to minus its burst (a walk
+   * far past the budget holds its company's next walks for at most two bursts' worth of time).
+   */
+  chargeWalk(company: string, activeMs: number): void {
+    const { perSecond, burst } = this.rates.walk;
+    const extra = Math.floor(activeMs / WALK_TOKEN_MS);
+    if (perSecond <= 0 || extra <= 0) return;
+    const key = `walk\n${company}`;
+    const now = this.now();
+    const bucket = this.buckets.get(key) ?? { tokens: burst, at: now };
+    bucket.tokens = Math.max(-burst, Math.min(burst, bucket.tokens + ((now - bucket.at) / 1000) * perSecond) - extra);
+    bucket.at = now;
+    this.buckets.set(key, bucket);
   }
 }

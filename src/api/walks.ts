@@ -48,10 +48,13 @@ export function walksInProcess(client: LeaseOpsClient): Walks {
 
 /** What a walk thread is asked (with an id in its message). */
 export type WalkAsk = { kind: 'attentionPage'; offset: number; limit: number; principal: Principal } | { kind: 'timeline'; lease: LeaseIdentity } | { kind: 'overview' };
-export type WalkReply = { id: number; value: unknown } | { id: number; error: { name: string; message: string; code?: string; layout?: boolean; url?: string; timeoutMs?: number; credentialsRefused?: boolean } };
+/** A walk's answer, with the busy time of its thread it was counted (activeMs). */
+export type WalkReply = { id: number; activeMs: number; value: unknown } | { id: number; activeMs: number; error: { name: string; message: string; code?: string; layout?: boolean; url?: string; timeoutMs?: number; credentialsRefused?: boolean } };
 
 interface Pending {
   request: WalkAsk;
+  /** The company the walk is charged to (null: an admin's, not limited). */
+  companyId: string | null;
   resolve: (value: unknown) => void;
   reject: (err: unknown) => void;
   /** Gives its company's walk turn back (the next of its line goes). */
@@ -75,10 +78,18 @@ export class WalkThreads implements Walks {
   private nextId = 1;
   private closed = false;
 
+  /** Busy time of the threads each company's walks were counted, in ms (for /metrics). */
+  readonly activeMsByCompany = new Map<string, number>();
+
+  /**
+   * `charge` is told what each company's walk cost its thread (ms of busy time): the API
+   * counts it against the company's walk rate (CompanyRateLimiter.chargeWalk).
+   */
   constructor(
     private readonly config: Config,
     private readonly count: number,
     private readonly log?: Logger,
+    private readonly charge?: (companyId: string, activeMs: number) => void,
   ) {}
 
   private start(index: number): Worker {
@@ -119,7 +130,7 @@ export class WalkThreads implements Walks {
     if (this.closed) return Promise.reject(walkUnavailable('the API is closing'));
     return new Promise((resolve, reject) => {
       let sent = false;
-      const pending: Pending = { request, resolve, reject, done: () => turn?.done() };
+      const pending: Pending = { request, companyId: principal.admin ? null : (principal.companyId ?? null), resolve, reject, done: () => turn?.done() };
       // A company's walks wait in a short line: one that hangs up and asks again cannot grow
       // it (helper-15: 79 walks nobody waited for, Redis busy 18 s after the attack).
       const turn = (principal.admin ? this.adminTurns : this.turns).take(principal.companyId ?? '', () => {
@@ -159,6 +170,10 @@ export class WalkThreads implements Walks {
     const pending = thread.inHand.get(reply.id);
     if (!pending) return;
     thread.inHand.delete(reply.id);
+    if (pending.companyId !== null) {
+      this.activeMsByCompany.set(pending.companyId, (this.activeMsByCompany.get(pending.companyId) ?? 0) + reply.activeMs);
+      this.charge?.(pending.companyId, reply.activeMs);
+    }
     this.finish(pending, () => ('error' in reply ? pending.reject(rebuiltError(reply.error)) : pending.resolve(reply.value)));
   }
 
