@@ -1,6 +1,6 @@
 import { fork, spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { once } from 'node:events';
+import { once, setMaxListeners } from 'node:events';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -46,7 +46,7 @@ const A_BYTES_BUDGET = 4 * 1024 * 1024;
 const quantile = (sorted: number[], q: number) => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? NaN;
 const round = (n: number) => Math.round(n * 100) / 100;
 
-export async function runNeighbours(opts: { json: boolean; quick: boolean; out: string }): Promise<{ baseline: Latencies; baselineCpuMsPerS: Attack['cpuMsPerS']; baselineApiLoopDelayMs: Attack['apiLoopDelayMs']; attacks: Attack[] }> {
+export async function runNeighbours(opts: { json: boolean; quick: boolean; out: string }): Promise<{ baseline: Latencies; baselineCpuMsPerS: Attack['cpuMsPerS']; baselineApiLoopDelayMs: Attack['apiLoopDelayMs']; attacks: Attack[]; baselineAgain: Latencies; baselineAgainRatioP99: Attack['ratioP99'] }> {
   const prefix = `{lo-nb-${randomBytes(3).toString('hex')}}`;
   const config = loadConfig({ ...process.env, LEASE_OPS_PREFIX: prefix });
   const redis = createRedis(config.REDIS_URL);
@@ -139,6 +139,8 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
     await setUp();
     const a: Record<string, number> = {};
     const stop = new AbortController();
+    // Each of A's fetches listens on it until undici lets go (at a GC): thousands, no leak.
+    setMaxListeners(0, stop.signal);
     const before = await memory();
     bRefused = {};
     const cpuFrom = await cpuNow();
@@ -276,7 +278,11 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
       }),
     );
 
-    const figures = { baseline, baselineCpuMsPerS, baselineApiLoopDelayMs, attacks: attacks.filter((attack) => !('skipped' in attack)) };
+    // B alone again, after every attack: how far B's own p99 moves between two quiet windows
+    // of the same run (the noise a ratio above is read against).
+    const baselineAgain = await measureB();
+    const baselineAgainRatioP99 = Object.fromEntries((Object.keys(baseline) as (keyof Latencies)[]).map((k) => [k, round(baselineAgain[k].p99 / baseline[k].p99)])) as Attack['ratioP99'];
+    const figures = { baseline, baselineCpuMsPerS, baselineApiLoopDelayMs, attacks: attacks.filter((attack) => !('skipped' in attack)), baselineAgain, baselineAgainRatioP99 };
     mkdirSync(opts.out, { recursive: true });
     writeFileSync(join(opts.out, 'neighbours.json'), `${JSON.stringify(figures, null, 2)}\n`);
     if (opts.json) process.stdout.write(`${JSON.stringify(figures)}\n`);
@@ -286,6 +292,7 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
       for (const attack of figures.attacks) {
         process.stdout.write(`${attack.name}:\n  B: ${row(attack.b)}\n  B p99 over alone: ${JSON.stringify(attack.ratioP99)}  B refused: ${JSON.stringify(attack.bRefused)}\n  CPU ms/s: ${JSON.stringify(attack.cpuMsPerS)}  API loop delay ms: ${JSON.stringify(attack.apiLoopDelayMs)}\n  A got: ${JSON.stringify(attack.a)}  Redis grew ${(attack.redisGrowth / 1024 / 1024).toFixed(1)} MB${attack.aBytes ? `; A counted ${(attack.aBytes.held / 1024 / 1024).toFixed(1)} of its ${(attack.aBytes.budget / 1024 / 1024).toFixed(1)} MB` : ''}\n`);
       }
+      process.stdout.write(`B alone again (p50/p99 ms):  ${row(baselineAgain)}\n  B's p99 again over alone: ${JSON.stringify(baselineAgainRatioP99)}\n`);
     }
     return figures;
   } finally {

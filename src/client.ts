@@ -216,6 +216,25 @@ export class LeaseOpsClient {
   }
 
   /**
+   * An operation's lease and whether BullMQ finished it, from one read of its job: enough to
+   * refuse a wait (the lease's scope, and that there is something to wait for) without
+   * reading its whole view. Null when there is no such job (or its data names no lease).
+   */
+  async peekOperation(jobId: string): Promise<{ lease: LeaseIdentity; finished: boolean } | null> {
+    const { ops } = this.partitionOf(jobId);
+    const [finishedOn, data] = await this.call(() => ops.connection.hmget(ops.queue.toKey(jobId), 'finishedOn', 'data'));
+    if (data === null || data === undefined) return null;
+    let lease: unknown;
+    try {
+      lease = (JSON.parse(data) as { lease?: unknown }).lease;
+    } catch {
+      return null;
+    }
+    const parsed = LeaseIdentitySchema.safeParse(lease);
+    return parsed.success ? { lease: parsed.data, finished: finishedOn !== null } : null;
+  }
+
+  /**
    * Given a view just read, waits up to `waitMs` for the operation to end (BullMQ's events)
    * and returns it as it is then; null if it was removed meanwhile.
    */

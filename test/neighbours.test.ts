@@ -115,6 +115,44 @@ describe('noisy neighbours: waiting requests (issue 27 item 2)', () => {
     longPoll(A, aJob);
     await until(async () => (await waitsHeld()).all === 3, "A's new wait held");
   });
+
+  it("refuses a wait past the budget after one read of its job, and still answers one whose operation ended", async () => {
+    // The first test left A one wait and B two: A takes its other two.
+    const aJob = await waitingOperation(A, 'a');
+    longPoll(A, aJob);
+    longPoll(A, aJob);
+    await until(async () => (await waitsHeld()).all === 5, "A's three waits held");
+    // What the API sends Redis for A's refused wait: one read (of the job's lease and end), not a view.
+    const connection = api.client.ops.connection;
+    const send = connection.sendCommand.bind(connection);
+    const sent: string[] = [];
+    connection.sendCommand = ((command: { name: string }) => {
+      sent.push(command.name);
+      return send(command as Parameters<typeof send>[0]);
+    }) as typeof connection.sendCommand;
+    try {
+      const refused = await fetch(`${api.base}/v1/operations/${encodeURIComponent(aJob)}?waitMs=25000`, { headers: bearer(A) });
+      expect(refused.status).toBe(429);
+      expect(((await refused.json()) as { error: { code: string } }).error.code).toBe('company_waits_full');
+      expect(sent).toEqual(['hmget']);
+    } finally {
+      connection.sendCommand = send;
+    }
+    // Another company's id is not found, as without a budget (the server's is full: B is refused waits too).
+    const notB = await fetch(`${api.base}/v1/operations/${encodeURIComponent(aJob)}?waitMs=25000`, { headers: bearer(B) });
+    expect(notB.status).toBe(404);
+    // An operation that ended needs no wait: answered, budget full or not.
+    const worker = await bed.startWorker(createRecordingProvider().provider);
+    try {
+      const { jobId: ended } = await bed.ops.enqueue({ op: 'stop', lease: { provider: 'recording', companyId: 'a', environmentId: 'env', leaseId: 'ends' }, params: { providerLeaseId: 'ends' } });
+      await bed.waitForAll([ended], 30_000);
+      const answered = await fetch(`${api.base}/v1/operations/${encodeURIComponent(ended)}?waitMs=25000`, { headers: bearer(A) });
+      expect(answered.status).toBe(200);
+      expect(((await answered.json()) as { state: string }).state).toBe('completed');
+    } finally {
+      await worker.close();
+    }
+  });
 });
 
 describe("noisy neighbours: a company's turns (LEASE_OPS_API_REQUESTS_PER_COMPANY)", () => {

@@ -619,6 +619,15 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const { jobId } = parse(OperationPathSchema, req.params, 'path');
     const { waitMs } = parse(WaitQuerySchema, req.query, 'query');
     const principal = res.locals.principal as Principal;
+    if (waitMs && waits.wouldRefuse(waiter(principal))) {
+      // A wait that would be refused is told so after one read of its job (its scope, whether
+      // it ended), not of its whole view: a company past its waits, asking again and again,
+      // costs the API and Redis little (issue 27: 100 such a second read 100 views).
+      const peek = await client.peekOperation(jobId);
+      if (!peek || !canSee(principal, peek.lease)) throw operationNotFound(jobId);
+      // Still full: refused (and counted); freed meanwhile, it goes on as any wait.
+      if (!peek.finished) waits.takeOrRefuse(waiter(principal))();
+    }
     // Check the scope before waiting, so an out-of-scope id cannot be timed either.
     const first = await client.getOperation(jobId);
     if (!first || !canSee(principal, first.lease)) throw operationNotFound(jobId);
