@@ -41,7 +41,7 @@ interface Attack {
 }
 
 /** A's Redis bytes budget here: small, so the filling attack reaches it within its window. */
-const A_BYTES_BUDGET = 4 * 1024 * 1024;
+const A_BYTES_BUDGET = Number(process.env.NB_A_BYTES ?? 4 * 1024 * 1024);
 
 const quantile = (sorted: number[], q: number) => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? NaN;
 const round = (n: number) => Math.round(n * 100) / 100;
