@@ -32,8 +32,8 @@ interface Attack {
   a: Record<string, number>;
   /** Redis memory grown during the attack (bytes). */
   redisGrowth: number;
-  /** CPU each part spent per second of the attack (ms/s; B's own measuring included), where the cores went. */
-  cpuMsPerS: { api: number; workers: number; redis: number };
+  /** CPU each part spent per second of the attack (ms/s; B's own measuring included), where the cores went; aClient: this process, A's client. */
+  cpuMsPerS: { api: number; workers: number; redis: number; aClient: number };
   /** The API's event-loop delay meanwhile (ms, from its /metrics): how long a request that arrived found it busy. */
   apiLoopDelayMs: { p99: number; max: number };
   /** A's operations counted in Redis bytes at the end, against its budget (the filling attack). */
@@ -108,11 +108,15 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
     const info = await redis.info('cpu');
     return (Number(/used_cpu_user:([\d.]+)/.exec(info)?.[1] ?? 0) + Number(/used_cpu_sys:([\d.]+)/.exec(info)?.[1] ?? 0)) * 1000;
   };
-  const cpuNow = async () => ({ at: performance.now(), api: processCpuMs(api.pid!), workers: (await workersCpuUs(workers as ChildProcess[])) / 1000, redis: await redisCpuMs() });
+  const ownCpuMs = () => {
+    const usage = process.cpuUsage();
+    return (usage.user + usage.system) / 1000;
+  };
+  const cpuNow = async () => ({ at: performance.now(), api: processCpuMs(api.pid!), workers: (await workersCpuUs(workers as ChildProcess[])) / 1000, redis: await redisCpuMs(), aClient: ownCpuMs() });
   const cpuSince = async (from: Awaited<ReturnType<typeof cpuNow>>) => {
     const to = await cpuNow();
     const s = (to.at - from.at) / 1000;
-    return { api: Math.round((to.api - from.api) / s), workers: Math.round((to.workers - from.workers) / s), redis: Math.round((to.redis - from.redis) / s) };
+    return { api: Math.round((to.api - from.api) / s), workers: Math.round((to.workers - from.workers) / s), redis: Math.round((to.redis - from.redis) / s), aClient: Math.round((to.aClient - from.aClient) / s) };
   };
   /** The API's event-loop delay since the last call (prom-client resets it at each scrape). */
   const apiLoopDelay = async () => {
