@@ -7,6 +7,8 @@ import { createLogger } from '../src/logger.ts';
 import { loadConfig } from '../src/config.ts';
 import { startApiServer } from '../src/api/server.ts';
 import { RefusalLog } from '../src/api/refusal-log.ts';
+import { CompanyRateLimiter, DEFAULT_COMPANY_RATES } from '../src/api/company-rates.ts';
+import type { HttpError } from '../src/api/http-error.ts';
 import { ConnectionPool } from '../src/api/connections.ts';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
 import { TestBed } from './helpers/env.ts';
@@ -536,8 +538,10 @@ describe("noisy neighbours: a company's request rates", () => {
     const walks = [];
     for (let i = 0; i < 5; i++) walks.push(await get(A, '/v1/attention'));
     expect(walks.map((r) => r.status)).toEqual([200, 200, 200, 429, 429]);
-    expect(walks[3]!.headers.get('retry-after')).toBe('1');
+    // The wait (1 s) and up to 2 s more at random: refused together, A's clients come back apart.
+    expect(['1', '2', '3']).toContain(walks[3]!.headers.get('retry-after'));
     expect(((await walks[3]!.json()) as { error: { code: string } }).error.code).toBe('company_rate_limited');
+
     // Express matches a route whatever its case: so does the class (the attack on the change
     // walked at the read rate as /v1/ATTENTION, /ui/Attention and .../TIMELINE).
     for (const path of ['/v1/ATTENTION', '/v1/Attention/', '/ui/Attention', '/v1/leases/recording/a/env/l/TIMELINE', '/UI/leases/recording/a/env/l']) {
@@ -550,6 +554,25 @@ describe("noisy neighbours: a company's request rates", () => {
     for (let i = 0; i < 6; i++) expect((await get(ADMIN, '/v1/attention')).status).toBe(200);
     // The refusals are counted on /metrics.
     expect(await (await fetch(`${api.base}/metrics`)).text()).toMatch(/^lease_ops_api_rate_limited_total 7$/m);
+  });
+});
+
+describe("noisy neighbours: a refused company's clients come back apart", () => {
+  it("tells each request refused for its rate its wait and 0-2 s more at random (one company's burst does not come back at once)", () => {
+    // A fixed clock: every request below finds the bucket empty, with 1 s to wait for a token.
+    let draw = 0;
+    const draws = [0, 0.4, 0.7, 0.99, 0.34];
+    const rates = new CompanyRateLimiter({ ...DEFAULT_COMPANY_RATES, walk: { perSecond: 1, burst: 1 } }, () => 0, () => draws[draw++ % draws.length]!);
+    rates.take('a', 'walk');
+    const waits = draws.map(() => {
+      try {
+        rates.take('a', 'walk');
+        return null;
+      } catch (err) {
+        return (err as HttpError).opts.retryAfterS;
+      }
+    });
+    expect(waits).toEqual([1, 2, 3, 3, 2]);
   });
 });
 

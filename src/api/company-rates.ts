@@ -32,6 +32,9 @@ export function costOfBody(headers: IncomingHttpHeaders): number {
  */
 export const WALK_TOKEN_MS = 10;
 
+/** A refused request's Retry-After is its wait and up to this many seconds more, at random. */
+export const RETRY_SPREAD_S = 2;
+
 /** Defaults a deployment of about 100 companies can run with on one API replica (docs/security.md). */
 export const DEFAULT_COMPANY_RATES: CompanyRates = {
   read: { perSecond: 100, burst: 200 },
@@ -52,6 +55,7 @@ export class CompanyRateLimiter {
   constructor(
     private readonly rates: CompanyRates,
     private readonly now: () => number = () => performance.now(),
+    private readonly random: () => number = Math.random,
   ) {}
 
   /**
@@ -72,7 +76,10 @@ export class CompanyRateLimiter {
     if (bucket.tokens < tokens) {
       this.buckets.set(key, bucket);
       this.refused++;
-      const waitS = Math.max(1, Math.ceil((tokens - bucket.tokens) / perSecond));
+      // The wait, and 0-2 s more at random: a company's clients refused together (a burst)
+      // do not come back together, all at once, each second (issue 27: A's 20 clients did, and
+      // B's requests that landed in the burst waited behind it).
+      const waitS = Math.max(1, Math.ceil((tokens - bucket.tokens) / perSecond)) + Math.floor(this.random() * (RETRY_SPREAD_S + 1));
       throw new HttpError(429, 'company_rate_limited', `the company sends more ${kind} requests than its rate (${perSecond}/s, LEASE_OPS_API_COMPANY_RATES)`, { retryAfterS: waitS });
     }
     bucket.tokens -= tokens;
