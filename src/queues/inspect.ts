@@ -516,7 +516,9 @@ export class Inspector {
     const failed: { laneId: string; kinds: ReturnType<typeof parseFailures> }[] = [];
     const paused: { laneId: string; entry: string }[] = [];
     for (const prefix of prefixes) {
-      for (let offset = 0; ; offset += ATTENTION_PAGE) {
+      // The entries found gone leave the index before the next page is read: the next page
+      // starts that many entries earlier (it skipped a page of entries for each page it took out).
+      for (let offset = 0; ; ) {
         // The range ends at the byte 0xff, above every byte of UTF-8 (a string "\xff" would be sent as C3 BF, below a name in Japanese).
         const members = await this.ops.connection.zrangebylex(key, `[${prefix}`, Buffer.concat([Buffer.from(`(${prefix}`), Buffer.from([0xff])]), 'LIMIT', offset, ATTENTION_PAGE);
         if (members.length === 0) break;
@@ -540,6 +542,7 @@ export class Inspector {
         });
         if (gone.length) await this.ops.connection.zrem(key, ...gone);
         if (members.length < ATTENTION_PAGE) break;
+        offset += members.length - gone.length;
       }
     }
     // The same order as the walk over every lease's: stuck (oldest first), failed (newest first), paused (oldest first).
