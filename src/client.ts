@@ -222,7 +222,9 @@ export class LeaseOpsClient {
    */
   async peekOperation(jobId: string): Promise<{ lease: LeaseIdentity; finished: boolean } | null> {
     const { ops } = this.partitionOf(jobId);
-    const [finishedOn, data] = await this.call(() => ops.connection.hmget(ops.queue.toKey(jobId), 'finishedOn', 'data'));
+    // An id that names one of the queue's own keys (`events`, `id`, `failed`) is no job: not
+    // found, as the view's read says (helper-23: Redis' WRONGTYPE answered 500).
+    const [finishedOn, data] = await this.call(() => ops.connection.hmget(ops.queue.toKey(jobId), 'finishedOn', 'data').catch((err: unknown) => (err instanceof Error && err.message.startsWith('WRONGTYPE') ? [null, null] : Promise.reject(err))));
     if (data === null || data === undefined) return null;
     let lease: unknown;
     try {

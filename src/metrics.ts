@@ -112,7 +112,7 @@ export interface WaitUsage {
 
 export function queueMetrics(
   client: LeaseOpsClient,
-  opts: { bullmqTotals: boolean; waits?: WaitUsage; rates?: { readonly refused: number }; turns?: { usage(): { inProgress: number; waiting: number } }; connections?: { readonly size: number; readonly evicted: number; readonly overPipelined: number }; walks?: { readonly activeMsByCompany: ReadonlyMap<string, number> } },
+  opts: { bullmqTotals: boolean; waits?: WaitUsage; rates?: { readonly refused: number }; turns?: { usage(): { inProgress: number; waiting: number } }; connections?: { readonly size: number; readonly evicted: number; readonly overPipelined: number }; walks?: { readonly commandsByCompany: ReadonlyMap<string, number> } },
 ): () => Promise<string> {
   enableProcessMetrics();
   const queueRegistry = new Registry();
@@ -147,15 +147,15 @@ export function queueMetrics(
     labelNames: ['reason'] as const,
     registers: [queueRegistry],
   });
-  const walkSeconds = new Gauge({
-    name: 'lease_ops_api_walk_seconds_total',
-    help: "Busy time of the API's walk threads each company's walks (attention, timelines) were counted, which its walk rate holds to a budget (LEASE_OPS_API_COMPANY_RATES: a token for each 10 ms)",
+  const walkCommands = new Gauge({
+    name: 'lease_ops_api_walk_commands_total',
+    help: "Redis commands each company's walks (attention, timelines) sent from the API's walk threads, which its walk rate holds to a budget (LEASE_OPS_API_COMPANY_RATES: a token for each 500)",
     labelNames: ['company'] as const,
     registers: [queueRegistry],
   });
   return async () => {
     if (opts.rates) rateLimited.set(opts.rates.refused);
-    if (opts.walks) for (const [company, ms] of opts.walks.activeMsByCompany) walkSeconds.set({ company }, ms / 1000);
+    if (opts.walks) for (const [company, commands] of opts.walks.commandsByCompany) walkCommands.set({ company }, commands);
     if (opts.connections) {
       connections.set(opts.connections.size);
       closedConnections.set({ reason: 'evicted' }, opts.connections.evicted);

@@ -143,6 +143,10 @@ describe('noisy neighbours: waiting requests (issue 27 item 2)', () => {
     // Another company's id is not found, as without a budget (the server's is full: B is refused waits too).
     const notB = await fetch(`${api.base}/v1/operations/${encodeURIComponent(aJob)}?waitMs=25000`, { headers: bearer(B) });
     expect(notB.status).toBe(404);
+    // An id that names one of the queue's own keys is not found either (helper-23: 500, WRONGTYPE).
+    for (const id of ['events', 'id', 'failed', 'stalled-check', 'meta']) {
+      expect([id, (await fetch(`${api.base}/v1/operations/${id}?waitMs=1000`, { headers: bearer(A) })).status]).toEqual([id, 404]);
+    }
     // An operation that ended needs no wait: answered, budget full or not.
     const worker = await bed.startWorker(createRecordingProvider().provider);
     try {
@@ -482,6 +486,16 @@ describe('noisy neighbours: attention (issue 27 item 3)', () => {
     expect(overview.attentionLeases).toBe(303);
     expect(overview.counts.failed).toBe(303);
     expect(cost).toBeLessThan(80);
+  });
+  it("finds a company's items behind more than a page of index entries whose reasons ended (they leave the index as it is read)", async () => {
+    // 700 entries of B's with no reason left, sorted before B's own (environment "aaa"): the
+    // walk takes each page of them out as it goes, and read its next page from an offset that
+    // no longer counted them, skipping a page of entries (helper-23's walk read 1,500 of 3,000).
+    const key = bed.ops.lanes.attentionScopeKey;
+    await bed.redis.zadd(key, ...Array.from({ length: 700 }, (_, i) => [0, `b\naaa\ngone-${String(i).padStart(4, '0')}`]).flat());
+    const items = ((await (await fetch(`${api.base}/v1/attention`, { headers: { authorization: `Bearer ${B}` } })).json()) as { items: { lease: { leaseId: string } }[] }).items;
+    expect(items.map((i) => i.lease.leaseId).sort()).toEqual(['fail-b1', 'fail-b3', 'held']);
+    expect(await bed.redis.zrangebylex(key, '[b\naaa\n', '(b\naaa\n\xff')).toEqual([]);
   });
   it("keeps a company's attention entries when Redis fails their reads: the walk fails (503), nothing is taken out", async () => {
     // helper-15: with Redis stalled mid-walk, every read of a page failed, each failure was read

@@ -24,13 +24,16 @@ export function costOfBody(headers: IncomingHttpHeaders): number {
 }
 
 /**
- * A walk counts one token more for each this many ms of a walk thread's busy time past its
- * first (charged when it ends): requests are a poor measure of a walk, whose cost grows with
+ * A walk counts one token more for each this many Redis commands it sent past its first
+ * token (charged when it ends): requests are a poor measure of a walk, whose cost grows with
  * what it reads (issue 27: A's walks over 3,000 failed leases, at A's rate, put B's p99 at
- * 2-4x), so a company's walks are held to a budget of thread time, 50 ms a second at the
- * default rate, and a company with short walks keeps its rate of them.
+ * 2-4x), so a company's walks are held to a budget of commands, 2,500 a second at the default
+ * rate, and a company with short walks keeps its rate of them.
  */
-export const WALK_TOKEN_MS = 10;
+export const WALK_TOKEN_COMMANDS = 500;
+
+/** How far a walk's charge may take its company's bucket below empty: this many seconds of its rate (or its burst, if more). */
+export const WALK_DEBT_S = 30;
 
 /** A refused request's Retry-After is its wait and up to this many seconds more, at random. */
 export const RETRY_SPREAD_S = 2;
@@ -97,18 +100,18 @@ export class CompanyRateLimiter {
   }
 
   /**
-   * Counts what a company's walk cost past its first token (WALK_TOKEN_MS of thread time a
-   * token), once it ended: the bucket may go below empty, down to minus its burst (a walk
-   * far past the budget holds its company's next walks for at most two bursts' worth of time).
+   * Counts what a company's walk cost past its first token (WALK_TOKEN_COMMANDS Redis commands
+   * a token), once it ended: the bucket may go below empty, down to WALK_DEBT_S seconds of the
+   * rate (a walk far past the budget holds its company's next walks that long at most).
    */
-  chargeWalk(company: string, activeMs: number): void {
+  chargeWalk(company: string, commands: number): void {
     const { perSecond, burst } = this.rates.walk;
-    const extra = Math.floor(activeMs / WALK_TOKEN_MS);
+    const extra = Math.floor(commands / WALK_TOKEN_COMMANDS);
     if (perSecond <= 0 || extra <= 0) return;
     const key = `walk\n${company}`;
     const now = this.now();
     const bucket = this.buckets.get(key) ?? { tokens: burst, at: now };
-    bucket.tokens = Math.max(-burst, Math.min(burst, bucket.tokens + ((now - bucket.at) / 1000) * perSecond) - extra);
+    bucket.tokens = Math.max(-Math.max(burst, perSecond * WALK_DEBT_S), Math.min(burst, bucket.tokens + ((now - bucket.at) / 1000) * perSecond) - extra);
     bucket.at = now;
     this.buckets.set(key, bucket);
   }

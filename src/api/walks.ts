@@ -48,8 +48,8 @@ export function walksInProcess(client: LeaseOpsClient): Walks {
 
 /** What a walk thread is asked (with an id in its message). */
 export type WalkAsk = { kind: 'attentionPage'; offset: number; limit: number; principal: Principal } | { kind: 'timeline'; lease: LeaseIdentity } | { kind: 'overview' };
-/** A walk's answer, with the busy time of its thread it was counted (activeMs). */
-export type WalkReply = { id: number; activeMs: number; value: unknown } | { id: number; activeMs: number; error: { name: string; message: string; code?: string; layout?: boolean; url?: string; timeoutMs?: number; credentialsRefused?: boolean } };
+/** A walk's answer, with the Redis commands it sent (what it is charged). */
+export type WalkReply = { id: number; commands: number; value: unknown } | { id: number; commands: number; error: { name: string; message: string; code?: string; layout?: boolean; url?: string; timeoutMs?: number; credentialsRefused?: boolean } };
 
 interface Pending {
   request: WalkAsk;
@@ -78,18 +78,18 @@ export class WalkThreads implements Walks {
   private nextId = 1;
   private closed = false;
 
-  /** Busy time of the threads each company's walks were counted, in ms (for /metrics). */
-  readonly activeMsByCompany = new Map<string, number>();
+  /** Redis commands each company's walks sent (for /metrics). */
+  readonly commandsByCompany = new Map<string, number>();
 
   /**
-   * `charge` is told what each company's walk cost its thread (ms of busy time): the API
+   * `charge` is told what each company's walk cost (the Redis commands it sent): the API
    * counts it against the company's walk rate (CompanyRateLimiter.chargeWalk).
    */
   constructor(
     private readonly config: Config,
     private readonly count: number,
     private readonly log?: Logger,
-    private readonly charge?: (companyId: string, activeMs: number) => void,
+    private readonly charge?: (companyId: string, commands: number) => void,
   ) {}
 
   private start(index: number): Worker {
@@ -171,8 +171,8 @@ export class WalkThreads implements Walks {
     if (!pending) return;
     thread.inHand.delete(reply.id);
     if (pending.companyId !== null) {
-      this.activeMsByCompany.set(pending.companyId, (this.activeMsByCompany.get(pending.companyId) ?? 0) + reply.activeMs);
-      this.charge?.(pending.companyId, reply.activeMs);
+      this.commandsByCompany.set(pending.companyId, (this.commandsByCompany.get(pending.companyId) ?? 0) + reply.commands);
+      this.charge?.(pending.companyId, reply.commands);
     }
     this.finish(pending, () => ('error' in reply ? pending.reject(rebuiltError(reply.error)) : pending.resolve(reply.value)));
   }
