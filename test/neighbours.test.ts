@@ -8,6 +8,7 @@ import { loadConfig } from '../src/config.ts';
 import { startApiServer } from '../src/api/server.ts';
 import { RefusalLog } from '../src/api/refusal-log.ts';
 import { CompanyRateLimiter, DEFAULT_COMPANY_RATES } from '../src/api/company-rates.ts';
+import { WaitBudget } from '../src/api/wait-budget.ts';
 import type { HttpError } from '../src/api/http-error.ts';
 import { ConnectionPool } from '../src/api/connections.ts';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
@@ -88,7 +89,8 @@ describe('noisy neighbours: waiting requests (issue 27 item 2)', () => {
     // A's fourth: refused with its code and a Retry-After, at once.
     const fourth = await fetch(`${api.base}/v1/operations/${encodeURIComponent(aJob)}?waitMs=25000`, { headers: bearer(A) });
     expect(fourth.status).toBe(429);
-    expect(fourth.headers.get('retry-after')).toBe('1');
+    // 1 s and up to 2 s more at random (A's refused polls do not come back together).
+    expect(['1', '2', '3']).toContain(fourth.headers.get('retry-after'));
     expect(((await fourth.json()) as { error: { code: string } }).error.code).toBe('company_waits_full');
     // A's Prefer: wait is a preference: not applied, the operation accepted (202) at once.
     const preferred = await fetch(`${api.base}/v1/leases/recording/a/env/other/operations`, {
@@ -587,6 +589,20 @@ describe("noisy neighbours: a refused company's clients come back apart", () => 
       }
     });
     expect(waits).toEqual([1, 2, 3, 3, 2]);
+  });
+  it('tells each wait refused for a full budget 1 s and 0-2 s more at random', () => {
+    let draw = 0;
+    const draws = [0, 0.5, 0.9];
+    const budget = new WaitBudget({ perCompany: 0, total: 10 }, () => draws[draw++]!);
+    const waits = draws.map(() => {
+      try {
+        budget.takeOrRefuse('a');
+        return null;
+      } catch (err) {
+        return (err as HttpError).opts.retryAfterS;
+      }
+    });
+    expect(waits).toEqual([1, 2, 3]);
   });
 });
 

@@ -1,3 +1,4 @@
+import { RETRY_SPREAD_S } from './company-rates.ts';
 import { HttpError } from './http-error.ts';
 
 /**
@@ -12,7 +13,10 @@ export class WaitBudget {
   /** Waits refused so far, by which budget was full (for /metrics). */
   readonly refused = { company: 0, server: 0 };
 
-  constructor(private readonly limits: { perCompany: number; total: number }) {}
+  constructor(
+    private readonly limits: { perCompany: number; total: number },
+    private readonly random: () => number = Math.random,
+  ) {}
 
   /** Takes a wait for `company`, or says which budget is full. `release` gives it back (once). */
   take(company: string): { release: () => void } | { full: 'company' | 'server' } {
@@ -55,7 +59,8 @@ export class WaitBudget {
         taken.full === 'company'
           ? `the company already holds ${this.limits.perCompany} waiting requests (LEASE_OPS_API_MAX_WAITS_PER_COMPANY): retry, or poll without waitMs`
           : `the API already holds ${this.limits.total} waiting requests (LEASE_OPS_API_MAX_WAITS): retry, or poll without waitMs`,
-        { retryAfterS: 1 },
+        // 1 s and up to RETRY_SPREAD_S more at random: a company's polls refused together do not come back together.
+        { retryAfterS: 1 + Math.floor(this.random() * (RETRY_SPREAD_S + 1)) },
       );
     }
     return taken.release;
