@@ -499,6 +499,39 @@ describe('noisy neighbours: attention (issue 27 item 3)', () => {
     expect(items.map((i) => i.lease.leaseId).sort()).toEqual(['fail-b1', 'fail-b3', 'held']);
     expect(await bed.redis.zrangebylex(key, '[b\naaa\n', '(b\naaa\n\xff')).toEqual([]);
   });
+  it("finds every live item of a company when another of its walks takes entries out between two pages of this one (helper-24)", async () => {
+    // 900 paused lanes of company c; after this walk read its first page, 100 of that page's
+    // entries lose their reason and another walk (of another replica, say) takes them out.
+    // Read from an offset, the second page then began 100 live entries too far.
+    const key = bed.ops.lanes.attentionScopeKey;
+    const lanes = Array.from({ length: 900 }, (_, i) => `live-${String(i).padStart(4, '0')}`);
+    const leaseOf = (leaseId: string) => ({ provider: 'recording', companyId: 'c', environmentId: 'env', leaseId });
+    await bed.redis.hset(bed.ops.lanes.pausedKey, Object.fromEntries(lanes.map((l, i) => [l, JSON.stringify({ by: 'test', since: 1_000 + i, lease: leaseOf(l) })])));
+    await bed.redis.zadd(key, ...lanes.flatMap((l) => [0, `c\nenv\n${l}`]));
+    const walker = api.client.partitions[0]!.walker as unknown as { ops: { connection: { zrangebylex: (...args: unknown[]) => Promise<string[]> } } };
+    const connection = walker.ops.connection;
+    const read = connection.zrangebylex.bind(connection);
+    let pages = 0;
+    connection.zrangebylex = async (...args: unknown[]) => {
+      // Before the walk reads its second page of c's entries: its first page was read (and found live).
+      if (/^[[(]c\n/.test(String(args[1])) && ++pages === 2) {
+        const taken = lanes.slice(100, 200);
+        await bed.redis.hdel(bed.ops.lanes.pausedKey, ...taken);
+        await bed.redis.zrem(key, ...taken.map((l) => `c\nenv\n${l}`));
+      }
+      return read(...args);
+    };
+    try {
+      const page = await api.client.attentionPage(0, 1_000, undefined, { companyId: 'c' });
+      // The 100 taken out were live when this walk read them: listed; none of the rest missed.
+      expect(pages).toBe(2);
+      expect(page.items.map((i) => i.lease?.leaseId).sort()).toEqual(lanes);
+    } finally {
+      connection.zrangebylex = read;
+      await bed.redis.hdel(bed.ops.lanes.pausedKey, ...lanes);
+      await bed.redis.zrem(key, ...lanes.map((l) => `c\nenv\n${l}`));
+    }
+  });
   it("keeps a company's attention entries when Redis fails their reads: the walk fails (503), nothing is taken out", async () => {
     // helper-15: with Redis stalled mid-walk, every read of a page failed, each failure was read
     // as "no reason left", and the walk answered 200 while it took 500 entries out of the index.

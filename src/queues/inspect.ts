@@ -516,11 +516,13 @@ export class Inspector {
     const failed: { laneId: string; kinds: ReturnType<typeof parseFailures> }[] = [];
     const paused: { laneId: string; entry: string }[] = [];
     for (const prefix of prefixes) {
-      // The entries found gone leave the index before the next page is read: the next page
-      // starts that many entries earlier (it skipped a page of entries for each page it took out).
-      for (let offset = 0; ; ) {
+      // Each page starts after the last entry of the one before (a lex cursor), not at an
+      // offset: entries taken out meanwhile, by this walk or another of the company's (one of
+      // another replica, or after an acknowledgement), shifted an offset past live entries
+      // (helper-23, helper-24: a page skipped for each page taken out; 1-4 live items missed).
+      for (let from = `[${prefix}`; ; ) {
         // The range ends at the byte 0xff, above every byte of UTF-8 (a string "\xff" would be sent as C3 BF, below a name in Japanese).
-        const members = await this.ops.connection.zrangebylex(key, `[${prefix}`, Buffer.concat([Buffer.from(`(${prefix}`), Buffer.from([0xff])]), 'LIMIT', offset, ATTENTION_PAGE);
+        const members = await this.ops.connection.zrangebylex(key, from, Buffer.concat([Buffer.from(`(${prefix}`), Buffer.from([0xff])]), 'LIMIT', 0, ATTENTION_PAGE);
         if (members.length === 0) break;
         const laneIds = members.map((m) => m.slice(m.lastIndexOf('\n') + 1));
         const pipeline = this.ops.connection.pipeline();
@@ -542,7 +544,7 @@ export class Inspector {
         });
         if (gone.length) await this.ops.connection.zrem(key, ...gone);
         if (members.length < ATTENTION_PAGE) break;
-        offset += members.length - gone.length;
+        from = `(${members.at(-1)!}`;
       }
     }
     // The same order as the walk over every lease's: stuck (oldest first), failed (newest first), paused (oldest first).
