@@ -346,15 +346,19 @@ describe('one lease identity, attacked (helper-2)', () => {
   }, 30_000);
 
   it("the late clean-up of an acquire an operator removed, run after the lease's next acquire, leaves the lease its sandbox (the sixth attack on issue 26)", async () => {
-    // Backoffs of seconds: the first acquire stays delayed long enough to be seen so on a busy machine.
-    const { bed, fake } = await daytonaBed({ start: 120_000 }, { LEASE_OPS_SWEEP_INTERVAL_MS: '300', LEASE_OPS_SWEEP_STALE_MS: '0', LEASE_OPS_WATCHDOG: 'false', LEASE_OPS_BACKOFF_BASE_MS: '1500', LEASE_OPS_BACKOFF_CAP_MS: '1500' });
+    // Backoffs of seconds: the first acquire stays delayed long enough to be seen so on a busy
+    // machine, and no wait for a push inside an attempt (it holds the attempt active).
+    const { bed, fake } = await daytonaBed({}, { LEASE_OPS_SWEEP_INTERVAL_MS: '300', LEASE_OPS_SWEEP_STALE_MS: '0', LEASE_OPS_WATCHDOG: 'false', LEASE_OPS_BACKOFF_BASE_MS: '1500', LEASE_OPS_BACKOFF_CAP_MS: '1500', LEASE_OPS_SETTLE_WAIT_MS: '0' });
+    // The first sandbox is creating for 5 s: its acquire backs off (1.5 s at a time) meanwhile.
+    // (A slow start did not do it: a sandbox is created started, and on a busy machine its
+    // 10 ms create had passed by the first read, so the acquire completed and never backed off.)
+    fake.failNextCreate({ kind: 'slow-boot', bootMs: 5_000 });
     const sandboxOf = (jobId: string) => sandboxMadeBy(bed, jobId);
     const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-rm'), params: { runId: 'run-rm' } });
     const second = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-rm'), params: { runId: 'run-rm-2' } });
-    // The first made its sandbox, which stays starting: it backs off, and an operator removes it in BullMQ.
+    // The first made its sandbox, still creating: it backs off, and an operator removes it in BullMQ.
     const b = await readUntil(async () => fake.ids()[0], 10_000, 'the first sandbox made');
     await readUntil(async () => (await bed.ops.queue.getJobState(first.jobId)) === 'delayed', 30_000, 'the first acquire backing off');
-    fake.setTimings({ start: 10 });
     await (await bed.ops.queue.getJob(first.jobId))!.remove();
     expect((await bed.waitForAll([second.jobId], 20_000)).get(second.jobId)).toBe('completed');
     const c = await sandboxOf(second.jobId);
