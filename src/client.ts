@@ -471,26 +471,14 @@ export class LeaseOpsClient {
   async gauges(): Promise<QueueGauges> {
     const views = await this.walk(() => Promise.all(this.partitions.map((p) => p.walker.gauges())));
     if (views.length === 1) return views[0]!;
-    return {
-      counts: sumRecords(views.map((v) => v.counts)),
-      openLanes: views.reduce((n, v) => n + v.openLanes, 0),
-      attentionLeases: views.reduce((n, v) => n + v.attentionLeases, 0),
-      bytesByCompany: sumRecords(views.map((v) => v.bytesByCompany)),
-      attentionByReason: sumRecords(views.map((v) => v.attentionByReason)),
-    };
+    return { ...sumCounts(views), attentionByReason: sumRecords(views.map((v) => v.attentionByReason)) };
   }
 
   /** The whole queue at a glance: operations by state, open lanes, leases needing attention. */
   async overview(): Promise<QueueOverview> {
     const views = await this.walk(() => Promise.all(this.partitions.map((p) => p.walker.overview())));
     if (views.length === 1) return views[0]!;
-    return {
-      counts: sumRecords(views.map((v) => v.counts)),
-      openLanes: views.reduce((n, v) => n + v.openLanes, 0),
-      attention: mergeByReason(views.map((v) => v.attention)).slice(0, 200),
-      attentionLeases: views.reduce((n, v) => n + v.attentionLeases, 0),
-      bytesByCompany: sumRecords(views.map((v) => v.bytesByCompany)),
-    };
+    return { ...sumCounts(views), attention: mergeByReason(views.map((v) => v.attention)).slice(0, 200) };
   }
 
   /** Resolves once this client's partition count is the deployment's (LayoutError if not, RedisUnavailableError without Redis). */
@@ -662,6 +650,16 @@ const REASON_ORDER: AttentionReason[] = ['stuck_stopping', 'operation_failed', '
 /** Attention lists of several partitions as one, in the order of reasons each keeps. */
 function mergeByReason(lists: AttentionItem[][]): AttentionItem[] {
   return REASON_ORDER.flatMap((reason) => lists.flatMap((items) => items.filter((item) => item.reason === reason)));
+}
+
+/** The partitions' overview counts as one: each a sum. */
+function sumCounts(views: Omit<QueueOverview, 'attention'>[]): Omit<QueueOverview, 'attention'> {
+  return {
+    counts: sumRecords(views.map((v) => v.counts)),
+    openLanes: views.reduce((n, v) => n + v.openLanes, 0),
+    attentionLeases: views.reduce((n, v) => n + v.attentionLeases, 0),
+    bytesByCompany: sumRecords(views.map((v) => v.bytesByCompany)),
+  };
 }
 
 function sumRecords<K extends string>(records: Record<K, number>[]): Record<K, number> {
