@@ -8,6 +8,7 @@ import { LeaseRecords } from '../src/queues/lease-records.ts';
 import { gate, lease, readUntil, TestBed } from './helpers/env.ts';
 import { findOrderViolations, findOverlaps, joinCalls } from './helpers/invariants.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
+import { RedisMonitor } from './helpers/monitor.ts';
 import { PermanentError } from '../src/providers/errors.ts';
 
 let bed: TestBed | undefined;
@@ -276,25 +277,26 @@ describe('the lane', () => {
     }
     // Every master sees its own commands (the cluster project has several).
     const nodes = bed.redis instanceof Cluster ? bed.redis.nodes('master') : [bed.redis];
-    const monitors = await Promise.all(nodes.map((node) => node.duplicate().monitor()));
     const reads: string[] = [];
     let seen = 0;
     const prefix = bed.config.LEASE_OPS_PREFIX;
-    for (const monitor of monitors) {
-      monitor.on('monitor', (_time: string, args: string[], source: string) => {
-        if (source === 'lua' || !args.some((arg) => arg.startsWith(prefix))) return;
-        seen++;
-        const command = args[0]!.toLowerCase();
-        if (command === 'hget' && args[2] === 'lo:cancel') reads.push('cancel mark');
-        else if (['hget', 'hgetall', 'hmget'].includes(command) && args[1]!.startsWith(`${prefix}:lease:`)) reads.push(`record (${command})`);
-      });
-    }
+    const monitors = await Promise.all(
+      nodes.map((node) =>
+        RedisMonitor.start(node.options.host!, node.options.port!, ({ args, source }) => {
+          if (source === 'lua' || !args.some((arg) => arg.startsWith(prefix))) return;
+          seen++;
+          const command = args[0]!.toLowerCase();
+          if (command === 'hget' && args[2] === 'lo:cancel') reads.push('cancel mark');
+          else if (['hget', 'hgetall', 'hmget'].includes(command) && args[1]!.startsWith(`${prefix}:lease:`)) reads.push(`record (${command})`);
+        }),
+      ),
+    );
     try {
       await bed.ops.queue.resume();
       const ended = await bed.waitForAll(ids);
       expect([...ended.values()].every((state) => state === 'completed')).toBe(true);
     } finally {
-      for (const monitor of monitors) monitor.disconnect();
+      for (const monitor of monitors) monitor.close();
     }
     // The monitors saw the run (each operation's release and completion at least).
     expect(seen).toBeGreaterThan(2 * ids.length);
