@@ -20,14 +20,30 @@ import { WorkerProcess } from './helpers/worker-process.ts';
 const PROVIDER = fileURLToPath(new URL('./helpers/recording-provider.ts', import.meta.url));
 const BIN = fileURLToPath(new URL('../bin/lease-ops.js', import.meta.url));
 
-let bed: TestBed | undefined;
-let dir: string | undefined;
-afterEach(async () => {
-  await bed?.close();
-  if (dir) rmSync(dir, { recursive: true, force: true });
-  bed = undefined;
-  dir = undefined;
-});
+// The tests of the first two blocks run at once (most of their time is spent waiting on a
+// process, a lock period or an outage): each closes what it opened when it ends.
+type Finished = (close: () => void | Promise<void>) => void;
+
+/** A test bed, closed when the test ends (if the test did not close it first). */
+async function bedFor(finished: Finished, overrides?: Record<string, string>): Promise<TestBed> {
+  const bed = await TestBed.create(overrides);
+  finished(() => bed.close());
+  return bed;
+}
+
+/** A temporary directory, removed when the test ends. */
+function dirFor(finished: Finished, name: string): string {
+  const dir = mkdtempSync(join(tmpdir(), name));
+  finished(() => rmSync(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+/** A redis-server of the test's own, stopped when the test ends. */
+async function serverFor(finished: Finished): Promise<RedisProcess> {
+  const server = await RedisProcess.start();
+  finished(() => server.stop());
+  return server;
+}
 
 /** The exit code of a worker that was sent SIGTERM, or 'late' (and then it is killed). */
 async function exitCodeWithin(worker: WorkerProcess, ms: number): Promise<number | null | 'late'> {
@@ -76,10 +92,10 @@ function firstCallIn(dir: string, callFile: string): Promise<void> {
   });
 }
 
-describe('the worker process', () => {
-  it('on SIGTERM finishes the operation in flight, then exits 0', async () => {
-    bed = await TestBed.create();
-    dir = mkdtempSync(join(tmpdir(), 'lease-ops-term-'));
+describe.concurrent('the worker process', () => {
+  it('on SIGTERM finishes the operation in flight, then exits 0', async ({ onTestFinished }) => {
+    const bed = await bedFor(onTestFinished);
+    const dir = dirFor(onTestFinished, 'lease-ops-term-');
     const callFile = join(dir, 'calls.jsonl');
     const worker = new WorkerProcess({
       REDIS_URL: bed.config.REDIS_URL,
@@ -105,12 +121,12 @@ describe('the worker process', () => {
     expect(BigInt(calls[0]!.end!)).toBeGreaterThan(termAt);
   });
 
-  it.each([
+  it.for([
     ['SIGTERM', 143],
     ['SIGINT', 130],
-  ] as const)('a second %s exits at once, with that signal\'s own code (%i), while an operation still runs', async (signal, code) => {
-    bed = await TestBed.create();
-    dir = mkdtempSync(join(tmpdir(), 'lease-ops-twice-'));
+  ] as const)('a second %s exits at once, with that signal\'s own code (%i), while an operation still runs', async ([signal, code], { onTestFinished }) => {
+    const bed = await bedFor(onTestFinished);
+    const dir = dirFor(onTestFinished, 'lease-ops-twice-');
     const callFile = join(dir, 'calls.jsonl');
     const worker = new WorkerProcess({
       ...workerEnv(bed, { LEASE_OPS_PROVIDERS: PROVIDER, RECORDING_FILE: callFile, RECORDING_MIN_MS: '60000', RECORDING_MAX_MS: '60000' }),
@@ -129,25 +145,21 @@ describe('the worker process', () => {
   });
 
   // The simulated provider's embedded cloud also releases its claim in Redis on the way out.
-  it.each([
+  it.for([
     ['a test provider', { LEASE_OPS_PROVIDERS: PROVIDER }],
     ['the default embedded simulated cloud', { LEASE_OPS_PROVIDERS: 'simulated' }],
-  ])('on SIGTERM with its Redis gone, stops at once instead of waiting for Redis (%s)', async (_name, providers) => {
+  ] as const)('on SIGTERM with its Redis gone, stops at once instead of waiting for Redis (%s)', async ([, providers], { onTestFinished }) => {
     // BullMQ's graceful close waits for its blocking connection to end, which a connection
     // reconnecting to a Redis that is gone never does: the worker used to run on until killed.
-    const server = await RedisProcess.start();
-    dir = mkdtempSync(join(tmpdir(), 'lease-ops-gone-'));
-    try {
-      const worker = new WorkerProcess({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-gone}', RECORDING_FILE: join(dir, 'calls.jsonl'), ...providers });
-      await worker.ready;
-      await server.crash();
-      await worker.waitForLog('Redis does not answer');
-      expect(await worker.terminate(10_000)).toBe(0);
-      expect(worker.logs.some((l) => l.includes('"msg":"stopping gracefully"'))).toBe(true);
-      expect(worker.logs.some((l) => l.includes('closing without waiting for running jobs'))).toBe(true);
-    } finally {
-      await server.stop();
-    }
+    const server = await serverFor(onTestFinished);
+    const dir = dirFor(onTestFinished, 'lease-ops-gone-');
+    const worker = new WorkerProcess({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-gone}', RECORDING_FILE: join(dir, 'calls.jsonl'), ...providers });
+    await worker.ready;
+    await server.crash();
+    await worker.waitForLog('Redis does not answer');
+    expect(await worker.terminate(10_000)).toBe(0);
+    expect(worker.logs.some((l) => l.includes('"msg":"stopping gracefully"'))).toBe(true);
+    expect(worker.logs.some((l) => l.includes('closing without waiting for running jobs'))).toBe(true);
   });
 
   it('refuses a bad environment with a message naming the variable', async () => {
@@ -157,7 +169,7 @@ describe('the worker process', () => {
     await expect(run).rejects.toMatchObject({ code: 2, stderr: expect.stringMatching(/LEASE_OPS_CONCURRENCY="lots"/) });
   });
 
-  it('`start --once` plays a full lease lifecycle over the HTTP API on the embedded simulated cloud', async () => {
+  it('`start --once` plays a full lease lifecycle over the HTTP API on the embedded simulated cloud', async ({ onTestFinished }) => {
     const prefix = `{lo-test-start-${process.pid}}`;
     const { stdout } = await promisify(execFile)(process.execPath, [BIN, 'start', '--once'], {
       env: { ...process.env, REDIS_URL, LEASE_OPS_PREFIX: prefix, LEASE_OPS_API_PORT: '0' },
@@ -168,40 +180,43 @@ describe('the worker process', () => {
       expect(lines.some((l) => new RegExp(`POST ${op}\\s+-> completed`).test(l))).toBe(true);
     }
     expect(stdout).toMatch(/lifecycle done/);
-    bed = await TestBed.create({ LEASE_OPS_PREFIX: prefix });
+    // Its keys are removed with the bed's.
+    await bedFor(onTestFinished, { LEASE_OPS_PREFIX: prefix });
   });
 });
 
-describe('a graceful close while Redis fails', () => {
-  let server: RedisProcess | undefined;
-  let proxy: TcpProxy | undefined;
-  let worker: WorkerProcess | undefined;
-  afterEach(async () => {
-    worker?.child.kill('SIGCONT');
-    await worker?.kill();
-    await bed?.close();
-    bed = undefined;
-    proxy?.close();
-    await server?.stop();
-    server = proxy = worker = undefined;
-  });
+describe.concurrent('a graceful close while Redis fails', () => {
+  interface Setting {
+    b: TestBed;
+    w: WorkerProcess;
+    server: RedisProcess;
+    dir: string;
+    callFile: string;
+    /** Between the worker and its Redis, when asked for: each of its connections can be cut alone. */
+    proxy?: TcpProxy;
+  }
 
-  /** Its own redis-server, a bed on it, and a worker (through `via`, if given) with the recording provider. */
-  async function setUp(env: Record<string, string>, via?: (redisPort: number) => Promise<string>): Promise<{ b: TestBed; w: WorkerProcess; callFile: string }> {
-    server = await RedisProcess.start();
+  /** Its own redis-server, a bed on it, and a worker (through a proxy, if asked) with the recording provider; all closed when the test ends. */
+  async function setUp(finished: Finished, env: Record<string, string>, through: 'proxy' | 'direct' = 'direct'): Promise<Setting> {
+    const server = await serverFor(finished);
     const prefix = '{lo-close-fails}';
-    const b = (bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_PREFIX: prefix }));
-    dir = mkdtempSync(join(tmpdir(), 'lease-ops-close-fails-'));
+    const b = await bedFor(finished, { REDIS_URL: server.url, LEASE_OPS_PREFIX: prefix });
+    const dir = dirFor(finished, 'lease-ops-close-fails-');
     const callFile = join(dir, 'calls.jsonl');
-    const url = via ? await via(server.port) : server.url;
-    worker = new WorkerProcess({ REDIS_URL: url, LEASE_OPS_PREFIX: prefix, LEASE_OPS_PROVIDERS: PROVIDER, RECORDING_FILE: callFile, ...env });
-    await worker.ready;
-    return { b, w: worker, callFile };
+    const proxy = through === 'proxy' ? await TcpProxy.start(server.port) : undefined;
+    if (proxy) finished(() => proxy.close());
+    const w = new WorkerProcess({ REDIS_URL: proxy ? proxy.url : server.url, LEASE_OPS_PREFIX: prefix, LEASE_OPS_PROVIDERS: PROVIDER, RECORDING_FILE: callFile, ...env });
+    finished(async () => {
+      w.child.kill('SIGCONT');
+      await w.kill();
+    });
+    await w.ready;
+    return { b, w, server, dir, callFile, proxy };
   }
 
   /** Enqueues a stop and sends SIGTERM once its provider call has begun. */
-  async function termDuringCall(b: TestBed, w: WorkerProcess, callFile: string): Promise<string> {
-    const callStarted = firstCallIn(dir!, callFile);
+  async function termDuringCall({ b, w, dir, callFile }: Setting): Promise<string> {
+    const callStarted = firstCallIn(dir, callFile);
     const { jobId } = await b.ops.enqueue({ op: 'stop', lease: lease('c'), params: { providerLeaseId: 'c' } });
     await callStarted;
     w.child.kill('SIGTERM');
@@ -209,30 +224,31 @@ describe('a graceful close while Redis fails', () => {
     return jobId;
   }
 
-  it('Redis dying during the wait for a running operation: the call ends, and the worker exits a lock period after Redis last answered', async () => {
+  it('Redis dying during the wait for a running operation: the call ends, and the worker exits a lock period after Redis last answered', async ({ onTestFinished }) => {
     // It used to wait for Redis for ever: the operation's end can never be written.
-    const { b, w, callFile } = await setUp({ LEASE_OPS_LOCK_MS: '5000', RECORDING_MIN_MS: '4000', RECORDING_MAX_MS: '4000' });
-    await termDuringCall(b, w, callFile);
+    const setting = await setUp(onTestFinished, { LEASE_OPS_LOCK_MS: '5000', RECORDING_MIN_MS: '4000', RECORDING_MAX_MS: '4000' });
+    const { b, w, callFile, server } = setting;
+    await termDuringCall(setting);
     await b.close();
-    bed = undefined;
-    await server!.crash();
+    await server.crash();
     expect(await exitCodeWithin(w, 15_000)).toBe(0);
     // The call in flight ran to its end; the process did not cut it.
     expect(readCallFile(callFile)[0]?.end).toBeDefined();
     expect(w.logs.some((l) => l.includes('stayed away for a lock period'))).toBe(true);
   });
 
-  it('Redis away for less than a lock period: the worker waits it out, and the operation completes once, with no stall', async () => {
+  it('Redis away for less than a lock period: the worker waits it out, and the operation completes once, with no stall', async ({ onTestFinished }) => {
     // A first fix gave up after one unanswered ping (2 s): the end was lost, and the
     // operation waited for its lock to lapse, ran again and counted a stall.
-    const { b, w, callFile } = await setUp({ LEASE_OPS_LOCK_MS: '10000', RECORDING_MIN_MS: '1500', RECORDING_MAX_MS: '1500' });
-    const jobId = await termDuringCall(b, w, callFile);
+    const setting = await setUp(onTestFinished, { LEASE_OPS_LOCK_MS: '10000', RECORDING_MIN_MS: '1500', RECORDING_MAX_MS: '1500' });
+    const { b, w, callFile, server } = setting;
+    const jobId = await termDuringCall(setting);
     // Away once the close has begun to wait (Redis answered it): before that, a close that
     // finds Redis silent does not wait at all, which another test covers.
     await w.waitForLog('closing: waiting for the running operations to end');
-    server!.pause();
+    server.pause();
     await new Promise((r) => setTimeout(r, 3_500)); // the outage itself
-    server!.resume();
+    server.resume();
     expect(await exitCodeWithin(w, 15_000)).toBe(0);
     expect((await b.waitForAll([jobId], 5_000)).get(jobId)).toBe('completed');
     expect((await b.ops.queue.getJob(jobId))?.stalledCounter).toBe(0);
@@ -240,62 +256,59 @@ describe('a graceful close while Redis fails', () => {
     expect(w.logs.some((l) => l.includes('Redis went away'))).toBe(false);
   });
 
-  it('Redis dying just as the close wakes idle workers: the wake-up is bounded, and the worker exits', async () => {
-    const { w } = await setUp({ LEASE_OPS_FAULT_POINTS: 'close-wake-up=pause*1' });
+  it('Redis dying just as the close wakes idle workers: the wake-up is bounded, and the worker exits', async ({ onTestFinished }) => {
+    const { b, w, server } = await setUp(onTestFinished, { LEASE_OPS_FAULT_POINTS: 'close-wake-up=pause*1' });
     w.child.kill('SIGTERM');
     await w.waitForLog('fault point close-wake-up: pause');
-    await bed!.close();
-    bed = undefined;
-    await server!.crash();
+    await b.close();
+    await server.crash();
     w.child.kill('SIGCONT');
     expect(await exitCodeWithin(w, 10_000)).toBe(0);
   });
 
-  it('BullMQ\'s blocking connections cut and unable to reconnect while Redis answers the others: the worker exits once no job runs', async () => {
-    const { b, w } = await setUp({ RECORDING_MAX_MS: '0' }, async (port) => {
-      proxy = await TcpProxy.start(port);
-      return proxy.url;
-    });
-    await readUntil(async () => proxy!.count(/BZPOPMIN/i) >= 2, 10_000, 'the workers waiting for work');
+  it('BullMQ\'s blocking connections cut and unable to reconnect while Redis answers the others: the worker exits once no job runs', async ({ onTestFinished }) => {
+    const { b, w, proxy } = await setUp(onTestFinished, { RECORDING_MAX_MS: '0' }, 'proxy');
+    if (!proxy) throw new Error('no proxy');
+    await readUntil(async () => proxy.count(/BZPOPMIN/i) >= 2, 20_000, 'the workers waiting for work');
     const { jobId } = await b.ops.enqueue({ op: 'stop', lease: lease('p'), params: { providerLeaseId: 'p' } });
     expect((await b.waitForAll([jobId])).get(jobId)).toBe('completed');
-    proxy!.cutAndRefuseNew(/BZPOPMIN/i);
+    proxy.cutAndRefuseNew(/BZPOPMIN/i);
     w.child.kill('SIGTERM');
     expect(await exitCodeWithin(w, 15_000)).toBe(0);
     expect(w.logs.some((l) => l.includes('closing without it'))).toBe(true);
   });
 
-  /** Through a proxy: the worker's own connection for its jobs (their ends, their locks) can be cut alone. */
-  const viaProxy = async (port: number) => {
-    proxy = await TcpProxy.start(port);
-    return proxy.url;
-  };
   const JOBS_CONNECTION = /lease-ops-worker-jobs/;
 
-  it('the jobs\' connection cut for less than a lock period while the others answer: the worker waits for it, and the operation completes once', async () => {
+  it('the jobs\' connection cut for less than a lock period while the others answer: the worker waits for it, and the operation completes once', async ({ onTestFinished }) => {
     // A first fix took this for BullMQ's close stuck once no job ran for 5 s: it exited with
-    // the completed job's end still queued on that connection, and the job ran again.
-    const { b, w, callFile } = await setUp({ LEASE_OPS_LOCK_MS: '20000', RECORDING_MIN_MS: '1000', RECORDING_MAX_MS: '1000' }, viaProxy);
-    const jobId = await termDuringCall(b, w, callFile);
-    proxy!.cutAndRefuseNew(JOBS_CONNECTION);
+    // the completed job's end still queued on that connection, and the job ran again. The
+    // lock period is 40 s, the outage 12 s: room for a slow start on a busy machine (with 20 s,
+    // a setup slowed by a busy machine let the lock lapse during the outage: a stall).
+    const setting = await setUp(onTestFinished, { LEASE_OPS_LOCK_MS: '40000', RECORDING_MIN_MS: '1000', RECORDING_MAX_MS: '1000' }, 'proxy');
+    const { b, w, callFile, proxy } = setting;
+    if (!proxy) throw new Error('no proxy');
+    const jobId = await termDuringCall(setting);
+    proxy.cutAndRefuseNew(JOBS_CONNECTION);
     await new Promise((r) => setTimeout(r, 12_000)); // the outage itself
-    await proxy!.acceptAgain();
+    await proxy.acceptAgain();
     expect(await exitCodeWithin(w, 20_000)).toBe(0);
     expect((await b.waitForAll([jobId], 5_000)).get(jobId)).toBe('completed');
     expect((await b.ops.queue.getJob(jobId))?.stalledCounter).toBe(0);
     expect(readCallFile(callFile).filter((c) => c.end)).toHaveLength(1);
   });
 
-  it('the jobs\' connection cut for good while the others answer, an operation failing meanwhile: the worker exits a lock period later', async () => {
+  it('the jobs\' connection cut for good while the others answer, an operation failing meanwhile: the worker exits a lock period later', async ({ onTestFinished }) => {
     // Its failure waits to be written on that connection; the worker used to wait for ever.
-    const { b, w, callFile } = await setUp({ LEASE_OPS_LOCK_MS: '5000', RECORDING_MIN_MS: '3000', RECORDING_MAX_MS: '3000', RECORDING_SETTLE_FIRST: 'stop' }, viaProxy);
-    const callStarted = firstCallIn(dir!, callFile);
+    const { b, w, dir, callFile, proxy } = await setUp(onTestFinished, { LEASE_OPS_LOCK_MS: '5000', RECORDING_MIN_MS: '3000', RECORDING_MAX_MS: '3000', RECORDING_SETTLE_FIRST: 'stop' }, 'proxy');
+    if (!proxy) throw new Error('no proxy');
+    const callStarted = firstCallIn(dir, callFile);
     // Its deadline passes during its only attempt, which meets a settling sandbox: it fails for good.
     await b.ops.enqueue({ op: 'stop', lease: lease('f'), params: { providerLeaseId: 'f' }, deadlineMs: 2_000 });
     await callStarted;
     w.child.kill('SIGTERM');
     await w.waitForLog('"msg":"stopping gracefully"');
-    proxy!.cutAndRefuseNew(JOBS_CONNECTION);
+    proxy.cutAndRefuseNew(JOBS_CONNECTION);
     expect(await exitCodeWithin(w, 20_000)).toBe(0);
     expect(readCallFile(callFile)[0]?.end).toBeDefined();
     expect(w.logs.some((l) => l.includes('stayed away for a lock period'))).toBe(true);
@@ -303,6 +316,7 @@ describe('a graceful close while Redis fails', () => {
 });
 
 describe('LeaseWorker.close() in a process that lives on (lease-ops as a library)', () => {
+  let bed: TestBed | undefined;
   let server: RedisProcess | undefined;
   afterEach(async () => {
     server?.resume();

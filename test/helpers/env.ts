@@ -123,7 +123,14 @@ export class TestBed {
     return scanKeys(this.redis, `${this.config.LEASE_OPS_PREFIX}:lane*`);
   }
 
-  async close(): Promise<void> {
+  private closing: Promise<void> | undefined;
+
+  /** Closes it once: a second call waits for the first. */
+  close(): Promise<void> {
+    return (this.closing ??= this.closeOnce());
+  }
+
+  private async closeOnce(): Promise<void> {
     await Promise.all(this.workers.map((w) => w.close()));
     await this.events.close();
     await this.ops.close();
