@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createInterface } from 'node:readline';
 import { Redis } from 'ioredis';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { unknownSettings } from '../src/config.ts';
 import { loadProviders } from '../src/providers/registry.ts';
 import { freePort, redisAnswers } from '../src/redis-server.ts';
@@ -21,11 +21,14 @@ import { TestBed, workerEnv } from './helpers/env.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
 
-let cleanup: (() => Promise<void>)[] = [];
-afterEach(async () => {
-  for (const c of cleanup) await c();
-  cleanup = [];
-});
+/** What a test opened, closed in order when it ends: the tests below run at once. */
+function cleanupFor(finished: (close: () => Promise<void>) => void): (() => Promise<void>)[] {
+  const cleanup: (() => Promise<void>)[] = [];
+  finished(async () => {
+    for (const c of cleanup) await c();
+  });
+  return cleanup;
+}
 
 // The children's temporary directory is this file's own: other test files, run alongside,
 // start private Redis servers too, and their directories are not these tests' to count.
@@ -33,7 +36,8 @@ const OWN_TMP = mkdtempSync(join(tmpdir(), 'nothing-silent-'));
 const privateDirs = () => readdirSync(OWN_TMP).filter((name) => name.startsWith('lease-ops-redis-'));
 
 describe('nothing left behind', () => {
-  it('`start` on a taken port names the port and the variable, exits 2, and leaves no redis-server or directory behind', { timeout: 60_000 }, async () => {
+  it('`start` on a taken port names the port and the variable, exits 2, and leaves no redis-server or directory behind', { timeout: 60_000 }, async ({ onTestFinished }) => {
+    const cleanup = cleanupFor(onTestFinished);
     const taken = createServer();
     taken.listen(0, '127.0.0.1');
     await once(taken, 'listening');
@@ -72,7 +76,8 @@ describe('nothing left behind', () => {
     expect(privateDirs().filter((d) => !dirsBefore.includes(d))).toEqual([]);
   });
 
-  it('`start` with a Redis that refuses the credentials says so and exits 2 instead of running elsewhere', { timeout: 30_000 }, async () => {
+  it('`start` with a Redis that refuses the credentials says so and exits 2 instead of running elsewhere', { timeout: 30_000 }, async ({ onTestFinished }) => {
+    const cleanup = cleanupFor(onTestFinished);
     const redis = await RedisProcess.start(['--requirepass', 'the-password']);
     cleanup.push(() => redis.stop());
     const r = await cli(['start', '--once'], { REDIS_URL: `redis://:not-the-password@127.0.0.1:${redis.port}`, LEASE_OPS_API_PORT: '0' });
@@ -83,95 +88,99 @@ describe('nothing left behind', () => {
   });
 });
 
-describe('nothing silent', () => {
-  it('a second worker that would run its own simulated cloud on the same queue is refused, and told how to share one', { timeout: 60_000 }, async () => {
-    const bed = await TestBed.create();
-    cleanup.push(() => bed.close());
-    const env = workerEnv(bed, { LEASE_OPS_PROVIDERS: 'simulated' });
-    const first = new WorkerProcess(env);
-    await first.ready;
-    const second = await cli(['worker'], env);
-    expect(second.code).toBe(2);
-    expect(second.stderr).toMatch(/runs the embedded simulated cloud of this queue/);
-    expect(second.stderr).toMatch(/LEASE_OPS_SIMULATED_URL/);
-    // Once the first stops, its claim goes with it: another may take its place.
-    await first.terminate();
-    const third = new WorkerProcess(env);
-    await third.ready;
-    await third.terminate();
-  });
-
-  it('a misspelt LEASE_OPS_ variable gets a warning naming the closest setting', async () => {
-    expect(unknownSettings({ LEASE_OPS_CONCURENCY: '5', LEASE_OPS_PREFIX: '{x}', REDIS_URL: 'redis://h' })).toEqual([{ name: 'LEASE_OPS_CONCURENCY', closest: 'LEASE_OPS_CONCURRENCY' }]);
-    const child = spawn(process.execPath, [BIN, 'worker'], {
-      env: { ...process.env, REDIS_URL: `redis://127.0.0.1:${await freePort()}`, LEASE_OPS_MAX_QUEUD: '10' },
-      stdio: ['ignore', 'pipe', 'pipe'],
+describe.concurrent('run at once', () => {
+  describe('nothing silent', () => {
+    it('a second worker that would run its own simulated cloud on the same queue is refused, and told how to share one', { timeout: 60_000 }, async ({ onTestFinished }) => {
+      const cleanup = cleanupFor(onTestFinished);
+      const bed = await TestBed.create();
+      cleanup.push(() => bed.close());
+      const env = workerEnv(bed, { LEASE_OPS_PROVIDERS: 'simulated' });
+      const first = new WorkerProcess(env);
+      await first.ready;
+      const second = await cli(['worker'], env);
+      expect(second.code).toBe(2);
+      expect(second.stderr).toMatch(/runs the embedded simulated cloud of this queue/);
+      expect(second.stderr).toMatch(/LEASE_OPS_SIMULATED_URL/);
+      // Once the first stops, its claim goes with it: another may take its place.
+      await first.terminate();
+      const third = new WorkerProcess(env);
+      await third.ready;
+      await third.terminate();
     });
-    const line = await new Promise<string>((resolve) => createInterface({ input: child.stdout }).on('line', (l) => l.includes('LEASE_OPS_MAX_QUEUD') && resolve(l)));
-    child.kill('SIGKILL');
-    await once(child, 'exit');
-    expect(JSON.parse(line)).toMatchObject({ level: 40, variable: 'LEASE_OPS_MAX_QUEUD', closest: 'LEASE_OPS_MAX_QUEUED' });
-  });
 
-  it('a providers file replaces the default list; LEASE_OPS_PROVIDERS set as well adds to it', async () => {
-    const file = join(tmpdir(), `lease-ops-providers-${process.pid}.json`);
-    writeFileSync(file, JSON.stringify([{ type: 'module', path: fileURLToPath(new URL('../examples/memory-provider.ts', import.meta.url)) }]));
-    const alone = await loadProviders('simulated', { LEASE_OPS_PROVIDERS_FILE: file });
-    expect(alone.names()).toEqual(['memory']);
-    await alone.close();
-    const both = await loadProviders('simulated', { LEASE_OPS_PROVIDERS_FILE: file, LEASE_OPS_PROVIDERS: 'simulated' });
-    expect(both.names().sort()).toEqual(['memory', 'simulated']);
-    await both.close();
-  });
-});
-
-describe('a provider that cannot be loaded', () => {
-  it('a missing module, a missing key or a bad providers file is one line naming it, exit 2, no stack', { timeout: 30_000 }, async () => {
-    const redis = { REDIS_URL: `redis://127.0.0.1:${await freePort()}` };
-    const file = join(tmpdir(), `lease-ops-providers-bad-${process.pid}.json`);
-    writeFileSync(file, '[{"type":"daytona"}]');
-    const cases: [Record<string, string>, RegExp][] = [
-      [{ LEASE_OPS_PROVIDERS: './no-such-provider.js' }, /^lease-ops: cannot load provider module \.\/no-such-provider\.js: /],
-      [{ LEASE_OPS_PROVIDERS: 'daytona', DAYTONA_API_KEY: '' }, /^lease-ops: .*needs DAYTONA_API_KEY \(or DAYTONA_API_KEY_FILE\) to be set/],
-      [{ LEASE_OPS_PROVIDERS_FILE: file }, /^lease-ops: LEASE_OPS_PROVIDERS_FILE=.*: /],
-    ];
-    for (const [env, message] of cases) {
-      const r = await cli(['worker'], { ...redis, ...env });
-      expect({ env, code: r.code }).toEqual({ env, code: 2 });
-      expect(r.stderr.trim().split('\n')).toHaveLength(1);
-      expect(r.stderr).toMatch(message);
-    }
-  });
-});
-
-describe('an interrupted bench', () => {
-  it('on SIGINT kills its workers, deletes every key it wrote and exits 130', { timeout: 120_000 }, async () => {
-    const redis = await RedisProcess.start();
-    cleanup.push(() => redis.stop());
-    // As `npm run bench` runs it, on a Redis of its own.
-    const child = spawn(process.execPath, ['--import', 'tsx', fileURLToPath(new URL('../src/cli.ts', import.meta.url)), 'bench', '--quick'], {
-      env: { ...process.env, REDIS_URL: redis.url },
-      stdio: ['ignore', 'pipe', 'pipe'],
+    it('a misspelt LEASE_OPS_ variable gets a warning naming the closest setting', async () => {
+      expect(unknownSettings({ LEASE_OPS_CONCURENCY: '5', LEASE_OPS_PREFIX: '{x}', REDIS_URL: 'redis://h' })).toEqual([{ name: 'LEASE_OPS_CONCURENCY', closest: 'LEASE_OPS_CONCURRENCY' }]);
+      const child = spawn(process.execPath, [BIN, 'worker'], {
+        env: { ...process.env, REDIS_URL: `redis://127.0.0.1:${await freePort()}`, LEASE_OPS_MAX_QUEUD: '10' },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      const line = await new Promise<string>((resolve) => createInterface({ input: child.stdout }).on('line', (l) => l.includes('LEASE_OPS_MAX_QUEUD') && resolve(l)));
+      child.kill('SIGKILL');
+      await once(child, 'exit');
+      expect(JSON.parse(line)).toMatchObject({ level: 40, variable: 'LEASE_OPS_MAX_QUEUD', closest: 'LEASE_OPS_MAX_QUEUED' });
     });
-    const exited = once(child, 'exit');
-    child.stdout.resume();
-    const errors: string[] = [];
-    // Interrupted while the lanes run (the bench reports its progress on stderr): their workers and keys are live.
-    await new Promise<void>((resolve) =>
-      createInterface({ input: child.stderr }).on('line', (line) => {
-        errors.push(line);
-        if (line.startsWith('(a) lanes')) resolve();
-      }),
-    );
-    const probe = new Redis(redis.url);
-    cleanup.push(async () => void probe.disconnect());
-    await new Promise<void>((resolve) => {
-      const check = async () => ((await probe.dbsize()) > 0 ? resolve() : setTimeout(() => void check(), 20));
-      void check();
+
+    it('a providers file replaces the default list; LEASE_OPS_PROVIDERS set as well adds to it', async () => {
+      const file = join(tmpdir(), `lease-ops-providers-${process.pid}.json`);
+      writeFileSync(file, JSON.stringify([{ type: 'module', path: fileURLToPath(new URL('../examples/memory-provider.ts', import.meta.url)) }]));
+      const alone = await loadProviders('simulated', { LEASE_OPS_PROVIDERS_FILE: file });
+      expect(alone.names()).toEqual(['memory']);
+      await alone.close();
+      const both = await loadProviders('simulated', { LEASE_OPS_PROVIDERS_FILE: file, LEASE_OPS_PROVIDERS: 'simulated' });
+      expect(both.names().sort()).toEqual(['memory', 'simulated']);
+      await both.close();
     });
-    child.kill('SIGINT');
-    const [code, signal] = await exited;
-    expect({ code, signal, errors: errors.slice(-3) }).toMatchObject({ code: 130, signal: null });
-    expect(await probe.keys('*')).toEqual([]);
+  });
+
+  describe('a provider that cannot be loaded', () => {
+    it('a missing module, a missing key or a bad providers file is one line naming it, exit 2, no stack', { timeout: 30_000 }, async () => {
+      const redis = { REDIS_URL: `redis://127.0.0.1:${await freePort()}` };
+      const file = join(tmpdir(), `lease-ops-providers-bad-${process.pid}.json`);
+      writeFileSync(file, '[{"type":"daytona"}]');
+      const cases: [Record<string, string>, RegExp][] = [
+        [{ LEASE_OPS_PROVIDERS: './no-such-provider.js' }, /^lease-ops: cannot load provider module \.\/no-such-provider\.js: /],
+        [{ LEASE_OPS_PROVIDERS: 'daytona', DAYTONA_API_KEY: '' }, /^lease-ops: .*needs DAYTONA_API_KEY \(or DAYTONA_API_KEY_FILE\) to be set/],
+        [{ LEASE_OPS_PROVIDERS_FILE: file }, /^lease-ops: LEASE_OPS_PROVIDERS_FILE=.*: /],
+      ];
+      for (const [env, message] of cases) {
+        const r = await cli(['worker'], { ...redis, ...env });
+        expect({ env, code: r.code }).toEqual({ env, code: 2 });
+        expect(r.stderr.trim().split('\n')).toHaveLength(1);
+        expect(r.stderr).toMatch(message);
+      }
+    });
+  });
+
+  describe('an interrupted bench', () => {
+    it('on SIGINT kills its workers, deletes every key it wrote and exits 130', { timeout: 120_000 }, async ({ onTestFinished }) => {
+      const cleanup = cleanupFor(onTestFinished);
+      const redis = await RedisProcess.start();
+      cleanup.push(() => redis.stop());
+      // As `npm run bench` runs it, on a Redis of its own.
+      const child = spawn(process.execPath, ['--import', 'tsx', fileURLToPath(new URL('../src/cli.ts', import.meta.url)), 'bench', '--quick'], {
+        env: { ...process.env, REDIS_URL: redis.url },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      const exited = once(child, 'exit');
+      child.stdout.resume();
+      const errors: string[] = [];
+      // Interrupted while the lanes run (the bench reports its progress on stderr): their workers and keys are live.
+      await new Promise<void>((resolve) =>
+        createInterface({ input: child.stderr }).on('line', (line) => {
+          errors.push(line);
+          if (line.startsWith('(a) lanes')) resolve();
+        }),
+      );
+      const probe = new Redis(redis.url);
+      cleanup.push(async () => void probe.disconnect());
+      await new Promise<void>((resolve) => {
+        const check = async () => ((await probe.dbsize()) > 0 ? resolve() : setTimeout(() => void check(), 20));
+        void check();
+      });
+      child.kill('SIGINT');
+      const [code, signal] = await exited;
+      expect({ code, signal, errors: errors.slice(-3) }).toMatchObject({ code: 130, signal: null });
+      expect(await probe.keys('*')).toEqual([]);
+    });
   });
 });
