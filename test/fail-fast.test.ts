@@ -13,7 +13,7 @@ import { LeaseOpsClient, RedisUnavailableError } from '../src/index.ts';
 import { createLogger } from '../src/logger.ts';
 import { freePort } from '../src/redis-server.ts';
 import { BIN, cli } from './helpers/cli.ts';
-import { lease, TestBed } from './helpers/env.ts';
+import { cleanupFor, lease, TestBed } from './helpers/env.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
 
 const TOKEN = 'fail-fast-token-0123456789';
@@ -21,15 +21,6 @@ const PASSWORD = 'fail-fast-pa55word';
 
 
 const closed = async () => `redis://:${PASSWORD}@127.0.0.1:${await freePort()}`;
-
-/** What a test opened, closed in order when it ends: the tests below run at once. */
-function cleanupFor(finished: (close: () => Promise<void>) => void): (() => Promise<void>)[] {
-  const cleanup: (() => Promise<void>)[] = [];
-  finished(async () => {
-    for (const c of cleanup) await c();
-  });
-  return cleanup;
-}
 
 describe.concurrent('run at once', () => {
   describe('Redis unreachable', () => {

@@ -17,18 +17,9 @@ import { unknownSettings } from '../src/config.ts';
 import { loadProviders } from '../src/providers/registry.ts';
 import { freePort, redisAnswers } from '../src/redis-server.ts';
 import { BIN, cli } from './helpers/cli.ts';
-import { TestBed, workerEnv } from './helpers/env.ts';
+import { cleanupFor, TestBed, workerEnv } from './helpers/env.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
-
-/** What a test opened, closed in order when it ends: the tests below run at once. */
-function cleanupFor(finished: (close: () => Promise<void>) => void): (() => Promise<void>)[] {
-  const cleanup: (() => Promise<void>)[] = [];
-  finished(async () => {
-    for (const c of cleanup) await c();
-  });
-  return cleanup;
-}
 
 // The children's temporary directory is this file's own: other test files, run alongside,
 // start private Redis servers too, and their directories are not these tests' to count.

@@ -234,3 +234,15 @@ export function scratchRedis(name: string): { prefix: string; redis: () => Redis
   });
   return { prefix, redis: () => redis!, closers };
 }
+
+/**
+ * What a test opened, to be closed in order when it ends (pass the test context's
+ * onTestFinished): tests that keep their own list can run at once.
+ */
+export function cleanupFor(finished: (close: () => Promise<void>) => void): (() => Promise<void>)[] {
+  const cleanup: (() => Promise<void>)[] = [];
+  finished(async () => {
+    for (const c of cleanup) await c();
+  });
+  return cleanup;
+}
