@@ -124,7 +124,8 @@ for (const [name, make] of Object.entries(SUBJECTS)) {
   });
 }
 
-describe('acquire never leaks a sandbox when its worker is killed right after the create left', () => {
+// Each test has its own cloud fake, bed and worker processes: they run at once.
+describe.concurrent('acquire never leaks a sandbox when its worker is killed right after the create left', () => {
   for (const [name, make] of Object.entries(SUBJECTS)) {
     it(`${name}: killed twice (past LEASE_OPS_MAX_STALLED), the acquire fails stalled_too_often and its sandbox is destroyed`, { timeout: 60_000 }, async () => {
       const s = await make();
