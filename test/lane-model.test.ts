@@ -63,10 +63,9 @@ interface Real {
   fenceCheck: LuaCommand;
   attempts: Attempt[];
   locks: number;
+  /** How admissions went, over all runs of one seed: the test checks it explored. */
+  admissions: Record<string, number>;
 }
-
-/** How admissions went, over all runs: the test checks it explored. */
-const admissions: Record<string, number> = {};
 
 const laneOf = (model: Model, jobId: string) => model.ops.find((o) => o.jobId === jobId);
 const live = (o: ModelOp) => !o.removed && o.ended === null && o.released === null && !o.retried;
@@ -138,7 +137,7 @@ class Admit extends Step {
     const op = laneOf(model, a.job.id!)!;
     const handed = a.job.attemptsStarted === 1 && a.job.attemptsMade === 0 && typeof (a.job.progress as { fence?: unknown })?.fence === 'string';
     const r = handed ? { kind: 'run' as const, token: (a.job.progress as { fence: string }).fence } : await real.bed.ops.lanes.acquire(a.job.id!.slice(0, 22), a.job.id!, a.lock);
-    admissions[r.kind] = (admissions[r.kind] ?? 0) + 1;
+    real.admissions[r.kind] = (real.admissions[r.kind] ?? 0) + 1;
     const holdsLock = (await real.redis.get(`${real.bed.ops.queue.toKey(a.job.id!)}:lock`)) === a.lock;
     if (r.kind === 'stale') {
       if (holdsLock) model.violations.push(`${op.jobId}'s start was refused as stale while it held the job's lock`);
@@ -524,8 +523,9 @@ describe('the lane against a reference model (fast-check commands, fixed seed, r
         { seed: 20261130, numRuns: 150 },
         { seed: 1, numRuns: 300 },
       ];
-  it.each(seeds)('agrees with the model after every step, and every operation ends once with the outcome its attempt decided (seed $seed, $numRuns runs)', async ({ seed, numRuns }) => {
-    for (const kind of Object.keys(admissions)) delete admissions[kind];
+  // The seeds run at once (each run has its own bed, prefix and worker).
+  it.concurrent.each(seeds)('agrees with the model after every step, and every operation ends once with the outcome its attempt decided (seed $seed, $numRuns runs)', async ({ seed, numRuns }) => {
+    const admissions: Record<string, number> = {};
     await fc.assert(
       fc.asyncProperty(commands, async (cmds) => {
         const bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '3600' });
@@ -538,7 +538,7 @@ describe('the lane against a reference model (fast-check commands, fixed seed, r
           lockDuration: 600_000,
           settings: { backoffStrategy: (_n, type, err) => (type === BACKOFF_TYPE && err instanceof RetryLaterError ? err.delayMs : -1) },
         });
-        const real: Real = { bed, worker, redis, fenceCheck: luaCommand(redis, 'fence-check', 2), attempts: [], locks: 0 };
+        const real: Real = { bed, worker, redis, fenceCheck: luaCommand(redis, 'fence-check', 2), attempts: [], locks: 0, admissions };
         const model: Model = { ops: [], seq: 0, violations: [] };
         try {
           await fc.asyncModelRun(() => ({ model, real }), cmds);
