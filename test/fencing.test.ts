@@ -1,13 +1,11 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { laneIdOfJobId } from '../src/lease.ts';
 import { createLogger } from '../src/logger.ts';
 import { Attempt, Fencing, StaleAttemptError } from '../src/queues/fencing.ts';
 import { createRedis } from '../src/queues/redis.ts';
-import { lease, QUICK_RECOVERY, readUntil, REDIS_URL, TestBed, workerEnv } from './helpers/env.ts';
+import { bedFor, dirFor, type Finished, lease, QUICK_RECOVERY, readUntil, REDIS_URL, workerEnv } from './helpers/env.ts';
 import { readCallFile } from './helpers/invariants.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
 import { waitForCall } from './helpers/watch-file.ts';
@@ -15,21 +13,20 @@ import { killAll, WorkerProcess } from './helpers/worker-process.ts';
 
 const PROVIDER = fileURLToPath(new URL('./helpers/recording-provider.ts', import.meta.url));
 
-let bed: TestBed | undefined;
-let dir: string | undefined;
-const workers: WorkerProcess[] = [];
-afterEach(async () => {
-  await killAll(workers);
-  await bed?.close();
-  if (dir) rmSync(dir, { recursive: true, force: true });
-  bed = undefined;
-  dir = undefined;
-});
+/** Worker processes of one test, killed when it ends. */
+function workersFor(finished: Finished): WorkerProcess[] {
+  const workers: WorkerProcess[] = [];
+  finished(() => killAll(workers));
+  return workers;
+}
 
-describe('fencing', () => {
-  it('a stale attempt (its worker paused past its lock) makes no provider call after its successor starts', { timeout: 60_000 }, async () => {
-    bed = await TestBed.create();
-    dir = mkdtempSync(join(tmpdir(), 'lease-ops-fence-'));
+// Each test has its own bed, directory and worker processes: they run at once (most of their
+// time is spent waiting on a lock to lapse or a deadline to pass).
+describe.concurrent('fencing', () => {
+  it('a stale attempt (its worker paused past its lock) makes no provider call after its successor starts', { timeout: 60_000 }, async ({ onTestFinished }) => {
+    const bed = await bedFor(onTestFinished);
+    const dir = dirFor(onTestFinished, 'lease-ops-fence-');
+    const workers = workersFor(onTestFinished);
     const callFile = join(dir, 'calls.jsonl');
     const env = workerEnv(bed, {
       LEASE_OPS_PROVIDERS: PROVIDER,
@@ -72,9 +69,10 @@ describe('fencing', () => {
   // when the first woke, the lane gave it a fresh token anyway, which made the running attempt
   // stale: its result was discarded by the lane while BullMQ completed the job, and the lease's
   // next operation waited for the sweep. The lane must ask whose BullMQ lock it is.
-  it('a start whose worker froze before its lane step, after another worker took the job, gets no token: the running attempt keeps its lane and releases it, and the next operation follows at once', { timeout: 60_000 }, async () => {
-    bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '3600' });
-    dir = mkdtempSync(join(tmpdir(), 'lease-ops-stale-start-'));
+  it('a start whose worker froze before its lane step, after another worker took the job, gets no token: the running attempt keeps its lane and releases it, and the next operation follows at once', { timeout: 60_000 }, async ({ onTestFinished }) => {
+    const bed = await bedFor(onTestFinished, { LEASE_OPS_KEEP_COMPLETED_S: '3600' });
+    const dir = dirFor(onTestFinished, 'lease-ops-stale-start-');
+    const workers = workersFor(onTestFinished);
     const callFile = join(dir, 'calls.jsonl');
     // The sweep is kept out of it: it would repair a lane left behind, and hide the fault.
     const env = workerEnv(bed, { ...QUICK_RECOVERY, LEASE_OPS_SWEEP_STALE_MS: '120000', LEASE_OPS_PROVIDERS: PROVIDER, RECORDING_FILE: callFile });
@@ -115,9 +113,11 @@ describe('fencing', () => {
   // Found by the attack on the change above: an attempt told to park froze before it parked;
   // a successor ran the job to its end, and the frozen one woke past the job's deadline and
   // dropped it from its lane as expired, writing a false "failed" on the lease's timeline.
-  it('an attempt that froze between its park answer and its park, past the job\'s deadline, drops nothing: a successor ran the job', { timeout: 60_000 }, async () => {
-    bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '3600' });
-    dir = mkdtempSync(join(tmpdir(), 'lease-ops-stale-park-'));
+  // Alone, after the two above: its successor must start and run both jobs within a deadline.
+  it.sequential('an attempt that froze between its park answer and its park, past the job\'s deadline, drops nothing: a successor ran the job', { timeout: 60_000 }, async ({ onTestFinished }) => {
+    const bed = await bedFor(onTestFinished, { LEASE_OPS_KEEP_COMPLETED_S: '3600' });
+    const dir = dirFor(onTestFinished, 'lease-ops-stale-park-');
+    const workers = workersFor(onTestFinished);
     const callFile = join(dir, 'calls.jsonl');
     const env = workerEnv(bed, { ...QUICK_RECOVERY, LEASE_OPS_PROVIDERS: PROVIDER, RECORDING_FILE: callFile });
     // The first worker's calls take 1 s, so the next operation, promoted by hand, parks.
@@ -141,7 +141,7 @@ describe('fencing', () => {
     const { deadlineAt } = (await bed.ops.queue.getJob(next.jobId))!.data as { deadlineAt: number };
     await new Promise((resolve) => setTimeout(resolve, Math.max(0, deadlineAt - Date.now() + 100)));
     frozen.child.kill('SIGCONT');
-    const kinds = async () => (await bed!.ops.history.read(laneIdOfJobId(next.jobId)!)).filter((e) => e.jobId === next.jobId).map((e) => e.kind);
+    const kinds = async () => (await bed.ops.history.read(laneIdOfJobId(next.jobId)!)).filter((e) => e.jobId === next.jobId).map((e) => e.kind);
     const refused = () => frozen.logs.some((l) => l.includes('attempt started after its lock lapsed'));
     await readUntil(async () => refused() || (await kinds()).includes('failed'), 10_000, 'the woken attempt to act');
     expect(await kinds()).not.toContain('failed');

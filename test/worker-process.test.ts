@@ -1,6 +1,5 @@
 import { execFile } from 'node:child_process';
-import { mkdtempSync, rmSync, watch } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { watch } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { fileURLToPath } from 'node:url';
@@ -10,7 +9,7 @@ import { ProviderRegistry } from '../src/providers/registry.ts';
 import type { LeaseProvider, OperationContext } from '../src/providers/types.ts';
 import type { OperationsQueue } from '../src/queues/operations-queue.ts';
 import { LeaseWorker } from '../src/queues/worker.ts';
-import { gate, lease, readUntil, REDIS_URL, TestBed, workerEnv } from './helpers/env.ts';
+import { bedFor, dirFor, type Finished, gate, lease, readUntil, REDIS_URL, TestBed, workerEnv } from './helpers/env.ts';
 import { readCallFile } from './helpers/invariants.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
@@ -22,21 +21,6 @@ const BIN = fileURLToPath(new URL('../bin/lease-ops.js', import.meta.url));
 
 // The tests of the first two blocks run at once (most of their time is spent waiting on a
 // process, a lock period or an outage): each closes what it opened when it ends.
-type Finished = (close: () => void | Promise<void>) => void;
-
-/** A test bed, closed when the test ends (if the test did not close it first). */
-async function bedFor(finished: Finished, overrides?: Record<string, string>): Promise<TestBed> {
-  const bed = await TestBed.create(overrides);
-  finished(() => bed.close());
-  return bed;
-}
-
-/** A temporary directory, removed when the test ends. */
-function dirFor(finished: Finished, name: string): string {
-  const dir = mkdtempSync(join(tmpdir(), name));
-  finished(() => rmSync(dir, { recursive: true, force: true }));
-  return dir;
-}
 
 /** A redis-server of the test's own, stopped when the test ends. */
 async function serverFor(finished: Finished): Promise<RedisProcess> {

@@ -1,4 +1,7 @@
 import { randomBytes, randomInt } from 'node:crypto';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { QueueEvents, type Queue } from 'bullmq';
 import { Cluster } from 'ioredis';
 import { afterAll, beforeAll, inject } from 'vitest';
@@ -245,4 +248,21 @@ export function cleanupFor(finished: (close: () => Promise<void>) => void): (() 
     for (const c of cleanup) await c();
   });
   return cleanup;
+}
+
+/** A test context's onTestFinished: what it is given runs when the test ends (the last given first). */
+export type Finished = (close: () => void | Promise<void>) => void;
+
+/** A test bed, closed when the test ends (if the test did not close it first). */
+export async function bedFor(finished: Finished, overrides?: Record<string, string>): Promise<TestBed> {
+  const bed = await TestBed.create(overrides);
+  finished(() => bed.close());
+  return bed;
+}
+
+/** A temporary directory, removed when the test ends. */
+export function dirFor(finished: Finished, name: string): string {
+  const dir = mkdtempSync(join(tmpdir(), name));
+  finished(() => rmSync(dir, { recursive: true, force: true }));
+  return dir;
 }
