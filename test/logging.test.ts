@@ -3,9 +3,12 @@ import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { afterAll, describe, expect, it } from 'vitest';
 import { createLogger, logFormat, prettyStream } from '../src/logger.ts';
+import { ProviderRegistry } from '../src/providers/registry.ts';
+import { LeaseWorker } from '../src/queues/worker.ts';
 import { createRedis } from '../src/queues/redis.ts';
 import { BIN } from './helpers/cli.ts';
-import { REDIS_URL, scanKeys } from './helpers/env.ts';
+import { REDIS_URL, scanKeys, TestBed } from './helpers/env.ts';
+import { createRecordingProvider } from './helpers/recording-provider.ts';
 
 // Issue 26 item 6: a person at a terminal reads pretty lines, a collector reads JSON; the
 // friendly lines of `npm start` are never interleaved with raw JSON on a terminal.
@@ -78,4 +81,25 @@ describe('log lines', () => {
     expect(warning?.level).toBe(40);
     expect(text).not.toMatch(new RegExp(`^${ISO.source} WARN`, 'm'));
   }, 60_000);
+});
+
+describe('a maintenance job that lost its lock', () => {
+  it('is one warning with no stack (its process stalled past the lock); any other maintenance error stays an error', async ({ onTestFinished }) => {
+    const bed = await TestBed.create();
+    onTestFinished(() => bed.close());
+    const lines: Record<string, unknown>[] = [];
+    const log = createLogger({ name: 'lease-ops-worker', level: 'info', destination: { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) } });
+    const worker = new LeaseWorker(bed.config, new ProviderRegistry([createRecordingProvider().provider]), log);
+    onTestFinished(() => worker.close());
+    const maintenance = (worker as unknown as { maintenanceWorker: { emit(event: 'error', err: Error): boolean } }).maintenanceWorker;
+    // BullMQ's own words for both (test/bullmq-contract.test.ts pins them).
+    maintenance.emit('error', new Error('could not renew lock for job repeat:lane-sweep:1796550000000'));
+    maintenance.emit('error', new Error('Missing lock for job repeat:lane-sweep:1796550000000. moveToFinished'));
+    maintenance.emit('error', new Error('ERR something else went wrong'));
+    expect(lines.map((l) => [l.level, l.msg, typeof l.err])).toEqual([
+      [40, 'a maintenance job (a lane sweep or watchdog scan) lost its lock while this process stalled; its schedule goes on', 'undefined'],
+      [40, 'a maintenance job (a lane sweep or watchdog scan) lost its lock while this process stalled; its schedule goes on', 'undefined'],
+      [50, 'maintenance worker error', 'object'],
+    ]);
+  });
 });

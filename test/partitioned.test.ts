@@ -91,7 +91,10 @@ describe(`${N} partitions${ON_CLUSTER ? ' on a 3-master cluster' : ' on one Redi
     // another takes its place.
     const killedAt = new Map<number, bigint>();
     const killing = (async () => {
-      while ((await client.overview()).counts.completed < ids.length / 3) await new Promise((r) => setTimeout(r, 20));
+      // Counted on the client's connection, up since the enqueues: overview() would open its walk
+      // connection here, mid-load, and give it LEASE_OPS_REDIS_TIMEOUT_MS (2 s) to come up.
+      const completed = async () => (await Promise.all(client.partitions.map((p) => p.ops.queue.getJobCounts('completed')))).reduce((n, c) => n + c.completed!, 0);
+      while ((await completed()) < ids.length / 3) await new Promise((r) => setTimeout(r, 20));
       const victim = workers[1]!;
       killedAt.set(victim.pid, await victim.kill());
       workers[1] = new WorkerProcess(env(SOME[0]!));

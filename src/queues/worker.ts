@@ -266,7 +266,15 @@ export class LeaseWorker {
         stalledInterval: settings.LEASE_OPS_STALLED_INTERVAL_MS,
       },
     );
-    this.maintenanceWorker.on('error', (err) => (isRedisUnavailable(err) ? reportRedisError(err) : this.log.error({ err }, 'maintenance worker error')));
+    this.maintenanceWorker.on('error', (err) => {
+      if (isRedisUnavailable(err)) reportRedisError(err);
+      // A sweep or watchdog scan whose process stalled past its lock (frozen, or its event loop
+      // held): its schedule's next run was added when it was fetched, and goes on. A warning
+      // without a stack, not an error (helper-25: a worker frozen while it held a sweep said so
+      // as an error, with a stack, when it woke).
+      else if (LOCK_RENEWAL_FAILED.test(err.message) || SUPERSEDED_END.test(err.message)) this.log.warn({ reason: err.message }, 'a maintenance job (a lane sweep or watchdog scan) lost its lock while this process stalled; its schedule goes on');
+      else this.log.error({ err }, 'maintenance worker error');
+    });
     // A command is never run twice: a worker that dies mid-command leaves its job failed
     // (stalled), since the command may have run; the caller is told so.
     this.execWorker = new Worker(
