@@ -292,7 +292,7 @@ describe('in-process: the plugin on the typed client of a lease-ops in the host\
 });
 
 describe('activity gates across processes', () => {
-  it('an activity begun over the API holds a release run by a worker process; a holder process SIGKILLed, the release goes on at its TTL', { timeout: 60_000 }, async () => {
+  it('an activity begun over the API holds a release run by a worker process; a holder process SIGKILLed, the release goes on at its TTL', { timeout: 60_000 }, async ({ onTestFinished }) => {
     const env = environment('acme', 'gates', 'daytona');
     const { providerLeaseId: id } = await env.acquire('run-gates');
     const api = (path: string, init: RequestInit, token = tokenOf('acme')) =>
@@ -308,6 +308,14 @@ describe('activity gates across processes', () => {
       [BIN, 'activity', 'run', '--provider', 'daytona', '--company', 'acme', '--environment', 'gates', '--lease', id!, '--kind', 'exec', '--ttl-ms', '1500', '--', process.execPath, '-e', "process.on('SIGTERM', () => {}); setInterval(() => {}, 1000)"],
       { env: { ...process.env, REDIS_URL: bed.config.REDIS_URL, LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX }, stdio: 'ignore', detached: true },
     );
+    // Killed with its command if the test fails before it does (a failed run left it running).
+    onTestFinished(() => {
+      try {
+        process.kill(-holder.pid!, 'SIGKILL');
+      } catch {
+        // Gone already (the test killed it).
+      }
+    });
     // The lease's lane is its acquire's.
     const lane = laneIdOf({ provider: 'daytona', companyId: 'acme', environmentId: 'gates', leaseId: 'run-gates' });
     const activities = async () => Object.keys(await bed.redis.hgetall(`${bed.config.LEASE_OPS_PREFIX}:activity:${lane}`)).filter((k) => !k.startsWith('~'));
