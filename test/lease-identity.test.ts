@@ -441,7 +441,9 @@ describe('one lease identity, attacked (helper-2)', () => {
   });
 
   it('an acquire enqueued under a sandbox id (its lease destroyed) runs in the lease\'s lane, and cancelled, its clean-up runs there too', async () => {
-    const { bed, fake } = await daytonaBed({ create: 600 });
+    // The second acquire backs off for 3 s: the cancel below must find it delayed (with the
+    // default 250 ms, a loaded machine's cancel came after its retry had begun: helper-26).
+    const { bed, fake } = await daytonaBed({ create: 600 }, { LEASE_OPS_BACKOFF_BASE_MS: '3000', LEASE_OPS_BACKOFF_CAP_MS: '3000' });
     const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-again'), params: { runId: 'run-again' } });
     await bed.waitForAll([first.jobId], 20_000);
     const s1 = ((await bed.ops.queue.getJob(first.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;

@@ -19,7 +19,7 @@ import { freePort, redisAnswers } from '../src/redis-server.ts';
 import { BIN, cli } from './helpers/cli.ts';
 import { cleanupFor, TestBed, workerEnv } from './helpers/env.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
-import { WorkerProcess } from './helpers/worker-process.ts';
+import { workerFor } from './helpers/worker-process.ts';
 
 // The children's temporary directory is this file's own: other test files, run alongside,
 // start private Redis servers too, and their directories are not these tests' to count.
@@ -86,7 +86,7 @@ describe.concurrent('run at once', () => {
       const bed = await TestBed.create();
       cleanup.push(() => bed.close());
       const env = workerEnv(bed, { LEASE_OPS_PROVIDERS: 'simulated' });
-      const first = new WorkerProcess(env);
+      const first = workerFor(onTestFinished, env);
       await first.ready;
       const second = await cli(['worker'], env);
       expect(second.code).toBe(2);
@@ -94,17 +94,19 @@ describe.concurrent('run at once', () => {
       expect(second.stderr).toMatch(/LEASE_OPS_SIMULATED_URL/);
       // Once the first stops, its claim goes with it: another may take its place.
       await first.terminate();
-      const third = new WorkerProcess(env);
+      const third = workerFor(onTestFinished, env);
       await third.ready;
       await third.terminate();
     });
 
-    it('a misspelt LEASE_OPS_ variable gets a warning naming the closest setting', async () => {
+    it('a misspelt LEASE_OPS_ variable gets a warning naming the closest setting', async ({ onTestFinished }) => {
       expect(unknownSettings({ LEASE_OPS_CONCURENCY: '5', LEASE_OPS_PREFIX: '{x}', REDIS_URL: 'redis://h' })).toEqual([{ name: 'LEASE_OPS_CONCURENCY', closest: 'LEASE_OPS_CONCURRENCY' }]);
       const child = spawn(process.execPath, [BIN, 'worker'], {
         env: { ...process.env, REDIS_URL: `redis://127.0.0.1:${await freePort()}`, LEASE_OPS_MAX_QUEUD: '10' },
         stdio: ['ignore', 'pipe', 'pipe'],
       });
+      // Killed when the test ends, pass or fail (a line that never came left it running).
+      onTestFinished(() => void child.kill('SIGKILL'));
       const line = await new Promise<string>((resolve) => createInterface({ input: child.stdout }).on('line', (l) => l.includes('LEASE_OPS_MAX_QUEUD') && resolve(l)));
       child.kill('SIGKILL');
       await once(child, 'exit');
@@ -151,6 +153,15 @@ describe.concurrent('run at once', () => {
       const child = spawn(process.execPath, ['--import', 'tsx', fileURLToPath(new URL('../src/cli.ts', import.meta.url)), 'bench', '--quick'], {
         env: { ...process.env, REDIS_URL: redis.url },
         stdio: ['ignore', 'pipe', 'pipe'],
+        // Its own process group: a test that fails before its SIGINT kills the bench and its workers.
+        detached: true,
+      });
+      onTestFinished(() => {
+        try {
+          process.kill(-child.pid!, 'SIGKILL');
+        } catch {
+          // Gone already.
+        }
       });
       const exited = once(child, 'exit');
       child.stdout.resume();

@@ -121,9 +121,7 @@ function environment(company: string, environmentId: string, provider: string, e
   };
 }
 
-// Its tests run at once: each has an environment and sandboxes of its own, and seed 001 waits
-// 30 s for a stuck stop to be forced (the host's stop budget) while the rest run.
-describe.concurrent('the plugin, as paperclip sees it', () => {
+describe('the plugin, as paperclip sees it', () => {
   it("its manifest passes paperclip's own manifest validator, with one sandbox_provider driver", () => {
     const parsed = pluginManifestV1Schema.safeParse(manifest);
     expect(parsed.success, JSON.stringify(parsed.error?.issues)).toBe(true);

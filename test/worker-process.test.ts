@@ -14,7 +14,7 @@ import { readCallFile } from './helpers/invariants.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
 import { TcpProxy } from './helpers/tcp-proxy.ts';
-import { WorkerProcess } from './helpers/worker-process.ts';
+import { WorkerProcess, workerFor } from './helpers/worker-process.ts';
 
 const PROVIDER = fileURLToPath(new URL('./helpers/recording-provider.ts', import.meta.url));
 const BIN = fileURLToPath(new URL('../bin/lease-ops.js', import.meta.url));
@@ -81,7 +81,7 @@ describe.concurrent('the worker process', () => {
     const bed = await bedFor(onTestFinished);
     const dir = dirFor(onTestFinished, 'lease-ops-term-');
     const callFile = join(dir, 'calls.jsonl');
-    const worker = new WorkerProcess({
+    const worker = workerFor(onTestFinished, {
       REDIS_URL: bed.config.REDIS_URL,
       LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX,
       LEASE_OPS_PROVIDERS: PROVIDER,
@@ -112,7 +112,7 @@ describe.concurrent('the worker process', () => {
     const bed = await bedFor(onTestFinished);
     const dir = dirFor(onTestFinished, 'lease-ops-twice-');
     const callFile = join(dir, 'calls.jsonl');
-    const worker = new WorkerProcess({
+    const worker = workerFor(onTestFinished, {
       ...workerEnv(bed, { LEASE_OPS_PROVIDERS: PROVIDER, RECORDING_FILE: callFile, RECORDING_MIN_MS: '60000', RECORDING_MAX_MS: '60000' }),
     });
     await worker.ready;
@@ -137,7 +137,7 @@ describe.concurrent('the worker process', () => {
     // reconnecting to a Redis that is gone never does: the worker used to run on until killed.
     const server = await serverFor(onTestFinished);
     const dir = dirFor(onTestFinished, 'lease-ops-gone-');
-    const worker = new WorkerProcess({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-gone}', RECORDING_FILE: join(dir, 'calls.jsonl'), ...providers });
+    const worker = workerFor(onTestFinished, { REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-gone}', RECORDING_FILE: join(dir, 'calls.jsonl'), ...providers });
     await worker.ready;
     await server.crash();
     await worker.waitForLog('Redis does not answer');
@@ -195,6 +195,8 @@ describe.concurrent('a graceful close while Redis fails', () => {
       await w.kill();
     });
     await w.ready;
+    // First of all when the test ends: a Redis left paused by a failed test would hold every close.
+    finished(() => server.resume());
     return { b, w, server, dir, callFile, proxy };
   }
 

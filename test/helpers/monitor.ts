@@ -18,6 +18,10 @@ export class RedisMonitor {
   static async start(host: string, port: number, seen: (command: MonitoredCommand) => void): Promise<RedisMonitor> {
     const socket = connect({ host, port });
     socket.setEncoding('utf8');
+    const refused = (err: Error) => {
+      socket.destroy();
+      throw err;
+    };
     await new Promise<void>((resolve, reject) => {
       socket.once('error', reject);
       let buffered = '';
@@ -39,7 +43,7 @@ export class RedisMonitor {
         }
       });
       socket.write('MONITOR\r\n');
-    });
+    }).catch(refused);
     return new RedisMonitor(socket);
   }
 

@@ -160,3 +160,13 @@ export async function killAll(workers: WorkerProcess[]): Promise<void> {
     await w.exited;
   }
 }
+
+/** A worker process killed (paused or not) when the test ends, pass or fail: pass the test context's onTestFinished. */
+export function workerFor(finished: (close: () => Promise<void>) => void, env: Record<string, string>): WorkerProcess {
+  const worker = new WorkerProcess(env);
+  finished(async () => {
+    worker.child.kill('SIGCONT');
+    await worker.kill();
+  });
+  return worker;
+}
