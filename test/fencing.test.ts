@@ -5,20 +5,13 @@ import { laneIdOfJobId } from '../src/lease.ts';
 import { createLogger } from '../src/logger.ts';
 import { Attempt, Fencing, StaleAttemptError } from '../src/queues/fencing.ts';
 import { createRedis } from '../src/queues/redis.ts';
-import { bedFor, dirFor, type Finished, lease, QUICK_RECOVERY, readUntil, REDIS_URL, workerEnv } from './helpers/env.ts';
+import { bedFor, dirFor, lease, QUICK_RECOVERY, readUntil, REDIS_URL, workerEnv } from './helpers/env.ts';
 import { readCallFile } from './helpers/invariants.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
 import { waitForCall } from './helpers/watch-file.ts';
-import { killAll, WorkerProcess } from './helpers/worker-process.ts';
+import { workerFor } from './helpers/worker-process.ts';
 
 const PROVIDER = fileURLToPath(new URL('./helpers/recording-provider.ts', import.meta.url));
-
-/** Worker processes of one test, killed when it ends. */
-function workersFor(finished: Finished): WorkerProcess[] {
-  const workers: WorkerProcess[] = [];
-  finished(() => killAll(workers));
-  return workers;
-}
 
 // Each test has its own bed, directory and worker processes: they run at once (most of their
 // time is spent waiting on a lock to lapse or a deadline to pass).
@@ -26,7 +19,6 @@ describe.concurrent('fencing', () => {
   it('a stale attempt (its worker paused past its lock) makes no provider call after its successor starts', { timeout: 60_000 }, async ({ onTestFinished }) => {
     const bed = await bedFor(onTestFinished);
     const dir = dirFor(onTestFinished, 'lease-ops-fence-');
-    const workers = workersFor(onTestFinished);
     const callFile = join(dir, 'calls.jsonl');
     const env = workerEnv(bed, {
       LEASE_OPS_PROVIDERS: PROVIDER,
@@ -37,16 +29,14 @@ describe.concurrent('fencing', () => {
       RECORDING_MIN_MS: '1000',
       RECORDING_MAX_MS: '1100',
     });
-    const first = new WorkerProcess(env);
-    workers.push(first);
+    const first = workerFor(onTestFinished, env);
     await first.ready;
     const { jobId } = await bed.ops.enqueue({ op: 'stop', lease: lease('f'), params: { providerLeaseId: 'f' } });
 
     // The first attempt is in its first provider call: freeze its process past the lock.
     await waitForCall(callFile, (c) => c.pid === first.pid);
     first.child.kill('SIGSTOP');
-    const second = new WorkerProcess(env);
-    workers.push(second);
+    const second = workerFor(onTestFinished, env);
     await second.ready;
     const successorStart = await waitForCall(callFile, (c) => c.pid === second.pid);
 
@@ -72,22 +62,19 @@ describe.concurrent('fencing', () => {
   it('a start whose worker froze before its lane step, after another worker took the job, gets no token: the running attempt keeps its lane and releases it, and the next operation follows at once', { timeout: 60_000 }, async ({ onTestFinished }) => {
     const bed = await bedFor(onTestFinished, { LEASE_OPS_KEEP_COMPLETED_S: '3600' });
     const dir = dirFor(onTestFinished, 'lease-ops-stale-start-');
-    const workers = workersFor(onTestFinished);
     const callFile = join(dir, 'calls.jsonl');
     // The sweep is kept out of it: it would repair a lane left behind, and hide the fault.
     const env = workerEnv(bed, { ...QUICK_RECOVERY, LEASE_OPS_SWEEP_STALE_MS: '120000', LEASE_OPS_PROVIDERS: PROVIDER, RECORDING_FILE: callFile });
     // The first worker's first attempt settles, so its retry asks the lane; the worker
     // freezes right there, holding BullMQ's lock.
-    const frozen = new WorkerProcess({ ...env, RECORDING_MAX_MS: '0', RECORDING_SETTLE_FIRST: '1', LEASE_OPS_FAULT_POINTS: 'lane-acquire=pause*1' });
-    workers.push(frozen);
+    const frozen = workerFor(onTestFinished, { ...env, RECORDING_MAX_MS: '0', RECORDING_SETTLE_FIRST: '1', LEASE_OPS_FAULT_POINTS: 'lane-acquire=pause*1' });
     await frozen.ready;
     const first = await bed.ops.enqueue({ op: 'stop', lease: lease('frozen'), params: { providerLeaseId: 'frozen' } });
     const next = await bed.ops.enqueue({ op: 'resume', lease: lease('frozen'), params: { providerLeaseId: 'frozen' } });
     await frozen.waitForLog('lease-ops fault point lane-acquire: pause');
 
     // Its lock lapses; a second worker, whose calls take 1.5 s, runs the job.
-    const runner = new WorkerProcess({ ...env, RECORDING_MIN_MS: '1500', RECORDING_MAX_MS: '1501' });
-    workers.push(runner);
+    const runner = workerFor(onTestFinished, { ...env, RECORDING_MIN_MS: '1500', RECORDING_MAX_MS: '1501' });
     await runner.ready;
     await waitForCall(callFile, (c) => c.jobId === first.jobId && c.pid === runner.pid && !c.end);
     // The frozen worker wakes while that call runs, and takes its lane step.
@@ -117,12 +104,10 @@ describe.concurrent('fencing', () => {
   it.sequential('an attempt that froze between its park answer and its park, past the job\'s deadline, drops nothing: a successor ran the job', { timeout: 60_000 }, async ({ onTestFinished }) => {
     const bed = await bedFor(onTestFinished, { LEASE_OPS_KEEP_COMPLETED_S: '3600' });
     const dir = dirFor(onTestFinished, 'lease-ops-stale-park-');
-    const workers = workersFor(onTestFinished);
     const callFile = join(dir, 'calls.jsonl');
     const env = workerEnv(bed, { ...QUICK_RECOVERY, LEASE_OPS_PROVIDERS: PROVIDER, RECORDING_FILE: callFile });
     // The first worker's calls take 1 s, so the next operation, promoted by hand, parks.
-    const frozen = new WorkerProcess({ ...env, RECORDING_MIN_MS: '1000', RECORDING_MAX_MS: '1001', LEASE_OPS_FAULT_POINTS: 'before-park=pause*1' });
-    workers.push(frozen);
+    const frozen = workerFor(onTestFinished, { ...env, RECORDING_MIN_MS: '1000', RECORDING_MAX_MS: '1001', LEASE_OPS_FAULT_POINTS: 'before-park=pause*1' });
     await frozen.ready;
     const head = await bed.ops.enqueue({ op: 'stop', lease: lease('parks'), params: { providerLeaseId: 'parks' } });
     // A deadline the successor meets with room to spare on a loaded machine (8 s failed beside a
@@ -132,8 +117,7 @@ describe.concurrent('fencing', () => {
     await (await bed.ops.queue.getJob(next.jobId))!.promote();
     await frozen.waitForLog('lease-ops fault point before-park: pause');
     // Both of its jobs' locks lapse; a second worker runs them, in order, within the deadline.
-    const runner = new WorkerProcess({ ...env, RECORDING_MAX_MS: '0' });
-    workers.push(runner);
+    const runner = workerFor(onTestFinished, { ...env, RECORDING_MAX_MS: '0' });
     await runner.ready;
     const ended = await bed.waitForAll([head.jobId, next.jobId], 20_000);
     expect([ended.get(head.jobId), ended.get(next.jobId)]).toEqual(['completed', 'completed']);

@@ -189,11 +189,7 @@ describe.concurrent('a graceful close while Redis fails', () => {
     const callFile = join(dir, 'calls.jsonl');
     const proxy = through === 'proxy' ? await TcpProxy.start(server.port) : undefined;
     if (proxy) finished(() => proxy.close());
-    const w = new WorkerProcess({ REDIS_URL: proxy ? proxy.url : server.url, LEASE_OPS_PREFIX: prefix, LEASE_OPS_PROVIDERS: PROVIDER, RECORDING_FILE: callFile, ...env });
-    finished(async () => {
-      w.child.kill('SIGCONT');
-      await w.kill();
-    });
+    const w = workerFor(finished, { REDIS_URL: proxy ? proxy.url : server.url, LEASE_OPS_PREFIX: prefix, LEASE_OPS_PROVIDERS: PROVIDER, RECORDING_FILE: callFile, ...env });
     await w.ready;
     // First of all when the test ends: a Redis left paused by a failed test would hold every close.
     finished(() => server.resume());

@@ -242,7 +242,7 @@ export function scratchRedis(name: string): { prefix: string; redis: () => Redis
  * What a test opened, to be closed in order when it ends (pass the test context's
  * onTestFinished): tests that keep their own list can run at once.
  */
-export function cleanupFor(finished: (close: () => Promise<void>) => void): (() => Promise<void>)[] {
+export function cleanupFor(finished: Finished): (() => Promise<void>)[] {
   const cleanup: (() => Promise<void>)[] = [];
   finished(async () => {
     for (const c of cleanup) await c();

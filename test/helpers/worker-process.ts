@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
+import type { Finished } from './env.ts';
 
 const BIN = fileURLToPath(new URL('../../bin/lease-ops.js', import.meta.url));
 
@@ -162,7 +163,7 @@ export async function killAll(workers: WorkerProcess[]): Promise<void> {
 }
 
 /** A worker process killed (paused or not) when the test ends, pass or fail: pass the test context's onTestFinished. */
-export function workerFor(finished: (close: () => Promise<void>) => void, env: Record<string, string>): WorkerProcess {
+export function workerFor(finished: Finished, env: Record<string, string>): WorkerProcess {
   const worker = new WorkerProcess(env);
   finished(async () => {
     worker.child.kill('SIGCONT');
