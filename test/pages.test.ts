@@ -123,9 +123,10 @@ describe.skipIf(!haveChromium)('the operator pages in a real browser: the stuck-
     expect(response?.headers()['content-security-policy']).toContain("default-src 'none'");
     await page.locator('svg[aria-label="lease timeline"]').waitFor();
     // One row per operation; the force-stop's row carries the watchdog's mark and an attempt that completed.
-    // (The watchdog may queue a second force-stop as the first ends; the first carries its mark.)
+    // One force-stop: its end saw the sandbox stopped, so the watchdog queues no second one.
     const force = page.locator('svg g[data-op="force-stop"]:has(.mark-stuck)');
     await expect.poll(() => force.count()).toBe(1);
+    expect(await page.locator('svg g[data-op="force-stop"]').count()).toBe(1);
     expect(await force.locator('.mark-stuck').count()).toBe(1);
     expect(await force.locator('.mark-completed').count()).toBe(1);
     expect(await page.locator('svg g[data-op="stop"] .span-backoff').count()).toBeGreaterThan(0);

@@ -58,7 +58,8 @@ export function leaseRecordKey(prefix: string, laneId: string): string {
 export class LeaseRecords {
   readonly stoppingKey: string;
   private readonly observeScript: LuaCommand;
-  private readonly forceScript: LuaCommand;
+  private readonly forceClaimScript: LuaCommand;
+  private readonly forceJobScript: LuaCommand;
   private readonly acquiredScript: LuaCommand;
 
   constructor(
@@ -68,7 +69,8 @@ export class LeaseRecords {
     this.stoppingKey = `${prefix}:stopping`;
     this.observeScript = luaCommand(redis, 'lease-observe', 5);
     this.acquiredScript = luaCommand(redis, 'lease-acquired', 2);
-    this.forceScript = luaCommand(redis, 'lease-force', 1);
+    this.forceClaimScript = luaCommand(redis, 'lease-force-claim', 1);
+    this.forceJobScript = luaCommand(redis, 'lease-force-job', 1);
   }
 
   recordKey(laneId: string): string {
@@ -182,9 +184,18 @@ export class LeaseRecords {
     return { sandbox: acquiredSandbox!, by: acquiredBy };
   }
 
-  /** Counts a force-stop the watchdog queued for the episode that began at `since`; false once that episode is over. */
-  async noteForceStop(laneId: string, since: number, forceStops: number, jobId: string): Promise<boolean> {
-    return Number(await this.forceScript(this.recordKey(laneId), since, forceStops, jobId)) === 1;
+  /**
+   * Claims force-stop `n` of the episode that began at `since`, before it is queued: false
+   * when the record no longer shows what the watchdog decided on (that episode, `n - 1`
+   * force-stops, the last one's job `lastJob`), or another replica claimed it first.
+   */
+  async claimForceStop(laneId: string, since: number, n: number, lastJob: string | null): Promise<boolean> {
+    return Number(await this.forceClaimScript(this.recordKey(laneId), since, n, lastJob ?? '')) === 1;
+  }
+
+  /** Keeps the job of claimed force-stop `n` on the record; false once the record moved on. */
+  async noteForceJob(laneId: string, since: number, n: number, jobId: string): Promise<boolean> {
+    return Number(await this.forceJobScript(this.recordKey(laneId), since, n, jobId)) === 1;
   }
 
 }

@@ -1,3 +1,4 @@
+import { faultPoint } from '../fault-points.ts';
 import type { Logger } from '../logger.ts';
 import * as telemetry from '../telemetry.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
@@ -32,9 +33,10 @@ export interface WatchdogReport {
  * stopped by itself is never forced), and goes ahead of queued and backing-off operations,
  * never alongside an executing one, so no two calls to one sandbox ever overlap.
  *
- * One force-stop is queued per stuck episode at a time (its idempotency key names the
- * episode, so replicas and repeated checks agree); once it ended and the sandbox is still
- * stuck, another, up to `maxForceStops`. A new episode (the sandbox left stopping and came
+ * One force-stop is queued per stuck episode at a time: the watchdog claims it on the record
+ * first (only while the record still shows what it decided on), and its idempotency key
+ * names the episode and the count, so replicas and repeated checks agree. Once it ended and
+ * the record still shows the sandbox stuck, another, up to `maxForceStops`. A new episode (the sandbox left stopping and came
  * back) starts the count anew.
  *
  * Each episode gets a check of its own at the moment it becomes stuck (scheduled when an
@@ -89,27 +91,40 @@ export class Watchdog {
     }
     const sandboxLease = { ...record.lease, leaseId: record.providerLeaseId };
     const forceQueue = this.queueOf(await this.names.resolve(laneIdOf(sandboxLease)));
-    if (record.forceJob) {
-      const state = await forceQueue.queue.getJobState(record.forceJob);
-      if (state !== 'completed' && state !== 'failed' && state !== 'unknown') {
-        report.pending++;
+    let n: number;
+    if (record.forceStops > 0 && record.forceJob === null) {
+      // Claimed and not queued yet: by a watchdog that stopped in between (a crash), or by
+      // another replica that is in between now. Either way it is this same force-stop that is
+      // queued: its idempotency key names the episode and the count, so it is one job.
+      n = record.forceStops;
+    } else {
+      if (record.forceJob) {
+        const state = await forceQueue.queue.getJobState(record.forceJob);
+        if (state !== 'completed' && state !== 'failed' && state !== 'unknown') {
+          report.pending++;
+          return report;
+        }
+      }
+      if (record.forceStops >= this.settings.maxForceStops) {
+        report.exhausted++;
+        log.error({ forceStops: record.forceStops }, 'sandbox still stuck after the most force-stops the watchdog tries');
         return report;
       }
+      n = record.forceStops + 1;
+      // What was read above may be old by now: the last force-stop's end may have seen the
+      // sandbox stopped just after it. The claim holds only while the record still shows
+      // this episode, this count and that job; otherwise nothing is queued, noted or counted.
+      if (!(await this.records.claimForceStop(laneId, record.since, n, record.forceJob))) return report;
     }
-    if (record.forceStops >= this.settings.maxForceStops) {
-      report.exhausted++;
-      log.error({ forceStops: record.forceStops }, 'sandbox still stuck after the most force-stops the watchdog tries');
-      return report;
-    }
-    const n = record.forceStops + 1;
-    const { jobId } = await enqueueRouted(this.queueOf, this.names, {
+    await faultPoint('watchdog-claimed');
+    const enqueued = await enqueueRouted(this.queueOf, this.names, {
       op: 'force-stop',
       // Named by its sandbox: it joins the lane the sandbox's operations run in.
       lease: sandboxLease,
       params: { providerLeaseId: record.providerLeaseId, ifStoppingSince: record.since },
       idempotencyKey: `lease-ops:watchdog:${laneId}:${record.since}:${n}`,
       // On the timeline with the force-stop, in the step that queues it (before its attempt
-      // can begin); a scan and the episode's own check both getting here write it once.
+      // can begin): written once, by whichever call made the job.
       note: historyNote({
         kind: 'stuck',
         op: 'force-stop',
@@ -117,11 +132,17 @@ export class Watchdog {
         message: `"${record.providerState}" for ${tenths(stuckFor)} s (budget ${tenths(this.settings.stuckAfterMs)} s): force-stop ${n} of at most ${this.settings.maxForceStops} queued`,
       }),
     });
-    if (!(await this.records.noteForceStop(laneId, record.since, n, jobId))) return report;
+    await faultPoint('watchdog-queued');
+    await this.records.noteForceJob(laneId, record.since, n, enqueued.jobId);
+    // Counted by the call that made the job, as its timeline note is written: once per force-stop.
+    if (enqueued.deduplicated) {
+      report.pending++;
+      return report;
+    }
     report.queued++;
     telemetry.forceStop('queued', { 'lease.provider': provider.name });
     telemetry.stuckStopping(stuckFor / 1000, { 'lease.provider': provider.name });
-    log.warn({ jobId, stuckForMs: stuckFor, forceStop: n }, 'sandbox stuck on its way to stopped; force-stop queued');
+    log.warn({ jobId: enqueued.jobId, stuckForMs: stuckFor, forceStop: n }, 'sandbox stuck on its way to stopped; force-stop queued');
     return report;
   }
 }

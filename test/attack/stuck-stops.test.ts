@@ -5,9 +5,12 @@ import { createLogger } from '../../src/logger.ts';
 import { createDaytonaProvider } from '../../src/providers/daytona/index.ts';
 import { ProviderRegistry } from '../../src/providers/registry.ts';
 import type { LeaseProvider, SandboxState } from '../../src/providers/types.ts';
-import { LeaseRecords } from '../../src/queues/lease-records.ts';
+import { LeaseHistory } from '../../src/queues/lease-history.ts';
+import { leaseRecordKey, LeaseRecords } from '../../src/queues/lease-records.ts';
+import { registry } from '../../src/metrics.ts';
 import { Watchdog } from '../../src/queues/watchdog.ts';
-import { gate, lease, readUntil, TestBed } from '../helpers/env.ts';
+import { bedFor, gate, lease, QUICK_RECOVERY, readUntil, TestBed, workerEnv } from '../helpers/env.ts';
+import { workerFor } from '../helpers/worker-process.ts';
 import { createRecordingProvider } from '../helpers/recording-provider.ts';
 
 describe('scenario 14: a queued operation whose deadline passes while it waits fails at its deadline', () => {
@@ -171,5 +174,103 @@ describe('scenario 13: the watchdog never calls a sandbox itself; no two calls t
     expect(forced(fake, id)).toHaveLength(1);
     expect(fake.calls.length - before).toBeGreaterThan(5); // the stop's reads while it was stuck, the force, the resume
     expect(fake.http.overlaps()).toEqual([]);
+  });
+});
+
+describe("the watchdog's decision and what it counts are one step: a force-stop that ended as the watchdog read is not followed by another", () => {
+  let bed: TestBed;
+  // A provider that can force a stop; the watchdog itself never calls it.
+  const forcer: LeaseProvider = { ...createRecordingProvider({ name: 'forcer' }).provider, capabilities: { stop: true, pause: false, forceStop: true } };
+  beforeAll(async () => {
+    bed = await TestBed.create(); // no worker: the test plays the lane's side
+  });
+  afterAll(async () => {
+    await bed.close();
+  });
+
+  /** The watchdog's stuck-stopping observations of this provider, as /metrics counts them. */
+  const stuckCount = async () => Number(/^lease_ops_stuck_stopping_seconds_count\{provider="forcer"\} (\d+)$/m.exec(await registry.metrics())?.[1] ?? 0);
+
+  it('the record moves on (the first force-stop saw the sandbox stopped) between the watchdog reading it and queueing: nothing is queued, noted or counted', async () => {
+    const identity: LeaseIdentity = { provider: 'forcer', companyId: 'co', environmentId: 'env', leaseId: 'ended-as-read' };
+    const laneId = laneIdOf(identity);
+    const stopping: SandboxState = { kind: 'transitioning', providerState: 'stopping', toward: 'stopped' };
+    // The episode's first force-stop was queued, and its job has ended (it is no more: unknown).
+    let moveOn = true;
+    class RecordsRacedByTheLane extends LeaseRecords {
+      override async get(id: string) {
+        const read = await super.get(id);
+        // What the first force-stop's end writes, landing just after the watchdog's read.
+        if (moveOn) {
+          moveOn = false;
+          await this.observe(laneId, identity, identity.leaseId, { kind: 'stopped', providerState: 'stopped' });
+        }
+        return read;
+      }
+    }
+    const records = new RecordsRacedByTheLane(bed.redis, bed.config.LEASE_OPS_PREFIX);
+    const { since } = (await records.observe(laneId, identity, identity.leaseId, stopping))!;
+    await bed.redis.hset(leaseRecordKey(bed.config.LEASE_OPS_PREFIX, laneId), 'forceStops', '1', 'forceJob', 'a-force-stop-that-ended');
+    expect((await new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX).get(laneId))?.since).toBe(since);
+
+    const counted = await stuckCount();
+    const watchdog = new Watchdog(bed.ops, records, new ProviderRegistry([forcer]), { stuckAfterMs: 0, maxForceStops: 5 }, createLogger({ level: 'silent' }));
+    const report = await watchdog.consider(laneId);
+
+    const history = new LeaseHistory(bed.redis, bed.config.LEASE_OPS_PREFIX);
+    expect((await history.read(laneId)).filter((e) => e.kind === 'stuck')).toEqual([]);
+    expect((await bed.ops.lanes.view(laneId)).jobs).toEqual([]);
+    expect(report.queued).toBe(0);
+    expect(await stuckCount()).toBe(counted);
+  });
+  it('a record that still shows the sandbox stuck: one force-stop queued, one note, one count, however often it is considered', async () => {
+    const identity: LeaseIdentity = { provider: 'forcer', companyId: 'co', environmentId: 'env', leaseId: 'still-stuck' };
+    const laneId = laneIdOf(identity);
+    const records = new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX);
+    await records.observe(laneId, identity, identity.leaseId, { kind: 'transitioning', providerState: 'stopping', toward: 'stopped' });
+    const counted = await stuckCount();
+    const watchdog = new Watchdog(bed.ops, records, new ProviderRegistry([forcer]), { stuckAfterMs: 0, maxForceStops: 5 }, createLogger({ level: 'silent' }));
+    // The episode's own check and a scan at once, then again: its force-stop waits in the lane.
+    const reports = await Promise.all([watchdog.consider(laneId), watchdog.consider(laneId), watchdog.scan()]);
+    await watchdog.consider(laneId);
+    expect(reports.reduce((n, r) => n + r.queued, 0)).toBe(1);
+    const stuck = (await new LeaseHistory(bed.redis, bed.config.LEASE_OPS_PREFIX).read(laneId)).filter((e) => e.kind === 'stuck');
+    expect(stuck.map((e) => e.message)).toEqual([expect.stringMatching(/force-stop 1 of at most 5 queued$/)]);
+    const lane = (await bed.ops.lanes.view(laneId)).jobs;
+    expect(lane).toEqual([stuck[0]!.jobId]);
+    expect(await records.get(laneId)).toMatchObject({ forceStops: 1, forceJob: stuck[0]!.jobId });
+    expect(await stuckCount()).toBe(counted + 1);
+  });
+});
+
+describe.concurrent('the watchdog killed at each step of queueing a force-stop: the next watchdog queues that same one, noted and forced once', () => {
+  it.for(['watchdog-claimed', 'watchdog-queued'])('killed at %s', async (point, { onTestFinished }) => {
+    const bed = await bedFor(onTestFinished, { LEASE_OPS_KEEP_COMPLETED_S: '3600' });
+    const fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 20, stop: 20, forceStop: 0, destroy: 10 } });
+    onTestFinished(() => fake.close());
+    const env = workerEnv(bed, {
+      ...QUICK_RECOVERY,
+      LEASE_OPS_PROVIDERS: 'daytona',
+      DAYTONA_API_URL: await fake.listen(),
+      DAYTONA_API_KEY: 'k',
+      LEASE_OPS_STUCK_STOPPING_MS: String(STUCK_MS),
+      LEASE_OPS_WATCHDOG_INTERVAL_MS: '200',
+    });
+    const first = workerFor(onTestFinished, { ...env, LEASE_OPS_FAULT_POINTS: `${point}=kill*1` });
+    await first.ready;
+    const id = await startedSandbox(bed, `killed-at-${point}`);
+    fake.control(id, { stuckStoppingMs: 600_000 });
+    const stop = await bed.ops.enqueue({ op: 'stop', lease: daytonaLease(id), params: { providerLeaseId: id }, deadlineMs: 60_000 });
+    await first.waitForLog(`lease-ops fault point ${point}: kill`);
+    await first.exited;
+    const second = workerFor(onTestFinished, env);
+    expect((await bed.waitForAll([stop.jobId], 30_000)).get(stop.jobId)).toBe('completed');
+    await second.ready;
+    // The sandbox's id is a second name of the lease's lane (its acquire's).
+    const laneId = await bed.ops.names.resolve(laneIdOf(daytonaLease(id)));
+    const stuck = (await new LeaseHistory(bed.redis, bed.config.LEASE_OPS_PREFIX).read(laneId)).filter((e) => e.kind === 'stuck');
+    expect(stuck.map((e) => e.message)).toEqual([expect.stringMatching(/force-stop 1 of at most \d+ queued$/)]);
+    expect(forced(fake, id)).toHaveLength(1);
+    expect(fake.stateOf(id)).toBe('stopped');
   });
 });
