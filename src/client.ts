@@ -172,9 +172,9 @@ export class LeaseOpsClient {
         const partition = this.partitionOf(lease);
         const pin = this.partitions.length > 1 ? await partition.ops.pinIdempotencyKey({ op, lease, params, ...opts }, this.settings.LEASE_OPS_PREFIX) : null;
         try {
-          const enqueued = await enqueueRouted((laneId) => this.partitionOf(laneId).ops, this.names, { op, lease, params, ...opts });
+          const { jobId, laneId, deduplicated } = await enqueueRouted((laneId) => this.partitionOf(laneId).ops, this.names, { op, lease, params, ...opts });
           await pin?.settled(true);
-          return enqueued;
+          return { jobId, laneId, ...(deduplicated ? { deduplicated } : {}) };
         } catch (err) {
           // Refused for sure (nothing of it was kept): its pin goes after a moment. Any other
           // error may have come after the operation was accepted: the pin stays.

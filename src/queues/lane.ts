@@ -10,7 +10,7 @@ import { LeaseIdentitySchema, type LeaseIdentity } from '../lease.ts';
 // Every lane script takes the lane key layout of includes/lane.lua (18 keys), and some
 // the job's hash (and the request's idempotency key, and the lease's history) after it.
 const SCRIPTS = {
-  'lane-push': 24,
+  'lane-push': 25,
   'lane-alias': 3,
   'lane-acquire': 21,
   'lane-release': 25,
@@ -46,7 +46,15 @@ export type PushResult =
   | { kind: 'absorbed'; by: string }
   | { kind: 'full'; limit: QueueLimit; count: number }
   | { kind: 'layout'; held: number }
-  | { kind: 'alias'; laneId: string };
+  | { kind: 'alias'; laneId: string }
+  | { kind: 'claim-over' };
+
+/** A watchdog's force-stop, claimed on the lease's record (lease-force-claim.lua): it joins its lane only while the record shows the claim. */
+export interface ForceStopClaim {
+  recordKey: string;
+  since: number;
+  forceStops: number;
+}
 
 /**
  * How long a sandbox id stays a second name of its acquire's lane without use: as long as
@@ -246,6 +254,7 @@ export class Lanes {
     times: { acceptedAt: number; deadlineAt: number } | null = null,
     /** A failed job an operator runs again, back in BullMQ's wait list: it joins now (lane-push.lua). */
     rerun = false,
+    claim: ForceStopClaim | null = null,
   ): Promise<PushResult> {
     const r = (await this.run(
       'lane-push',
@@ -256,6 +265,7 @@ export class Lanes {
       layoutKey(this.prefix),
       this.aliasKey(laneId),
       this.rerunsKey(scope.companyId),
+      claim?.recordKey ?? this.noIdempotencyKey,
       jobId,
       laneId,
       Date.now(),
@@ -278,7 +288,10 @@ export class Lanes {
       times?.acceptedAt ?? '',
       times?.deadlineAt ?? '',
       rerun ? '1' : '0',
+      claim?.since ?? '',
+      claim?.forceStops ?? '',
     )) as string[];
+    if (r[0] === 'claim-over') return { kind: 'claim-over' };
     if (r[0] === 'alias') return { kind: 'alias', laneId: String(r[1]) };
     if (r[0] === 'layout') return { kind: 'layout', held: Number(r[1]) };
     if (r[0] === 'present') return { kind: 'present' };

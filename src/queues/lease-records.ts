@@ -60,6 +60,7 @@ export class LeaseRecords {
   private readonly observeScript: LuaCommand;
   private readonly forceClaimScript: LuaCommand;
   private readonly forceJobScript: LuaCommand;
+  private readonly forceUnclaimScript: LuaCommand;
   private readonly acquiredScript: LuaCommand;
 
   constructor(
@@ -71,6 +72,7 @@ export class LeaseRecords {
     this.acquiredScript = luaCommand(redis, 'lease-acquired', 2);
     this.forceClaimScript = luaCommand(redis, 'lease-force-claim', 1);
     this.forceJobScript = luaCommand(redis, 'lease-force-job', 1);
+    this.forceUnclaimScript = luaCommand(redis, 'lease-force-unclaim', 1);
   }
 
   recordKey(laneId: string): string {
@@ -193,9 +195,17 @@ export class LeaseRecords {
     return Number(await this.forceClaimScript(this.recordKey(laneId), since, n, lastJob ?? '')) === 1;
   }
 
-  /** Keeps the job of claimed force-stop `n` on the record; false once the record moved on. */
+  /**
+   * Keeps the job of claimed force-stop `n` on the record; false once the record moved on.
+   * (A force-stop queued in the record's own lane is kept as it joins, by lane-push.lua.)
+   */
   async noteForceJob(laneId: string, since: number, n: number, jobId: string): Promise<boolean> {
     return Number(await this.forceJobScript(this.recordKey(laneId), since, n, jobId)) === 1;
+  }
+
+  /** Gives back claimed force-stop `n` that could not be queued (`lastJob`: the job the record showed before). */
+  async unclaimForceStop(laneId: string, since: number, n: number, lastJob: string | null): Promise<boolean> {
+    return Number(await this.forceUnclaimScript(this.recordKey(laneId), since, n, lastJob ?? '')) === 1;
   }
 
 }

@@ -48,7 +48,21 @@ export type EnqueueRequest = {
   idempotencyKey?: string;
   /** lease-ops' own: an event on the lease's timeline written with this operation, just before it is accepted. */
   note?: HistoryNote;
+  /**
+   * lease-ops' own: the watchdog's claim of this force-stop on the record of lane `laneId`
+   * (lease-force-claim.lua). In that lane it joins only while the record shows the claim,
+   * and the record keeps its job in the same step; otherwise ForceStopClaimOver.
+   */
+  claim?: { laneId: string; since: number; forceStops: number };
 };
+
+/** A watchdog's force-stop was not queued: the lease's record no longer shows the claim it was queued for. */
+export class ForceStopClaimOver extends Error {
+  override name = 'ForceStopClaimOver';
+  constructor() {
+    super("the stuck episode the force-stop was claimed for is over on the lease's record");
+  }
+}
 
 export interface Enqueued {
   jobId: string;
@@ -56,6 +70,13 @@ export interface Enqueued {
   /** Set when no new job was made: an identical queued request or the same key took it. */
   deduplicated?: 'coalesced' | 'idempotency-key' | 'absorbed-stop';
 }
+
+/**
+ * What an enqueue answers inside lease-ops: also whether this call put the job into its
+ * lane, writing its timeline note (a retry of a request cut short may be the one that does,
+ * and still answers as deduplicated). The client answers an Enqueued without it.
+ */
+export type EnqueuedHere = Enqueued & { joinedHere: boolean };
 
 const IDEMPOTENCY_TTL_S = 24 * 3_600;
 
@@ -168,6 +189,12 @@ export class OperationsQueue {
    * at most once, whoever gets there first.
    */
   async enqueue(request: EnqueueRequest, route: { laneId?: string } = {}): Promise<Enqueued> {
+    const { jobId, laneId, deduplicated } = await this.enqueueHere(request, route);
+    return { jobId, laneId, ...(deduplicated ? { deduplicated } : {}) };
+  }
+
+  /** As enqueue, also saying whether this call put the job into its lane (EnqueuedHere). */
+  async enqueueHere(request: EnqueueRequest, route: { laneId?: string } = {}): Promise<EnqueuedHere> {
     // Another request with the same idempotency key may take back the job this one meant to
     // finish: then this one starts over (and, if that one was refused, is refused the same way).
     let laneId = route.laneId;
@@ -190,7 +217,7 @@ export class OperationsQueue {
    * or its own); null when a request with the same key took the job back meanwhile, movedTo
    * when the lease turned out to be a second name of another lane (nothing of it was kept).
    */
-  private async enqueueOnce(request: EnqueueRequest, routed: string | undefined): Promise<Enqueued | { movedTo: string } | null> {
+  private async enqueueOnce(request: EnqueueRequest, routed: string | undefined): Promise<EnqueuedHere | { movedTo: string } | null> {
     const now = Date.now();
     const data = buildJobData(request, now, this.settings.LEASE_OPS_DEADLINES_MS);
     const own = laneIdOf(data.lease);
@@ -222,7 +249,7 @@ export class OperationsQueue {
       idem = { key: this.idempotencyKey(data.lease, request.idempotencyKey), fingerprint: fingerprintOf(data) };
       const claimed = await this.claimIdempotencyKey(idem.key, idem.fingerprint, jobId);
       await faultPoint('enqueue-after-key');
-      if (claimed.kind === 'accepted') return { jobId: claimed.jobId, laneId: laneIdOfJobId(claimed.jobId) ?? laneId, deduplicated: 'idempotency-key' };
+      if (claimed.kind === 'accepted') return { jobId: claimed.jobId, laneId: laneIdOfJobId(claimed.jobId) ?? laneId, deduplicated: 'idempotency-key', joinedHere: false };
       if (claimed.kind === 'pending') {
         // An earlier request with this key was cut short before its job joined its lane:
         // finish it, under its job id. Its job may exist already (then it joins its lane here).
@@ -232,7 +259,7 @@ export class OperationsQueue {
         if (existing) {
           // Its data is this request's: the key's fingerprint matched.
           // Accepted when it was first stored: the history says the time its data holds.
-          const adopted = await this.joinLane(laneId, jobId, { ...data, acceptedAt: (existing.data as OperationJobData).acceptedAt ?? data.acceptedAt }, '', idem, true, request.note);
+          const adopted = await this.joinLane(laneId, jobId, { ...data, acceptedAt: (existing.data as OperationJobData).acceptedAt ?? data.acceptedAt }, '', idem, true, request.note, request.claim);
           return adopted && ('movedTo' in adopted ? adopted : { ...adopted, deduplicated: 'idempotency-key' });
         }
       }
@@ -254,7 +281,7 @@ export class OperationsQueue {
       // The key is marked accepted, naming the stop's job, in the same step.
       const upgraded = await this.lanes.upgradeQueuedStop(laneId, `stop:${data.params.providerLeaseId}`, data, idem);
       if (upgraded) {
-        return { jobId: upgraded, laneId, deduplicated: 'absorbed-stop' };
+        return { jobId: upgraded, laneId, deduplicated: 'absorbed-stop', joinedHere: false };
       }
     }
     // Counted against the company's bytes before it is stored (a force-stop is counted, never
@@ -262,7 +289,7 @@ export class OperationsQueue {
     await this.queue.waitUntilReady();
     await this.bytes.admit(data.lease.companyId, jobId, Buffer.byteLength(JSON.stringify(data)) + ACCEPTED_ALLOWANCE_BYTES, data.op === 'force-stop' ? 0 : this.bytesBudgetFor(data.lease));
     await this.queue.add(data.op, data, { ...this.jobOptions, jobId, delay: parkDelay(data, now) });
-    return this.joinLane(laneId, jobId, data, coalesceAs, idem, false, request.note);
+    return this.joinLane(laneId, jobId, data, coalesceAs, idem, false, request.note, request.claim);
   }
 
   /**
@@ -280,13 +307,23 @@ export class OperationsQueue {
     idem: { key: string; fingerprint: string } | null,
     adopt: boolean,
     note?: HistoryNote,
-  ): Promise<Enqueued | { movedTo: string } | null> {
+    claim?: EnqueueRequest['claim'],
+  ): Promise<EnqueuedHere | { movedTo: string } | null> {
     // Until it ends, an acquire is known here with its lease: if its job vanishes (an operator
     // removed it), the sweep still knows what to clean up after it (reconcileAcquires).
     if (data.op === 'acquire') await this.connection.hset(this.acquiresKey, jobId, JSON.stringify(data.lease));
     // The sanctioned exception: a force-stop goes ahead of queued and backing-off
     // operations of its lease, never alongside an executing one.
-    const pushed = await this.lanes.push(laneId, jobId, data.op === 'force-stop' ? 'front' : 'tail', coalesceAs, data.lease, this.limitsFor(data.lease), adopt, idem, note ?? null, data);
+    // A claim is of one lease record: in a lane of another (a sandbox with a lane of its own),
+    // the force-stop joins as it would without one.
+    const onRecord = claim && claim.laneId === laneId ? { recordKey: leaseRecordKey(this.settings.LEASE_OPS_PREFIX, laneId), since: claim.since, forceStops: claim.forceStops } : null;
+    const pushed = await this.lanes.push(laneId, jobId, data.op === 'force-stop' ? 'front' : 'tail', coalesceAs, data.lease, this.limitsFor(data.lease), adopt, idem, note ?? null, data, false, onRecord);
+    if (pushed.kind === 'claim-over') {
+      // Nothing of it stays: neither its job nor its key (a later claim is another force-stop).
+      await this.queue.remove(jobId);
+      if (idem) await this.deleteIfEqual(idem.key, pendingValue(jobId, idem.fingerprint));
+      throw new ForceStopClaimOver();
+    }
     if (pushed.kind === 'gone') {
       // Its key no longer names it: no request can put this job in a lane any more, and this
       // request may have stored it again after the one that took it back removed it.
@@ -306,7 +343,7 @@ export class OperationsQueue {
     if (pushed.kind === 'removed') {
       // An operator removed the job before it joined its lane: accepted, then removed.
       if (data.op === 'acquire') await this.connection.hdel(this.acquiresKey, jobId);
-      return { jobId, laneId };
+      return { jobId, laneId, joinedHere: false };
     }
     if (pushed.kind === 'absorbed') {
       // An identical request got in first: ours never joined the lane, so drop its job
@@ -314,7 +351,7 @@ export class OperationsQueue {
       // (lane-push marked the key accepted, naming the job that absorbed it.)
       if (data.op === 'acquire') await this.connection.hdel(this.acquiresKey, jobId);
       await this.queue.remove(jobId);
-      return { jobId: pushed.by, laneId, deduplicated: 'coalesced' };
+      return { jobId: pushed.by, laneId, deduplicated: 'coalesced', joinedHere: false };
     }
     if (pushed.kind === 'layout') {
       // The partition count changed since this process started: nothing of it stays.
@@ -331,14 +368,17 @@ export class OperationsQueue {
         // The key no longer names this job as pending: another request with it got the job
         // into its lane meanwhile (the key says accepted), or took it back.
         const now = parseIdempotencyValue(await this.connection.get(idem.key));
-        if (now?.state === 'accepted') return { jobId: now.jobId, laneId: laneIdOfJobId(now.jobId) ?? laneId, deduplicated: 'idempotency-key' };
+        if (now?.state === 'accepted') return { jobId: now.jobId, laneId: laneIdOfJobId(now.jobId) ?? laneId, deduplicated: 'idempotency-key', joinedHere: false };
       }
       // Refused: nothing of this request may stay behind, neither its job nor its key.
       if (data.op === 'acquire') await this.connection.hdel(this.acquiresKey, jobId);
       await this.queue.remove(jobId);
       throw new QueueFullError(pushed.limit, pushed.count, FULL_RETRY_AFTER_MS);
     }
-    return { jobId, laneId };
+    // Already in its lane: another request with the same key (a retry, or a watchdog finishing
+    // a claim beside the one that made it) put it there.
+    if (pushed.kind === 'present') return { jobId, laneId, deduplicated: 'idempotency-key', joinedHere: false };
+    return { jobId, laneId, joinedHere: true };
   }
 
   /**
@@ -712,12 +752,12 @@ export function buildJobData(
  * Enqueues through the partition that holds the lease's lane (`queueOf` maps a lane id to its
  * partition's queue), following a second name of a lane to that lane wherever it is.
  */
-export async function enqueueRouted(queueOf: (laneId: string) => OperationsQueue, names: LaneNames, request: EnqueueRequest): Promise<Enqueued> {
+export async function enqueueRouted(queueOf: (laneId: string) => OperationsQueue, names: LaneNames, request: EnqueueRequest): Promise<EnqueuedHere> {
   const own = laneIdOf(LeaseIdentitySchema.parse(request.lease));
   for (let hops = 0; ; hops++) {
     const laneId = names.cached(own) ?? own;
     try {
-      return await queueOf(laneId).enqueue(request, { laneId });
+      return await queueOf(laneId).enqueueHere(request, { laneId });
     } catch (err) {
       // Learnt meanwhile (LaneNames.learn): the next try goes to that lane. A name points at its
       // acquire's lane, which has none of its own, so one hop is all there is.

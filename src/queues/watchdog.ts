@@ -6,7 +6,7 @@ import { laneIdOf } from '../lease.ts';
 import { historyNote } from './lease-history.ts';
 import type { LeaseRecords } from './lease-records.ts';
 import type { LaneNames } from './lane-names.ts';
-import { enqueueRouted, type OperationsQueue } from './operations-queue.ts';
+import { enqueueRouted, ForceStopClaimOver, type EnqueuedHere, type OperationsQueue } from './operations-queue.ts';
 
 export interface WatchdogSettings {
   stuckAfterMs: number;
@@ -22,7 +22,11 @@ export interface WatchdogReport {
   unsupported: number;
   /** As many force-stops as the watchdog tries per episode were queued already. */
   exhausted: number;
+  /** Its force-stop could not be queued (its lane was full, or Redis failed): the next check tries again. */
+  refused: number;
 }
+
+const emptyReport = (): WatchdogReport => ({ inspected: 0, queued: 0, pending: 0, unsupported: 0, exhausted: 0, refused: 0 });
 
 /**
  * The stuck-stop watchdog. It decides from lease-ops' own records, never by calling a
@@ -61,7 +65,7 @@ export class Watchdog {
 
   /** Every lease stuck on its way to stopped, oldest first, a page at a time. */
   async scan(page = 500): Promise<WatchdogReport> {
-    const report: WatchdogReport = { inspected: 0, queued: 0, pending: 0, unsupported: 0, exhausted: 0 };
+    const report = emptyReport();
     const before = (await this.records.now()) - this.settings.stuckAfterMs;
     for (let offset = 0; ; offset += page) {
       const stuck = await this.records.stoppingSinceWithScores(before, page, offset);
@@ -70,8 +74,22 @@ export class Watchdog {
     }
   }
 
-  /** One lease, as its own stuck check or as part of a scan. */
-  async consider(laneId: string, report: WatchdogReport = { inspected: 0, queued: 0, pending: 0, unsupported: 0, exhausted: 0 }): Promise<WatchdogReport> {
+  /**
+   * One lease, as its own stuck check or as part of a scan. A lease whose force-stop cannot be
+   * queued is logged and counted, and the scan goes on to the next (the oldest stuck lease
+   * must not hide the others).
+   */
+  async consider(laneId: string, report: WatchdogReport = emptyReport()): Promise<WatchdogReport> {
+    try {
+      return await this.considerOne(laneId, report);
+    } catch (err) {
+      report.refused++;
+      this.log.warn({ laneId, reason: err instanceof Error ? err.message : String(err) }, 'could not queue the force-stop of a sandbox stuck on its way to stopped; the next check tries again');
+      return report;
+    }
+  }
+
+  private async considerOne(laneId: string, report: WatchdogReport): Promise<WatchdogReport> {
     report.inspected++;
     const record = await this.records.get(laneId);
     if (!record) {
@@ -92,6 +110,7 @@ export class Watchdog {
     const sandboxLease = { ...record.lease, leaseId: record.providerLeaseId };
     const forceQueue = this.queueOf(await this.names.resolve(laneIdOf(sandboxLease)));
     let n: number;
+    let claimed = false;
     if (record.forceStops > 0 && record.forceJob === null) {
       // Claimed and not queued yet: by a watchdog that stopped in between (a crash), or by
       // another replica that is in between now. Either way it is this same force-stop that is
@@ -113,29 +132,46 @@ export class Watchdog {
       n = record.forceStops + 1;
       // What was read above may be old by now: the last force-stop's end may have seen the
       // sandbox stopped just after it. The claim holds only while the record still shows
-      // this episode, this count and that job; otherwise nothing is queued, noted or counted.
+      // this episode, this count and that job.
       if (!(await this.records.claimForceStop(laneId, record.since, n, record.forceJob))) return report;
+      claimed = true;
     }
     await faultPoint('watchdog-claimed');
-    const enqueued = await enqueueRouted(this.queueOf, this.names, {
-      op: 'force-stop',
-      // Named by its sandbox: it joins the lane the sandbox's operations run in.
-      lease: sandboxLease,
-      params: { providerLeaseId: record.providerLeaseId, ifStoppingSince: record.since },
-      idempotencyKey: `lease-ops:watchdog:${laneId}:${record.since}:${n}`,
-      // On the timeline with the force-stop, in the step that queues it (before its attempt
-      // can begin): written once, by whichever call made the job.
-      note: historyNote({
-        kind: 'stuck',
+    let enqueued: EnqueuedHere;
+    try {
+      enqueued = await enqueueRouted(this.queueOf, this.names, {
         op: 'force-stop',
-        since: record.since,
-        message: `"${record.providerState}" for ${tenths(stuckFor)} s (budget ${tenths(this.settings.stuckAfterMs)} s): force-stop ${n} of at most ${this.settings.maxForceStops} queued`,
-      }),
-    });
+        // Named by its sandbox: it joins the lane the sandbox's operations run in.
+        lease: sandboxLease,
+        params: { providerLeaseId: record.providerLeaseId, ifStoppingSince: record.since },
+        idempotencyKey: `lease-ops:watchdog:${laneId}:${record.since}:${n}`,
+        // It joins only while the record still shows the claim (the episode may have ended
+        // since), and the record keeps its job in that same step.
+        claim: { laneId, since: record.since, forceStops: n },
+        // On the timeline with the force-stop, in the step that queues it (before its attempt
+        // can begin): written once, by the call that puts it into its lane.
+        note: historyNote({
+          kind: 'stuck',
+          op: 'force-stop',
+          since: record.since,
+          message: `"${record.providerState}" for ${tenths(stuckFor)} s (budget ${tenths(this.settings.stuckAfterMs)} s): force-stop ${n} of at most ${this.settings.maxForceStops} queued`,
+        }),
+      });
+    } catch (err) {
+      if (err instanceof ForceStopClaimOver) {
+        log.debug({ forceStop: n }, 'the stuck episode ended before its force-stop was queued: nothing queued');
+        return report;
+      }
+      // Not queued (a full lane, Redis): given back, so no view counts a force-stop that was
+      // never queued. A claim finished for another watchdog is left for the next check.
+      if (claimed) await this.records.unclaimForceStop(laneId, record.since, n, record.forceJob).catch(() => undefined);
+      throw err;
+    }
     await faultPoint('watchdog-queued');
-    await this.records.noteForceJob(laneId, record.since, n, enqueued.jobId);
-    // Counted by the call that made the job, as its timeline note is written: once per force-stop.
-    if (enqueued.deduplicated) {
+    // In a lane other than the record's own, the push could not keep the job on the record.
+    if (enqueued.laneId !== laneId) await this.records.noteForceJob(laneId, record.since, n, enqueued.jobId);
+    // Counted by the call that put it into its lane, which wrote its note: once per force-stop.
+    if (!enqueued.joinedHere) {
       report.pending++;
       return report;
     }

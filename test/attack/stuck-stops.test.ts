@@ -8,6 +8,7 @@ import type { LeaseProvider, SandboxState } from '../../src/providers/types.ts';
 import { LeaseHistory } from '../../src/queues/lease-history.ts';
 import { leaseRecordKey, LeaseRecords } from '../../src/queues/lease-records.ts';
 import { registry } from '../../src/metrics.ts';
+import { OperationsQueue } from '../../src/queues/operations-queue.ts';
 import { Watchdog } from '../../src/queues/watchdog.ts';
 import { bedFor, gate, lease, QUICK_RECOVERY, readUntil, TestBed, workerEnv } from '../helpers/env.ts';
 import { workerFor } from '../helpers/worker-process.ts';
@@ -241,10 +242,118 @@ describe("the watchdog's decision and what it counts are one step: a force-stop 
     expect(await records.get(laneId)).toMatchObject({ forceStops: 1, forceJob: stuck[0]!.jobId });
     expect(await stuckCount()).toBe(counted + 1);
   });
+  /** A watchdog of its own, as another replica would run it, and a gate inside its enqueue. */
+  function replica(stuckAfterMs = 0, maxPerLease?: string) {
+    const ops = new OperationsQueue(bed.redis, maxPerLease ? { ...bed.config, LEASE_OPS_MAX_QUEUED_PER_LEASE: Number(maxPerLease) } : bed.config);
+    const records = new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX);
+    const watchdog = new Watchdog(ops, records, new ProviderRegistry([forcer]), { stuckAfterMs, maxForceStops: 5 }, createLogger({ level: 'silent' }));
+    const entered = gate();
+    const held = gate();
+    let holding = false;
+    const add = ops.queue.add.bind(ops.queue);
+    /** Holds its next enqueue where the job is stored: after its claim, before its lane. */
+    const holdNextAdd = () => {
+      holding = true;
+    };
+    ops.queue.add = (async (...args: Parameters<typeof add>) => {
+      if (holding) {
+        holding = false;
+        entered.open();
+        await held.promise;
+      }
+      return add(...args);
+    }) as typeof ops.queue.add;
+    return { ops, records, watchdog, entered: entered.promise, release: held.open, holdNextAdd };
+  }
+  const stuckLease = async (leaseId: string) => {
+    const identity: LeaseIdentity = { provider: 'forcer', companyId: 'co', environmentId: 'env', leaseId };
+    const laneId = laneIdOf(identity);
+    const seen = await new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX).observe(laneId, identity, leaseId, { kind: 'transitioning', providerState: 'stopping', toward: 'stopped' });
+    return { identity, laneId, since: seen!.since };
+  };
+  const stuckNotes = async (laneId: string) => (await new LeaseHistory(bed.redis, bed.config.LEASE_OPS_PREFIX).read(laneId)).filter((e) => e.kind === 'stuck');
+
+  it('two replicas: one holds inside its enqueue after its claim, the other finishes that claim; then the first goes on: one job, one note, one count (helper-27)', async () => {
+    const { laneId } = await stuckLease('two-replicas');
+    const [a, b] = [replica(), replica()];
+    const counted = await stuckCount();
+    a.holdNextAdd();
+    const first = a.watchdog.consider(laneId);
+    await a.entered;
+    const second = await b.watchdog.consider(laneId);
+    a.release();
+    const reports = [await first, second];
+    expect(reports.map((r) => r.queued)).toEqual([0, 1]);
+    const notes = await stuckNotes(laneId);
+    expect(notes).toHaveLength(1);
+    expect((await bed.ops.lanes.view(laneId)).jobs).toEqual([notes[0]!.jobId]);
+    expect(await stuckCount()).toBe(counted + 1);
+  });
+
+  it('a claim whose episode ends (stopped, started, stopping again) before its force-stop joins the lane: nothing queued, noted or counted; the new episode gets its own (helper-27)', async () => {
+    const { identity, laneId, since } = await stuckLease('episode-ends');
+    const [a, b] = [replica(), replica(60_000)];
+    const counted = await stuckCount();
+    a.holdNextAdd();
+    const first = a.watchdog.consider(laneId);
+    await a.entered;
+    const records = new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX);
+    await records.observe(laneId, identity, identity.leaseId, { kind: 'stopped', providerState: 'stopped' });
+    await records.observe(laneId, identity, identity.leaseId, { kind: 'running' });
+    const again = (await records.observe(laneId, identity, identity.leaseId, { kind: 'transitioning', providerState: 'stopping', toward: 'stopped' }))!.since;
+    expect(again).not.toBe(since);
+    // The new episode is not stuck yet for a watchdog with a minute's budget: it queues nothing.
+    expect((await b.watchdog.consider(laneId)).queued).toBe(0);
+    a.release();
+    expect((await first).queued).toBe(0);
+    expect(await stuckNotes(laneId)).toEqual([]);
+    expect((await bed.ops.lanes.view(laneId)).jobs).toEqual([]);
+    expect(await stuckCount()).toBe(counted);
+    expect(await records.get(laneId)).toMatchObject({ since: again, forceStops: 0, forceJob: null });
+    // Once the new episode is stuck, its force-stop is its own.
+    expect((await replica().watchdog.consider(laneId)).queued).toBe(1);
+    const notes = await stuckNotes(laneId);
+    expect(notes).toHaveLength(1);
+    const job = await bed.ops.queue.getJob(notes[0]!.jobId!);
+    expect(job?.data.params).toEqual({ providerLeaseId: identity.leaseId, ifStoppingSince: again });
+  });
+
+  it("a force-stop its lane refuses (the lease's limit) is given back and logged, and the scan goes on to the next stuck lease (helper-27)", async () => {
+    const full = await stuckLease('full-lane');
+    const next = await stuckLease('after-full-lane');
+    // An operator's force-stop waits at the front of the first lease's lane: with one operation
+    // a lease, there is no room for the watchdog's.
+    const limited = replica(0, '1');
+    await limited.ops.enqueue({ op: 'force-stop', lease: full.identity, params: { providerLeaseId: full.identity.leaseId } });
+    const counted = await stuckCount();
+    const report = await limited.watchdog.scan();
+    expect(report).toMatchObject({ refused: 1, queued: 1 });
+    expect(await limited.records.get(full.laneId)).toMatchObject({ forceStops: 0, forceJob: null });
+    expect(await stuckNotes(full.laneId)).toEqual([]);
+    expect(await stuckNotes(next.laneId)).toHaveLength(1);
+    expect(await limited.records.get(next.laneId)).toMatchObject({ forceStops: 1 });
+    expect(await stuckCount()).toBe(counted + 1);
+  });
+
+  it('a watchdog that failed between storing its force-stop and putting it into its lane: the next one puts that same job in, notes and counts it once (helper-27)', async () => {
+    const { laneId } = await stuckLease('stored-not-joined');
+    const a = replica();
+    const push = a.ops.lanes.push.bind(a.ops.lanes);
+    a.ops.lanes.push = (() => Promise.reject(new Error('connection lost'))) as typeof push;
+    expect((await a.watchdog.consider(laneId)).refused).toBe(1);
+    const stored = (await bed.ops.queue.getJobs(['delayed', 'wait'])).filter((j) => j?.data.lease.leaseId === 'stored-not-joined');
+    expect(stored).toHaveLength(1);
+    const counted = await stuckCount();
+    const report = await replica().watchdog.consider(laneId);
+    expect(report.queued).toBe(1);
+    const notes = await stuckNotes(laneId);
+    expect(notes.map((n) => n.jobId)).toEqual([stored[0]!.id]);
+    expect(await stuckCount()).toBe(counted + 1);
+  });
 });
 
 describe.concurrent('the watchdog killed at each step of queueing a force-stop: the next watchdog queues that same one, noted and forced once', () => {
-  it.for(['watchdog-claimed', 'watchdog-queued'])('killed at %s', async (point, { onTestFinished }) => {
+  it.for(['watchdog-claimed', 'enqueue-after-key', 'watchdog-queued'])('killed at %s', async (point, { onTestFinished }) => {
     const bed = await bedFor(onTestFinished, { LEASE_OPS_KEEP_COMPLETED_S: '3600' });
     const fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 20, stop: 20, forceStop: 0, destroy: 10 } });
     onTestFinished(() => fake.close());

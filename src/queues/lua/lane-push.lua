@@ -17,6 +17,8 @@
   second name of its acquire's lane (lane-alias.lua)
   KEYS[24] the company's reruns on their way to their lanes (rerun-admit.lua): counted with
   the operations of the lane, the environment and the company they will join
+  KEYS[25] the lease's record (lease-records.ts), for a watchdog's force-stop (a placeholder
+  otherwise): see ARGV[23]
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] 'tail' | 'front'
   ARGV[5] BullMQ job key prefix
   ARGV[6] coalescing key ('' for none): an identical request queued last and not yet
@@ -38,6 +40,10 @@
   ARGV[18] ARGV[19] an event to write before `accepted` ('' for none): its kind, its fields
   ARGV[20] when the operation was accepted (its data's acceptedAt, ms): the `accepted`
   event's time, so the timeline and the operation's view say one time
+  ARGV[23] ARGV[24] a watchdog's force-stop: the stuck episode's `since` and the force-stop's
+  number it claimed on the lease's record (lease-force-claim.lua); '' for any other job. It
+  joins only while the record still shows that claim ({'claim-over'} otherwise, and nothing
+  of it joins), and the record keeps its job in the step it joins
   ARGV[22] '1' for a failed job an operator runs again (BullMQ's retry just moved it back to
   wait): it joins now, at its lane's tail (a force-stop at the front) like a new request,
   its recorded outcome forgotten and its place among the company's reruns on their way
@@ -55,7 +61,7 @@
   (in both cases the caller drops its own job), {'present'} (already accepted), or {'gone'}
   (its idempotency key no longer names it as pending: another request took it back), or
   {'alias', laneId} (the lease is a second name of that lane: nothing was done here; the
-  caller drops its job and enqueues into that lane).
+  caller drops its job and enqueues into that lane), or {'claim-over'} (ARGV[23]).
 ]]
 local rcall = redis.call
 --- @include "lane"
@@ -112,6 +118,16 @@ if rcall('EXISTS', jobKey) == 0 then
   accepted(jobId)
   historyAppend(KEYS[21], {'e', 'removed', 'job', jobId, 'message', 'removed before it joined its lane'})
   return {'removed'}
+end
+
+-- A watchdog's force-stop claimed for an episode the record no longer shows (its sandbox was
+-- seen stopped, or left stopping and came back, while the watchdog was between its claim and
+-- here): it is not queued, so it neither forces a later episode early nor notes one.
+if ARGV[23] ~= '' then
+  local record = rcall('HMGET', KEYS[25], 'since', 'forceStops')
+  if record[1] ~= ARGV[23] or record[2] ~= ARGV[24] then
+    return {'claim-over'}
+  end
 end
 
 -- Heads removed through BullMQ's own API go first: this operation must not wait behind them
@@ -222,6 +238,9 @@ if coalesceAs ~= '' then
 end
 rcall('ZADD', k.lanes, 'NX', now, laneId)
 accepted(jobId)
+if ARGV[23] ~= '' then
+  rcall('HSET', KEYS[25], 'forceJob', jobId)
+end
 
 local waits
 if mode == 'front' then

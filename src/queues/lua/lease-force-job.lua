@@ -1,5 +1,6 @@
 --[[
-  The job of a force-stop the watchdog claimed (lease-force-claim.lua) and queued, kept on the
+  The job of a force-stop the watchdog claimed (lease-force-claim.lua) and queued in a lane
+  other than the record's own (lane-push.lua keeps it as it joins the record's own), kept on the
   lease's record while the record still shows that claim (same episode, same count): the
   watchdog waits for that job to end before it considers another.
 
