@@ -54,6 +54,9 @@ export interface EnqueueOptions {
   idempotencyKey?: string;
 }
 
+/** Idempotency keys lease-ops' own requests use; refused from callers. */
+const RESERVED_KEY_PREFIX = 'lease-ops:';
+
 /**
  * The control plane's handle on lease-ops: enqueue operations, read them and the lanes of
  * their leases, and wait for results. Bad input throws InvalidRequestError before anything
@@ -167,6 +170,13 @@ export class LeaseOpsClient {
     params: OperationParams[Op] | Record<string, unknown>,
     opts: EnqueueOptions = {},
   ): Promise<Enqueued> {
+    // lease-ops' own requests (the watchdog's force-stops) use keys under `lease-ops:`: a
+    // caller's request under one would take the key the watchdog's next force-stop needs.
+    if (opts.idempotencyKey?.startsWith(RESERVED_KEY_PREFIX)) {
+      throw new InvalidRequestError(`idempotencyKey: keys starting with "${RESERVED_KEY_PREFIX}" are lease-ops' own`, [
+        { code: 'custom', path: ['idempotencyKey'], message: `keys starting with "${RESERVED_KEY_PREFIX}" are lease-ops' own`, input: opts.idempotencyKey },
+      ]);
+    }
     try {
       return await this.call(async () => {
         const partition = this.partitionOf(lease);

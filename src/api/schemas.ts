@@ -27,9 +27,13 @@ const deadlineMs = z
   .optional()
   .meta({ description: 'ms after acceptance by which the operation must have succeeded; default per operation' });
 /** One rule for the key, whether it comes in the body or in the Idempotency-Key header. */
-export const IdempotencyKeySchema = z.string().min(1).max(256);
+export const IdempotencyKeySchema = z
+  .string()
+  .min(1)
+  .max(256)
+  .refine((key) => !key.startsWith('lease-ops:'), { message: 'keys starting with "lease-ops:" are lease-ops\' own (its watchdog\'s force-stops)' });
 const idempotencyKey = IdempotencyKeySchema.optional().meta({
-  description: 'the same key returns the same operation for 24 h (the Idempotency-Key header works too)',
+  description: 'the same key returns the same operation for 24 h (the Idempotency-Key header works too); keys starting with "lease-ops:" are lease-ops\' own and refused',
 });
 export const IdempotencyHeaderSchema = z.object({ 'idempotency-key': IdempotencyKeySchema.optional() });
 

@@ -463,7 +463,11 @@ export class AttemptLife {
   private async nameSandbox(laneId: string, lease: LeaseIdentity, sandbox: string, log: () => Logger, acquired: boolean): Promise<void> {
     if (sandbox === lease.leaseId) return;
     const named = await this.laneStep(() => this.deps.ops.names.name(laneIdOf({ ...lease, leaseId: sandbox }), laneId));
-    if (acquired && (named === 'new' || named === 'named')) await this.laneStep(() => this.deps.records.noteAcquired(laneId, lease.leaseId, sandbox, this.hold(laneId), this.jobId));
+    if (acquired && (named === 'new' || named === 'named')) {
+      const noted = await this.laneStep(() => this.deps.records.noteAcquired(laneId, lease.leaseId, sandbox, this.hold(laneId), this.jobId));
+      // Fenced: the attempt that holds the lane now (a re-run of this acquire) notes its own.
+      if (!noted) log().warn({ sandbox }, 'attempt no longer holds its lane (superseded, or Redis lost its data): the sandbox it acquired is not noted as the lease\'s');
+    }
     if (named === 'new') {
       this.deps.history.append(laneId, { kind: 'named', jobId: this.jobId, op: 'acquire', sandbox, message: `sandbox ${sandbox} names this lease from now on` });
       return;

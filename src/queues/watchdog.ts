@@ -168,8 +168,11 @@ export class Watchdog {
       throw err;
     }
     await faultPoint('watchdog-queued');
-    // In a lane other than the record's own, the push could not keep the job on the record.
-    if (enqueued.laneId !== laneId) await this.records.noteForceJob(laneId, record.since, n, enqueued.jobId);
+    // Kept on the record by the push that joined it in the record's own lane; otherwise (another
+    // lane, or the key answered with a job that never joined here: removed before it joined its
+    // lane, say) kept now, so the next check waits for that job or, once it has ended, claims
+    // the next force-stop, and the claim never stays without its job.
+    if (enqueued.laneId !== laneId || !enqueued.joinedHere) await this.records.noteForceJob(laneId, record.since, n, enqueued.jobId);
     // Counted by the call that put it into its lane, which wrote its note: once per force-stop.
     if (!enqueued.joinedHere) {
       report.pending++;

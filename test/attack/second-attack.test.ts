@@ -2,7 +2,8 @@ import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../src/config.ts';
 import { DaytonaFake } from '../../src/fakes/daytona-fake.ts';
-import type { LeaseIdentity } from '../../src/lease.ts';
+import { laneIdOf, type LeaseIdentity } from '../../src/lease.ts';
+import { LeaseRecords } from '../../src/queues/lease-records.ts';
 import { createDaytonaProvider } from '../../src/providers/daytona/index.ts';
 import { OperationsQueue } from '../../src/queues/operations-queue.ts';
 import { createRedis } from '../../src/queues/redis.ts';
@@ -66,6 +67,25 @@ describe('a stale attempt never cleans up after an acquire that its successor co
     await readUntil(async () => (await bed.ops.lanes.openLaneCount()) === 0, 10_000, 'every lane idle');
     expect(fake.calls.filter((c) => c.sandboxId === providerLeaseId && c.method === 'DELETE')).toEqual([]);
     expect(fake.stateOf(providerLeaseId)).toBe('started');
+  });
+});
+
+describe('an acquire frozen after its provider call wakes after its re-run completed', () => {
+  it('it notes nothing on the lease, says so, and the sandbox the re-run handed out stays the lease\'s', async () => {
+    const bed = await bedWith({ LEASE_OPS_KEEP_COMPLETED_S: '600' });
+    const { fake, url } = await cloud();
+    const frozen = worker(bed, url, { LEASE_OPS_FAULT_POINTS: 'after-provider-call=pause*1' });
+    await frozen.ready;
+    const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('frozen-after-call'), params: { runId: 'r' } });
+    await frozen.waitForLog('fault point after-provider-call: pause');
+    worker(bed, url); // the successor re-runs it once the frozen one's lock lapsed
+    expect((await bed.waitForAll([jobId], 20_000)).get(jobId)).toBe('completed');
+    const sandbox = ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    frozen.child.kill('SIGCONT');
+    await frozen.waitForLog('the sandbox it acquired is not noted', 15_000);
+    const view = await new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX).acquiredLive(await bed.ops.names.resolve(laneIdOf(daytonaLease('frozen-after-call'))));
+    expect(view).toEqual({ sandbox, by: jobId });
+    expect(fake.stateOf(sandbox)).toBe('started');
   });
 });
 

@@ -9,6 +9,7 @@ import { LeaseHistory } from '../../src/queues/lease-history.ts';
 import { leaseRecordKey, LeaseRecords } from '../../src/queues/lease-records.ts';
 import { registry } from '../../src/metrics.ts';
 import { OperationsQueue } from '../../src/queues/operations-queue.ts';
+import { LeaseOpsClient } from '../../src/client.ts';
 import { Watchdog } from '../../src/queues/watchdog.ts';
 import { bedFor, gate, lease, QUICK_RECOVERY, readUntil, TestBed, workerEnv } from '../helpers/env.ts';
 import { workerFor } from '../helpers/worker-process.ts';
@@ -333,6 +334,39 @@ describe("the watchdog's decision and what it counts are one step: a force-stop 
     expect(await stuckNotes(next.laneId)).toHaveLength(1);
     expect(await limited.records.get(next.laneId)).toMatchObject({ forceStops: 1 });
     expect(await stuckCount()).toBe(counted + 1);
+  });
+
+  it('its force-stop removed by an operator before it joined its lane: the next check keeps that job on the record, and once it is gone claims the next (helper-28)', async () => {
+    const { laneId } = await stuckLease('removed-before-lane');
+    const a = replica();
+    const push = a.ops.lanes.push.bind(a.ops.lanes);
+    a.ops.lanes.push = (async (...args: Parameters<typeof push>) => {
+      a.ops.lanes.push = push;
+      await a.ops.queue.remove(args[1]);
+      return push(...args);
+    }) as typeof push;
+    const first = await a.watchdog.consider(laneId);
+    expect(first.queued).toBe(0);
+    const records = new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX);
+    const removed = (await records.get(laneId))!.forceJob;
+    expect(removed).not.toBeNull();
+    expect(await bed.ops.queue.getJob(removed!)).toBeUndefined();
+    // The next check sees that job gone (ended) and queues force-stop 2.
+    expect((await replica().watchdog.consider(laneId)).queued).toBe(1);
+    expect((await stuckNotes(laneId)).map((e) => e.message)).toEqual([expect.stringMatching(/force-stop 2 of at most 5 queued$/)]);
+    expect(await records.get(laneId)).toMatchObject({ forceStops: 2 });
+  });
+
+  it("refuses a caller's idempotency key under lease-ops: (the watchdog's keys), before anything is stored (helper-28)", async () => {
+    const { identity, since } = await stuckLease('forged-key');
+    const client = new LeaseOpsClient(bed.config);
+    try {
+      const forged = client.enqueue('force-stop', identity, { providerLeaseId: identity.leaseId, ifStoppingSince: since }, { idempotencyKey: `lease-ops:watchdog:${laneIdOf(identity)}:${since}:1` });
+      await expect(forged).rejects.toMatchObject({ name: 'InvalidRequestError', code: 'invalid_request' });
+      expect((await bed.ops.lanes.view(laneIdOf(identity))).jobs).toEqual([]);
+    } finally {
+      await client.close();
+    }
   });
 
   it('a watchdog that failed between storing its force-stop and putting it into its lane: the next one puts that same job in, notes and counts it once (helper-27)', async () => {
