@@ -1,3 +1,4 @@
+import { partitionOfLane } from '../partitions.ts';
 import { createHash, randomBytes } from 'node:crypto';
 import { Job, Queue, type JobsOptions } from 'bullmq';
 import { z } from 'zod';
@@ -50,8 +51,9 @@ export type EnqueueRequest = {
   note?: HistoryNote;
   /**
    * lease-ops' own: the watchdog's claim of this force-stop on the record of lane `laneId`
-   * (lease-force-claim.lua). In that lane it joins only while the record shows the claim,
-   * and the record keeps its job in the same step; otherwise ForceStopClaimOver.
+   * (lease-force-claim.lua). It joins its lane only while the record shows the claim, and the
+   * record keeps its job in the same step; otherwise ForceStopClaimOver. (Not held for a
+   * record in another partition than the lane's.)
    */
   claim?: { laneId: string; since: number; forceStops: number };
 };
@@ -314,9 +316,14 @@ export class OperationsQueue {
     if (data.op === 'acquire') await this.connection.hset(this.acquiresKey, jobId, JSON.stringify(data.lease));
     // The sanctioned exception: a force-stop goes ahead of queued and backing-off
     // operations of its lease, never alongside an executing one.
-    // A claim is of one lease record: in a lane of another (a sandbox with a lane of its own),
-    // the force-stop joins as it would without one.
-    const onRecord = claim && claim.laneId === laneId ? { recordKey: leaseRecordKey(this.settings.LEASE_OPS_PREFIX, laneId), since: claim.since, forceStops: claim.forceStops } : null;
+    // The claim is on the record of its lane, which may not be this one (a sandbox with a lane
+    // of its own): held here as long as that record is in this partition (one script's keys
+    // share a hash tag); across partitions the force-stop joins as it would without one.
+    const partitions = this.settings.LEASE_OPS_PARTITIONS;
+    const onRecord =
+      claim && partitionOfLane(claim.laneId, partitions) === partitionOfLane(laneId, partitions)
+        ? { recordKey: leaseRecordKey(this.settings.LEASE_OPS_PREFIX, claim.laneId), since: claim.since, forceStops: claim.forceStops }
+        : null;
     const pushed = await this.lanes.push(laneId, jobId, data.op === 'force-stop' ? 'front' : 'tail', coalesceAs, data.lease, this.limitsFor(data.lease), adopt, idem, note ?? null, data, false, onRecord);
     if (pushed.kind === 'claim-over') {
       // Nothing of it stays: neither its job nor its key (a later claim is another force-stop).

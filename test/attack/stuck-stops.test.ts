@@ -319,6 +319,30 @@ describe("the watchdog's decision and what it counts are one step: a force-stop 
     expect(job?.data.params).toEqual({ providerLeaseId: identity.leaseId, ifStoppingSince: again });
   });
 
+  it("a record whose sandbox has a lane of its own: a claim whose episode ends before its force-stop joins the sandbox's lane queues nothing there (helper-28)", async () => {
+    // The record of lane "acquired-as" shows sandbox "own-lane-sandbox", which is no name of it.
+    const identity: LeaseIdentity = { provider: 'forcer', companyId: 'co', environmentId: 'env', leaseId: 'acquired-as' };
+    const laneId = laneIdOf(identity);
+    const sandbox = 'own-lane-sandbox';
+    const sandboxLane = laneIdOf({ ...identity, leaseId: sandbox });
+    const records = new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX);
+    await records.observe(laneId, identity, sandbox, { kind: 'transitioning', providerState: 'stopping', toward: 'stopped' });
+    const a = replica();
+    a.holdNextAdd();
+    const first = a.watchdog.consider(laneId);
+    await a.entered;
+    await records.observe(laneId, identity, sandbox, { kind: 'stopped', providerState: 'stopped' });
+    await records.observe(laneId, identity, sandbox, { kind: 'transitioning', providerState: 'stopping', toward: 'stopped' });
+    a.release();
+    expect((await first).queued).toBe(0);
+    expect((await bed.ops.lanes.view(sandboxLane)).jobs).toEqual([]);
+    expect(await stuckNotes(sandboxLane)).toEqual([]);
+    // The new episode's own force-stop joins the sandbox's lane, and the record keeps its job.
+    expect((await replica().watchdog.consider(laneId)).queued).toBe(1);
+    const [queued] = (await bed.ops.lanes.view(sandboxLane)).jobs;
+    expect(await records.get(laneId)).toMatchObject({ forceStops: 1, forceJob: queued });
+  });
+
   it("a force-stop its lane refuses (the lease's limit) is given back and logged, and the scan goes on to the next stuck lease (helper-27)", async () => {
     const full = await stuckLease('full-lane');
     const next = await stuckLease('after-full-lane');
