@@ -211,6 +211,9 @@ describe.concurrent('a graceful close while Redis fails', () => {
     const setting = await setUp(onTestFinished, { LEASE_OPS_LOCK_MS: '5000', RECORDING_MIN_MS: '4000', RECORDING_MAX_MS: '4000' });
     const { b, w, callFile, server } = setting;
     await termDuringCall(setting);
+    // Redis dies once the close waits (before that, its first ping would find Redis gone and
+    // the close would not wait at all: another case, beside a busy machine a race).
+    await w.waitForLog('closing: waiting for the running operations to end');
     await b.close();
     await server.crash();
     expect(await exitCodeWithin(w, 15_000)).toBe(0);

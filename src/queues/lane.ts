@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { companyBytesKeys, ENDED_ALLOWANCE_BYTES } from './company-bytes.ts';
 import { layoutKey } from './layout.ts';
 import { historyKey, type HistoryNote } from './lease-history.ts';
@@ -290,8 +291,11 @@ export class Lanes {
       rerun ? '1' : '0',
       claim?.since ?? '',
       claim?.forceStops ?? '',
+      // This call's own mark: a resend of it (a reply lost) answers as the one that joined.
+      randomBytes(9).toString('base64url'),
     )) as string[];
     if (r[0] === 'claim-over') return { kind: 'claim-over' };
+    if (r[0] === 'joined') return { kind: 'queued' };
     if (r[0] === 'alias') return { kind: 'alias', laneId: String(r[1]) };
     if (r[0] === 'layout') return { kind: 'layout', held: Number(r[1]) };
     if (r[0] === 'present') return { kind: 'present' };

@@ -9,6 +9,7 @@ import { OperationsQueue } from '../../src/queues/operations-queue.ts';
 import { createRedis } from '../../src/queues/redis.ts';
 import { gate, lease, QUICK_RECOVERY, readUntil, TestBed, workerEnv } from '../helpers/env.ts';
 import { createRecordingProvider } from '../helpers/recording-provider.ts';
+import { TcpProxy } from '../helpers/tcp-proxy.ts';
 import { WorkerProcess } from '../helpers/worker-process.ts';
 
 // What the second, independent attack on issue 11's changes found (docs/design.md lists it),
@@ -86,6 +87,33 @@ describe('an acquire frozen after its provider call wakes after its re-run compl
     const view = await new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX).acquiredLive(await bed.ops.names.resolve(laneIdOf(daytonaLease('frozen-after-call'))));
     expect(view).toEqual({ sandbox, by: jobId });
     expect(fake.stateOf(sandbox)).toBe('started');
+  });
+});
+
+describe('a lane push whose reply is lost (the link cut after Redis ran it): the client sends it again, and the job is in its lane once', () => {
+  const pushes = [
+    { op: 'resume' as const, key: undefined },
+    { op: 'stop' as const, key: undefined },
+    { op: 'resume' as const, key: 'K' },
+  ];
+  it.for(pushes)('%o', async ({ op, key }) => {
+    const bed = await bedWith();
+    const proxy = await TcpProxy.start(Number(new URL(bed.config.REDIS_URL).port || 6379));
+    cleanups.push(() => proxy.close());
+    const ops = new OperationsQueue(createRedis(proxy.url), bed.config);
+    cleanups.push(() => ops.close());
+    const companyId = `lost-reply-${op}-${key ?? 'nokey'}`;
+    const identity: LeaseIdentity = { provider: 'test', companyId, environmentId: 'env', leaseId: 'sb-1' };
+    // The push's arguments hold its position ('tail') and then the lease's company.
+    proxy.loseNextReplyTo(new RegExp(`\\$4\\r\\ntail\\r\\n[\\s\\S]*${companyId}`));
+    const enqueued = await ops.enqueueHere({ op, lease: identity, params: { providerLeaseId: 'sb-1' }, ...(key ? { idempotencyKey: key } : {}) });
+    expect(proxy.lostReplies).toBe(1);
+    expect(enqueued).toMatchObject({ joinedHere: true });
+    expect(enqueued.deduplicated).toBeUndefined();
+    expect((await bed.ops.lanes.view(enqueued.laneId)).jobs).toEqual([enqueued.jobId]);
+    expect(await bed.ops.queue.getJob(enqueued.jobId)).toBeDefined();
+    const accepted = (await bed.ops.history.read(enqueued.laneId)).filter((e) => e.kind === 'accepted');
+    expect(accepted.map((e) => e.jobId)).toEqual([enqueued.jobId]);
   });
 });
 

@@ -41,6 +41,19 @@ export class TcpProxy {
     for (const [socket, text] of this.sent) if (pattern.test(text)) socket.destroy();
   }
 
+  /**
+   * The next command matching `pattern` reaches Redis, but its reply never reaches the client:
+   * the connection is cut when the reply comes (a link lost after Redis ran the command). The
+   * client reconnects and, as ioredis does by default, sends its unanswered commands again.
+   */
+  loseNextReplyTo(pattern: RegExp): void {
+    this.losing = pattern;
+  }
+
+  /** How many replies loseNextReplyTo has lost. */
+  lostReplies = 0;
+  private losing: RegExp | null = null;
+
   /** Accepts new connections (again). */
   async acceptAgain(): Promise<void> {
     const server = createServer((client) => this.forward(client));
@@ -56,12 +69,21 @@ export class TcpProxy {
       upstream.destroy();
       this.sent.delete(client);
     };
+    let cutOnReply = false;
     client.on('data', (data) => {
       const text = this.sent.get(client);
       if (text !== undefined && text.length < 65_536) this.sent.set(client, text + data.toString('latin1'));
+      if (this.losing?.test(data.toString('latin1'))) {
+        this.losing = null;
+        cutOnReply = true;
+      }
       upstream.write(data);
     });
-    upstream.on('data', (data) => client.write(data));
+    upstream.on('data', (data) => {
+      if (!cutOnReply) return void client.write(data);
+      this.lostReplies++;
+      drop();
+    });
     for (const socket of [client, upstream]) {
       socket.on('close', drop);
       socket.on('error', drop);

@@ -44,6 +44,10 @@
   number it claimed on the lease's record (lease-force-claim.lua); '' for any other job. It
   joins only while the record still shows that claim ({'claim-over'} otherwise, and nothing
   of it joins), and the record keeps its job in the step it joins
+  ARGV[25] this call's own mark (random): kept on the job as it joins, so the same call sent
+  again (its client lost the reply and resent it) answers as the one that joined
+  ({'joined'}) instead of joining the job a second time, absorbing it into itself, or taking
+  another request's place
   ARGV[22] '1' for a failed job an operator runs again (BullMQ's retry just moved it back to
   wait): it joins now, at its lane's tail (a force-stop at the front) like a new request,
   its recorded outcome forgotten and its place among the company's reruns on their way
@@ -69,6 +73,10 @@ local rcall = redis.call
 local k = laneKeys(KEYS)
 local jobKey, idemKey = KEYS[19], KEYS[20]
 local jobId, laneId, now, mode, jobPrefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+
+if rcall('HGET', jobKey, 'lo:push') == ARGV[25] then
+  return {'joined'}
+end
 
 local layout = rcall('GET', KEYS[22])
 if layout and layout ~= ARGV[16] then
@@ -238,6 +246,7 @@ if coalesceAs ~= '' then
 end
 rcall('ZADD', k.lanes, 'NX', now, laneId)
 accepted(jobId)
+rcall('HSET', jobKey, 'lo:push', ARGV[25])
 if ARGV[23] ~= '' then
   rcall('HSET', KEYS[25], 'forceJob', jobId)
 end
