@@ -1,4 +1,3 @@
-import { partitionOfLane } from '../partitions.ts';
 import { createHash, randomBytes } from 'node:crypto';
 import { Job, Queue, type JobsOptions } from 'bullmq';
 import { z } from 'zod';
@@ -7,6 +6,7 @@ import { ACCEPTED_ALLOWANCE_BYTES, CompanyBytes } from './company-bytes.ts';
 import { leaseRecordKey } from './lease-records.ts';
 import type { Config } from '../config.ts';
 import { laneIdOf, laneIdOfJobId, LeaseIdentitySchema, type LeaseIdentity } from '../lease.ts';
+import { partitionOfLane } from '../partitions.ts';
 import {
   DEFAULT_DEADLINE_MS,
   OperationJobDataSchema,

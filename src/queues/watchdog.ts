@@ -40,8 +40,8 @@ const emptyReport = (): WatchdogReport => ({ inspected: 0, queued: 0, pending: 0
  * One force-stop is queued per stuck episode at a time: the watchdog claims it on the record
  * first (only while the record still shows what it decided on), and its idempotency key
  * names the episode and the count, so replicas and repeated checks agree. Once it ended and
- * the record still shows the sandbox stuck, another, up to `maxForceStops`. A new episode (the sandbox left stopping and came
- * back) starts the count anew.
+ * the record still shows the sandbox stuck, another, up to `maxForceStops`. A new episode
+ * (the sandbox left stopping and came back) starts the count anew.
  *
  * Each episode gets a check of its own at the moment it becomes stuck (scheduled when an
  * operation first sees it, see LeaseWorker); `scan` looks at every stuck lease as a safety
