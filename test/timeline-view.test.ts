@@ -120,6 +120,16 @@ describe('the timeline of a lease', () => {
     expect(svg).toContain('+10 min');
   });
 
+  it('ends the last tick label at the picture\'s right edge when the range is a whole number of steps (the pages test saw "+7.00 s" half outside)', () => {
+    const events = [ev(0, 'accepted', 'a', { op: 'resume', ahead: 0 }), ev(10, 'started', 'a', { op: 'resume', attempt: 1 })];
+    const svg = timelineSvg({ events, now: T + 7_000, operations: [] }, 1200);
+    const ticks = [...svg.matchAll(/<text x="([\d.]+)" y="[\d.]+" font-size="11" text-anchor="(\w+)" fill="#5b6573">\+([^<]+)<\/text>/g)].map((m) => ({ x: Number(m[1]), anchor: m[2], label: m[3] }));
+    expect(ticks.at(-1)).toMatchObject({ label: '7.00 s', anchor: 'end' });
+    expect(ticks.at(-1)!.x).toBeLessThanOrEqual(1200);
+    // Centred labels keep half their width (at most 30 px at 11 px) inside the picture.
+    for (const t of ticks.filter((t) => t.anchor === 'middle')) expect(t.x).toBeLessThanOrEqual(1200 - 30);
+  });
+
   it('says every moment one way: ISO 8601 in UTC and how long ago', () => {
     expect(moment(T, T + 125_000)).toBe('2023-11-14T22:13:20.000Z (2 min 5 s ago)');
     expect(moment(T + 3_000, T)).toBe('2023-11-14T22:13:23.000Z (in 3.00 s)');

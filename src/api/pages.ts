@@ -261,7 +261,10 @@ export function timelineSvg(tl: Pick<LeaseTimeline, 'events' | 'operations' | 'n
   for (let t = 0; t <= end - start; t += step) {
     const px = x(start + t);
     grid.push(`<line x1="${px.toFixed(1)}" y1="${top - 8}" x2="${px.toFixed(1)}" y2="${height - 24}" stroke="#eef0f3"/>`);
-    grid.push(`<text x="${px.toFixed(1)}" y="${height - 8}" font-size="11" text-anchor="middle" fill="#5b6573">+${esc(duration(t))}</text>`);
+    // A tick at the right end (a range of a whole number of steps) has its label end there:
+    // centred, half of it ran out of the picture.
+    const atEnd = px > width - right - 30;
+    grid.push(`<text x="${(atEnd ? width - 2 : px).toFixed(1)}" y="${height - 8}" font-size="11" text-anchor="${atEnd ? 'end' : 'middle'}" fill="#5b6573">+${esc(duration(t))}</text>`);
   }
   grid.push(`<text x="8" y="18" font-size="12" font-weight="600" fill="#1d2430">sandbox (observed)</text>`);
   for (const s of state) {
