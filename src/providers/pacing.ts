@@ -57,7 +57,7 @@ const intervalOf = (limit: RateLimit) => 60_000 / limit.perMinute;
  * bucket was last used.
  */
 export function redisRateLimiters(redis: RedisClient, prefix: string): RateLimiterFactory {
-  const take: LuaCommand = luaCommand(redis, 'pace-take', 1);
+  const take: LuaCommand = luaCommand(redis, 'pace-take', 1, prefix);
   const holdOff: LuaCommand = luaCommand(redis, 'pace-hold-off', 1);
   return (scope, limits) => {
     const key = (bucket: string) => `${prefix}:pace:${scope}:${bucket}`;

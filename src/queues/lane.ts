@@ -162,7 +162,7 @@ export class Lanes {
     this.acquiresKey = `${prefix}:acquires`;
     this.noIdempotencyKey = `${prefix}:idem:-`;
     this.scripts = Object.fromEntries(
-      Object.entries(SCRIPTS).map(([script, numberOfKeys]) => [script, luaCommand(client, script, numberOfKeys)]),
+      Object.entries(SCRIPTS).map(([script, numberOfKeys]) => [script, luaCommand(client, script, numberOfKeys, prefix)]),
     ) as Record<ScriptName, LuaCommand>;
   }
 
@@ -493,7 +493,7 @@ export class Lanes {
    */
   async pause(laneId: string, by: string, at: number, lease: LeaseIdentity, budget: { max: number; enforce: boolean } = { max: 0, enforce: false }): Promise<PauseOutcome> {
     // The lease goes with it: attention names a paused lane's lease when nothing of it is queued or seen yet.
-    const [outcome, count] = (await luaCommand(this.client, 'lane-pause', 3)(this.pausedKey, this.pausedByCompanyKey, this.attentionScopeKey, laneId, JSON.stringify({ by, since: at, lease }), lease.companyId, budget.max, budget.enforce ? '1' : '0', `${lease.companyId}\n${lease.environmentId}\n${laneId}`)) as [PauseOutcome['outcome'], number];
+    const [outcome, count] = (await luaCommand(this.client, 'lane-pause', 3, this.prefix)(this.pausedKey, this.pausedByCompanyKey, this.attentionScopeKey, laneId, JSON.stringify({ by, since: at, lease }), lease.companyId, budget.max, budget.enforce ? '1' : '0', `${lease.companyId}\n${lease.environmentId}\n${laneId}`)) as [PauseOutcome['outcome'], number];
     return { outcome, count: Number(count) };
   }
 
@@ -504,7 +504,7 @@ export class Lanes {
 
   /** Unpauses a lane and hands its head to the workers. False when it was not paused. */
   async unpause(laneId: string): Promise<boolean> {
-    const was = Number(await luaCommand(this.client, 'lane-unpause', 2)(this.pausedKey, this.pausedByCompanyKey, laneId)) === 1;
+    const was = Number(await luaCommand(this.client, 'lane-unpause', 2, this.prefix)(this.pausedKey, this.pausedByCompanyKey, laneId)) === 1;
     await this.repair(laneId);
     return was;
   }

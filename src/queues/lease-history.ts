@@ -133,7 +133,7 @@ export class LeaseHistory {
     private readonly prefix: string,
     private readonly log: Logger | null = null,
   ) {
-    this.appendScript = luaCommand(redis, 'history-append', 1);
+    this.appendScript = luaCommand(redis, 'history-append', 1, prefix);
   }
 
   /**

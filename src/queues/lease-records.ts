@@ -70,9 +70,9 @@ export class LeaseRecords {
     this.stoppingKey = `${prefix}:stopping`;
     this.observeScript = luaCommand(redis, 'lease-observe', 5);
     this.acquiredScript = luaCommand(redis, 'lease-acquired', 2);
-    this.forceClaimScript = luaCommand(redis, 'lease-force-claim', 1);
+    this.forceClaimScript = luaCommand(redis, 'lease-force-claim', 1, prefix);
     this.forceJobScript = luaCommand(redis, 'lease-force-job', 1);
-    this.forceUnclaimScript = luaCommand(redis, 'lease-force-unclaim', 1);
+    this.forceUnclaimScript = luaCommand(redis, 'lease-force-unclaim', 1, prefix);
   }
 
   recordKey(laneId: string): string {

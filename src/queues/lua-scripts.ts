@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import type { RedisClient } from './redis.ts';
 
@@ -10,6 +11,40 @@ const INCLUDE = /^--- @include "([a-z-]+)"$/gm;
 export function loadLuaScript(name: string): string {
   const read = (path: string) => readFileSync(new URL(`./lua/${path}.lua`, import.meta.url), 'utf8');
   return read(name).replace(INCLUDE, (_line, include: string) => read(`includes/${include}`));
+}
+
+/**
+ * Scripts whose second run would not answer as the first did, or would do its work again (a
+ * cancel that then finds nothing to cancel and says refused, a rerun counted twice, an event
+ * written twice, a rate-limit turn taken twice). ioredis sends a command again after it
+ * reconnects when its reply never came, so Redis may run one call twice. For these, each call
+ * carries a mark of its own (one more key, `<prefix>:answer:<mark>`, the prefix of the keys
+ * it is given: the same hash tag), and a run of a call that ran already answers what its first
+ * run answered, kept ANSWER_KEPT_MS. (The lane
+ * push keeps its mark on its job instead; lane-release, lane-yield and lane-acquire are safe
+ * run twice: their fencing token refuses the second run.) Never called through a pipeline.
+ */
+const ANSWERED_ONCE = new Set(['lane-drop', 'lane-upgrade', 'lane-pause', 'lane-unpause', 'rerun-admit', 'history-append', 'pace-take', 'lease-force-claim', 'lease-force-unclaim']);
+const ANSWER_KEPT_MS = 60_000;
+
+/** The script wrapped so that a call run again answers what it answered first (see ANSWERED_ONCE). */
+function answeredOnce(lua: string): string {
+  return [
+    'local answerKey = table.remove(KEYS)',
+    "local answered = redis.call('GET', answerKey)",
+    'if answered then return cjson.decode(answered)[1] end',
+    'local answer = (function()',
+    lua,
+    'end)()',
+    `redis.call('SET', answerKey, cjson.encode({answer}), 'PX', ${ANSWER_KEPT_MS})`,
+    'return answer',
+  ].join('\n');
+}
+
+
+/** A script's text as it is registered (wrapped, for one answered once). */
+export function registeredLuaScript(name: string): string {
+  return ANSWERED_ONCE.has(name) ? answeredOnce(loadLuaScript(name)) : loadLuaScript(name);
 }
 
 /** The command a script is registered as (pipelines call it by this name). */
@@ -25,9 +60,17 @@ export type LuaCommand = (...keysThenArgs: (string | number)[]) => Promise<unkno
  * it by EVALSHA) and returns a function that runs it. Command names are prefixed so they
  * never clash with BullMQ's. With `numberOfKeys` 'varies', each call passes its key count first.
  */
-export function luaCommand(client: RedisClient, name: string, numberOfKeys: number | 'varies'): LuaCommand {
+export function luaCommand(client: RedisClient, name: string, numberOfKeys: number | 'varies', answersUnder?: string): LuaCommand {
   const command = luaCommandName(name);
-  if (!(command in client)) client.defineCommand(command, numberOfKeys === 'varies' ? { lua: loadLuaScript(name) } : { numberOfKeys, lua: loadLuaScript(name) });
+  const once = ANSWERED_ONCE.has(name);
+  if (once && (numberOfKeys === 'varies' || answersUnder === undefined)) throw new Error(`${name}: a script answered once has a fixed number of keys and the prefix of its keys`);
+  if (!(command in client)) {
+    const lua = registeredLuaScript(name);
+    client.defineCommand(command, numberOfKeys === 'varies' ? { lua } : { numberOfKeys: once ? numberOfKeys + 1 : numberOfKeys, lua });
+  }
   const run = (client as unknown as Record<string, LuaCommand>)[command]!;
-  return (...keysThenArgs) => run.apply(client, keysThenArgs);
+  if (!once) return (...keysThenArgs) => run.apply(client, keysThenArgs);
+  const keys = numberOfKeys as number;
+  // The call's mark goes last among its keys (the script takes it off before it runs).
+  return (...keysThenArgs) => run.apply(client, [...keysThenArgs.slice(0, keys), `${answersUnder}:answer:${randomBytes(12).toString('base64url')}`, ...keysThenArgs.slice(keys)]);
 }

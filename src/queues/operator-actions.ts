@@ -54,7 +54,7 @@ export class OperatorActions {
 
   constructor(private readonly ops: OperationsQueue) {
     this.markCancel = luaCommand(ops.connection, 'job-cancel', 1);
-    this.admitRerun = luaCommand(ops.connection, 'rerun-admit', 6);
+    this.admitRerun = luaCommand(ops.connection, 'rerun-admit', 6, ops.settings.LEASE_OPS_PREFIX);
   }
 
   /** Null when there is no such operation. */
