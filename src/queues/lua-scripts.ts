@@ -18,33 +18,20 @@ export function loadLuaScript(name: string): string {
  * cancel that then finds nothing to cancel and says refused, a rerun counted twice, an event
  * written twice, a rate-limit turn taken twice). ioredis sends a command again after it
  * reconnects when its reply never came, so Redis may run one call twice. For these, each call
- * carries a mark of its own (one more key, `<prefix>:answer:<mark>`, the prefix of the keys
- * it is given: the same hash tag), and a run of a call that ran already answers what its first
- * run answered, kept ANSWER_KEPT_MS. (The lane
- * push keeps its mark on its job instead; lane-release, lane-yield and lane-acquire are safe
- * run twice: their fencing token refuses the second run.) Never called through a pipeline.
+ * carries a mark of its own (one more key, `<prefix>:answer:<mark>` under the prefix of the
+ * keys it is given, so in their slot), and a run of a call that ran already answers what its
+ * first run answered, kept ANSWER_KEPT_MS (lua/answered-once.lua). The lane push keeps its
+ * mark on its job instead; lane-release, lane-yield and lane-acquire are safe run twice (their
+ * fencing token refuses the second run). Never called through a pipeline.
  */
 const ANSWERED_ONCE = new Set(['lane-drop', 'lane-upgrade', 'lane-pause', 'lane-unpause', 'rerun-admit', 'history-append', 'pace-take', 'lease-force-claim', 'lease-force-unclaim']);
 const ANSWER_KEPT_MS = 60_000;
 
-/** The script wrapped so that a call run again answers what it answered first (see ANSWERED_ONCE). */
-function answeredOnce(lua: string): string {
-  return [
-    'local answerKey = table.remove(KEYS)',
-    "local answered = redis.call('GET', answerKey)",
-    'if answered then return cjson.decode(answered)[1] end',
-    'local answer = (function()',
-    lua,
-    'end)()',
-    `redis.call('SET', answerKey, cjson.encode({answer}), 'PX', ${ANSWER_KEPT_MS})`,
-    'return answer',
-  ].join('\n');
-}
-
-
-/** A script's text as it is registered (wrapped, for one answered once). */
+/** A script's text as it is registered (in its answered-once frame, for one answered once). */
 export function registeredLuaScript(name: string): string {
-  return ANSWERED_ONCE.has(name) ? answeredOnce(loadLuaScript(name)) : loadLuaScript(name);
+  if (!ANSWERED_ONCE.has(name)) return loadLuaScript(name);
+  const script = loadLuaScript(name);
+  return loadLuaScript('answered-once').replace(/^--- @wrapped$/m, () => script);
 }
 
 /** The command a script is registered as (pipelines call it by this name). */
@@ -71,6 +58,7 @@ export function luaCommand(client: RedisClient, name: string, numberOfKeys: numb
   const run = (client as unknown as Record<string, LuaCommand>)[command]!;
   if (!once) return (...keysThenArgs) => run.apply(client, keysThenArgs);
   const keys = numberOfKeys as number;
-  // The call's mark goes last among its keys (the script takes it off before it runs).
-  return (...keysThenArgs) => run.apply(client, [...keysThenArgs.slice(0, keys), `${answersUnder}:answer:${randomBytes(12).toString('base64url')}`, ...keysThenArgs.slice(keys)]);
+  // The call's answer key goes last among its keys, and how long it is kept last among its
+  // arguments (the frame takes both off before the script runs).
+  return (...keysThenArgs) => run.apply(client, [...keysThenArgs.slice(0, keys), `${answersUnder}:answer:${randomBytes(12).toString('base64url')}`, ...keysThenArgs.slice(keys), ANSWER_KEPT_MS]);
 }
