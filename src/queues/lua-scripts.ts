@@ -25,7 +25,11 @@ export function loadLuaScript(name: string): string {
  * fencing token refuses the second run). Never called through a pipeline.
  */
 const ANSWERED_ONCE = new Set(['lane-drop', 'lane-upgrade', 'lane-pause', 'lane-unpause', 'rerun-admit', 'history-append', 'pace-take', 'lease-force-claim', 'lease-force-unclaim']);
-const ANSWER_KEPT_MS = 60_000;
+/**
+ * Longer than a link is likely to stay down while its client holds a command (ioredis holds it
+ * for as long as it reconnects); a resend after that runs the script again.
+ */
+const ANSWER_KEPT_MS = 10 * 60_000;
 
 /** A script's text as it is registered (in its answered-once frame, for one answered once). */
 export function registeredLuaScript(name: string): string {

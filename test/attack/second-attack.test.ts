@@ -115,6 +115,22 @@ describe('a lane push whose reply is lost (the link cut after Redis ran it): the
     const accepted = (await bed.ops.history.read(enqueued.laneId)).filter((e) => e.kind === 'accepted');
     expect(accepted.map((e) => e.jobId)).toEqual([enqueued.jobId]);
   });
+  it.for([{ key: undefined }, { key: 'K2' }])('a stop absorbed by the identical stop queued before it, %o: absorbed once, answered coalesced (helper-30)', async ({ key }) => {
+    const bed = await bedWith();
+    const proxy = await TcpProxy.start(Number(new URL(bed.config.REDIS_URL).port || 6379));
+    cleanups.push(() => proxy.close());
+    const ops = new OperationsQueue(createRedis(proxy.url), bed.config);
+    cleanups.push(() => ops.close());
+    const companyId = `absorb-lost-${key ?? 'nokey'}`;
+    const identity: LeaseIdentity = { provider: 'test', companyId, environmentId: 'env', leaseId: 'sb-1' };
+    await bed.ops.enqueue({ op: 'resume', lease: identity, params: { providerLeaseId: 'sb-1', leaseMetadata: {} } });
+    const first = await bed.ops.enqueue({ op: 'stop', lease: identity, params: { providerLeaseId: 'sb-1' } });
+    proxy.loseNextReplyTo(new RegExp(`\\$4\\r\\ntail\\r\\n[\\s\\S]*${companyId}`));
+    const second = await ops.enqueue({ op: 'stop', lease: identity, params: { providerLeaseId: 'sb-1' }, ...(key ? { idempotencyKey: key } : {}) });
+    expect(proxy.lostReplies).toBe(1);
+    expect(second).toMatchObject({ jobId: first.jobId, deduplicated: 'coalesced' });
+    expect((await bed.ops.history.read(first.laneId)).filter((e) => e.kind === 'absorbed')).toHaveLength(1);
+  });
 });
 
 describe('two requests with one idempotency key put their job into its lane once', () => {

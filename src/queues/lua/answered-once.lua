@@ -7,6 +7,11 @@
   KEYS[#KEYS] this call's answer key (<prefix>:answer:<mark>, a mark of its own), taken off
   before the script runs, so the script sees its own keys only
   ARGV[#ARGV] how long the answer is kept (ms), taken off likewise
+
+  The answer is kept as JSON (cjson): arrays without holes, strings, and integers of at most
+  14 digits come back as they went; these scripts answer nothing else. Under maxmemory with
+  noeviction the answer may not be kept: the call still answers, and only a resend of it then
+  runs again (as before there was a frame).
 ]]
 local answerKey = table.remove(KEYS)
 local keptMs = table.remove(ARGV)
@@ -17,5 +22,5 @@ end
 local answer = (function()
 --- @wrapped
 end)()
-redis.call('SET', answerKey, cjson.encode({answer}), 'PX', keptMs)
+redis.pcall('SET', answerKey, cjson.encode({answer}), 'PX', keptMs)
 return answer

@@ -44,10 +44,10 @@
   number it claimed on the lease's record (lease-force-claim.lua); '' for any other job. It
   joins only while the record still shows that claim ({'claim-over'} otherwise, and nothing
   of it joins), and the record keeps its job in the step it joins
-  ARGV[25] this call's own mark (random): kept on the job as it joins, so the same call sent
-  again (its client lost the reply and resent it) answers as the one that joined
-  ({'joined'}) instead of joining the job a second time, absorbing it into itself, or taking
-  another request's place
+  ARGV[25] this call's own mark (random): kept on the job as it joins (or is absorbed), so the
+  same call sent again (its client lost the reply and resent it) answers as its first run did
+  ({'joined'}, or {'absorbed', by}) instead of joining the job a second time, absorbing it into
+  itself, or noting the absorption twice
   ARGV[22] '1' for a failed job an operator runs again (BullMQ's retry just moved it back to
   wait): it joins now, at its lane's tail (a force-stop at the front) like a new request,
   its recorded outcome forgotten and its place among the company's reruns on their way
@@ -74,7 +74,11 @@ local k = laneKeys(KEYS)
 local jobKey, idemKey = KEYS[19], KEYS[20]
 local jobId, laneId, now, mode, jobPrefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
-if rcall('HGET', jobKey, 'lo:push') == ARGV[25] then
+local pushedBefore = rcall('HMGET', jobKey, 'lo:push', 'lo:absorbed')
+if pushedBefore[1] == ARGV[25] then
+  if pushedBefore[2] then
+    return {'absorbed', pushedBefore[2]}
+  end
   return {'joined'}
 end
 
@@ -172,6 +176,8 @@ if coalesceAs ~= '' then
   end
   if existing then
     accepted(existing)
+    -- Kept on this job (which its caller removes next) for this call sent again meanwhile.
+    rcall('HSET', jobKey, 'lo:push', ARGV[25], 'lo:absorbed', existing)
     historyAppend(KEYS[21], {'e', 'absorbed', 'job', existing, 'op', rcall('HGET', jobKey, 'name') or ''})
     return answer({'absorbed', existing})
   end
