@@ -7,12 +7,13 @@ import type { LeaseIdentity } from '../../src/lease.ts';
 import { redisRateLimiters } from '../../src/providers/pacing.ts';
 import { LeaseHistory } from '../../src/queues/lease-history.ts';
 import { LeaseRecords } from '../../src/queues/lease-records.ts';
-import { loadLuaScript, registeredLuaScript } from '../../src/queues/lua-scripts.ts';
+import { loadLuaScript, luaCommand, registeredLuaScript } from '../../src/queues/lua-scripts.ts';
 import { OperationsQueue } from '../../src/queues/operations-queue.ts';
 import { OperatorActions } from '../../src/queues/operator-actions.ts';
 import { createRedis } from '../../src/queues/redis.ts';
 import { readUntil, scanKeys, TestBed } from '../helpers/env.ts';
 import { createRecordingProvider } from '../helpers/recording-provider.ts';
+import { RedisProcess } from '../helpers/redis-process.ts';
 import { TcpProxy } from '../helpers/tcp-proxy.ts';
 
 const escape = (text: string) => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
@@ -168,4 +169,17 @@ describe('small scripts whose reply is lost', () => {
     expect(await records.claimForceStop('lane-f', 1000, 1, null)).toBe(true);
     expect(proxy.lostReplies).toBe(1);
   });
+
+  it('under maxmemory with noeviction, a call that writes nothing still answers (its answer is just not kept) (helper-30)', async () => {
+    const server = await RedisProcess.start(['--maxmemory-policy', 'noeviction']);
+    cleanups.push(() => server.stop());
+    const redis = createRedis(server.url);
+    cleanups.push(() => redis.disconnect());
+    const prefix = '{answered-once-oom}';
+    for (let i = 0; i < 20; i++) await redis.set(`${prefix}:fill:${i}`, 'x'.repeat(100_000));
+    await redis.config('SET', 'maxmemory', '1mb');
+    // Unpausing a lane that is not paused writes nothing.
+    expect(await luaCommand(redis, 'lane-unpause', 2, prefix)(`${prefix}:paused`, `${prefix}:paused:company`, 'not-paused')).toBe(0);
+  });
 });
+
