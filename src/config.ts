@@ -108,7 +108,12 @@ export const EnvSchema = z.object({
   LEASE_OPS_PARTITIONS: z.coerce.number().int().min(1).max(256).default(1),
   /** The partitions this worker serves: `all`, or indices and ranges such as `0,2-3`. */
   LEASE_OPS_WORKER_PARTITIONS: z.string().default('all'),
-  LEASE_OPS_CONCURRENCY: int(50, 1),
+  /**
+   * Operations one worker runs at once. Most of an operation is waiting (a provider call, a
+   * sandbox in transition, a push): a slot costs a promise and a lock renewal, not CPU, and
+   * sandboxes in transition at once each hold one while they wait (LEASE_OPS_SETTLE_WAITS).
+   */
+  LEASE_OPS_CONCURRENCY: int(200, 1),
   /** Commands (exec) one worker runs in sandboxes at once, beside its operations. */
   LEASE_OPS_EXEC_CONCURRENCY: int(100, 1),
   /** BullMQ lock: a job whose worker stops renewing it for this long is stalled and re-run. */

@@ -5,7 +5,7 @@ describe('configuration', () => {
   it('has working defaults', () => {
     const c = loadConfig({});
     expect(c.LEASE_OPS_PREFIX).toBe('{lease-ops}');
-    expect(c.LEASE_OPS_CONCURRENCY).toBe(50);
+    expect(c.LEASE_OPS_CONCURRENCY).toBe(200);
   });
 
   it("derives the API's wait budgets from its connections where they are not set: half of them in all, a fifth of those per company", () => {
