@@ -74,7 +74,9 @@ local k = laneKeys(KEYS)
 local jobKey, idemKey = KEYS[19], KEYS[20]
 local jobId, laneId, now, mode, jobPrefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
-local pushedBefore = rcall('HMGET', jobKey, 'lo:push', 'lo:absorbed')
+-- The job's operation is read here too, for the events below (nothing here changes it).
+local pushedBefore = rcall('HMGET', jobKey, 'lo:push', 'lo:absorbed', 'name')
+local opName = pushedBefore[3] or ''
 if pushedBefore[1] == ARGV[25] then
   if pushedBefore[2] then
     return {'absorbed', pushedBefore[2]}
@@ -178,7 +180,7 @@ if coalesceAs ~= '' then
     accepted(existing)
     -- Kept on this job (which its caller removes next) for this call sent again meanwhile.
     rcall('HSET', jobKey, 'lo:push', ARGV[25], 'lo:absorbed', existing)
-    historyAppend(KEYS[21], {'e', 'absorbed', 'job', existing, 'op', rcall('HGET', jobKey, 'name') or ''})
+    historyAppend(KEYS[21], {'e', 'absorbed', 'job', existing, 'op', opName})
     return answer({'absorbed', existing})
   end
 end
@@ -267,7 +269,7 @@ recount(k, laneId, company, environment)
 if ARGV[18] ~= '' then
   historyAppendJoined(KEYS[21], 'e\31' .. ARGV[18] .. '\31job\31' .. jobId .. (ARGV[19] ~= '' and ('\31' .. ARGV[19]) or ''))
 end
-local acceptance = {'e', 'accepted', 'job', jobId, 'op', rcall('HGET', jobKey, 'name') or '', 'ahead', rcall('LPOS', k.list, jobId) or 0}
+local acceptance = {'e', 'accepted', 'job', jobId, 'op', opName, 'ahead', rcall('LPOS', k.list, jobId) or 0}
 if ARGV[20] ~= '' then
   acceptance[#acceptance + 1] = 'at'
   acceptance[#acceptance + 1] = ARGV[20]
