@@ -639,6 +639,48 @@ describe("noisy neighbours: a refused company's clients come back apart", () => 
   });
 });
 
+describe('noisy neighbours: long polls begun together end apart', () => {
+  it('holds a wait up to a tenth less than asked, at random', () => {
+    const draws = [0, 0.5, 0.999];
+    let draw = 0;
+    const budget = new WaitBudget({ perCompany: 1, total: 1 }, () => draws[draw++]!);
+    expect(draws.map(() => budget.spread(30_000))).toEqual([30_000, 28_500, 27_003]);
+  });
+
+  it("holds each of a company's long polls and Prefer: wait for its own spread time, not all for the same", async () => {
+    const bed = await TestBed.create({ LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }]) });
+    await bed.ops.announceProviders([{ name: 'recording', capabilities: { stop: true, pause: false, forceStop: true } }]);
+    const api = await startTestApi(bed);
+    try {
+      const headers = { authorization: `Bearer ${A}`, 'content-type': 'application/json' };
+      const lease = `${api.base}/v1/leases/recording/a/env/held`;
+      expect((await fetch(`${lease}/pause`, { method: 'POST', headers })).status).toBe(200);
+      const { jobId } = (await (await fetch(`${lease}/operations`, { method: 'POST', headers, body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 'held' } }) })).json()) as { jobId: string };
+      // What each wait is held for, answered at once (the waits' ends are not what is tested).
+      const held: number[] = [];
+      const client = api.client;
+      const read = client.getOperation.bind(client);
+      client.waitForEnd = async (view, waitMs) => (held.push(waitMs), view);
+      client.getOperation = async (id, opts = {}) => (opts.waitMs ? (held.push(opts.waitMs), read(id)) : read(id));
+      for (let i = 0; i < 6; i++) expect((await fetch(`${api.base}/v1/operations/${encodeURIComponent(jobId)}?waitMs=20000`, { headers })).status).toBe(200);
+      for (let i = 0; i < 6; i++) {
+        const res = await fetch(`${lease}/operations`, { method: 'POST', headers: { ...headers, prefer: 'wait=20' }, body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 'held' } }) });
+        expect(res.status).toBe(202);
+        // The preference is applied: a wait of up to 20 s, which ending early keeps.
+        expect(res.headers.get('preference-applied')).toBe('wait=20');
+      }
+      expect(held).toHaveLength(12);
+      for (const ms of held) expect(ms).toBeGreaterThanOrEqual(18_000), expect(ms).toBeLessThanOrEqual(20_000);
+      // Twelve draws: the same time for all of them is a chance of 1 in 2,000^11.
+      expect(new Set(held.slice(0, 6)).size).toBeGreaterThan(1);
+      expect(new Set(held.slice(6)).size).toBeGreaterThan(1);
+    } finally {
+      await api.close();
+      await bed.close();
+    }
+  });
+});
+
 describe("noisy neighbours: a change's body counts against its company's rate", () => {
   it('costs a change one token more for each 4 KiB of its body: 16 KiB of metadata is 5 small enqueues', async () => {
     const bed = await TestBed.create({

@@ -512,7 +512,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
       res.on('close', slot.release);
       const wait = Math.min(preferred, deps.config.LEASE_OPS_API_MAX_WAIT_MS);
       res.set('Preference-Applied', `wait=${Math.floor(wait / 1_000)}`);
-      const view = await client.getOperation(enqueued.jobId, { waitMs: wait }).finally(slot.release);
+      const view = await client.getOperation(enqueued.jobId, { waitMs: waits.spread(wait) }).finally(slot.release);
       if (view && (view.state === 'completed' || view.state === 'failed')) {
         res.status(200).location(location).json({ ...view, ...(enqueued.deduplicated ? { deduplicated: enqueued.deduplicated } : {}), location });
         return;
@@ -641,7 +641,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
       const release = waits.takeOrRefuse(waiter(principal));
       givesTurnBack(res);
       res.on('close', release);
-      view = await client.waitForEnd(first, wait).finally(release);
+      view = await client.waitForEnd(first, waits.spread(wait)).finally(release);
     }
     if (!view) throw operationNotFound(jobId);
     res.json(view);

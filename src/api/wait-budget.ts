@@ -66,6 +66,16 @@ export class WaitBudget {
     return taken.release;
   }
 
+  /**
+   * How long a wait of `waitMs` is held: up to a tenth less, at random. A wait is "up to" its
+   * time, so ending early keeps its contract; polls begun together (one company's hundred)
+   * then end apart, and so do the polls their clients send again at once (issue 27: each time
+   * a hundred ended together, the API worked for 30-100 ms on them and their next ones alone).
+   */
+  spread(waitMs: number): number {
+    return waitMs - Math.floor(this.random() * (waitMs / 10));
+  }
+
   /** Waits held now: in all, and by the company holding the most. */
   usage(): { total: number; busiestCompany: number } {
     return { total: this.total, busiestCompany: Math.max(0, ...this.held.values()) };
