@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { LeaseWorker } from '../src/queues/worker.ts';
-import { ACCEPTED_ALLOWANCE_BYTES, ENDED_ALLOWANCE_BYTES } from '../src/queues/company-bytes.ts';
+import { ACCEPTED_ALLOWANCE_BYTES, ENDED_ALLOWANCE_BYTES, companyBytesKeys } from '../src/queues/company-bytes.ts';
 import { laneIdOf } from '../src/lease.ts';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
 import { TestBed } from './helpers/env.ts';
@@ -195,4 +195,36 @@ describe("a company's Redis bytes: what the attack on the change found", () => {
     expect(results.filter((r) => r.status === 'rejected').map((r) => String((r as PromiseRejectedResult).reason))).toEqual([]);
     expect(await bed.ops.bytes.heldOf('d')).toBeLessThanOrEqual(400_000 + 12 * 30_000);
   }, 60_000);
+});
+
+describe("a company's Redis bytes: making room looks no further than it needs (issue 27)", () => {
+  it('reviews its oldest entries only until they free what the enqueue needs: 200 at a time held Redis 1-3 ms each', async () => {
+    const bed = await TestBed.create();
+    try {
+      const [heldKey, entriesKey, orderKey] = companyBytesKeys(bed.config.LEASE_OPS_PREFIX, 'r');
+      // 100 ended records of 5,000 B each, oldest first, then one whose job is gone. A record
+      // removed leaves 2,048 B of its count on its lease's history: each frees 2,952 B.
+      const ids = Array.from({ length: 100 }, (_, i) => `room-${String(i).padStart(3, '0')}`);
+      for (const [i, id] of ids.entries()) {
+        await bed.redis.hset(bed.ops.queue.toKey(id), 'finishedOn', '1');
+        await bed.redis.hset(entriesKey, id, 5_000);
+        await bed.redis.zadd(orderKey, i, id);
+      }
+      await bed.redis.hset(entriesKey, 'room-gone', 5_000);
+      await bed.redis.zadd(orderKey, 100, 'room-gone');
+      await bed.redis.hset(heldKey, 'r', 505_000);
+      // 1,000 B more at a budget of 505,000: room for it and a tenth of the budget (51,500 B of
+      // counts), which the eleven oldest cover.
+      await bed.ops.bytes.admit('r', 'room-new', 1_000, 505_000);
+      const kept = await Promise.all(ids.map(async (id) => (await bed.redis.exists(bed.ops.queue.toKey(id))) === 1));
+      // The eleven oldest went, the rest stayed.
+      expect(kept.indexOf(true)).toBe(11);
+      expect(kept.slice(11).every(Boolean)).toBe(true);
+      // The gone one, last in line, was not looked at: still counted, to be forgotten when it is among the oldest.
+      expect(await bed.redis.hget(entriesKey, 'room-gone')).toBe('5000');
+      expect(await bed.ops.bytes.heldOf('r')).toBe(505_000 - 11 * 2_952 + 1_000);
+    } finally {
+      await bed.close();
+    }
+  });
 });

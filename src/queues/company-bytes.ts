@@ -103,7 +103,7 @@ export class CompanyBytes {
     const keys = this.keysOf(company);
     const oldest = await this.connection.zrange(keys[2], 0, REVIEWED - 1);
     if (oldest.length === 0) return 'none';
-    const review = (await this.reviewScript(keys.length + oldest.length, ...keys, ...oldest.map((id) => this.keyOf(id)), company, ...oldest)) as (string | number)[];
+    const review = (await this.reviewScript(keys.length + oldest.length, ...keys, ...oldest.map((id) => this.keyOf(id)), company, needed, ...oldest)) as (string | number)[];
     const forgotten = held - Number(review[0]);
     let stillNeeded = needed - forgotten;
     const victims: string[] = [];
