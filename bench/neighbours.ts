@@ -2,7 +2,6 @@ import { fork, spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { once, setMaxListeners } from 'node:events';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { setPriority } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { loadConfig } from '../src/config.ts';
@@ -47,7 +46,7 @@ const A_BYTES_BUDGET = Number(process.env.NB_A_BYTES ?? 4 * 1024 * 1024);
 const quantile = (sorted: number[], q: number) => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? NaN;
 const round = (n: number) => Math.round(n * 100) / 100;
 
-export async function runNeighbours(opts: { json: boolean; quick: boolean; out: string }): Promise<{ baseline: Latencies; firstAlone: Latencies; baselineCpuMsPerS: Attack['cpuMsPerS']; baselineApiLoopDelayMs: Attack['apiLoopDelayMs']; attacks: Attack[]; baselineAgain: Latencies; baselineAgainRatioP99: Attack['ratioP99'] }> {
+export async function runNeighbours(opts: { json: boolean; quick: boolean; out: string }): Promise<{ baseline: Latencies; baselineCpuMsPerS: Attack['cpuMsPerS']; baselineApiLoopDelayMs: Attack['apiLoopDelayMs']; attacks: Attack[]; baselineAgain: Latencies; baselineAgainRatioP99: Attack['ratioP99'] }> {
   const prefix = `{lo-nb-${randomBytes(3).toString('hex')}}`;
   const config = loadConfig({ ...process.env, LEASE_OPS_PREFIX: prefix });
   const redis = createRedis(config.REDIS_URL);
@@ -87,25 +86,19 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
   /** B's four measures, `samples` each, one after another, from B's own process (neighbour-b.ts). */
   const bClient = fork(fileURLToPath(new URL('./neighbour-b.ts', import.meta.url)), [], { env: { ...process.env, NB_BASE: base, NB_TOKEN: B }, execArgv: ['--import', 'tsx'] });
   await once(bClient, 'message');
-  if (process.env.NB_A_NICE) setPriority(Number(process.env.NB_A_NICE));
   let bRefused: Record<string, number> = {};
-  type Times = Record<keyof Latencies, number[]>;
-  const measureB = async (): Promise<Times> => {
+  const measureB = async (): Promise<Latencies> => {
     const answer = once(bClient, 'message');
     bClient.send({ samples });
-    const [{ times, refused }] = (await answer) as [{ times: Times; refused: Record<string, number> }];
+    const [{ times, refused }] = (await answer) as [{ times: Record<keyof Latencies, number[]>; refused: Record<string, number> }];
     for (const [what, n] of Object.entries(refused)) bRefused[what] = (bRefused[what] ?? 0) + n;
-    return times;
-  };
-  const latencies = (...windows: Times[]): Latencies => {
     const out = {} as Latencies;
-    for (const what of Object.keys(windows[0]!) as (keyof Latencies)[]) {
-      const sorted = windows.flatMap((w) => w[what]).sort((x, y) => x - y);
+    for (const [what, list] of Object.entries(times) as [keyof Latencies, number[]][]) {
+      const sorted = [...list].sort((x, y) => x - y);
       out[what] = { p50: round(quantile(sorted, 0.5)), p99: round(quantile(sorted, 0.99)) };
     }
     return out;
   };
-  const ratios = (of: Latencies, to: Latencies) => Object.fromEntries((Object.keys(of) as (keyof Latencies)[]).map((k) => [k, round(of[k].p99 / to[k].p99)])) as Attack['ratioP99'];
   /** A process's CPU time so far (ms), from /proc (Linux). */
   const processCpuMs = (pid: number) => {
     const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
@@ -145,7 +138,7 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
   const codeOf = async (res: Response) => (res.status >= 400 ? (((await res.json().catch(() => ({}))) as { error?: { code?: string } }).error?.code ?? '') : (await res.arrayBuffer(), undefined));
 
   /** Runs `attack` (A's load) while B is measured; A's answers tallied by the attack itself. */
-  const underAttack = async (name: string, setUp: () => Promise<void>, attack: (signal: AbortSignal, a: Record<string, number>) => Promise<void>): Promise<Attack> => {
+  const underAttack = async (name: string, baseline: Latencies, setUp: () => Promise<void>, attack: (signal: AbortSignal, a: Record<string, number>) => Promise<void>): Promise<Attack> => {
     if (process.env.NB_ONLY && !process.env.NB_ONLY.split('|').some((part) => name.includes(part))) return { name, skipped: true } as unknown as Attack;
     await setUp();
     const a: Record<string, number> = {};
@@ -157,13 +150,13 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
     const cpuFrom = await cpuNow();
     await apiLoopDelay();
     const load = attack(stop.signal, a);
-    const bTimes = await measureB();
+    const b = await measureB();
     const cpuMsPerS = await cpuSince(cpuFrom);
     const apiLoopDelayMs = await apiLoopDelay();
     stop.abort();
     await load.catch(() => undefined);
-    // ratioP99 is filled in at the end, against both of B's quiet windows.
-    return { name, b: latencies(bTimes), ratioP99: {} as Attack['ratioP99'], bRefused, a, cpuMsPerS, apiLoopDelayMs, redisGrowth: (await memory()) - before };
+    const ratioP99 = Object.fromEntries((Object.keys(b) as (keyof Latencies)[]).map((k) => [k, round(b[k].p99 / baseline[k].p99)])) as Attack['ratioP99'];
+    return { name, b, ratioP99, bRefused, a, cpuMsPerS, apiLoopDelayMs, redisGrowth: (await memory()) - before };
   };
 
   try {
@@ -171,7 +164,7 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
     await measureB();
     const baselineCpuFrom = await cpuNow();
     await apiLoopDelay();
-    const aloneTimes = await measureB();
+    const baseline = await measureB();
     const baselineCpuMsPerS = await cpuSince(baselineCpuFrom);
     const baselineApiLoopDelayMs = await apiLoopDelay();
     const attacks: Attack[] = [];
@@ -181,6 +174,7 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
     attacks.push(
       await underAttack(
         'long polls (waits)',
+        baseline,
         async () => {
           await post(A, '/v1/leases/noop/a/env/held/pause');
           heldJob = ((await (await post(A, '/v1/leases/noop/a/env/held/operations', { op: 'stop', params: { providerLeaseId: 'held' } })).json()) as { jobId: string }).jobId;
@@ -203,6 +197,7 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
     attacks.push(
       await underAttack(
         `attention walks (${failedLeases} failed leases of A)`,
+        baseline,
         async () => {
           await pool(
             Array.from({ length: failedLeases }, (_, i) => i),
@@ -233,7 +228,7 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
     // 3. Filling Redis: failing operations with 16 KiB of metadata, as fast as A can.
     const metadata = { blob: 'x'.repeat(16_000) };
     attacks.push(
-      await underAttack('filling Redis (16 KiB metadata)', async () => undefined, async (signal, a) => {
+      await underAttack('filling Redis (16 KiB metadata)', baseline, async () => undefined, async (signal, a) => {
         let i = 0;
         await Promise.all(
           Array.from({ length: 20 }, async () => {
@@ -254,7 +249,7 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
 
     // 4. Reruns: A runs its failed operations again as fast as it can.
     attacks.push(
-      await underAttack('reruns', async () => undefined, async (signal, a) => {
+      await underAttack('reruns', baseline, async () => undefined, async (signal, a) => {
         const failed = await redis.zrange(`${prefix}:ops:failed`, 0, 999);
         let i = 0;
         await Promise.all(
@@ -272,7 +267,7 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
 
     // 5. Pauses: A pauses leases nobody uses, thousands of them.
     attacks.push(
-      await underAttack('pause flood', async () => undefined, async (signal, a) => {
+      await underAttack('pause flood', baseline, async () => undefined, async (signal, a) => {
         let i = 0;
         await Promise.all(
           Array.from({ length: 20 }, async () => {
@@ -287,26 +282,21 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
       }),
     );
 
-    // B alone again, after every attack. The baseline is both quiet windows together (600
-    // samples): the first alone moved by up to 1.5x against the second in one run, in either
-    // direction, so one window of 300 decides a ratio as much as the attack does.
-    const aloneAgainTimes = await measureB();
-    const firstAlone = latencies(aloneTimes);
-    const baselineAgain = latencies(aloneAgainTimes);
-    const baseline = latencies(aloneTimes, aloneAgainTimes);
-    const baselineAgainRatioP99 = ratios(baselineAgain, firstAlone);
-    for (const attack of attacks) if (!('skipped' in attack)) attack.ratioP99 = ratios(attack.b, baseline);
-    const figures = { baseline, firstAlone, baselineCpuMsPerS, baselineApiLoopDelayMs, attacks: attacks.filter((attack) => !('skipped' in attack)), baselineAgain, baselineAgainRatioP99 };
+    // B alone again, after every attack: how far B's own p99 moves between two quiet windows
+    // of the same run (the noise a ratio above is read against).
+    const baselineAgain = await measureB();
+    const baselineAgainRatioP99 = Object.fromEntries((Object.keys(baseline) as (keyof Latencies)[]).map((k) => [k, round(baselineAgain[k].p99 / baseline[k].p99)])) as Attack['ratioP99'];
+    const figures = { baseline, baselineCpuMsPerS, baselineApiLoopDelayMs, attacks: attacks.filter((attack) => !('skipped' in attack)), baselineAgain, baselineAgainRatioP99 };
     mkdirSync(opts.out, { recursive: true });
     writeFileSync(join(opts.out, 'neighbours.json'), `${JSON.stringify(figures, null, 2)}\n`);
     if (opts.json) process.stdout.write(`${JSON.stringify(figures)}\n`);
     else {
       const row = (l: Latencies) => (Object.keys(l) as (keyof Latencies)[]).map((k) => `${k} ${l[k].p50}/${l[k].p99}`).join('  ');
-      process.stdout.write(`B alone, both quiet windows (p50/p99 ms):  ${row(baseline)}\nB alone, first window:  ${row(firstAlone)}\n  CPU ms/s API / workers / Redis: ${JSON.stringify(baselineCpuMsPerS)}  API loop delay ms: ${JSON.stringify(baselineApiLoopDelayMs)}\n`);
+      process.stdout.write(`B alone (p50/p99 ms):  ${row(baseline)}\n  CPU ms/s API / workers / Redis: ${JSON.stringify(baselineCpuMsPerS)}  API loop delay ms: ${JSON.stringify(baselineApiLoopDelayMs)}\n`);
       for (const attack of figures.attacks) {
         process.stdout.write(`${attack.name}:\n  B: ${row(attack.b)}\n  B p99 over alone: ${JSON.stringify(attack.ratioP99)}  B refused: ${JSON.stringify(attack.bRefused)}\n  CPU ms/s: ${JSON.stringify(attack.cpuMsPerS)}  API loop delay ms: ${JSON.stringify(attack.apiLoopDelayMs)}\n  A got: ${JSON.stringify(attack.a)}  Redis grew ${(attack.redisGrowth / 1024 / 1024).toFixed(1)} MB${attack.aBytes ? `; A counted ${(attack.aBytes.held / 1024 / 1024).toFixed(1)} of its ${(attack.aBytes.budget / 1024 / 1024).toFixed(1)} MB` : ''}\n`);
       }
-      process.stdout.write(`B alone again, last window (p50/p99 ms):  ${row(baselineAgain)}\n  B's p99 in the last quiet window over the first: ${JSON.stringify(baselineAgainRatioP99)}\n`);
+      process.stdout.write(`B alone again (p50/p99 ms):  ${row(baselineAgain)}\n  B's p99 again over alone: ${JSON.stringify(baselineAgainRatioP99)}\n`);
     }
     return figures;
   } finally {

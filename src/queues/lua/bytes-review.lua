@@ -2,25 +2,22 @@
   Looks at a company's oldest counted entries: one whose key is gone (a job removed after its
   retention, refused or dropped; a history expired) is no longer counted; an ended job, and a
   lease's history, are records that may go before their retention when the company is at its
-  budget (company-bytes.ts). It stops once what it forgot and what it found removable reach
-  ARGV[2]: each entry costs three commands, and Redis runs nothing else meanwhile (issue 27:
-  200 of them held every other company's commands for 1-3 ms each time a company at its
-  budget made room).
+  budget (company-bytes.ts).
 
   KEYS[1] bytes held, by company   KEYS[2] the company's counted entries (id -> bytes)
   KEYS[3] the company's counted entries in order
   KEYS[4..] for each id in ARGV[2..], its key (a job's hash; for "h:<laneId>", the history)
-  ARGV[1] company   ARGV[2] bytes needed   ARGV[3..] ids (the oldest of KEYS[3])
+  ARGV[1] company   ARGV[2..] ids (the oldest of KEYS[3])
 
-  Returns {held, removableId1, bytes1, removableId2, bytes2, ...}, oldest first.
+  Returns {held, forgotten bytes, removableId1, bytes1, removableId2, bytes2, ...}, oldest
+  first.
 ]]
 --- @include "bytes"
-local company, needed = ARGV[1], tonumber(ARGV[2])
+local company = ARGV[1]
 local removable = {}
-local freed, found = 0, 0
-for i = 3, #ARGV do
-  if freed + found >= needed then break end
-  local id, key = ARGV[i], KEYS[i + 1]
+local freed = 0
+for i = 2, #ARGV do
+  local id, key = ARGV[i], KEYS[i + 2]
   local bytes = tonumber(redis.call('HGET', KEYS[2], id) or '0')
   if redis.call('EXISTS', key) == 0 then
     if redis.call('HDEL', KEYS[2], id) == 1 then freed = freed + bytes end
@@ -28,10 +25,9 @@ for i = 3, #ARGV do
   elseif bytes > 0 and (string.sub(id, 1, 2) == 'h:' or redis.call('HEXISTS', key, 'finishedOn') == 1) then
     removable[#removable + 1] = id
     removable[#removable + 1] = bytes
-    found = found + bytes
   end
 end
 local held = uncountBytes(KEYS[1], company, freed)
-local reply = {held}
+local reply = {held, freed}
 for _, v in ipairs(removable) do reply[#reply + 1] = v end
 return reply
