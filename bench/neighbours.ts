@@ -202,7 +202,12 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
           await pool(
             Array.from({ length: failedLeases }, (_, i) => i),
             50,
-            (i) => post(ADMIN, `/v1/leases/noop/a/env/fail-${i}/operations`, { op: 'stop', params: { providerLeaseId: `fail-${i}` } }).then((r) => r.arrayBuffer()),
+            async (i) => {
+              const res = await post(ADMIN, `/v1/leases/noop/a/env/fail-${i}/operations`, { op: 'stop', params: { providerLeaseId: `fail-${i}` } });
+              const code = await codeOf(res);
+              // One refused would leave the wait below for its failure forever.
+              if (res.status !== 202) throw new Error(`setting up A's failed leases: ${res.status} ${code ?? ''}`);
+            },
           );
           // Until the workers failed them all.
           for (;;) {

@@ -28,10 +28,8 @@ export function companyBytesKeys(prefix: string, company: string): [string, stri
  */
 const HISTORY_SHARE_BYTES = 2_048;
 
-/** Oldest counted jobs looked at per try to make room (bounded work). */
+/** Oldest counted jobs looked at per try to make room (one round trip, bounded work). */
 const REVIEWED = 200;
-/** Of those, looked at per script (per round trip). */
-const REVIEW_SLICE = 40;
 /**
  * Room made beyond what one enqueue needs, as a share of the budget: a company that lives at
  * its budget pays for making room once per many enqueues, not on each.
@@ -91,39 +89,27 @@ export class CompanyBytes {
     for (let round = 0; ; round++) {
       const [verdict, held] = (await this.admitScript(...keys, company, jobId, bytes, budget, Date.now())) as [string, number];
       if (verdict === 'ok') return;
-      const room = await this.makeRoom(company, held + bytes - budget + Math.ceil(budget * HEADROOM));
+      const room = await this.makeRoom(company, held, held + bytes - budget + Math.ceil(budget * HEADROOM));
       if (room === 'none' || round === MAX_ROUNDS) throw new CompanyBytesFullError(held, budget);
     }
   }
 
   /**
-   * Frees `needed` bytes of `company`'s count as far as its oldest counted jobs
+   * Frees `needed` bytes of `company`'s count (`held` now) as far as its oldest counted jobs
    * allow: those gone are forgotten, then the oldest ended ones removed. 'raced' when the
    * records it picked were removed by another enqueue first; 'none' when nothing could go.
    */
-  private async makeRoom(company: string, needed: number): Promise<'freed' | 'raced' | 'none'> {
+  private async makeRoom(company: string, held: number, needed: number): Promise<'freed' | 'raced' | 'none'> {
     const keys = this.keysOf(company);
     const oldest = await this.connection.zrange(keys[2], 0, REVIEWED - 1);
     if (oldest.length === 0) return 'none';
-    // Reviewed a slice at a time: each entry is three commands, and Redis runs nothing else
-    // while a script runs (issue 27: 200 at once held every company's commands 1-3 ms). Every
-    // gone entry among them is forgotten before any record is removed, so a record goes only
-    // when forgetting is not enough (helper-31: stopping at the first that covered the need
-    // removed failed records in their retention, with gone jobs behind them).
-    let forgotten = 0;
-    const removable: [string, number][] = [];
-    for (let from = 0; from < oldest.length && forgotten < needed; from += REVIEW_SLICE) {
-      const slice = oldest.slice(from, from + REVIEW_SLICE);
-      const review = (await this.reviewScript(keys.length + slice.length, ...keys, ...slice.map((id) => this.keyOf(id)), company, ...slice)) as (string | number)[];
-      forgotten += Number(review[1]);
-      for (let i = 2; i + 1 < review.length; i += 2) removable.push([String(review[i]), Number(review[i + 1])]);
-    }
+    const review = (await this.reviewScript(keys.length + oldest.length, ...keys, ...oldest.map((id) => this.keyOf(id)), company, ...oldest)) as (string | number)[];
+    const forgotten = held - Number(review[0]);
     let stillNeeded = needed - forgotten;
     const victims: string[] = [];
-    for (const [id, bytes] of removable) {
-      if (stillNeeded <= 0) break;
-      victims.push(id);
-      stillNeeded -= bytes;
+    for (let i = 1; i + 1 < review.length && stillNeeded > 0; i += 2) {
+      victims.push(String(review[i]));
+      stillNeeded -= Number(review[i + 1]);
     }
     if (victims.length === 0) return forgotten > 0 ? 'freed' : 'none';
     const [, removed] = (await this.evictScript(

@@ -9,8 +9,7 @@
   KEYS[4..] for each id in ARGV[2..], its key (a job's hash; for "h:<laneId>", the history)
   ARGV[1] company   ARGV[2..] ids (the oldest of KEYS[3])
 
-  Returns {held, forgotten bytes, removableId1, bytes1, removableId2, bytes2, ...}, oldest
-  first.
+  Returns {held, removableId1, bytes1, removableId2, bytes2, ...}, oldest first.
 ]]
 --- @include "bytes"
 local company = ARGV[1]
@@ -28,6 +27,6 @@ for i = 2, #ARGV do
   end
 end
 local held = uncountBytes(KEYS[1], company, freed)
-local reply = {held, freed}
+local reply = {held}
 for _, v in ipairs(removable) do reply[#reply + 1] = v end
 return reply
