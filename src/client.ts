@@ -70,6 +70,8 @@ export class LeaseOpsClient {
   private readonly connection: RedisClient;
   private probes: ProviderProbes | null = null;
   private readonly execJobs = new Map<number, ExecJobs>();
+  /** Reads of a job's view begun by waits that woke on its end, by job id (waitForEnd). */
+  private readonly readsAfterEnd = new Map<string, Promise<OperationView | null>>();
   private layoutClaimed: Promise<void> | null = null;
   private layoutClaimedAt = 0;
 
@@ -255,12 +257,23 @@ export class LeaseOpsClient {
     const partition = this.partitionOf(view.jobId);
     const job = await this.call(() => Job.fromId(partition.ops.queue, view.jobId));
     if (!job) return null;
+    let ended = true;
     try {
       await job.waitUntilFinished(await partition.queueEvents(), waitMs);
-    } catch {
+    } catch (err) {
       // Timed out, or the job failed: either way the view below tells which.
+      ended = !(err instanceof Error && err.message.includes('timed out before finishing'));
     }
-    return this.call(() => partition.inspector.operation(view.jobId));
+    if (!ended) return this.call(() => partition.inspector.operation(view.jobId));
+    // Every wait on this job woke on its one end event: they share one read of it, begun
+    // after that event (helper-31: 100 polls on one job read its view 100 times at once).
+    // Joined only until this turn of the event loop ends, by waits that woke on an end too.
+    const shared = this.readsAfterEnd.get(view.jobId);
+    if (shared) return shared;
+    const read = this.call(() => partition.inspector.operation(view.jobId));
+    this.readsAfterEnd.set(view.jobId, read);
+    setImmediate(() => this.readsAfterEnd.delete(view.jobId));
+    return read;
   }
 
   /** Waits for an operation to end, driven by BullMQ's event stream (no polling). */

@@ -681,6 +681,41 @@ describe('noisy neighbours: long polls begun together end apart', () => {
   });
 });
 
+describe('noisy neighbours: long polls on one operation that ends', () => {
+  it('answers every wait on an operation from one read of it after its end (helper-31: one read each, at once)', async () => {
+    const bed = await TestBed.create({ LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }]), LEASE_OPS_API_MAX_WAITS_PER_COMPANY: '50', LEASE_OPS_API_MAX_WAITS: '50' });
+    await bed.ops.announceProviders([{ name: 'recording', capabilities: { stop: true, pause: false, forceStop: true } }]);
+    const api = await startTestApi(bed);
+    const worker = await bed.startWorker(createRecordingProvider().provider);
+    try {
+      const headers = { authorization: `Bearer ${A}`, 'content-type': 'application/json' };
+      const lease = `${api.base}/v1/leases/recording/a/env/herd`;
+      expect((await fetch(`${lease}/pause`, { method: 'POST', headers })).status).toBe(200);
+      const { jobId } = (await (await fetch(`${lease}/operations`, { method: 'POST', headers, body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 'herd' } }) })).json()) as { jobId: string };
+      const polls = Array.from({ length: 20 }, () => fetch(`${api.base}/v1/operations/${encodeURIComponent(jobId)}?waitMs=20000`, { headers }));
+      const waits = async () => Number(/^lease_ops_api_waits\{of="all"\} (\d+)$/m.exec(await (await fetch(`${api.base}/metrics`)).text())?.[1] ?? NaN);
+      for (const deadline = Date.now() + 10_000; (await waits()) !== 20; ) {
+        if (Date.now() > deadline) throw new Error('never: 20 waits held');
+        await new Promise((r) => setImmediate(r));
+      }
+      // Reads of the operation's view from here on.
+      let reads = 0;
+      for (const partition of api.client.partitions) {
+        const read = partition.inspector.operation.bind(partition.inspector);
+        partition.inspector.operation = async (id) => (id === jobId && reads++, read(id));
+      }
+      expect((await fetch(`${lease}/unpause`, { method: 'POST', headers })).status).toBe(200);
+      const answers = await Promise.all(polls.map(async (poll) => ((await (await poll).json()) as { state: string }).state));
+      expect(answers).toEqual(Array.from({ length: 20 }, () => 'completed'));
+      expect(reads).toBe(1);
+    } finally {
+      await worker.close();
+      await api.close();
+      await bed.close();
+    }
+  });
+});
+
 describe("noisy neighbours: a change's body counts against its company's rate", () => {
   it('costs a change one token more for each 4 KiB of its body: 16 KiB of metadata is 5 small enqueues', async () => {
     const bed = await TestBed.create({
