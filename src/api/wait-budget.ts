@@ -69,8 +69,8 @@ export class WaitBudget {
   /**
    * How long a wait of `waitMs` is held: up to a tenth less, at random. A wait is "up to" its
    * time, so ending early keeps its contract; polls begun together (one company's hundred)
-   * then end apart, and so do the polls their clients send again at once (issue 27: each time
-   * a hundred ended together, the API worked for 30-100 ms on them and their next ones alone).
+   * then time out apart, and so do the polls their clients send again at once (issue 27: each
+   * time a hundred timed out together, the API's event loop was held up to 108 ms).
    */
   spread(waitMs: number): number {
     return waitMs - Math.floor(this.random() * (waitMs / 10));
