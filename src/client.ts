@@ -268,8 +268,9 @@ export class LeaseOpsClient {
     // Every wait on this job woke on its one end event: they share one read of it, begun
     // after that event (helper-31: 100 polls on one job read its view 100 times at once).
     // Joined only until this turn of the event loop ends, by waits that woke on an end too.
+    // Each joiner gets a copy of its own: a caller that changes its view changes no other's (helper-32).
     const shared = this.readsAfterEnd.get(view.jobId);
-    if (shared) return shared;
+    if (shared) return shared.then((read) => read && structuredClone(read));
     const read = this.call(() => partition.inspector.operation(view.jobId));
     this.readsAfterEnd.set(view.jobId, read);
     setImmediate(() => this.readsAfterEnd.delete(view.jobId));

@@ -698,6 +698,13 @@ describe('noisy neighbours: long polls on one operation that ends', () => {
         if (Date.now() > deadline) throw new Error('never: 20 waits held');
         await new Promise((r) => setImmediate(r));
       }
+      // Two waits through the library too: each gets a view of its own (helper-32: one object, shared).
+      const inProcess = [api.client.getOperation(jobId, { waitMs: 20_000 }), api.client.getOperation(jobId, { waitMs: 20_000 })];
+      const queueEvents = await api.client.partitions[0]!.queueEvents();
+      for (const deadline = Date.now() + 10_000; queueEvents.listenerCount(`completed:${jobId}`) < 22; ) {
+        if (Date.now() > deadline) throw new Error('never: the 22 waits listening');
+        await new Promise((r) => setImmediate(r));
+      }
       // Reads of the operation's view from here on.
       let reads = 0;
       for (const partition of api.client.partitions) {
@@ -707,6 +714,9 @@ describe('noisy neighbours: long polls on one operation that ends', () => {
       expect((await fetch(`${lease}/unpause`, { method: 'POST', headers })).status).toBe(200);
       const answers = await Promise.all(polls.map(async (poll) => ((await (await poll).json()) as { state: string }).state));
       expect(answers).toEqual(Array.from({ length: 20 }, () => 'completed'));
+      const [first, second] = await Promise.all(inProcess);
+      expect(first).toEqual(second);
+      expect(first).not.toBe(second);
       expect(reads).toBe(1);
     } finally {
       await worker.close();
