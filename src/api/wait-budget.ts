@@ -69,8 +69,8 @@ export class WaitBudget {
   /**
    * How long a wait of `waitMs` is held: up to a tenth less, at random. A wait is "up to" its
    * time, so ending early keeps its contract; polls begun together (one company's hundred)
-   * then time out apart, and so do the polls their clients send again at once (issue 27: each
-   * time a hundred timed out together, the API's event loop was held up to 108 ms).
+   * then time out apart, and so do the polls their clients send again at once (issue 27: they
+   * timed out together every 30 s, and the API's event loop was held up to 109 ms in one run).
    */
   spread(waitMs: number): number {
     return waitMs - Math.floor(this.random() * (waitMs / 10));
