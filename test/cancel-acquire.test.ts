@@ -24,8 +24,8 @@ const lease = (leaseId: string) => ({ provider: 'daytona', companyId: 'co', envi
 /** Sandboxes the fake made for one acquire job (named after it), and whether each is gone. */
 const madeFor = (f: DaytonaFake, jobId: string) => [...f.sandboxes.values()].filter((sb) => sb.name.includes(jobId.replace(/[^A-Za-z0-9-]/g, '-'))).map((sb) => f.stateOf(sb.id));
 
-async function setUp(timings: { create: number }, wrap: (p: LeaseProvider) => LeaseProvider = (p) => p) {
-  bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600' });
+async function setUp(timings: { create: number }, wrap: (p: LeaseProvider) => LeaseProvider = (p) => p, env: Record<string, string> = {}) {
+  bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600', ...env });
   fake = new DaytonaFake({ apiKey: 'k', timings: { create: timings.create, start: 10, stop: 10, forceStop: 0, destroy: 10 } });
   await bed.startWorker(wrap(createDaytonaProvider({ name: 'daytona', apiUrl: await fake.listen(), apiKey: 'k', rateLimits: unpaced })));
   return { bed, fake, actions: new OperatorActions(bed.ops) };
@@ -58,7 +58,10 @@ describe('cancelling an acquire', () => {
   });
 
   it('backing off while its sandbox is still being created: it leaves its lane, and the sandbox is destroyed once it exists', async () => {
-    const { bed, fake, actions } = await setUp({ create: 600 });
+    // A backoff of 5 s (at least 3.75 with its jitter): the cancel lands while the acquire
+    // backs off, not in its next attempt (a CI run stalled past a 250 ms backoff between the
+    // two and got whileExecuting).
+    const { bed, fake, actions } = await setUp({ create: 600 }, undefined, { LEASE_OPS_BACKOFF_BASE_MS: '5000' });
     const acquired = await bed.ops.enqueue({ op: 'acquire', lease: lease('run-y'), params: { runId: 'run-y' } });
     await readUntil(async () => (await bed.ops.queue.getJobState(acquired.jobId)) === 'delayed' && madeFor(fake, acquired.jobId).length === 1, 10_000, 'the acquire backing off');
     expect(await actions.cancel(acquired.jobId, 'host')).toMatchObject({ cancelled: true, whileExecuting: false });
