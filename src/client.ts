@@ -62,6 +62,9 @@ const RESERVED_KEY_PREFIX = 'lease-ops:';
  * their leases, and wait for results. Bad input throws InvalidRequestError before anything
  * is written.
  */
+/** How BullMQ's Job.waitUntilFinished says its wait timed out (pinned in test/bullmq-contract.test.ts). */
+export const WAIT_TIMED_OUT = /timed out before finishing/;
+
 export class LeaseOpsClient {
   /** One per partition (LEASE_OPS_PARTITIONS), in order; a lease's lives in partitions[partitionOfLane(its lane)]. */
   readonly partitions: ClientPartition[];
@@ -262,7 +265,7 @@ export class LeaseOpsClient {
       await job.waitUntilFinished(await partition.queueEvents(), waitMs);
     } catch (err) {
       // Timed out, or the job failed: either way the view below tells which.
-      ended = !(err instanceof Error && err.message.includes('timed out before finishing'));
+      ended = !(err instanceof Error && WAIT_TIMED_OUT.test(err.message));
     }
     if (!ended) return this.call(() => partition.inspector.operation(view.jobId));
     // Every wait on this job woke on its one end event: they share one read of it, begun

@@ -5,6 +5,7 @@ import { bullmqFetchingScripts, FETCHING_SCRIPTS, quietScript } from '../src/que
 import { openQueueEvents } from '../src/queues/queue-events.ts';
 import { createRedis, keepCopies, type RedisClient } from '../src/queues/redis.ts';
 import { LOCK_RENEWAL_FAILED, SUPERSEDED_END } from '../src/queues/worker.ts';
+import { WAIT_TIMED_OUT } from '../src/client.ts';
 import { gate, REDIS_URL, scratchRedis, waitForJobs } from './helpers/env.ts';
 
 // What lease-ops relies on inside BullMQ, pinned: the lane scripts write BullMQ's keys and
@@ -301,6 +302,17 @@ describe('BullMQ, as lease-ops relies on it', () => {
     expect(copies.length).toBeGreaterThanOrEqual(2);
     await w.close();
     expect(copies.slice(1).map((c) => c.status)).toEqual(copies.slice(1).map(() => 'end'));
+  });
+
+  it("says a wait for a job's end timed out in its error's message (what a wait woken by an end is told apart by: WAIT_TIMED_OUT)", async () => {
+    const { queue, events } = await fresh('wait-timeout');
+    const job = await queue.add('never-runs', {}, { jobId: 'never-runs' });
+    const timedOut = await job.waitUntilFinished(events, 20).then(
+      () => null,
+      (err: unknown) => err,
+    );
+    expect(timedOut).toBeInstanceOf(Error);
+    expect((timedOut as Error).message).toMatch(WAIT_TIMED_OUT);
   });
 
   it('names the states lease-ops maps: delayed, waiting, active, completed, failed, unknown', async () => {
