@@ -12,7 +12,7 @@ import { WaitBudget } from '../src/api/wait-budget.ts';
 import type { HttpError } from '../src/api/http-error.ts';
 import { ConnectionPool } from '../src/api/connections.ts';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
-import { TestBed } from './helpers/env.ts';
+import { TestBed, gate, readUntil } from './helpers/env.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
 
@@ -560,6 +560,87 @@ describe('noisy neighbours: attention (issue 27 item 3)', () => {
     }
     const items = ((await (await fetch(`${api.base}/v1/attention`, { headers: { authorization: `Bearer ${B}` } })).json()) as { items: { lease: { leaseId: string } }[] }).items;
     expect(items.map((i) => i.lease.leaseId)).toContain('fail-kept');
+  });
+});
+
+describe("noisy neighbours: operations running past their deadline (issue 27 item 3)", () => {
+  let bed: TestBed;
+  let api: TestApi;
+  let redis: RedisProcess;
+  const held = gate();
+
+  beforeAll(async () => {
+    redis = await RedisProcess.start();
+    bed = await TestBed.create({
+      REDIS_URL: redis.url,
+      LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }, { token: `${B}-prod`, companyId: 'b', environmentIds: ['prod'] }]),
+      LEASE_OPS_CONCURRENCY: '300',
+    });
+    await bed.startWorker(createRecordingProvider({ behaviour: async ({ ctx }) => (ctx.lease.leaseId.startsWith('held') ? (await held.promise, 'ok' as const) : ('ok' as const)) }).provider);
+    api = await startTestApi(bed);
+  });
+
+  afterAll(async () => {
+    held.open();
+    await api?.close();
+    await bed?.close();
+    await redis?.stop();
+  });
+
+  it("finds a company's operations running past their deadline from its own index: A's 250 running operations cost B's list nothing", async () => {
+    const stop = (company: string, environmentId: string, leaseId: string, deadlineMs?: number) =>
+      bed.ops.enqueue({ op: 'stop', lease: { provider: 'recording', companyId: company, environmentId, leaseId }, params: { providerLeaseId: leaseId }, ...(deadlineMs ? { deadlineMs } : {}) }).then((r) => r.jobId);
+    // A's burst: 250 operations running (A's first five past their deadline), B's two.
+    const aJobs = await Promise.all(Array.from({ length: 250 }, (_, i) => stop('a', 'env', `held-${i}`, i < 5 ? 300 : undefined)));
+    const bJobs = [await stop('b', 'prod', 'held-b1', 300), await stop('b', 'dev', 'held-b2', 300)];
+    await readUntil(async () => (await bed.ops.queue.getActiveCount()) === 252, 30_000, "every operation running");
+    const deadlines = await Promise.all([...aJobs.slice(0, 5), ...bJobs].map(async (id) => (await bed.ops.queue.getJob(id))!.data.deadlineAt as number));
+    // Waiting for a time, not an event: the deadlines to pass.
+    await new Promise((r) => setTimeout(r, Math.max(...deadlines) - Date.now() + 20));
+
+    const list = async (token: string) => ((await (await fetch(`${api.base}/v1/attention`, { headers: { authorization: `Bearer ${token}` } })).json()) as { items: { lease: { leaseId: string }; reasons: string[]; detail: string }[] }).items;
+    const stats = async () => {
+      const text = await bed.redis.info('commandstats');
+      const calls = (name: string) => Number(new RegExp(`cmdstat_${name}:calls=(\\d+)`).exec(text)?.[1] ?? 0);
+      return { hgetall: calls('hgetall'), lrange: calls('lrange') };
+    };
+    await list(B);
+    const before = await stats();
+    const bItems = await list(B);
+    const after = await stats();
+    expect(bItems.map((i) => `${i.lease.leaseId} ${i.reasons.join(',')}`).sort()).toEqual(['held-b1 blocked', 'held-b2 blocked']);
+    expect(bItems.find((i) => i.lease.leaseId === 'held-b1')!.detail).toBe(`stop ${bJobs[0]} is still running past its deadline`);
+    // B's walk read B's two jobs, not A's 250 (one read of each job, and of the active list, before).
+    expect(after.hgetall - before.hgetall).toBeLessThanOrEqual(2);
+    expect(after.lrange - before.lrange).toBe(0);
+    expect((await list(`${B}-prod`)).map((i) => i.lease.leaseId)).toEqual(['held-b1']);
+    expect((await list(A)).map((i) => i.lease.leaseId).sort()).toEqual(['held-0', 'held-1', 'held-2', 'held-3', 'held-4']);
+    // The admin's view holds the same seven.
+    expect((await api.client.leasesNeedingAttention(500)).filter((i) => i.reasons.includes('blocked')).length).toBe(7);
+
+    // An entry whose job is gone leaves the index as it is read.
+    const key = bed.ops.lanes.deadlinesKey('b');
+    await bed.redis.zadd(key, 0, 'gone-job');
+    expect((await list(B)).length).toBe(2);
+    expect(await bed.redis.zscore(key, 'gone-job')).toBeNull();
+
+    // One queued behind B's running stop leaves the index when its deadline drops it from its
+    // lane, one an operator cancels when the cancel drops it: neither ran.
+    const key2 = bed.ops.lanes.deadlinesKey('b');
+    const [expiring, cancelled] = [await stop('b', 'prod', 'held-b1', 300), await stop('b', 'prod', 'held-b1')];
+    expect(await bed.redis.zscore(key2, cancelled)).not.toBeNull();
+    await api.client.cancelOperation(cancelled, 'test');
+    expect(await bed.redis.zscore(key2, cancelled)).toBeNull();
+    await bed.waitForAll([expiring], 10_000);
+    expect((await bed.ops.queue.getJob(expiring))!.failedReason).toMatch(/^deadline_exceeded/);
+    expect(await bed.redis.zscore(key2, expiring)).toBeNull();
+
+    // Each operation leaves the index as it ends.
+    held.open();
+    await bed.waitForAll([...aJobs, ...bJobs], 30_000);
+    expect(await bed.redis.zcard(bed.ops.lanes.deadlinesKey('a'))).toBe(0);
+    expect(await bed.redis.zcard(key)).toBe(0);
+    expect(await list(B)).toEqual([]);
   });
 });
 

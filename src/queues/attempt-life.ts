@@ -598,7 +598,7 @@ export class AttemptLife {
       const paused = await this.laneStep(() => this.deps.ops.lanes.pausedBy(laneId));
       const why = `the deadline passed while it waited in its lane${paused ? ` (paused by ${paused.by} since ${isoUtc(paused.since)})` : ''}`;
       const outcome: LaneOutcome = { status: 'failed', code: 'deadline_exceeded', error: `deadline_exceeded: ${why}` };
-      const dropped = await this.laneStep(() => this.deps.ops.lanes.drop(laneId, this.jobId, outcome, false, this.lockToken));
+      const dropped = await this.laneStep(() => this.deps.ops.lanes.drop(laneId, this.jobId, outcome, false, this.lockToken, data.lease.companyId));
       if (dropped.kind === 'stale') throw this.staleStart(data.op);
       if (dropped.kind !== 'executing') {
         telemetry.deadlineFailure({ 'lease.op': data.op });

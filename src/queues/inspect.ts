@@ -350,11 +350,12 @@ export class Inspector {
 
   /**
    * Lanes blocked now (their heads should have moved), `limit` visible ones of each source at
-   * most: few, so read for everyone. The sweep marks a lane whose head runs as seen, so a head
-   * running past its deadline is found among the running jobs (as many as the workers'
-   * concurrency), not among the quiet lanes. One item per lane.
+   * most. Quiet lanes are few, so read for everyone. The sweep marks a lane whose head runs as
+   * seen, so a head running past its deadline is found among the running jobs (as many as the
+   * workers' concurrency), not among the quiet lanes: every one for an unscoped walk, the
+   * company's own past their deadline (from its index) for a scoped one. One item per lane.
    */
-  private async blockedItems(limit: number, visible: (lease: LeaseIdentity | null) => boolean): Promise<ReasonItem[]> {
+  private async blockedItems(limit: number, visible: (lease: LeaseIdentity | null) => boolean, scope?: AttentionScope): Promise<ReasonItem[]> {
     const now = Date.now();
     const page = Math.max(limit, ATTENTION_PAGE);
     const [quiet, running] = await Promise.all([
@@ -362,7 +363,7 @@ export class Inspector {
         const laneIds = await this.ops.lanes.quietLanes(now - this.limits.blockedAfterMs, page, offset);
         return { read: laneIds.length, items: await Promise.all(laneIds.map((laneId) => this.blockedHead(laneId, now))) };
       }),
-      this.pagedVisible(page, limit, visible, async (offset) => {
+      scope ? this.overdueOfCompany(scope.companyId, page, limit, visible, now) : this.pagedVisible(page, limit, visible, async (offset) => {
         const jobs = await this.ops.queue.getActive(offset, offset + page - 1);
         return { read: jobs.length, items: jobs.map((job) => overdueItem(job, now)) };
       }),
@@ -371,14 +372,35 @@ export class Inspector {
     return [...quiet, ...running.filter((item) => !quietLanes.has(item.laneId))];
   }
 
+  /**
+   * A company's operations running past their deadline, from its own index of operations by
+   * deadline (Lanes.deadlinesKey): what a scoped walk reads, whatever other companies have
+   * running. Entries whose job ended or went are taken out after the walk (not during it: an
+   * offset past entries taken out would skip live ones).
+   */
+  private async overdueOfCompany(companyId: string, page: number, limit: number, visible: (lease: LeaseIdentity | null) => boolean, now: number): Promise<ReasonItem[]> {
+    const ended: string[] = [];
+    const items = await this.pagedVisible(page, limit, visible, async (offset) => {
+      const read = await this.ops.lanes.pastDeadline(companyId, now, offset, page);
+      ended.push(...read.ended);
+      return {
+        read: read.read,
+        items: read.jobs.map(({ jobId, data, processedOn, active }) => (active ? overdueItem({ id: jobId, data: parseData(data), processedOn: processedOn ?? undefined }, now) : null)),
+      };
+    });
+    if (ended.length) await this.ops.lanes.forgetEnded(companyId, ended);
+    return items;
+  }
+
   private async attentionUpTo(limit: number, visible: (lease: LeaseIdentity | null) => boolean, scope?: AttentionScope, stalledRead?: ReasonItem[]): Promise<AttentionItem[]> {
     // How long a sandbox has been stopping is counted in Redis' clock, the one it was recorded in.
     const [redisNow, stuckBudget] = await Promise.all([this.records.now(), this.stuckBudget()]);
     const page = Math.max(limit, ATTENTION_PAGE);
     // Each kind is read for all its lanes at once: a scrape of /metrics asks for this too.
-    const blocked = async () => stalledRead?.filter((item) => visible(item.lease)) ?? this.blockedItems(limit, visible);
+    const blocked = async () => stalledRead?.filter((item) => visible(item.lease)) ?? this.blockedItems(limit, visible, scope);
     if (scope) {
-      // A company's own: its entries of the scope index, then the lanes blocked now.
+      // A company's own: its entries of the scope index, then the lanes blocked now (its own
+      // operations running past their deadline among them).
       const [own, stalled] = await Promise.all([this.scopedItems(scope, limit, redisNow, stuckBudget), blocked()]);
       return this.namedByAcquire(groupByLease([...own.filter((item) => visible(item.lease)), ...stalled], limit));
     }
@@ -634,12 +656,21 @@ export class Inspector {
 }
 
 /** A running job past its deadline, as an attention item; null for any other. */
-function overdueItem(job: Job, now: number): ReasonItem | null {
+function overdueItem(job: Pick<Job, 'id' | 'data' | 'processedOn'>, now: number): ReasonItem | null {
   const parsed = OperationJobDataSchema.safeParse(job.data);
   const laneId = job.id ? laneIdOfJobId(job.id) : null;
   if (!parsed.success || !laneId || now <= parsed.data.deadlineAt) return null;
   const { op, lease, deadlineAt } = parsed.data;
   return { laneId, lease, reason: 'blocked', since: job.processedOn ?? deadlineAt, detail: `${op} ${job.id} is still running past its deadline` };
+}
+
+/** A job's data as BullMQ stores it (JSON); what is not JSON is no operation's. */
+function parseData(text: string): unknown {
+  try {
+    return JSON.parse(text) as unknown;
+  } catch {
+    return null;
+  }
 }
 
 /** Attention items are read this many at a time per kind. */

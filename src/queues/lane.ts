@@ -11,16 +11,17 @@ import { LeaseIdentitySchema, type LeaseIdentity } from '../lease.ts';
 // Every lane script takes the lane key layout of includes/lane.lua (18 keys), and some
 // the job's hash (and the request's idempotency key, and the lease's history) after it.
 const SCRIPTS = {
-  'lane-push': 25,
+  'lane-push': 26,
   'lane-alias': 3,
-  'lane-acquire': 21,
-  'lane-release': 25,
+  'lane-acquire': 22,
+  'lane-release': 26,
   'lane-yield': 19,
   'lane-repair': 18,
   'lane-upgrade': 20,
-  'lane-drop': 21,
+  'lane-drop': 22,
   'lane-forget': 18,
   'failures-ack': 2,
+  'deadline-forget': 2,
 } as const;
 type ScriptName = keyof typeof SCRIPTS;
 
@@ -267,6 +268,7 @@ export class Lanes {
       this.aliasKey(laneId),
       this.rerunsKey(scope.companyId),
       claim?.recordKey ?? this.noIdempotencyKey,
+      this.deadlinesKey(scope.companyId),
       jobId,
       laneId,
       Date.now(),
@@ -357,11 +359,48 @@ export class Lanes {
   }
 
   /**
+   * The company's operations in their lanes, by deadline: each joins at its push and leaves at
+   * its release or drop, so the company's attention finds its own running past their deadline
+   * without reading any other company's (Inspector's blockedItems).
+   */
+  deadlinesKey(companyId: string): string {
+    return `${this.prefix}:deadlines:${companyId}`;
+  }
+
+  /**
+   * The company's jobs in their lanes whose deadline is at `now` or before, oldest deadline
+   * first, from `offset`, at most `count`: each with its data, when it started, and whether
+   * BullMQ holds it active. `ended`: jobs that ended or went (their entries outlived them).
+   */
+  async pastDeadline(companyId: string, now: number, offset: number, count: number): Promise<{ read: number; jobs: { jobId: string; data: string; processedOn: number | null; active: boolean }[]; ended: string[] }> {
+    const jobIds = await this.client.zrangebyscore(this.deadlinesKey(companyId), '-inf', now, 'LIMIT', offset, count);
+    if (!jobIds.length) return { read: 0, jobs: [], ended: [] };
+    const pipeline = this.client.pipeline();
+    for (const jobId of jobIds) pipeline.hmget(this.jobKey(jobId), 'data', 'processedOn', 'finishedOn').lpos(`${this.queueKeyPrefix}active`, jobId);
+    const results = (await pipeline.exec()) ?? [];
+    const readError = results.find(([err]) => err)?.[0];
+    if (readError) throw readError;
+    const jobs: { jobId: string; data: string; processedOn: number | null; active: boolean }[] = [];
+    const ended: string[] = [];
+    jobIds.forEach((jobId, i) => {
+      const [data, processedOn, finishedOn] = results[i * 2]![1] as [string | null, string | null, string | null];
+      if (data === null || finishedOn !== null) return void ended.push(jobId);
+      jobs.push({ jobId, data, processedOn: processedOn === null ? null : Number(processedOn), active: results[i * 2 + 1]![1] !== null });
+    });
+    return { read: jobIds.length, jobs, ended };
+  }
+
+  /** Takes entries of the company's deadline index out whose jobs ended or went (deadline-forget.lua). */
+  async forgetEnded(companyId: string, jobIds: readonly string[]): Promise<void> {
+    await Promise.all(jobIds.map((jobId) => this.run('deadline-forget', this.deadlinesKey(companyId), this.jobKey(jobId), jobId)));
+  }
+
+  /**
    * An attempt asks to start; `lockToken` is the BullMQ lock it holds the job with, `companyId`
    * the job's (a rerun joining its lane leaves its company's reruns on their way).
    */
   async acquire(laneId: string, jobId: string, lockToken: string, companyId = ''): Promise<AcquireResult> {
-    const r = (await this.run('lane-acquire', ...this.keys(laneId), this.jobKey(jobId), this.lockKey(jobId), this.rerunsKey(companyId), jobId, laneId, Date.now(), lockToken)) as [string, string?];
+    const r = (await this.run('lane-acquire', ...this.keys(laneId), this.jobKey(jobId), this.lockKey(jobId), this.rerunsKey(companyId), this.deadlinesKey(companyId), jobId, laneId, Date.now(), lockToken)) as [string, string?];
     switch (r[0]) {
       case 'run':
         return { kind: 'run', token: String(r[1]) };
@@ -397,6 +436,7 @@ export class Lanes {
       bytesHeld,
       bytesOfCompany,
       leaseRecordKey(this.prefix, laneId),
+      this.deadlinesKey(companyId),
       jobId,
       token,
       JSON.stringify(outcome),
@@ -427,13 +467,14 @@ export class Lanes {
    * Takes a job that is not executing out of its lane, recording the outcome the caller
    * decided. `lockToken`: the attempt dropping its own job, refused if it lost the job's lock.
    */
-  async drop(laneId: string, jobId: string, outcome: LaneOutcome, refuseActive = false, lockToken = ''): Promise<DropResult> {
+  async drop(laneId: string, jobId: string, outcome: LaneOutcome, refuseActive = false, lockToken = '', companyId = ''): Promise<DropResult> {
     const r = (await this.run(
       'lane-drop',
       ...this.keys(laneId),
       this.jobKey(jobId),
       this.lockKey(jobId),
       this.attentionScopeKey,
+      this.deadlinesKey(companyId),
       jobId,
       laneId,
       Date.now(),

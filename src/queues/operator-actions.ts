@@ -66,7 +66,7 @@ export class OperatorActions {
     if (state === 'completed' || state === 'failed') throw new OperatorActionRefusedError('operation_ended', `${jobId} already ${state}: there is nothing to cancel`);
     const acquire = OperationJobDataSchema.safeParse(job.data);
     const isAcquire = acquire.success && acquire.data.op === 'acquire';
-    const dropped = await this.ops.lanes.drop(laneId, jobId, { status: 'failed', code: 'cancelled', error: `cancelled: cancelled by ${by}` }, true);
+    const dropped = await this.ops.lanes.drop(laneId, jobId, { status: 'failed', code: 'cancelled', error: `cancelled: cancelled by ${by}` }, true, '', acquire.success ? acquire.data.lease.companyId : '');
     if (dropped.kind === 'executing' && isAcquire) {
       // A host that gave up on an acquire must not leave its sandbox running with no owner.
       const marked = await this.markCancel(this.ops.queue.toKey(jobId), by);

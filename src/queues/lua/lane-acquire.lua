@@ -12,6 +12,8 @@
   KEYS[19] the job's hash   KEYS[20] the job's BullMQ lock
   KEYS[21] the job's company's reruns on their way (rerun-admit.lua): a rerun joining its lane
   is counted there from now on
+  KEYS[22] the company's operations in their lanes, by deadline (lane-push.lua): a job that
+  re-enters its lane here joins it as a pushed one does
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] the attempt's BullMQ lock token
 
   Returns one of
@@ -128,6 +130,9 @@ if recorded[1] then
   if type(lease.companyId) == 'string' and type(lease.environmentId) == 'string' then
     rcall('ZREM', KEYS[21], lease.environmentId .. '\n' .. jobId)
     recount(k, laneId, lease.companyId, lease.environmentId)
+    if tonumber(data.deadlineAt) then
+      rcall('ZADD', KEYS[22], data.deadlineAt, jobId)
+    end
   else
     recount(k, laneId)
   end

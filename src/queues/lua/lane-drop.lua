@@ -12,6 +12,7 @@
   (see includes/lane.lua)
   KEYS[19] the job's hash   KEYS[20] the job's BullMQ lock
   KEYS[21] the attention scope index (see indexScope in includes/lane.lua)
+  KEYS[22] the company's operations in their lanes, by deadline (lane-push.lua): it leaves
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] BullMQ job key prefix
   ARGV[5] outcome (JSON)   ARGV[6] how long failed jobs are kept (ms)
   ARGV[7] '1' to refuse a job BullMQ still holds active (an operator's cancel): between the
@@ -46,6 +47,7 @@ if ARGV[7] == '1' and rcall('LPOS', k.active, jobId) then
   return {'executing'}
 end
 rcall('LREM', k.list, 1, jobId)
+rcall('ZREM', KEYS[22], jobId)
 recount(k, laneId)
 forgetCoalescing(k, jobId)
 rcall('HDEL', jobKey, 'lo:parked')

@@ -17,6 +17,8 @@
   second name of its acquire's lane (lane-alias.lua)
   KEYS[24] the company's reruns on their way to their lanes (rerun-admit.lua): counted with
   the operations of the lane, the environment and the company they will join
+  KEYS[26] the company's operations in their lanes, by deadline: the job joins it, scored by
+  ARGV[21] (see Inspector's overdue reading); its release or drop takes it out
   KEYS[25] the lease's record (lease-records.ts), for a watchdog's force-stop (a placeholder
   otherwise): see ARGV[23]
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] 'tail' | 'front'
@@ -264,6 +266,9 @@ if mode == 'front' then
   waits = queueFront(k, jobPrefix, jobId)
 else
   waits = rcall('RPUSH', k.list, jobId) > 1
+end
+if ARGV[21] ~= '' then
+  rcall('ZADD', KEYS[26], ARGV[21], jobId)
 end
 recount(k, laneId, company, environment)
 if ARGV[18] ~= '' then

@@ -35,6 +35,7 @@
   ARGV[14] for an acquire that completed with a sandbox whose id is the lease's own (nothing
   to name: the attempt noted no sandbox itself), that id: noted here, in the step that ends
   the acquire, as the lease's acquired sandbox (one lease, one sandbox: lease-records.ts)
+  KEYS[26] the company's operations in their lanes, by deadline (lane-push.lua): the job leaves it
 
   An acquire that completed, but was cancelled (job-cancel.lua marked its job) while it ran,
   is not released: {'cancelled'}, and the attempt fails it instead, queueing the clean-up of
@@ -68,6 +69,7 @@ if ARGV[10] == '1' and ARGV[14] ~= '' then
 end
 rcall('LPOP', k.list)
 rcall('DEL', k.holder)
+rcall('ZREM', KEYS[26], jobId)
 forgetCoalescing(k, jobId)
 if ARGV[10] == '1' then
   rcall('HSET', KEYS[20], jobId, 'completed ' .. ARGV[5])
