@@ -3,7 +3,7 @@ import { Job, type QueueEvents } from 'bullmq';
 import { openQueueEvents } from './queues/queue-events.ts';
 import { z } from 'zod';
 import { loadConfig, type Config } from './config.ts';
-import { ActivityNotFoundError, ExecError, InvalidRequestError, LeaseClosingError, OperationNotFoundError, QueueFullError, RedisUnavailableError, WaitTimeoutError } from './errors.ts';
+import { ActivityNotFoundError, ClientClosedError, ExecError, InvalidRequestError, LeaseClosingError, OperationNotFoundError, QueueFullError, RedisUnavailableError, WaitTimeoutError } from './errors.ts';
 import { laneOfToken, MAX_ACTIVITY_TTL_MS, MIN_ACTIVITY_TTL_MS } from './queues/activities.ts';
 import { LeaseIdentitySchema, laneIdOf, laneIdOfJobId, type LeaseIdentity } from './lease.ts';
 import { partitionOfLane, partitionPrefixes } from './partitions.ts';
@@ -57,14 +57,14 @@ export interface EnqueueOptions {
 /** Idempotency keys lease-ops' own requests use; refused from callers. */
 const RESERVED_KEY_PREFIX = 'lease-ops:';
 
+/** How BullMQ's Job.waitUntilFinished says its wait timed out (pinned in test/bullmq-contract.test.ts). */
+export const WAIT_TIMED_OUT = /timed out before finishing/;
+
 /**
  * The control plane's handle on lease-ops: enqueue operations, read them and the lanes of
  * their leases, and wait for results. Bad input throws InvalidRequestError before anything
  * is written.
  */
-/** How BullMQ's Job.waitUntilFinished says its wait timed out (pinned in test/bullmq-contract.test.ts). */
-export const WAIT_TIMED_OUT = /timed out before finishing/;
-
 export class LeaseOpsClient {
   /** One per partition (LEASE_OPS_PARTITIONS), in order; a lease's lives in partitions[partitionOfLane(its lane)]. */
   readonly partitions: ClientPartition[];
@@ -75,6 +75,11 @@ export class LeaseOpsClient {
   private readonly execJobs = new Map<number, ExecJobs>();
   /** Reads of a job's view begun by waits that woke on its end, by job id (waitForEnd). */
   private readonly readsAfterEnd = new Map<string, Promise<OperationView | null>>();
+  /** Aborted by close(): a wait for an operation's end then ends at once (ClientClosedError). */
+  private readonly closing = new AbortController();
+  private get closed(): boolean {
+    return this.closing.signal.aborted;
+  }
   private layoutClaimed: Promise<void> | null = null;
   private layoutClaimedAt = 0;
 
@@ -260,13 +265,20 @@ export class LeaseOpsClient {
     const partition = this.partitionOf(view.jobId);
     const job = await this.call(() => Job.fromId(partition.ops.queue, view.jobId));
     if (!job) return null;
+    const until = Date.now() + waitMs;
     let ended = true;
     try {
-      await job.waitUntilFinished(await partition.queueEvents(), waitMs);
+      // Opening the event stream counts in the wait: the first wait of a partition opens it,
+      // and a Redis that takes no new connection held one 2 s wait 10.6 s (helper-32).
+      const events = await settledWithin(partition.queueEvents(), waitMs, this.closing.signal);
+      if (events === null) ended = false;
+      else await job.waitUntilFinished(events, Math.max(1, until - Date.now()));
     } catch (err) {
       // Timed out, or the job failed: either way the view below tells which.
       ended = !(err instanceof Error && WAIT_TIMED_OUT.test(err.message));
     }
+    // Woken by close() (ClientPartition.wakeWaits), or closed meanwhile: nothing to read on.
+    if (this.closed) throw new ClientClosedError(view.jobId);
     if (!ended) return this.call(() => partition.inspector.operation(view.jobId));
     // Every wait on this job woke on its one end event: they share one read of it, begun
     // after that event (helper-31: 100 polls on one job read its view 100 times at once).
@@ -560,6 +572,8 @@ export class LeaseOpsClient {
 
   /** Closes the connections; with Redis gone, gives BullMQ LEASE_OPS_REDIS_TIMEOUT_MS to close, then cuts them. */
   async close(): Promise<void> {
+    this.closing.abort();
+    for (const p of this.partitions) p.wakeWaits();
     const closing = Promise.all([...this.partitions.map((p) => p.close()), this.probes?.close(), ...[...this.execJobs.values()].map((j) => j.close())]);
     let timer: NodeJS.Timeout | undefined;
     await Promise.race([closing.catch(() => undefined), new Promise((resolve) => (timer = setTimeout(resolve, this.timeoutMs)))]);
@@ -615,11 +629,27 @@ export class ClientPartition {
   }
 
   queueEvents(): Promise<QueueEvents> {
-    this.events ??= openQueueEvents(this.settings.REDIS_URL, this.settings.LEASE_OPS_QUEUE, this.settings.LEASE_OPS_PREFIX).then(({ events, connection }) => {
-      this.eventsConnection = connection;
-      return events;
-    });
+    this.events ??= openQueueEvents(this.settings.REDIS_URL, this.settings.LEASE_OPS_QUEUE, this.settings.LEASE_OPS_PREFIX).then(
+      ({ events, connection }) => {
+        this.eventsConnection = connection;
+        return events;
+      },
+      (err: unknown) => {
+        // Not opened: the next wait tries again, rather than every wait failing for good.
+        this.events = null;
+        throw err;
+      },
+    );
     return this.events;
+  }
+
+  /**
+   * Ends every wait for an operation's end on this partition now: BullMQ's waitUntilFinished
+   * gives up when its queue emits 'closing', which BullMQ's Queue itself never emits
+   * (pinned in test/bullmq-contract.test.ts).
+   */
+  wakeWaits(): void {
+    (this.ops.queue as unknown as NodeJS.EventEmitter).emit('closing', 'the client closed');
   }
 
   async close(): Promise<void> {
@@ -638,6 +668,26 @@ const ActivityRequestSchema = z.object({
   kind: z.string().min(1).max(64).regex(/^[^\p{Cc}]+$/u, 'kind must not contain control characters'),
   ttlMs: z.number().int().min(MIN_ACTIVITY_TTL_MS).max(MAX_ACTIVITY_TTL_MS),
 });
+
+/** What `promise` gives, or null when `ms` pass (or `signal` aborts) first. */
+async function settledWithin<T>(promise: Promise<T>, ms: number, signal: AbortSignal): Promise<T | null> {
+  let timer: NodeJS.Timeout | undefined;
+  let onAbort: (() => void) | undefined;
+  try {
+    return await Promise.race([
+      promise,
+      new Promise<null>((resolve) => {
+        timer = setTimeout(() => resolve(null), ms);
+        onAbort = () => resolve(null);
+        if (signal.aborted) resolve(null);
+        else signal.addEventListener('abort', onAbort, { once: true });
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+    if (onAbort) signal.removeEventListener('abort', onAbort);
+  }
+}
 
 /** The wait for each connection's next 'ready', shared by every call made meanwhile. */
 const readiness = new WeakMap<RedisClient, Promise<void>>();

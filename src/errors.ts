@@ -68,6 +68,14 @@ export class WaitTimeoutError extends LeaseOpsError {
   }
 }
 
+/** The client was closed while this call waited for an operation to end: nothing more is read on it. */
+export class ClientClosedError extends LeaseOpsError {
+  override name = 'ClientClosedError';
+  constructor(readonly jobId: string) {
+    super('client_closed', `the client was closed while this call waited for operation ${jobId} to end`);
+  }
+}
+
 /** Where an operation was refused for room: its lease's lane, its environment, its company, or the whole queue. */
 export type QueueLimit = 'lease' | 'environment' | 'company' | 'queue';
 

@@ -2,6 +2,7 @@
 export { LeaseOpsClient, type EnqueueOptions, type OperationResult } from './client.ts';
 export {
   ActivityNotFoundError,
+  ClientClosedError,
   ExecError,
   IdempotencyKeyReusedError,
   InvalidRequestError,

@@ -6,7 +6,7 @@ import { openQueueEvents } from '../src/queues/queue-events.ts';
 import { createRedis, keepCopies, type RedisClient } from '../src/queues/redis.ts';
 import { LOCK_RENEWAL_FAILED, SUPERSEDED_END } from '../src/queues/worker.ts';
 import { WAIT_TIMED_OUT } from '../src/client.ts';
-import { gate, REDIS_URL, scratchRedis, waitForJobs } from './helpers/env.ts';
+import { gate, readUntil, REDIS_URL, scratchRedis, waitForJobs } from './helpers/env.ts';
 
 // What lease-ops relies on inside BullMQ, pinned: the lane scripts write BullMQ's keys and
 // fields (delayed set, wait list, marker, events, a job's delay and progress), and the worker
@@ -313,6 +313,26 @@ describe('BullMQ, as lease-ops relies on it', () => {
     );
     expect(timedOut).toBeInstanceOf(Error);
     expect((timedOut as Error).message).toMatch(WAIT_TIMED_OUT);
+  });
+
+  it("ends a wait for a job's end when its queue emits 'closing' (what LeaseOpsClient.close wakes its waits by), and Queue.close alone emits none", async () => {
+    const { queue, events } = await fresh('wait-closing');
+    const job = await queue.add('never-runs', {}, { jobId: 'never-runs' });
+    const closings: unknown[] = [];
+    (queue as unknown as NodeJS.EventEmitter).on('closing', (why: unknown) => closings.push(why));
+    const waiting = job.waitUntilFinished(events, 60_000).then(
+      () => null,
+      (err: unknown) => err,
+    );
+    // Its listener is on before the wait checks the job (an await in between).
+    await readUntil(async () => queue.listenerCount('closing') > 1, 5_000, "the wait's listener");
+    (queue as unknown as NodeJS.EventEmitter).emit('closing', 'the client closed');
+    const ended = await waiting;
+    expect(ended).toBeInstanceOf(Error);
+    expect((ended as Error).message).toBe('the client closed');
+    // BullMQ's own close says nothing to a wait: a listener of ours hears only our emit.
+    await queue.close();
+    expect(closings).toEqual(['the client closed']);
   });
 
   it('names the states lease-ops maps: delayed, waiting, active, completed, failed, unknown', async () => {

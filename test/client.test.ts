@@ -3,11 +3,13 @@ import { readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { InvalidRequestError, LeaseOpsClient, LeaseOpsError, OperationNotFoundError, WaitTimeoutError, RedisUnavailableError } from '../src/index.ts';
+import { ClientClosedError, InvalidRequestError, LeaseOpsClient, LeaseOpsError, OperationNotFoundError, WaitTimeoutError, RedisUnavailableError } from '../src/index.ts';
 import { createLogger } from '../src/logger.ts';
 import { loadProviders } from '../src/providers/registry.ts';
 import { LeaseWorker } from '../src/queues/worker.ts';
-import { gate, lease, TestBed } from './helpers/env.ts';
+import { gate, lease, readUntil, TestBed } from './helpers/env.ts';
+import { RedisProcess } from './helpers/redis-process.ts';
+import { createRedis } from '../src/queues/redis.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
 
 const EXAMPLE = fileURLToPath(new URL('../examples/control-plane.ts', import.meta.url));
@@ -124,6 +126,57 @@ describe('the client starting up', () => {
     } finally {
       await fresh.close();
       await bed.close();
+    }
+  });
+});
+
+describe("a client's waits for an operation's end", () => {
+  it('end at once when the client closes, with ClientClosedError (client_closed), not at their time with redis_unavailable (helper-32)', { timeout: 20_000 }, async () => {
+    const bed = await TestBed.create();
+    const fresh = new LeaseOpsClient(bed.config);
+    try {
+      // No worker: the stop stays queued.
+      const { jobId } = await fresh.enqueue('stop', lease('closing-wait'), { providerLeaseId: 'closing-wait' });
+      const waiting = fresh.getOperation(jobId, { waitMs: 60_000 }).then(
+        () => null,
+        (err: unknown) => err,
+      );
+      const queue = fresh.partitions[0]!.ops.queue;
+      await readUntil(async () => queue.listenerCount('closing') > 0, 10_000, 'the wait to listen');
+      await fresh.close();
+      const ended = await waiting;
+      expect(ended).toBeInstanceOf(ClientClosedError);
+      expect((ended as ClientClosedError).code).toBe('client_closed');
+      expect((ended as ClientClosedError).message).toContain(jobId);
+    } finally {
+      await fresh.close();
+      await bed.close();
+    }
+  });
+
+  it('count opening the event stream in their time: with Redis taking no new connection, a 1 s wait answers the view it has (helper-32: a 2 s wait ran 10.6 s)', { timeout: 20_000 }, async () => {
+    const redis = await RedisProcess.start();
+    const bed = await TestBed.create({ REDIS_URL: redis.url });
+    const fresh = new LeaseOpsClient(bed.config);
+    const admin = createRedis(redis.url);
+    try {
+      const { jobId } = await fresh.enqueue('stop', lease('no-stream'), { providerLeaseId: 'no-stream' });
+      // Every connection it has is open; the next one (the wait's event stream) is refused.
+      const clients = Number(/connected_clients:(\d+)/.exec(await admin.info('clients'))?.[1]);
+      await admin.config('SET', 'maxclients', String(clients));
+      const asked = Date.now();
+      const view = await fresh.getOperation(jobId, { waitMs: 1_000 });
+      const took = Date.now() - asked;
+      expect(view?.state).toBe('ready');
+      // Its 1 s, and one read of the view after it (within LEASE_OPS_REDIS_TIMEOUT_MS), not more.
+      expect(took).toBeGreaterThanOrEqual(1_000);
+      expect(took).toBeLessThan(1_000 + bed.config.LEASE_OPS_REDIS_TIMEOUT_MS + 1_000);
+      await admin.config('SET', 'maxclients', '10000');
+    } finally {
+      await fresh.close();
+      admin.disconnect();
+      await bed.close();
+      await redis.stop();
     }
   });
 });

@@ -29,6 +29,7 @@ import {
   QueueFullError,
   CompanyBytesFullError,
   RedisUnavailableError,
+  ClientClosedError,
 } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import { laneIdOfJobId } from '../lease.ts';
@@ -901,6 +902,11 @@ function errorHandler(log: Logger): ErrorRequestHandler {
             : err.status === 415
               ? { code: 'unsupported_media_type', message: 'send the body as application/json in UTF-8' }
               : { code: 'invalid_body', message: err.message };
+    } else if (err instanceof ClientClosedError) {
+      // A wait the API's closing ended (a long poll still connected past the grace).
+      status = 503;
+      body = { code: err.code, message: 'the API is closing; retry' };
+      res.setHeader('Retry-After', '1');
     } else if (err instanceof RedisUnavailableError || isRedisUnavailable(err)) {
       status = 503;
       body = { code: 'redis_unavailable', message: 'Redis cannot be reached; retry later' };

@@ -67,7 +67,7 @@ const ERROR_DESCRIPTIONS: Record<string, string> = {
   '409':
     'lease_closing (with Retry-After: a stop, release or destroy of the lease is queued or running), lease_has_sandbox (an acquire of a lease whose sandbox lives: destroy it first, or acquire under another id), operation_executing (it runs: an attempt in flight cannot be taken back), operation_ended (it completed or failed), operation_not_failed (only a failed operation runs again), operation_not_rerunnable (an acquire: enqueue a new one), operation_not_waiting (not in its lane any more), provider_exists (the company has an instance of that name), provider_name_taken (a configured provider has that name), sandbox_not_running (exec: resume it first), activity_lapsed (exec: the command waited for a worker past its ttlMs, or a stop asked to cancel it before it started: it did not run)',
   '502': 'exec: the service or the worker failed to run the command (its code says why)',
-  '503': 'redis_unavailable; walk_unavailable, with Retry-After (attention, a timeline: its walk thread stopped, or the API is closing); secrets_key_missing (saving credentials, or an exec with env or stdin, needs LEASE_OPS_SECRETS_KEY); secrets_key_mismatch (the workers cannot open what this API seals)',
+  '503': 'redis_unavailable; walk_unavailable, with Retry-After (attention, a timeline: its walk thread stopped, or the API is closing); client_closed, with Retry-After (a wait for an operation (?waitMs, Prefer: wait) that the API\'s closing ended); secrets_key_missing (saving credentials, or an exec with env or stdin, needs LEASE_OPS_SECRETS_KEY); secrets_key_mismatch (the workers cannot open what this API seals)',
   '504': 'exec_timeout: no worker ran the command in time',
 };
 
