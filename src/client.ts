@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto';
+import { setMaxListeners } from 'node:events';
 import { Job, type QueueEvents } from 'bullmq';
 import { openQueueEvents } from './queues/queue-events.ts';
 import { z } from 'zod';
@@ -76,7 +77,7 @@ export class LeaseOpsClient {
   /** Reads of a job's view begun by waits that woke on its end, by job id (waitForEnd). */
   private readonly readsAfterEnd = new Map<string, Promise<OperationView | null>>();
   /** Aborted by close(): a wait for an operation's end then ends at once (ClientClosedError). */
-  private readonly closing = new AbortController();
+  private readonly closing = withoutListenerLimit(new AbortController());
   private get closed(): boolean {
     return this.closing.signal.aborted;
   }
@@ -668,6 +669,12 @@ const ActivityRequestSchema = z.object({
   kind: z.string().min(1).max(64).regex(/^[^\p{Cc}]+$/u, 'kind must not contain control characters'),
   ttlMs: z.number().int().min(MIN_ACTIVITY_TTL_MS).max(MAX_ACTIVITY_TTL_MS),
 });
+
+/** Every wait opening the event stream listens on one controller's signal: no limit to warn at. */
+function withoutListenerLimit(controller: AbortController): AbortController {
+  setMaxListeners(0, controller.signal);
+  return controller;
+}
 
 /** What `promise` gives, or null when `ms` pass (or `signal` aborts) first. */
 async function settledWithin<T>(promise: Promise<T>, ms: number, signal: AbortSignal): Promise<T | null> {

@@ -154,6 +154,26 @@ describe("a client's waits for an operation's end", () => {
     }
   });
 
+  it('begun together on a new client (each waits for the event stream to open), warn of no listener leak', { timeout: 20_000 }, async () => {
+    const bed = await TestBed.create();
+    const fresh = new LeaseOpsClient(bed.config);
+    const warnings: string[] = [];
+    const onWarning = (warning: Error) => warnings.push(`${warning.name}: ${warning.message}`);
+    process.on('warning', onWarning);
+    try {
+      const { jobId } = await fresh.enqueue('stop', lease('many-waits'), { providerLeaseId: 'many-waits' });
+      const views = await Promise.all(Array.from({ length: 20 }, () => fresh.getOperation(jobId, { waitMs: 200 })));
+      expect(views.map((v) => v?.state)).toEqual(views.map(() => 'ready'));
+      // A warning is emitted on the next tick.
+      await new Promise((resolve) => setImmediate(resolve));
+      expect(warnings.filter((w) => w.startsWith('MaxListenersExceededWarning'))).toEqual([]);
+    } finally {
+      process.off('warning', onWarning);
+      await fresh.close();
+      await bed.close();
+    }
+  });
+
   it('count opening the event stream in their time: with Redis taking no new connection, a 1 s wait answers the view it has (helper-32: a 2 s wait ran 10.6 s)', { timeout: 20_000 }, async () => {
     const redis = await RedisProcess.start();
     const bed = await TestBed.create({ REDIS_URL: redis.url });
