@@ -2,7 +2,9 @@ import { EventEmitter, once } from 'node:events';
 import type { Server } from 'node:http';
 import { connect, type Socket } from 'node:net';
 import { gzipSync } from 'node:zlib';
+import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { LeaseOpsClient } from '../src/client.ts';
 import { createLogger } from '../src/logger.ts';
 import { loadConfig } from '../src/config.ts';
 import { startApiServer } from '../src/api/server.ts';
@@ -607,7 +609,7 @@ describe("noisy neighbours: operations running past their deadline (issue 27 ite
     const stats = async () => {
       const text = await bed.redis.info('commandstats');
       const calls = (name: string) => Number(new RegExp(`cmdstat_${name}:calls=(\\d+)`).exec(text)?.[1] ?? 0);
-      return { hgetall: calls('hgetall'), lrange: calls('lrange') };
+      return { hgetall: calls('hgetall'), lrange: calls('lrange'), lpos: calls('lpos') };
     };
     await list(B);
     const before = await stats();
@@ -618,6 +620,8 @@ describe("noisy neighbours: operations running past their deadline (issue 27 ite
     // B's walk read B's two jobs, not A's 250 (one read of each job, and of the active list, before).
     expect(after.hgetall - before.hgetall).toBeLessThanOrEqual(2);
     expect(after.lrange - before.lrange).toBe(0);
+    // A job holding its lock runs: no scan of the running list, which holds A's 250 (helper-33).
+    expect(after.lpos - before.lpos).toBe(0);
     expect((await list(`${B}-prod`)).map((i) => i.lease.leaseId)).toEqual(['held-b1']);
     expect((await list(A)).map((i) => i.lease.leaseId).sort()).toEqual(['held-0', 'held-1', 'held-2', 'held-3', 'held-4']);
     // The admin's view holds the same seven.
@@ -646,6 +650,90 @@ describe("noisy neighbours: operations running past their deadline (issue 27 ite
     expect(await bed.redis.zcard(bed.ops.lanes.deadlinesKey('a'))).toBe(0);
     expect(await bed.redis.zcard(key)).toBe(0);
     expect(await list(B)).toEqual([]);
+  });
+});
+
+describe('noisy neighbours: the index of operations by deadline, attacked (helper-33)', () => {
+  let bed: TestBed;
+  let redis: RedisProcess;
+  const leaseOf = (leaseId: string, environmentId = 'prod') => ({ provider: 'recording', companyId: 'b', environmentId, leaseId });
+
+  beforeAll(async () => {
+    redis = await RedisProcess.start();
+    bed = await TestBed.create({ REDIS_URL: redis.url, LEASE_OPS_SWEEP_INTERVAL_MS: '200' });
+  });
+
+  afterAll(async () => {
+    await bed?.close();
+    await redis?.stop();
+  });
+
+  it("scores a job that a retry with its idempotency key adopted by the deadline it was stored with, not the retry's", async () => {
+    const client = new LeaseOpsClient(bed.config);
+    try {
+      const push = client.ops.lanes.push.bind(client.ops.lanes);
+      client.ops.lanes.push = async () => {
+        throw new Error('Connection is closed.'); // Redis went away between storing the job and the push
+      };
+      await client.enqueue('stop', leaseOf('adopted'), { providerLeaseId: 'adopted' }, { idempotencyKey: 'adopt-1', deadlineMs: 60_000 }).catch(() => undefined);
+      client.ops.lanes.push = push;
+      // The retry asks for ten minutes: its fingerprint leaves the deadline out.
+      const retried = await client.enqueue('stop', leaseOf('adopted'), { providerLeaseId: 'adopted' }, { idempotencyKey: 'adopt-1', deadlineMs: 600_000 });
+      expect(retried.deduplicated).toBe('idempotency-key');
+      const stored = (await bed.ops.queue.getJob(retried.jobId))!.data.deadlineAt as number;
+      expect(Number(await bed.redis.zscore(bed.ops.lanes.deadlinesKey('b'), retried.jobId))).toBe(stored);
+    } finally {
+      await client.close();
+    }
+  });
+
+  it("finds a running operation past its deadline behind 600 entries of ended jobs while another walk takes them out between this one's reads", async () => {
+    const key = bed.ops.lanes.deadlinesKey('c');
+    // A job running past its deadline (no worker here: it is made to look running, its lock held), after them in the index.
+    const { jobId } = await bed.ops.enqueue({ op: 'stop', lease: { ...leaseOf('overdue'), companyId: 'c' }, params: { providerLeaseId: 'overdue' }, deadlineMs: 300 });
+    const deadline = Number(await bed.redis.zscore(key, jobId));
+    await bed.redis.zadd(key, ...Array.from({ length: 600 }, (_, i) => [deadline - 10_000 + i, `gone-${String(i).padStart(3, '0')}`]).flat());
+    // Waiting for a time, not an event: the deadline to pass.
+    await new Promise((r) => setTimeout(r, deadline - Date.now() + 20));
+    const active = `${bed.ops.queue.toKey('')}active`;
+    await bed.redis.lpush(active, jobId);
+    await bed.redis.set(bed.ops.lanes.lockKey(jobId), 'token', 'PX', 60_000);
+    // Another walk's clean-up lands right after this walk's first read of the index.
+    const zrangebyscore = Redis.prototype.zrangebyscore;
+    let reads = 0;
+    Redis.prototype.zrangebyscore = async function (this: Redis, ...args: Parameters<typeof zrangebyscore>) {
+      const result = await (zrangebyscore as (...a: unknown[]) => Promise<string[]>).apply(this, args);
+      if (String(args[0]) === key && reads++ === 0) await bed.redis.zrem(key, ...Array.from({ length: 500 }, (_, i) => `gone-${String(i).padStart(3, '0')}`));
+      return result;
+    } as typeof zrangebyscore;
+    const client = new LeaseOpsClient(bed.config);
+    try {
+      const { items } = await client.attentionPage(0, 200, undefined, { companyId: 'c' });
+      expect(items.map((i) => i.detail)).toEqual([`stop ${jobId} is still running past its deadline`]);
+    } finally {
+      Redis.prototype.zrangebyscore = zrangebyscore;
+      await client.close();
+      await bed.redis.lrem(active, 0, jobId);
+    }
+  });
+
+  it('takes entries out whose jobs an operator removed in Bull Board, whether or not anyone reads the list: the sweep does', async () => {
+    const laneId = await bed.ops.laneOf(leaseOf('removed'));
+    await bed.ops.lanes.pause(laneId, 'b', Date.now(), leaseOf('removed'));
+    const jobIds = await Promise.all(Array.from({ length: 44 }, () => bed.ops.enqueue({ op: 'resume', lease: leaseOf('removed'), params: { providerLeaseId: 'removed', leaseMetadata: {} } }).then((r) => r.jobId)));
+    const key = bed.ops.lanes.deadlinesKey('b');
+    expect(await bed.redis.zcard(key)).toBeGreaterThanOrEqual(44);
+    for (const jobId of jobIds.slice(4)) await bed.ops.queue.remove(jobId);
+    const worker = await bed.startWorker(createRecordingProvider({ behaviour: () => 'ok' }).provider);
+    try {
+      const left = await readUntil(async () => {
+        const members = await bed.redis.zrange(key, 0, -1);
+        return members.filter((m) => jobIds.includes(m)).length === 4 ? members : null;
+      }, 15_000, "the removed jobs' entries to go");
+      expect(left.filter((m) => jobIds.includes(m)).sort()).toEqual(jobIds.slice(0, 4).sort());
+    } finally {
+      await worker.close();
+    }
   });
 });
 

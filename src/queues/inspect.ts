@@ -375,16 +375,18 @@ export class Inspector {
   /**
    * A company's operations running past their deadline, from its own index of operations by
    * deadline (Lanes.deadlinesKey): what a scoped walk reads, whatever other companies have
-   * running. Entries whose job ended or went are taken out after the walk (not during it: an
-   * offset past entries taken out would skip live ones).
+   * running. Entries whose job ended or went are taken out after the walk.
    */
   private async overdueOfCompany(companyId: string, page: number, limit: number, visible: (lease: LeaseIdentity | null) => boolean, now: number): Promise<ReasonItem[]> {
     const ended: string[] = [];
+    const jobIds = await this.ops.lanes.pastDeadlineIds(companyId, now);
     const items = await this.pagedVisible(page, limit, visible, async (offset) => {
-      const read = await this.ops.lanes.pastDeadline(companyId, now, offset, page);
+      const slice = jobIds.slice(offset, offset + page);
+      if (!slice.length) return { read: 0, items: [] };
+      const read = await this.ops.lanes.jobsNow(slice);
       ended.push(...read.ended);
       return {
-        read: read.read,
+        read: slice.length,
         items: read.jobs.map(({ jobId, data, processedOn, active }) => (active ? overdueItem({ id: jobId, data: parseData(data), processedOn: processedOn ?? undefined }, now) : null)),
       };
     });

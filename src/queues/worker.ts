@@ -247,7 +247,8 @@ export class LeaseWorker {
             if (report.dropped || report.handedOff) this.log.info(report, 'lane sweep repaired lanes');
             const abandoned = await this.ops.reconcileAcquires();
             if (abandoned) this.log.warn({ abandoned }, 'acquires whose jobs vanished before they ended: their clean-up is queued');
-            return { ...report, abandoned };
+            const deadlineEntriesForgotten = await this.ops.lanes.tidyDeadlines(this.ops.bytes.heldKey);
+            return { ...report, abandoned, deadlineEntriesForgotten };
           }
           default:
             throw new UnrecoverableError(`unknown maintenance job ${job.name}`);

@@ -18,7 +18,8 @@
   KEYS[24] the company's reruns on their way to their lanes (rerun-admit.lua): counted with
   the operations of the lane, the environment and the company they will join
   KEYS[26] the company's operations in their lanes, by deadline: the job joins it, scored by
-  ARGV[21] (see Inspector's overdue reading); its release or drop takes it out
+  ARGV[21] (an adopted job: by the deadline its stored data holds); its release or drop takes
+  it out (the sweep, an entry whose job went otherwise: Lanes.tidyDeadlines)
   KEYS[25] the lease's record (lease-records.ts), for a watchdog's force-stop (a placeholder
   otherwise): see ARGV[23]
   ARGV[1] job id   ARGV[2] lane id   ARGV[3] now (ms)   ARGV[4] 'tail' | 'front'
@@ -267,8 +268,17 @@ if mode == 'front' then
 else
   waits = rcall('RPUSH', k.list, jobId) > 1
 end
-if ARGV[21] ~= '' then
-  rcall('ZADD', KEYS[26], ARGV[21], jobId)
+-- Scored by the stored job's deadline: an adopted job (stored by an earlier request cut
+-- short) keeps the deadline it was stored with, whatever this request asked (helper-33).
+local deadline = ARGV[21]
+if ARGV[9] == '1' then
+  local ok, stored = pcall(cjson.decode, rcall('HGET', jobKey, 'data') or '')
+  if ok and type(stored) == 'table' and tonumber(stored.deadlineAt) then
+    deadline = stored.deadlineAt
+  end
+end
+if deadline ~= '' then
+  rcall('ZADD', KEYS[26], deadline, jobId)
 end
 recount(k, laneId, company, environment)
 if ARGV[18] ~= '' then
