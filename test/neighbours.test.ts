@@ -577,9 +577,8 @@ describe("noisy neighbours: operations running past their deadline (issue 27 ite
       REDIS_URL: redis.url,
       LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }, { token: `${B}-prod`, companyId: 'b', environmentIds: ['prod'] }]),
       LEASE_OPS_CONCURRENCY: '300',
-      // 252 held attempts keep their locks on a loaded machine: in one loaded run the admin's
-      // list missed two of them, most likely stalled out of BullMQ's active list by a renewal
-      // of the tests' 2 s lock that came late.
+      // 252 held attempts keep their locks on a loaded machine: a renewal of the tests' 2 s
+      // lock that came late would stall one out of BullMQ's active list.
       LEASE_OPS_LOCK_MS: '30000',
       LEASE_OPS_STALLED_INTERVAL_MS: '15000',
     });
@@ -597,10 +596,14 @@ describe("noisy neighbours: operations running past their deadline (issue 27 ite
   it("finds a company's operations running past their deadline from its own index: A's 250 running operations cost B's list nothing", async () => {
     const stop = (company: string, environmentId: string, leaseId: string, deadlineMs?: number) =>
       bed.ops.enqueue({ op: 'stop', lease: { provider: 'recording', companyId: company, environmentId, leaseId }, params: { providerLeaseId: leaseId }, ...(deadlineMs ? { deadlineMs } : {}) }).then((r) => r.jobId);
-    // A's burst: 250 operations running (A's first five past their deadline), B's two.
-    const aJobs = await Promise.all(Array.from({ length: 250 }, (_, i) => stop('a', 'env', `held-${i}`, i < 5 ? 300 : undefined)));
-    const bJobs = [await stop('b', 'prod', 'held-b1', 300), await stop('b', 'dev', 'held-b2', 300)];
-    await readUntil(async () => (await bed.ops.queue.getActiveCount()) === 252, 30_000, "every operation running");
+    // A's burst: 250 operations running (A's first five past their deadline), B's two. Those
+    // with a short deadline come once the rest run, with time to start: one that starts past
+    // its deadline fails at once (a loaded machine took longer than 300 ms to start 252).
+    const aRest = await Promise.all(Array.from({ length: 245 }, (_, i) => stop('a', 'env', `held-${i + 5}`)));
+    await readUntil(async () => (await bed.ops.queue.getActiveCount()) === 245, 30_000, "A's operations running");
+    const aJobs = [...(await Promise.all(Array.from({ length: 5 }, (_, i) => stop('a', 'env', `held-${i}`, 3_000)))), ...aRest];
+    const bJobs = [await stop('b', 'prod', 'held-b1', 3_000), await stop('b', 'dev', 'held-b2', 3_000)];
+    await readUntil(async () => (await bed.ops.queue.getActiveCount()) === 252, 30_000, 'every operation running');
     const deadlines = await Promise.all([...aJobs.slice(0, 5), ...bJobs].map(async (id) => (await bed.ops.queue.getJob(id))!.data.deadlineAt as number));
     // Waiting for a time, not an event: the deadlines to pass.
     await new Promise((r) => setTimeout(r, Math.max(...deadlines) - Date.now() + 20));
