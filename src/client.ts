@@ -78,9 +78,12 @@ export class LeaseOpsClient {
   private readonly readsAfterEnd = new Map<string, Promise<OperationView | null>>();
   /** Aborted by close(): a wait for an operation's end then ends at once (ClientClosedError). */
   private readonly closing = withoutListenerLimit(new AbortController());
-  private get closed(): boolean {
+  /** Whether waits for an operation's end were ended (endWaits, close): new ones are refused. */
+  private get waitsEnded(): boolean {
     return this.closing.signal.aborted;
   }
+  /** Set by close(): every call after it, and one its closing cut short, fails with ClientClosedError. */
+  private closed = false;
   private layoutClaimed: Promise<void> | null = null;
   private layoutClaimedAt = 0;
 
@@ -263,9 +266,12 @@ export class LeaseOpsClient {
    */
   async waitForEnd(view: OperationView, waitMs: number): Promise<OperationView | null> {
     if (view.state === 'completed' || view.state === 'failed') return view;
+    if (this.waitsEnded) throw new ClientClosedError(view.jobId);
     const partition = this.partitionOf(view.jobId);
     const job = await this.call(() => Job.fromId(partition.ops.queue, view.jobId));
     if (!job) return null;
+    // Ended while it read the job: it opens nothing (helper-34: a stream opened after close() kept the process alive).
+    if (this.waitsEnded) throw new ClientClosedError(view.jobId);
     const until = Date.now() + waitMs;
     let ended = true;
     try {
@@ -278,8 +284,8 @@ export class LeaseOpsClient {
       // Timed out, or the job failed: either way the view below tells which.
       ended = !(err instanceof Error && WAIT_TIMED_OUT.test(err.message));
     }
-    // Woken by close() (ClientPartition.wakeWaits), or closed meanwhile: nothing to read on.
-    if (this.closed) throw new ClientClosedError(view.jobId);
+    // Woken by endWaits() or close() (ClientPartition.wakeWaits), or ended meanwhile: nothing to read on.
+    if (this.waitsEnded) throw new ClientClosedError(view.jobId);
     if (!ended) return this.call(() => partition.inspector.operation(view.jobId));
     // Every wait on this job woke on its one end event: they share one read of it, begun
     // after that event (helper-31: 100 polls on one job read its view 100 times at once).
@@ -536,11 +542,14 @@ export class LeaseOpsClient {
    * (with the URL masked and the connection's last error as the cause).
    */
   private async call<T>(run: () => Promise<T>, claimLayout = true): Promise<T> {
+    if (this.closed) throw new ClientClosedError();
     try {
       await this.readyWithinTimeout(this.connection);
       if (claimLayout) await this.claimLayout();
       return await run();
     } catch (err) {
+      // Its connection was closed under it: that is why it failed (helper-34: redis_unavailable, or a bare Error, before).
+      if (this.closed) throw new ClientClosedError();
       if (err instanceof RedisUnavailableError) throw err;
       if (isRedisUnavailable(err)) throw this.unavailable(err);
       throw err;
@@ -571,10 +580,20 @@ export class LeaseOpsClient {
     return this.partitions[partition]!.queueEvents();
   }
 
-  /** Closes the connections; with Redis gone, gives BullMQ LEASE_OPS_REDIS_TIMEOUT_MS to close, then cuts them. */
-  async close(): Promise<void> {
+  /**
+   * Ends every pending wait for an operation's end now, with ClientClosedError, and refuses new
+   * ones; the connections stay open. The API's close calls it first, so that its long polls
+   * answer (503 client_closed) before it stops answering.
+   */
+  endWaits(): void {
     this.closing.abort();
     for (const p of this.partitions) p.wakeWaits();
+  }
+
+  /** Closes the connections; with Redis gone, gives BullMQ LEASE_OPS_REDIS_TIMEOUT_MS to close, then cuts them. */
+  async close(): Promise<void> {
+    this.closed = true;
+    this.endWaits();
     const closing = Promise.all([...this.partitions.map((p) => p.close()), this.probes?.close(), ...[...this.execJobs.values()].map((j) => j.close())]);
     let timer: NodeJS.Timeout | undefined;
     await Promise.race([closing.catch(() => undefined), new Promise((resolve) => (timer = setTimeout(resolve, this.timeoutMs)))]);
@@ -591,7 +610,9 @@ export class ClientPartition {
   readonly actions: OperatorActions;
   readonly inspector: Inspector;
   private events: Promise<QueueEvents> | null = null;
+  private opened: QueueEvents | null = null;
   private eventsConnection: RedisClient | null = null;
+  private closed = false;
 
   constructor(
     readonly index: number,
@@ -630,17 +651,23 @@ export class ClientPartition {
   }
 
   queueEvents(): Promise<QueueEvents> {
-    this.events ??= openQueueEvents(this.settings.REDIS_URL, this.settings.LEASE_OPS_QUEUE, this.settings.LEASE_OPS_PREFIX).then(
-      ({ events, connection }) => {
-        this.eventsConnection = connection;
-        return events;
-      },
-      (err: unknown) => {
-        // Not opened: the next wait tries again, rather than every wait failing for good.
-        this.events = null;
-        throw err;
-      },
-    );
+    if (this.closed) return Promise.reject(new ClientClosedError());
+    if (!this.events) {
+      // Its connection is known before it opens: close() cuts one still opening (a Redis that
+      // takes no new connection), which would otherwise keep the process alive (helper-34).
+      const connection = createRedis(this.settings.REDIS_URL);
+      this.eventsConnection = connection;
+      this.events = openQueueEvents(this.settings.REDIS_URL, this.settings.LEASE_OPS_QUEUE, this.settings.LEASE_OPS_PREFIX, connection).then(
+        ({ events }) => (this.opened = events),
+        (err: unknown) => {
+          // Not opened: the next wait tries again, rather than every wait failing for good.
+          connection.disconnect();
+          if (this.eventsConnection === connection) this.eventsConnection = null;
+          this.events = null;
+          throw err;
+        },
+      );
+    }
     return this.events;
   }
 
@@ -654,7 +681,13 @@ export class ClientPartition {
   }
 
   async close(): Promise<void> {
-    if (this.events) await (await this.events).close();
+    this.closed = true;
+    if (this.opened) await this.opened.close();
+    else if (this.events) {
+      // Still opening: its connection goes now, and the opening fails.
+      this.eventsConnection?.disconnect();
+      await this.events.catch(() => undefined);
+    }
     await this.ops.close();
     if (this.walkOps && this.walkOps !== this.ops) await this.walkOps.close();
   }

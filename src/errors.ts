@@ -68,11 +68,11 @@ export class WaitTimeoutError extends LeaseOpsError {
   }
 }
 
-/** The client was closed while this call waited for an operation to end: nothing more is read on it. */
+/** The client was closed (or its waits ended) before this call, or while it ran: nothing more is read on it. */
 export class ClientClosedError extends LeaseOpsError {
   override name = 'ClientClosedError';
-  constructor(readonly jobId: string) {
-    super('client_closed', `the client was closed while this call waited for operation ${jobId} to end`);
+  constructor(readonly jobId?: string) {
+    super('client_closed', jobId ? `the client was closed while this call waited for operation ${jobId} to end` : 'the client was closed: nothing more is read or written on it');
   }
 }
 

@@ -174,6 +174,73 @@ describe("a client's waits for an operation's end", () => {
     }
   });
 
+  it("begun as the client closes (still reading the operation), or after, end with client_closed too, and open no connection (helper-34)", { timeout: 20_000 }, async () => {
+    const redis = await RedisProcess.start();
+    const bed = await TestBed.create({ REDIS_URL: redis.url });
+    const admin = createRedis(redis.url);
+    const clients = async () => Number(/connected_clients:(\d+)/.exec(await admin.info('clients'))?.[1]);
+    const before = await clients();
+    const fresh = new LeaseOpsClient(bed.config);
+    try {
+      const { jobId } = await fresh.enqueue('stop', lease('closing-early'), { providerLeaseId: 'closing-early' });
+      // In their first step when the client closes: reading the operation, or its job.
+      const early = Array.from({ length: 20 }, () =>
+        fresh.getOperation(jobId, { waitMs: 60_000 }).then(
+          () => null,
+          (err: unknown) => err,
+        ),
+      );
+      await fresh.close();
+      const after = await fresh.getOperation(jobId, { waitMs: 60_000 }).then(
+        () => null,
+        (err: unknown) => err,
+      );
+      for (const ended of [...(await Promise.all(early)), after]) {
+        expect(ended).toBeInstanceOf(ClientClosedError);
+        expect((ended as ClientClosedError).code).toBe('client_closed');
+      }
+      // Nothing of the client's stays connected (a wait begun after close() opened a stream that did).
+      await readUntil(async () => (await clients()) === before, 10_000, "the client's connections to go");
+    } finally {
+      await fresh.close();
+      admin.disconnect();
+      await bed.close();
+      await redis.stop();
+    }
+  });
+
+  it("close() cuts the event stream's connection while it is still opening (a Redis taking no new connection): none connects once Redis takes them again (helper-34)", { timeout: 20_000 }, async () => {
+    const redis = await RedisProcess.start();
+    const bed = await TestBed.create({ REDIS_URL: redis.url });
+    const admin = createRedis(redis.url);
+    const fresh = new LeaseOpsClient(bed.config);
+    try {
+      const { jobId } = await fresh.enqueue('stop', lease('closing-opening'), { providerLeaseId: 'closing-opening' });
+      const clients = async () => Number(/connected_clients:(\d+)/.exec(await admin.info('clients'))?.[1]);
+      await admin.config('SET', 'maxclients', String(await clients()));
+      const waiting = fresh.getOperation(jobId, { waitMs: 60_000 }).then(
+        () => null,
+        (err: unknown) => err,
+      );
+      // The wait is opening the stream: its connection is refused, again and again.
+      const partition = fresh.partitions[0]!;
+      const eventsConnection = () => (partition as unknown as { eventsConnection: { status: string } | null }).eventsConnection;
+      await readUntil(async () => eventsConnection() !== null, 10_000, 'the event stream to be opening');
+      const opening = eventsConnection()!;
+      await fresh.close();
+      expect(await waiting).toBeInstanceOf(ClientClosedError);
+      await admin.config('SET', 'maxclients', '10000');
+      // Cut for good: it will not connect when Redis takes connections again.
+      expect(opening.status).toBe('end');
+    } finally {
+      await fresh.close();
+      await admin.config('SET', 'maxclients', '10000').catch(() => undefined);
+      admin.disconnect();
+      await bed.close();
+      await redis.stop();
+    }
+  });
+
   it('count opening the event stream in their time: with Redis taking no new connection, a 1 s wait answers the view it has (helper-32: a 2 s wait ran 10.6 s)', { timeout: 20_000 }, async () => {
     const redis = await RedisProcess.start();
     const bed = await TestBed.create({ REDIS_URL: redis.url });

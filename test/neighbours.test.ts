@@ -720,6 +720,37 @@ describe('noisy neighbours: the index of operations by deadline, attacked (helpe
     }
   });
 
+  it("does not scan every company's running list for the company's own queued operations past their deadline (helper-34)", async () => {
+    const queued = { ...leaseOf('queued'), companyId: 'd' };
+    const laneId = await bed.ops.laneOf(queued);
+    await bed.ops.lanes.pause(laneId, 'd', Date.now(), queued);
+    const jobIds = await Promise.all(Array.from({ length: 30 }, () => bed.ops.enqueue({ op: 'resume', lease: queued, params: { providerLeaseId: 'queued', leaseMetadata: {} }, deadlineMs: 300 }).then((r) => r.jobId)));
+    const deadline = Math.max(...(await Promise.all(jobIds.map(async (id) => Number(await bed.redis.zscore(bed.ops.lanes.deadlinesKey('d'), id))))));
+    // Waiting for a time, not an event: the deadlines to pass (no worker drops them here).
+    await new Promise((r) => setTimeout(r, deadline - Date.now() + 20));
+    expect(await bed.redis.zcount(bed.ops.lanes.deadlinesKey('d'), '-inf', Date.now())).toBe(30);
+    const lpos = async () => Number(/cmdstat_lpos:calls=(\d+)/.exec(await bed.redis.info('commandstats'))?.[1] ?? 0);
+    const client = new LeaseOpsClient(bed.config);
+    try {
+      const before = await lpos();
+      const { items } = await client.attentionPage(0, 200, undefined, { companyId: 'd' });
+      expect(items.filter((i) => i.reasons.includes('blocked'))).toEqual([]);
+      expect((await lpos()) - before).toBe(0);
+    } finally {
+      await client.close();
+    }
+  });
+
+  it("looks at a company that only holds bytes though more than 20 have work (helper-34: the 20 at work took every turn)", async () => {
+    await Promise.all(Array.from({ length: 25 }, (_, i) => bed.ops.enqueue({ op: 'stop', lease: { ...leaseOf('busy'), companyId: `w${i}` }, params: { providerLeaseId: 'busy' }, deadlineMs: 600_000 })));
+    await bed.redis.hset(bed.ops.bytes.heldKey, 'z', 1024);
+    const key = bed.ops.lanes.deadlinesKey('z');
+    await bed.redis.zadd(key, Date.now() + 60_000, 'removed-long-ago');
+    // Companies are drawn at random: without a turn for those holding bytes, none in 50 rounds.
+    for (let round = 0; round < 50 && (await bed.redis.zcard(key)) > 0; round++) await bed.ops.lanes.tidyDeadlines(bed.ops.bytes.heldKey);
+    expect(await bed.redis.zcard(key)).toBe(0);
+  });
+
   it('takes entries out whose jobs an operator removed in Bull Board, whether or not anyone reads the list: the sweep does', async () => {
     const laneId = await bed.ops.laneOf(leaseOf('removed'));
     await bed.ops.lanes.pause(laneId, 'b', Date.now(), leaseOf('removed'));
@@ -977,6 +1008,34 @@ describe("noisy neighbours: a company's refusals in the log", () => {
       await bed.close();
     }
     expect(lines.filter((l) => l.code === 'company_rate_limited').map((l) => l.refused)).toEqual([undefined, 4]);
+  });
+
+  it("answers a long poll pending when the API closes with 503 client_closed and Retry-After, at once, and logs it as a warning without a stack (helper-34)", async () => {
+    const lines: Record<string, unknown>[] = [];
+    const log = createLogger({ level: 'warn', destination: { write: (t: string) => void lines.push(JSON.parse(t) as Record<string, unknown>) } });
+    const bed = await TestBed.create({});
+    const config = loadConfig({ REDIS_URL: bed.config.REDIS_URL, LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX, LEASE_OPS_QUEUE: bed.config.LEASE_OPS_QUEUE, LEASE_OPS_API_PORT: '0', LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }]) });
+    const server = await startApiServer(config, log);
+    let closing: Promise<void> | undefined;
+    try {
+      // No worker: the stop stays queued, and its long poll waits.
+      const { jobId } = await bed.ops.enqueue({ op: 'stop', lease: { provider: 'recording', companyId: 'a', environmentId: 'env', leaseId: 'polled' }, params: { providerLeaseId: 'polled' } });
+      const poll = fetch(`${server.url}/v1/operations/${jobId}?waitMs=20000`, { headers: { authorization: `Bearer ${A}` } });
+      await readUntil(async () => /^lease_ops_api_waits\{of="all"\} 1$/m.test(await (await fetch(`${server.url}/metrics`)).text()), 10_000, 'the long poll to wait');
+      closing = server.close();
+      const answer = await poll;
+      expect(answer.status).toBe(503);
+      expect(answer.headers.get('retry-after')).toBe('1');
+      expect(((await answer.json()) as { error: { code: string } }).error.code).toBe('client_closed');
+      await closing;
+    } finally {
+      await (closing ?? server.close());
+      await bed.close();
+    }
+    const told = lines.filter((l) => l.code === 'client_closed');
+    expect(told).toHaveLength(1);
+    expect(told[0]!.level).toBe(40);
+    expect(told[0]!.err).toBeUndefined();
   });
 
   it('tells the count of a company and code at the end of each interval', async () => {

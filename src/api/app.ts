@@ -903,10 +903,12 @@ function errorHandler(log: Logger): ErrorRequestHandler {
               ? { code: 'unsupported_media_type', message: 'send the body as application/json in UTF-8' }
               : { code: 'invalid_body', message: err.message };
     } else if (err instanceof ClientClosedError) {
-      // A wait the API's closing ended (a long poll still connected past the grace).
+      // A wait the API's closing ended: its connection goes with the answer, so the close
+      // need not wait for it to be idle.
       status = 503;
       body = { code: err.code, message: 'the API is closing; retry' };
       res.setHeader('Retry-After', '1');
+      res.setHeader('Connection', 'close');
     } else if (err instanceof RedisUnavailableError || isRedisUnavailable(err)) {
       status = 503;
       body = { code: 'redis_unavailable', message: 'Redis cannot be reached; retry later' };
@@ -919,7 +921,7 @@ function errorHandler(log: Logger): ErrorRequestHandler {
     // A deployment fault is one line with what to do, not a stack per request.
     if (err instanceof LayoutError) (req.log ?? log).error({ code: err.code }, err.message);
     // An answer the API chose to give (503 walk_unavailable, say) is a line, not a stack.
-    else if (err instanceof HttpError && status >= 500) (req.log ?? log).warn({ code: err.code }, err.message);
+    else if ((err instanceof HttpError || err instanceof ClientClosedError) && status >= 500) (req.log ?? log).warn({ code: err.code }, err.message);
     else if (status >= 500) (req.log ?? log).error({ err }, 'request failed');
     if (res.headersSent) return;
     res.locals.errorCode = body.code;

@@ -103,7 +103,10 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
   const close = async () => {
     const closed = new Promise<void>((resolve) => server.close(() => resolve()));
     server.closeIdleConnections();
-    // Requests waiting for an operation (?waitMs) get a moment, then their sockets go.
+    // Requests waiting for an operation (?waitMs, Prefer: wait) are answered now, 503
+    // client_closed with Retry-After (helper-34: their sockets were cut after 2 s, unanswered);
+    // what is still in progress after 2 s has its socket cut.
+    client.endWaits();
     const cut = setTimeout(() => server.closeAllConnections(), 2_000);
     await closed;
     clearTimeout(cut);

@@ -6,7 +6,7 @@ import { leaseRecordKey } from './lease-records.ts';
 import { luaCommand, luaCommandName, type LuaCommand } from './lua-scripts.ts';
 import type { RedisClient } from './redis.ts';
 import type { QueueLimit } from '../errors.ts';
-import { LeaseIdentitySchema, type LeaseIdentity } from '../lease.ts';
+import { LeaseIdentitySchema, laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
 
 // Every lane script takes the lane key layout of includes/lane.lua (18 keys), and some
 // the job's hash (and the request's idempotency key, and the lease's history) after it.
@@ -379,9 +379,11 @@ export class Lanes {
   /**
    * What the jobs named are now: each with its data, when it started, and whether BullMQ
    * holds it active; `ended`: jobs that ended or went (their entries outlived them). A job
-   * holding its BullMQ lock is active; only one without (its worker gone, its stall not yet
-   * seen) is looked for in BullMQ's active list, which holds every company's running jobs
-   * (helper-33: a scan of it for each entry cost a walk 17.5 ms beside 2,000 of another's).
+   * holding its BullMQ lock is active, and one that is not its lane's holder is not (queued,
+   * parked, backing off); only a holder without a lock (its worker gone and its stall not yet
+   * seen, or handed off and not yet taken) is looked for in BullMQ's active list, which holds
+   * every company's running jobs (helper-33 and helper-34: a scan of it for each entry cost a
+   * walk 17.5 ms beside 2,000 of another's, 80 ms with 2,000 of its own queued).
    */
   async jobsNow(jobIds: readonly string[]): Promise<{ jobs: { jobId: string; data: string; processedOn: number | null; active: boolean }[]; ended: string[] }> {
     const read = async (queue: (pipeline: ReturnType<RedisClient['pipeline']>, jobId: string) => void, ids: readonly string[]) => {
@@ -392,15 +394,18 @@ export class Lanes {
       if (readError) throw readError;
       return results.map(([, value]) => value);
     };
-    const replies = await read((pipeline, jobId) => pipeline.hmget(this.jobKey(jobId), 'data', 'processedOn', 'finishedOn').exists(this.lockKey(jobId)), jobIds);
+    const holderKey = (jobId: string) => this.execKey(laneIdOfJobId(jobId) ?? '-');
+    const replies = await read((pipeline, jobId) => pipeline.hmget(this.jobKey(jobId), 'data', 'processedOn', 'finishedOn').exists(this.lockKey(jobId)).hget(holderKey(jobId), 'job'), jobIds);
     const jobs: { jobId: string; data: string; processedOn: number | null; active: boolean }[] = [];
+    const unlocked: { jobId: string; data: string; processedOn: number | null; active: boolean }[] = [];
     const ended: string[] = [];
     jobIds.forEach((jobId, i) => {
-      const [data, processedOn, finishedOn] = replies[i * 2] as [string | null, string | null, string | null];
+      const [data, processedOn, finishedOn] = replies[i * 3] as [string | null, string | null, string | null];
       if (data === null || finishedOn !== null) return void ended.push(jobId);
-      jobs.push({ jobId, data, processedOn: processedOn === null ? null : Number(processedOn), active: replies[i * 2 + 1] === 1 });
+      const job = { jobId, data, processedOn: processedOn === null ? null : Number(processedOn), active: replies[i * 3 + 1] === 1 };
+      jobs.push(job);
+      if (!job.active && replies[i * 3 + 2] === jobId) unlocked.push(job);
     });
-    const unlocked = jobs.filter((job) => !job.active);
     if (unlocked.length) {
       const positions = await read((pipeline, jobId) => pipeline.lpos(`${this.queueKeyPrefix}active`, jobId), unlocked.map((job) => job.jobId));
       unlocked.forEach((job, i) => (job.active = positions[i] !== null));
@@ -422,7 +427,10 @@ export class Lanes {
    */
   async tidyDeadlines(bytesHeldKey: string, companies = 20, perCompany = 200): Promise<number> {
     const [working, holding] = await Promise.all([this.client.hrandfield(this.byCompanyKey, companies), this.client.hrandfield(bytesHeldKey, companies)]);
-    const chosen = [...new Set([...(working as string[]), ...(holding as string[])])].slice(0, companies);
+    // One of each in turn: with 20 companies at work, one that only holds bytes (its lanes
+    // emptied after its jobs were removed: the leftovers this is for) still gets its turns (helper-34).
+    const [w, h] = [working as string[], holding as string[]];
+    const chosen = [...new Set(Array.from({ length: Math.max(w.length, h.length) }, (_, i) => [w[i], h[i]]).flat().filter((c): c is string => c !== undefined))].slice(0, companies);
     let forgotten = 0;
     for (const companyId of chosen) {
       const jobIds = (await this.client.zrandmember(this.deadlinesKey(companyId), perCompany)) as string[];

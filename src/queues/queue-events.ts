@@ -7,8 +7,7 @@ import { createRedis, reportRedisError, type RedisClient } from './redis.ts';
  * between (after its waiter looked) is not missed. BullMQ's default ('$') loses such an end,
  * and the waiter then waits out its whole timeout.
  */
-export async function openQueueEvents(redisUrl: string, queueName: string, prefix: string): Promise<{ events: QueueEvents; connection: RedisClient }> {
-  const connection = createRedis(redisUrl);
+export async function openQueueEvents(redisUrl: string, queueName: string, prefix: string, connection: RedisClient = createRedis(redisUrl)): Promise<{ events: QueueEvents; connection: RedisClient }> {
   const [last] = await connection.xrevrange(`${prefix}:${queueName}:events`, '+', '-', 'COUNT', 1);
   const events = new QueueEvents(queueName, { connection, prefix, lastEventId: last?.[0] ?? '0-0' });
   // Every waiting caller adds a listener; many concurrent waits are normal here.

@@ -273,8 +273,10 @@ end
 local deadline = ARGV[21]
 if ARGV[9] == '1' then
   local ok, stored = pcall(cjson.decode, rcall('HGET', jobKey, 'data') or '')
-  if ok and type(stored) == 'table' and tonumber(stored.deadlineAt) then
-    deadline = stored.deadlineAt
+  local at = ok and type(stored) == 'table' and stored.deadlineAt
+  -- A number as JSON writes one (not NaN or infinite, which ZADD refuses after the push began).
+  if type(at) == 'number' and at == at and at > -math.huge and at < math.huge then
+    deadline = at
   end
 end
 if deadline ~= '' then
