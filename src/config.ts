@@ -105,7 +105,7 @@ export const EnvSchema = z.object({
   LEASE_OPS_QUEUE: z
     .string()
     .regex(/^[A-Za-z0-9_-]+$/)
-    .refine((name) => !KEY_FAMILIES.includes(name), 'names a family of lease-ops\' own keys under the prefix (BullMQ\'s keys of the queue, <prefix>:<queue>:..., would be among them): choose another name')
+    .refine((name) => !QUEUE_NAMES_REFUSED.includes(name), 'names a family of lease-ops\' own keys under the prefix (BullMQ\'s keys of the queue, <prefix>:<queue>:..., would be among them): choose another name')
     .default('ops'),
   /** How many partitions the lanes are split over (see src/partitions.ts and docs/scaling.md).
    *  Every process of a deployment uses the same number; Redis holds it and refuses another. */
@@ -284,16 +284,13 @@ export function secretSetting(env: NodeJS.ProcessEnv, variable: string): string 
 }
 
 /**
- * The first part of every key lease-ops writes under the prefix (the key table of
- * docs/design.md, held against it by test/config.test.ts): a queue of one of these names
- * would have BullMQ's keys among them (helper-33: a queue named `deadlines` made company
- * `meta`'s index BullMQ's meta hash, and its enqueues failed half done).
+ * The families of lease-ops' keys under the prefix whose last parts a caller names (a company,
+ * a provider account's scope: the key table of docs/design.md, held against it by
+ * test/config.test.ts). A queue of one of these names would have BullMQ's keys among them
+ * (helper-33: a queue named `deadlines` made company `meta`'s index BullMQ's meta hash, and its
+ * enqueues failed half done). Families keyed by lane id or a hash cannot meet BullMQ's names.
  */
-export const KEY_FAMILIES: readonly string[] = [
-  'acquires', 'activity', 'alias', 'answer', 'attention', 'backing-off', 'bytes', 'bytes-order', 'counted', 'deadlines', 'deployment', 'embedded-cloud',
-  'exec-outcome', 'failures', 'fence', 'history', 'idem', 'lane', 'lanes', 'lease', 'pace', 'partitions', 'paused', 'provider-instance',
-  'provider-instance-deleted', 'provider-instance-draft', 'provider-instance-kids', 'provider-instance-rev', 'provider-instances', 'providers', 'queued', 'reruns', 'stopping',
-];
+export const QUEUE_NAMES_REFUSED: readonly string[] = ['bytes', 'bytes-order', 'deadlines', 'pace', 'provider-instance', 'provider-instance-deleted', 'provider-instances', 'reruns'];
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const fromFiles: Record<string, string> = {};
