@@ -76,9 +76,9 @@ export class LeaseOpsClient {
   private readonly execJobs = new Map<number, ExecJobs>();
   /** Reads of a job's view begun by waits that woke on its end, by job id (waitForEnd). */
   private readonly readsAfterEnd = new Map<string, Promise<OperationView | null>>();
-  /** Aborted by close(): a wait for an operation's end then ends at once (ClientClosedError). */
+  /** Aborted by endWaits() and close(): a wait for an operation's end then ends at once. */
   private readonly closing = withoutListenerLimit(new AbortController());
-  /** Whether waits for an operation's end were ended (endWaits, close): new ones are refused. */
+  /** Whether waits for an operation's end were ended (endWaits, close): new ones end at once too. */
   private get waitsEnded(): boolean {
     return this.closing.signal.aborted;
   }
@@ -266,12 +266,14 @@ export class LeaseOpsClient {
    */
   async waitForEnd(view: OperationView, waitMs: number): Promise<OperationView | null> {
     if (view.state === 'completed' || view.state === 'failed') return view;
-    if (this.waitsEnded) throw new ClientClosedError(view.jobId);
+    if (this.closed) throw new ClientClosedError(view.jobId);
+    // Waits were ended (endWaits: the API closing): answered as a wait whose time ran out.
+    if (this.waitsEnded) return view;
     const partition = this.partitionOf(view.jobId);
     const job = await this.call(() => Job.fromId(partition.ops.queue, view.jobId));
     if (!job) return null;
     // Ended while it read the job: it opens nothing (helper-34: a stream opened after close() kept the process alive).
-    if (this.waitsEnded) throw new ClientClosedError(view.jobId);
+    if (this.waitsEnded) return this.answerEnded(view);
     const until = Date.now() + waitMs;
     let ended = true;
     try {
@@ -284,8 +286,8 @@ export class LeaseOpsClient {
       // Timed out, or the job failed: either way the view below tells which.
       ended = !(err instanceof Error && WAIT_TIMED_OUT.test(err.message));
     }
-    // Woken by endWaits() or close() (ClientPartition.wakeWaits), or ended meanwhile: nothing to read on.
-    if (this.waitsEnded) throw new ClientClosedError(view.jobId);
+    // Woken by endWaits() or close() (ClientPartition.wakeWaits), or ended meanwhile.
+    if (this.waitsEnded) return this.answerEnded(view);
     if (!ended) return this.call(() => partition.inspector.operation(view.jobId));
     // Every wait on this job woke on its one end event: they share one read of it, begun
     // after that event (helper-31: 100 polls on one job read its view 100 times at once).
@@ -297,6 +299,17 @@ export class LeaseOpsClient {
     this.readsAfterEnd.set(view.jobId, read);
     setImmediate(() => this.readsAfterEnd.delete(view.jobId));
     return read;
+  }
+
+  /**
+   * A wait that endWaits() ended answers as one whose time ran out: the operation as it is now
+   * (the API's long poll a 200 with it, `Prefer: wait` its 202 receipt: the operation was
+   * accepted, and a 503 would have a caller without an idempotency key enqueue it again). One
+   * that close() ended has nothing to read on: ClientClosedError.
+   */
+  private answerEnded(view: OperationView): Promise<OperationView | null> {
+    if (this.closed) return Promise.reject(new ClientClosedError(view.jobId));
+    return this.call(() => this.partitionOf(view.jobId).inspector.operation(view.jobId));
   }
 
   /** Waits for an operation to end, driven by BullMQ's event stream (no polling). */
@@ -581,9 +594,9 @@ export class LeaseOpsClient {
   }
 
   /**
-   * Ends every pending wait for an operation's end now, with ClientClosedError, and refuses new
-   * ones; the connections stay open. The API's close calls it first, so that its long polls
-   * answer (503 client_closed) before it stops answering.
+   * Ends every pending wait for an operation's end now, and every later one at once: each
+   * answers the operation as it is then, as a wait whose time ran out does; the connections
+   * stay open. The API's close calls it first, so that its long polls answer before it stops.
    */
   endWaits(): void {
     this.closing.abort();

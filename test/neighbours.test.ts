@@ -1010,7 +1010,7 @@ describe("noisy neighbours: a company's refusals in the log", () => {
     expect(lines.filter((l) => l.code === 'company_rate_limited').map((l) => l.refused)).toEqual([undefined, 4]);
   });
 
-  it("answers a long poll pending when the API closes with 503 client_closed and Retry-After, at once, and logs it as a warning without a stack (helper-34)", async () => {
+  it("answers the waits pending when the API closes at once, as waits whose time ran out: a long poll with the operation, Prefer: wait with its 202 receipt (helper-34: cut after 2 s, unanswered)", async () => {
     const lines: Record<string, unknown>[] = [];
     const log = createLogger({ level: 'warn', destination: { write: (t: string) => void lines.push(JSON.parse(t) as Record<string, unknown>) } });
     const bed = await TestBed.create({});
@@ -1018,24 +1018,29 @@ describe("noisy neighbours: a company's refusals in the log", () => {
     const server = await startApiServer(config, log);
     let closing: Promise<void> | undefined;
     try {
-      // No worker: the stop stays queued, and its long poll waits.
+      // No worker: the operations stay queued, and their waits wait.
       const { jobId } = await bed.ops.enqueue({ op: 'stop', lease: { provider: 'recording', companyId: 'a', environmentId: 'env', leaseId: 'polled' }, params: { providerLeaseId: 'polled' } });
       const poll = fetch(`${server.url}/v1/operations/${jobId}?waitMs=20000`, { headers: { authorization: `Bearer ${A}` } });
-      await readUntil(async () => /^lease_ops_api_waits\{of="all"\} 1$/m.test(await (await fetch(`${server.url}/metrics`)).text()), 10_000, 'the long poll to wait');
+      const preferred = fetch(`${server.url}/v1/leases/recording/a/env/preferred/operations`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${A}`, 'content-type': 'application/json', prefer: 'wait=20' },
+        body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 'preferred' } }),
+      });
+      await readUntil(async () => /^lease_ops_api_waits\{of="all"\} 2$/m.test(await (await fetch(`${server.url}/metrics`)).text()), 10_000, 'both to wait');
       closing = server.close();
-      const answer = await poll;
-      expect(answer.status).toBe(503);
-      expect(answer.headers.get('retry-after')).toBe('1');
-      expect(((await answer.json()) as { error: { code: string } }).error.code).toBe('client_closed');
+      const [polled, accepted] = await Promise.all([poll, preferred]);
+      expect(polled.status).toBe(200);
+      expect(((await polled.json()) as { jobId: string; state: string })).toMatchObject({ jobId, state: 'ready' });
+      // Accepted, and told so: a 503 here would have a caller without an idempotency key enqueue it again.
+      expect(accepted.status).toBe(202);
+      const receipt = (await accepted.json()) as { jobId: string };
+      expect((await bed.ops.queue.getJob(receipt.jobId))?.data.op).toBe('stop');
       await closing;
     } finally {
       await (closing ?? server.close());
       await bed.close();
     }
-    const told = lines.filter((l) => l.code === 'client_closed');
-    expect(told).toHaveLength(1);
-    expect(told[0]!.level).toBe(40);
-    expect(told[0]!.err).toBeUndefined();
+    expect(lines.filter((l) => Number(l.level) >= 50)).toEqual([]);
   });
 
   it('tells the count of a company and code at the end of each interval', async () => {

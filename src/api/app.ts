@@ -903,8 +903,7 @@ function errorHandler(log: Logger): ErrorRequestHandler {
               ? { code: 'unsupported_media_type', message: 'send the body as application/json in UTF-8' }
               : { code: 'invalid_body', message: err.message };
     } else if (err instanceof ClientClosedError) {
-      // A wait the API's closing ended: its connection goes with the answer, so the close
-      // need not wait for it to be idle.
+      // A request the API's closing cut short: its connection goes with the answer.
       status = 503;
       body = { code: err.code, message: 'the API is closing; retry' };
       res.setHeader('Retry-After', '1');

@@ -103,12 +103,15 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
   const close = async () => {
     const closed = new Promise<void>((resolve) => server.close(() => resolve()));
     server.closeIdleConnections();
-    // Requests waiting for an operation (?waitMs, Prefer: wait) are answered now, 503
-    // client_closed with Retry-After (helper-34: their sockets were cut after 2 s, unanswered);
-    // what is still in progress after 2 s has its socket cut.
+    // Requests waiting for an operation (?waitMs, Prefer: wait) are answered now, with the
+    // operation as it is, as when their wait runs out (helper-34: their sockets were cut after
+    // 2 s, unanswered), and each connection goes once idle; what is still in progress after
+    // 2 s has its socket cut.
     client.endWaits();
+    const idle = setInterval(() => server.closeIdleConnections(), 50);
     const cut = setTimeout(() => server.closeAllConnections(), 2_000);
     await closed;
+    clearInterval(idle);
     clearTimeout(cut);
     // The refusals counted since the last line are told before the process goes.
     refusals.flush();
