@@ -153,6 +153,7 @@ export class LeaseOpsClient {
 
   /** The lane a lease's operations run in, by either of its names, and that lane's partition. */
   async laneOf(lease: LeaseIdentity): Promise<{ laneId: string; partition: ClientPartition }> {
+    if (this.closed) throw new ClientClosedError();
     const laneId = await this.names.resolve(laneIdOf(lease));
     return { laneId, partition: this.partitionOf(laneId) };
   }
@@ -164,6 +165,7 @@ export class LeaseOpsClient {
 
   /** Resolves once the Redis connection is up (with failFast, calls before that fail). */
   async connected(): Promise<void> {
+    if (this.closed) throw new ClientClosedError();
     await whenReady(this.connection);
   }
 
@@ -561,8 +563,9 @@ export class LeaseOpsClient {
       if (claimLayout) await this.claimLayout();
       return await run();
     } catch (err) {
-      // Its connection was closed under it: that is why it failed (helper-34: redis_unavailable, or a bare Error, before).
-      if (this.closed) throw new ClientClosedError();
+      // Its connection was closed under it: that is why it failed (helper-34: redis_unavailable,
+      // or a bare Error, before). An answer of its own (a key reused, say) stays (helper-35).
+      if (this.closed && (err instanceof RedisUnavailableError || isRedisUnavailable(err) || (err instanceof Error && /connection ended/i.test(err.message)))) throw new ClientClosedError();
       if (err instanceof RedisUnavailableError) throw err;
       if (isRedisUnavailable(err)) throw this.unavailable(err);
       throw err;

@@ -3,7 +3,7 @@ import { readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ClientClosedError, InvalidRequestError, LeaseOpsClient, LeaseOpsError, OperationNotFoundError, WaitTimeoutError, RedisUnavailableError } from '../src/index.ts';
+import { ClientClosedError, InvalidRequestError, LeaseHasSandboxError, LeaseOpsClient, LeaseOpsError, OperationNotFoundError, WaitTimeoutError, RedisUnavailableError } from '../src/index.ts';
 import { createLogger } from '../src/logger.ts';
 import { loadProviders } from '../src/providers/registry.ts';
 import { LeaseWorker } from '../src/queues/worker.ts';
@@ -206,6 +206,32 @@ describe("a client's waits for an operation's end", () => {
       admin.disconnect();
       await bed.close();
       await redis.stop();
+    }
+  });
+
+  it("keeps a call's own answer when close() comes while it runs, and refuses every call after close() with client_closed (helper-35)", { timeout: 20_000 }, async () => {
+    const bed = await TestBed.create();
+    const fresh = new LeaseOpsClient(bed.config);
+    try {
+      // A definitive answer of its own (here, the lease's sandbox lives) while the client closes.
+      let closing: Promise<void> | undefined;
+      fresh.ops.lanes.push = async () => {
+        closing = fresh.close();
+        throw new LeaseHasSandboxError('sb-1');
+      };
+      const answered = await fresh.enqueue('stop', lease('own-answer'), { providerLeaseId: 'own-answer' }).catch((err: unknown) => err);
+      expect(answered).toBeInstanceOf(LeaseHasSandboxError);
+      await closing;
+      for (const after of [fresh.laneOf(lease('own-answer')), fresh.connected(), fresh.getLease(lease('own-answer'))]) {
+        const refused = await after.then(
+          () => null,
+          (err: unknown) => err,
+        );
+        expect(refused).toBeInstanceOf(ClientClosedError);
+      }
+    } finally {
+      await fresh.close();
+      await bed.close();
     }
   });
 

@@ -352,8 +352,9 @@ export class Inspector {
    * Lanes blocked now (their heads should have moved), `limit` visible ones of each source at
    * most. Quiet lanes are few, so read for everyone. The sweep marks a lane whose head runs as
    * seen, so a head running past its deadline is found among the running jobs (as many as the
-   * workers' concurrency), not among the quiet lanes: every one for an unscoped walk, the
-   * company's own past their deadline (from its index) for a scoped one. One item per lane.
+   * workers' concurrency; running: holding its BullMQ lock), not among the quiet lanes: every
+   * one for an unscoped walk, the company's own past their deadline (from its index) for a
+   * scoped one. One item per lane.
    */
   private async blockedItems(limit: number, visible: (lease: LeaseIdentity | null) => boolean, scope?: AttentionScope): Promise<ReasonItem[]> {
     const now = Date.now();
@@ -365,7 +366,9 @@ export class Inspector {
       }),
       scope ? this.overdueOfCompany(scope.companyId, page, limit, visible, now) : this.pagedVisible(page, limit, visible, async (offset) => {
         const jobs = await this.ops.queue.getActive(offset, offset + page - 1);
-        return { read: jobs.length, items: jobs.map((job) => overdueItem(job, now)) };
+        // Running is holding its lock, for this list as for a company's (Lanes.jobsNow).
+        const held = jobs.length ? await this.ops.lanes.locksHeld(jobs.map((job) => job.id ?? '')) : [];
+        return { read: jobs.length, items: jobs.map((job, i) => (held[i] ? overdueItem(job, now) : null)) };
       }),
     ]);
     const quietLanes = new Set(quiet.map((item) => item.laneId));

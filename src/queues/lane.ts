@@ -6,7 +6,7 @@ import { leaseRecordKey } from './lease-records.ts';
 import { luaCommand, luaCommandName, type LuaCommand } from './lua-scripts.ts';
 import type { RedisClient } from './redis.ts';
 import type { QueueLimit } from '../errors.ts';
-import { LeaseIdentitySchema, laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
+import { LeaseIdentitySchema, type LeaseIdentity } from '../lease.ts';
 
 // Every lane script takes the lane key layout of includes/lane.lua (18 keys), and some
 // the job's hash (and the request's idempotency key, and the lease's history) after it.
@@ -377,32 +377,31 @@ export class Lanes {
   }
 
   /**
-   * What the jobs named are now: each with its data, when it started, and whether BullMQ
-   * holds it active; `ended`: jobs that ended or went (their entries outlived them). A job
-   * holding its BullMQ lock is active, and one that is not its lane's holder is not (queued,
-   * parked, backing off); only a holder without a lock (its worker gone and its stall not yet
-   * seen, or handed off and not yet taken) is looked for in BullMQ's active list, which holds
-   * every company's running jobs (helper-33 and helper-34: a scan of it for each entry cost a
-   * walk 17.5 ms beside 2,000 of another's, 80 ms with 2,000 of its own queued).
+   * What the jobs named are now: each with its data, when it started, and whether it runs;
+   * `ended`: jobs that ended or went (their entries outlived them). It runs while its BullMQ
+   * lock is held (a worker holds it from its fetch and renews it), as runningJobs judges the
+   * admin's list: O(1) a job, where a look in BullMQ's active list, which holds every company's
+   * running jobs, cost a walk 17.5 ms beside 2,000 of another's (helper-33), and 144-170 ms for
+   * 2,000 of its own waiting for a worker (helper-35).
    */
   async jobsNow(jobIds: readonly string[]): Promise<{ jobs: { jobId: string; data: string; processedOn: number | null; active: boolean }[]; ended: string[] }> {
-    const holderKey = (jobId: string) => this.execKey(laneIdOfJobId(jobId) ?? '-');
-    const replies = await this.readEach(jobIds, (pipeline, jobId) => pipeline.hmget(this.jobKey(jobId), 'data', 'processedOn', 'finishedOn').exists(this.lockKey(jobId)).hget(holderKey(jobId), 'job'));
+    const replies = await this.readEach(jobIds, (pipeline, jobId) => pipeline.hmget(this.jobKey(jobId), 'data', 'processedOn', 'finishedOn').exists(this.lockKey(jobId)));
     const jobs: { jobId: string; data: string; processedOn: number | null; active: boolean }[] = [];
-    const unlocked: { jobId: string; data: string; processedOn: number | null; active: boolean }[] = [];
     const ended: string[] = [];
     jobIds.forEach((jobId, i) => {
-      const [data, processedOn, finishedOn] = replies[i * 3] as [string | null, string | null, string | null];
+      const [data, processedOn, finishedOn] = replies[i * 2] as [string | null, string | null, string | null];
       if (data === null || finishedOn !== null) return void ended.push(jobId);
-      const job = { jobId, data, processedOn: processedOn === null ? null : Number(processedOn), active: replies[i * 3 + 1] === 1 };
-      jobs.push(job);
-      if (!job.active && replies[i * 3 + 2] === jobId) unlocked.push(job);
+      jobs.push({ jobId, data, processedOn: processedOn === null ? null : Number(processedOn), active: replies[i * 2 + 1] === 1 });
     });
-    if (unlocked.length) {
-      const positions = await this.readEach(unlocked.map((job) => job.jobId), (pipeline, jobId) => pipeline.lpos(`${this.queueKeyPrefix}active`, jobId));
-      unlocked.forEach((job, i) => (job.active = positions[i] !== null));
-    }
     return { jobs, ended };
+  }
+
+  /**
+   * Which of BullMQ's active jobs run: those whose lock is held. One whose worker died stays in
+   * BullMQ's active list, lockless, until a stall check puts it back to wait; it runs nowhere.
+   */
+  async locksHeld(jobIds: readonly string[]): Promise<boolean[]> {
+    return (await this.readEach(jobIds, (pipeline, jobId) => pipeline.exists(this.lockKey(jobId)))).map((held) => held === 1);
   }
 
   /** The replies to the reads `queue` adds for each id, in one round trip; a failed one fails them all (nothing is taken for gone). */
@@ -432,7 +431,8 @@ export class Lanes {
     const [working, holding] = await Promise.all([this.client.hrandfield(this.byCompanyKey, companies), this.client.hrandfield(bytesHeldKey, companies)]);
     // One of each in turn: with 20 companies at work, one that only holds bytes (its lanes
     // emptied after its jobs were removed: the leftovers this is for) still gets its turns (helper-34).
-    const [w, h] = [working as string[], holding as string[]];
+    // Each shuffled first: HRANDFIELD answers a small hash's fields in the hash's own order.
+    const [w, h] = [shuffled(working as string[]), shuffled(holding as string[])];
     const chosen = [...new Set(Array.from({ length: Math.max(w.length, h.length) }, (_, i) => [w[i], h[i]]).flat().filter((c): c is string => c !== undefined))].slice(0, companies);
     let forgotten = 0;
     for (const companyId of chosen) {
@@ -755,4 +755,14 @@ function toRepairResult(r: string[]): RepairResult {
 
 function toHandOff(jobId: unknown, result: unknown): HandOff {
   return { jobId: String(jobId), result: result === 'promoted' || result === 'held' ? result : 'elsewhere' };
+}
+
+/** The same items in an order drawn at random (Fisher-Yates). */
+function shuffled<T>(items: readonly T[]): T[] {
+  const out = [...items];
+  for (let i = out.length - 1; i > 0; i--) {
+    const j = Math.floor(Math.random() * (i + 1));
+    [out[i], out[j]] = [out[j]!, out[i]!];
+  }
+  return out;
 }
