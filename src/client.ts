@@ -320,6 +320,9 @@ export class LeaseOpsClient {
     if (!view) throw new OperationNotFoundError(jobId);
     if (view.state === 'completed') return { jobId, state: 'completed', result: view.result };
     if (view.state === 'failed') return { jobId, state: 'failed', error: view.error ?? { code: 'failed', message: 'the operation failed' } };
+    // Ended by endWaits() (the client is closing), not by its time: a caller that reads a
+    // timeout as "ask again" would ask again at once, and again (helper-36: 1,914 in 1 s).
+    if (this.waitsEnded) throw new ClientClosedError(jobId);
     throw new WaitTimeoutError(`operation ${jobId} still ${view.state} after ${timeoutMs} ms`);
   }
 

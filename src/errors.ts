@@ -72,7 +72,7 @@ export class WaitTimeoutError extends LeaseOpsError {
 export class ClientClosedError extends LeaseOpsError {
   override name = 'ClientClosedError';
   constructor(readonly jobId?: string) {
-    super('client_closed', jobId ? `the client was closed while this call waited for operation ${jobId} to end` : 'the client was closed: nothing more is read or written on it');
+    super('client_closed', jobId ? `the client is closing (its waits were ended) while this call waited for operation ${jobId} to end` : 'the client was closed: nothing more is read or written on it');
   }
 }
 

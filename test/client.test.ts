@@ -209,6 +209,29 @@ describe("a client's waits for an operation's end", () => {
     }
   });
 
+  it("end, after endWaits(), with the operation as it is for getOperation, and with client_closed for waitForResult, not a timeout that was not (helper-36)", { timeout: 20_000 }, async () => {
+    const bed = await TestBed.create();
+    const fresh = new LeaseOpsClient(bed.config);
+    try {
+      const { jobId } = await fresh.enqueue('stop', lease('ended-waits'), { providerLeaseId: 'ended-waits' });
+      const pending = fresh.waitForResult(jobId, 60_000).then(
+        () => null,
+        (err: unknown) => err,
+      );
+      await readUntil(async () => fresh.partitions[0]!.ops.queue.listenerCount('closing') > 0, 10_000, 'the wait to listen');
+      fresh.endWaits();
+      const ended = await pending;
+      expect(ended).toBeInstanceOf(ClientClosedError);
+      expect((ended as ClientClosedError).message).toContain(jobId);
+      // Later waits answer at once: the operation as it is, or client_closed for a result.
+      expect((await fresh.getOperation(jobId, { waitMs: 60_000 }))?.state).toBe('ready');
+      expect(await fresh.waitForResult(jobId, 60_000).catch((err: unknown) => err)).toBeInstanceOf(ClientClosedError);
+    } finally {
+      await fresh.close();
+      await bed.close();
+    }
+  });
+
   it("keeps a call's own answer when close() comes while it runs, and refuses every call after close() with client_closed (helper-35)", { timeout: 20_000 }, async () => {
     const bed = await TestBed.create();
     const fresh = new LeaseOpsClient(bed.config);
