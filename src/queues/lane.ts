@@ -434,17 +434,17 @@ export class Lanes {
     // Each shuffled first: HRANDFIELD answers a small hash's fields in the hash's own order.
     const [w, h] = [shuffled(working as string[]), shuffled(holding as string[])];
     const chosen = [...new Set(Array.from({ length: Math.max(w.length, h.length) }, (_, i) => [w[i], h[i]]).flat().filter((c): c is string => c !== undefined))].slice(0, companies);
-    let forgotten = 0;
-    for (const companyId of chosen) {
-      const jobIds = (await this.client.zrandmember(this.deadlinesKey(companyId), perCompany)) as string[];
-      if (!jobIds.length) continue;
-      const replies = await this.readEach(jobIds, (pipeline, jobId) => pipeline.hexists(this.jobKey(jobId), 'finishedOn').exists(this.jobKey(jobId)));
-      const ended = jobIds.filter((_, i) => replies[i * 2] === 1 || replies[i * 2 + 1] === 0);
-      if (!ended.length) continue;
-      await this.forgetEnded(companyId, ended);
-      forgotten += ended.length;
-    }
-    return forgotten;
+    // Every company's sample in one round trip, every sampled job's in another (one a company, in turn, took 3 each).
+    const samples = (await this.readEach(chosen, (pipeline, companyId) => pipeline.zrandmember(this.deadlinesKey(companyId), perCompany))) as string[][];
+    const sampled = chosen.flatMap((companyId, i) => samples[i]!.map((jobId) => ({ companyId, jobId })));
+    if (!sampled.length) return 0;
+    const replies = await this.readEach(
+      sampled.map(({ jobId }) => jobId),
+      (pipeline, jobId) => pipeline.hexists(this.jobKey(jobId), 'finishedOn').exists(this.jobKey(jobId)),
+    );
+    const ended = sampled.filter((_, i) => replies[i * 2] === 1 || replies[i * 2 + 1] === 0);
+    await Promise.all(ended.map(({ companyId, jobId }) => this.forgetEnded(companyId, [jobId])));
+    return ended.length;
   }
 
   /**
