@@ -6,7 +6,7 @@ import { openQueueEvents } from '../src/queues/queue-events.ts';
 import { createRedis, keepCopies, type RedisClient } from '../src/queues/redis.ts';
 import { LOCK_RENEWAL_FAILED, SUPERSEDED_END } from '../src/queues/worker.ts';
 import { WAIT_TIMED_OUT } from '../src/client.ts';
-import { gate, readUntil, REDIS_URL, scratchRedis, waitForJobs } from './helpers/env.ts';
+import { gate, readUntil, REDIS_URL, rejectionOf, scratchRedis, waitForJobs } from './helpers/env.ts';
 
 // What lease-ops relies on inside BullMQ, pinned: the lane scripts write BullMQ's keys and
 // fields (delayed set, wait list, marker, events, a job's delay and progress), and the worker
@@ -307,10 +307,7 @@ describe('BullMQ, as lease-ops relies on it', () => {
   it("says a wait for a job's end timed out in its error's message (what a wait woken by an end is told apart by: WAIT_TIMED_OUT)", async () => {
     const { queue, events } = await fresh('wait-timeout');
     const job = await queue.add('never-runs', {}, { jobId: 'never-runs' });
-    const timedOut = await job.waitUntilFinished(events, 20).then(
-      () => null,
-      (err: unknown) => err,
-    );
+    const timedOut = await rejectionOf(job.waitUntilFinished(events, 20));
     expect(timedOut).toBeInstanceOf(Error);
     expect((timedOut as Error).message).toMatch(WAIT_TIMED_OUT);
   });
@@ -320,10 +317,7 @@ describe('BullMQ, as lease-ops relies on it', () => {
     const job = await queue.add('never-runs', {}, { jobId: 'never-runs' });
     const closings: unknown[] = [];
     (queue as unknown as NodeJS.EventEmitter).on('closing', (why: unknown) => closings.push(why));
-    const waiting = job.waitUntilFinished(events, 60_000).then(
-      () => null,
-      (err: unknown) => err,
-    );
+    const waiting = rejectionOf(job.waitUntilFinished(events, 60_000));
     // Its listener is on before the wait checks the job (an await in between).
     await readUntil(async () => queue.listenerCount('closing') > 1, 5_000, "the wait's listener");
     (queue as unknown as NodeJS.EventEmitter).emit('closing', 'the client closed');

@@ -7,7 +7,7 @@ import { ClientClosedError, InvalidRequestError, LeaseHasSandboxError, LeaseOpsC
 import { createLogger } from '../src/logger.ts';
 import { loadProviders } from '../src/providers/registry.ts';
 import { LeaseWorker } from '../src/queues/worker.ts';
-import { gate, lease, readUntil, TestBed } from './helpers/env.ts';
+import { gate, lease, readUntil, rejectionOf, TestBed } from './helpers/env.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
 import { createRedis } from '../src/queues/redis.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
@@ -137,10 +137,7 @@ describe("a client's waits for an operation's end", () => {
     try {
       // No worker: the stop stays queued.
       const { jobId } = await fresh.enqueue('stop', lease('closing-wait'), { providerLeaseId: 'closing-wait' });
-      const waiting = fresh.getOperation(jobId, { waitMs: 60_000 }).then(
-        () => null,
-        (err: unknown) => err,
-      );
+      const waiting = rejectionOf(fresh.getOperation(jobId, { waitMs: 60_000 }));
       const queue = fresh.partitions[0]!.ops.queue;
       await readUntil(async () => queue.listenerCount('closing') > 0, 10_000, 'the wait to listen');
       await fresh.close();
@@ -184,17 +181,9 @@ describe("a client's waits for an operation's end", () => {
     try {
       const { jobId } = await fresh.enqueue('stop', lease('closing-early'), { providerLeaseId: 'closing-early' });
       // In their first step when the client closes: reading the operation, or its job.
-      const early = Array.from({ length: 20 }, () =>
-        fresh.getOperation(jobId, { waitMs: 60_000 }).then(
-          () => null,
-          (err: unknown) => err,
-        ),
-      );
+      const early = Array.from({ length: 20 }, () => rejectionOf(fresh.getOperation(jobId, { waitMs: 60_000 })));
       await fresh.close();
-      const after = await fresh.getOperation(jobId, { waitMs: 60_000 }).then(
-        () => null,
-        (err: unknown) => err,
-      );
+      const after = await rejectionOf(fresh.getOperation(jobId, { waitMs: 60_000 }));
       for (const ended of [...(await Promise.all(early)), after]) {
         expect(ended).toBeInstanceOf(ClientClosedError);
         expect((ended as ClientClosedError).code).toBe('client_closed');
@@ -214,10 +203,7 @@ describe("a client's waits for an operation's end", () => {
     const fresh = new LeaseOpsClient(bed.config);
     try {
       const { jobId } = await fresh.enqueue('stop', lease('ended-waits'), { providerLeaseId: 'ended-waits' });
-      const pending = fresh.waitForResult(jobId, 60_000).then(
-        () => null,
-        (err: unknown) => err,
-      );
+      const pending = rejectionOf(fresh.waitForResult(jobId, 60_000));
       await readUntil(async () => fresh.partitions[0]!.ops.queue.listenerCount('closing') > 0, 10_000, 'the wait to listen');
       fresh.endWaits();
       const ended = await pending;
@@ -225,7 +211,7 @@ describe("a client's waits for an operation's end", () => {
       expect((ended as ClientClosedError).message).toContain(jobId);
       // Later waits answer at once: the operation as it is, or client_closed for a result.
       expect((await fresh.getOperation(jobId, { waitMs: 60_000 }))?.state).toBe('ready');
-      expect(await fresh.waitForResult(jobId, 60_000).catch((err: unknown) => err)).toBeInstanceOf(ClientClosedError);
+      expect(await rejectionOf(fresh.waitForResult(jobId, 60_000))).toBeInstanceOf(ClientClosedError);
     } finally {
       await fresh.close();
       await bed.close();
@@ -242,14 +228,11 @@ describe("a client's waits for an operation's end", () => {
         closing = fresh.close();
         throw new LeaseHasSandboxError('sb-1');
       };
-      const answered = await fresh.enqueue('stop', lease('own-answer'), { providerLeaseId: 'own-answer' }).catch((err: unknown) => err);
+      const answered = await rejectionOf(fresh.enqueue('stop', lease('own-answer'), { providerLeaseId: 'own-answer' }));
       expect(answered).toBeInstanceOf(LeaseHasSandboxError);
       await closing;
       for (const after of [fresh.laneOf(lease('own-answer')), fresh.connected(), fresh.getLease(lease('own-answer'))]) {
-        const refused = await after.then(
-          () => null,
-          (err: unknown) => err,
-        );
+        const refused = await rejectionOf(after);
         expect(refused).toBeInstanceOf(ClientClosedError);
       }
     } finally {
@@ -267,10 +250,7 @@ describe("a client's waits for an operation's end", () => {
       const { jobId } = await fresh.enqueue('stop', lease('closing-opening'), { providerLeaseId: 'closing-opening' });
       const clients = async () => Number(/connected_clients:(\d+)/.exec(await admin.info('clients'))?.[1]);
       await admin.config('SET', 'maxclients', String(await clients()));
-      const waiting = fresh.getOperation(jobId, { waitMs: 60_000 }).then(
-        () => null,
-        (err: unknown) => err,
-      );
+      const waiting = rejectionOf(fresh.getOperation(jobId, { waitMs: 60_000 }));
       // The wait is opening the stream: its connection is refused, again and again.
       const partition = fresh.partitions[0]!;
       const eventsConnection = () => (partition as unknown as { eventsConnection: { status: string } | null }).eventsConnection;

@@ -204,6 +204,14 @@ export function gate<T = void>(): { promise: Promise<T>; open: (value: T) => voi
   return { promise, open };
 }
 
+/** What `promise` rejects with, or null when it resolves: for tests that look at the error itself. */
+export function rejectionOf(promise: Promise<unknown>): Promise<unknown> {
+  return promise.then(
+    () => null,
+    (err: unknown) => err,
+  );
+}
+
 /**
  * Resolves with the first truthy value `read` gives, asking again after each answer, for
  * state that is only observable by reading it (Redis records, a fake's log); rejects after
