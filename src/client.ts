@@ -101,19 +101,19 @@ export class LeaseOpsClient {
     } = {},
   ) {
     this.timeoutMs = settings.LEASE_OPS_REDIS_TIMEOUT_MS;
-    this.connection = this.newConnection();
+    this.connection = this.newConnection('lease-ops-client');
     this.names = new LaneNames((laneId) => this.partitionOf(laneId).ops.lanes);
     this.partitions = partitionPrefixes(settings.LEASE_OPS_PREFIX, settings.LEASE_OPS_PARTITIONS).map(
       (prefix, index) => new ClientPartition(index, { ...settings, LEASE_OPS_PREFIX: prefix }, this.connection, this.names, () => this.walkConnectionOf()),
     );
   }
 
-  private newConnection(): RedisClient {
+  private newConnection(connectionName: string): RedisClient {
     const connection = createRedis(
       this.settings.REDIS_URL,
       // Fail fast: while Redis is unreachable a call errors within the timeout instead of
       // waiting in ioredis' offline queue, where it would run late, after its caller gave up.
-      (this.opts.failFast ?? true) ? { enableOfflineQueue: false, commandTimeout: this.timeoutMs, maxRetriesPerRequest: 0 } : {},
+      (this.opts.failFast ?? true) ? { connectionName, enableOfflineQueue: false, commandTimeout: this.timeoutMs, maxRetriesPerRequest: 0 } : { connectionName },
     );
     connection.on('error', (err: unknown) => (this.lastRedisError = err));
     return connection;
@@ -126,7 +126,7 @@ export class LeaseOpsClient {
    */
   private walkConnection: RedisClient | null = null;
   private walkConnectionOf(): RedisClient {
-    return (this.walkConnection ??= this.newConnection());
+    return (this.walkConnection ??= this.newConnection('lease-ops-client-walks'));
   }
 
   /** Like call, for a walk: its connection up (within the timeout) first. */
@@ -674,7 +674,7 @@ export class ClientPartition {
     if (!this.events) {
       // Its connection is known before it opens: close() cuts one still opening (a Redis that
       // takes no new connection), which would otherwise keep the process alive (helper-34).
-      const connection = createRedis(this.settings.REDIS_URL);
+      const connection = createRedis(this.settings.REDIS_URL, { connectionName: 'lease-ops-client-events' });
       this.eventsConnection = connection;
       this.events = openQueueEvents(this.settings.REDIS_URL, this.settings.LEASE_OPS_QUEUE, this.settings.LEASE_OPS_PREFIX, connection).then(
         ({ events }) => (this.opened = events),

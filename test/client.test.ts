@@ -110,6 +110,29 @@ describe('typed client', () => {
   });
 });
 
+describe("the client's connections", () => {
+  it('carry names in CLIENT LIST, as docs/operating.md gives them: the main one, the walks\' and the event stream\'s', { timeout: 20_000 }, async () => {
+    const redis = await RedisProcess.start();
+    const bed = await TestBed.create({ REDIS_URL: redis.url });
+    const named = new LeaseOpsClient(bed.config);
+    const names = async () => ((await bed.redis.client('LIST')) as string).split('\n').map((line) => /\bname=(\S*)/.exec(line)?.[1]).filter((name) => name?.startsWith('lease-ops-'));
+    try {
+      await named.connected();
+      expect(await names()).toEqual(['lease-ops-client']);
+      const { jobId } = await named.enqueue('stop', lease('named'), { providerLeaseId: 'named' });
+      await named.getOperation(jobId, { waitMs: 50 });
+      await named.leasesNeedingAttention(5);
+      expect((await names()).sort()).toEqual(['lease-ops-client', 'lease-ops-client-events', 'lease-ops-client-walks']);
+      const docs = await readFile(new URL('../docs/operating.md', import.meta.url), 'utf8');
+      for (const name of ['lease-ops-client', 'lease-ops-client-walks', 'lease-ops-client-events']) expect(docs).toContain(`\`${name}\``);
+    } finally {
+      await named.close();
+      await bed.close();
+      await redis.stop();
+    }
+  });
+});
+
 describe('the client starting up', () => {
   it('shares one wait for its connection among the calls made before it is up: no listener is left behind', async () => {
     const bed = await TestBed.create();

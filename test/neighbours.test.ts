@@ -17,6 +17,7 @@ import { startTestApi, type TestApi } from './helpers/api-server.ts';
 import { TestBed, gate, readUntil } from './helpers/env.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
+import { RedisMonitor, type MonitoredCommand } from './helpers/monitor.ts';
 
 // Issue 27: what one company can do to another through the API. Small budgets here, so the
 // test reaches them quickly; the defaults are in docs/security.md.
@@ -609,22 +610,45 @@ describe("noisy neighbours: operations running past their deadline (issue 27 ite
     await new Promise((r) => setTimeout(r, Math.max(...deadlines) - Date.now() + 20));
 
     const list = async (token: string) => ((await (await fetch(`${api.base}/v1/attention`, { headers: { authorization: `Bearer ${token}` } })).json()) as { items: { lease: { leaseId: string }; reasons: string[]; detail: string }[] }).items;
-    const stats = async () => {
-      const text = await bed.redis.info('commandstats');
-      const calls = (name: string) => Number(new RegExp(`cmdstat_${name}:calls=(\\d+)`).exec(text)?.[1] ?? 0);
-      return { hgetall: calls('hgetall'), lrange: calls('lrange'), lpos: calls('lpos') };
+    // What B's list sent to Redis from the API's connections, as MONITOR saw it (a script's own
+    // calls name no connection). A count of all commands took in the worker's lock renewals,
+    // stall checks and sweep, which read A's jobs on their own timers (a CI run).
+    const url = new URL(redis.url);
+    const seen: MonitoredCommand[] = [];
+    const watched = async <T>(read: () => Promise<T>): Promise<T> => {
+      await list(B); // the walks' connection open
+      const clients = ((await bed.redis.client('LIST')) as string).split('\n');
+      const api = new Set(clients.filter((c) => /\bname=lease-ops-client(-walks)?\b/.test(c)).map((c) => /\baddr=(\S+)/.exec(c)![1]!));
+      expect(api.size).toBeGreaterThanOrEqual(2);
+      const end = `end-of-read-${Math.random()}`;
+      let ended!: () => void;
+      const sawEnd = new Promise<void>((resolve) => (ended = resolve));
+      const monitor = await RedisMonitor.start(url.hostname, Number(url.port), (command) => {
+        if (command.args[1] === end) ended();
+        else if (api.has(command.source)) seen.push(command);
+      });
+      try {
+        const result = await read();
+        await bed.redis.echo(end);
+        await sawEnd;
+        return result;
+      } finally {
+        monitor.close();
+      }
     };
-    await list(B);
-    const before = await stats();
-    const bItems = await list(B);
-    const after = await stats();
+    const bItems = await watched(() => list(B));
     expect(bItems.map((i) => `${i.lease.leaseId} ${i.reasons.join(',')}`).sort()).toEqual(['held-b1 blocked', 'held-b2 blocked']);
     expect(bItems.find((i) => i.lease.leaseId === 'held-b1')!.detail).toBe(`stop ${bJobs[0]} is still running past its deadline`);
-    // B's walk read B's two jobs, not A's 250 (one read of each job, and of the active list, before).
-    expect(after.hgetall - before.hgetall).toBeLessThanOrEqual(2);
-    expect(after.lrange - before.lrange).toBe(0);
-    // A job holding its lock runs: no scan of the running list, which holds A's 250 (helper-33).
-    expect(after.lpos - before.lpos).toBe(0);
+    // B's walk read B's jobs and none of A's 250 (before, it read each job, and the running list).
+    const touching = (ids: string[]) => {
+      const keys = new Set(ids.flatMap((id) => [bed.ops.queue.toKey(id), `${bed.ops.queue.toKey(id)}:lock`]));
+      return seen.filter((c) => c.args.slice(1).some((arg) => keys.has(arg))).map((c) => c.args.slice(0, 2).join(' '));
+    };
+    expect(touching(bJobs).length).toBeGreaterThan(0);
+    expect(touching(aJobs)).toEqual([]);
+    // A job holding its lock runs: no read of the running list, which holds A's 250 (helper-33).
+    const activeKey = bed.ops.queue.toKey('active');
+    expect(seen.filter((c) => ['lrange', 'lpos', 'llen'].includes(c.args[0]!.toLowerCase()) && c.args[1] === activeKey).map((c) => c.args.join(' '))).toEqual([]);
     expect((await list(`${B}-prod`)).map((i) => i.lease.leaseId)).toEqual(['held-b1']);
     expect((await list(A)).map((i) => i.lease.leaseId).sort()).toEqual(['held-0', 'held-1', 'held-2', 'held-3', 'held-4']);
     // The admin's view holds the same seven.
