@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type * as Light from '../packages/client/src/index.ts';
 import { LeaseOpsHttpClient, LeaseOpsRequestError } from '../packages/client/src/index.ts';
 import type * as Full from '../src/index.ts';
-import { gate, lease, TestBed } from './helpers/env.ts';
+import { gate, lease, readUntil, TestBed } from './helpers/env.ts';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
 
@@ -40,6 +40,7 @@ describe('the light client (lease-ops-client) against the HTTP API', () => {
   let api: TestApi;
   let light: LeaseOpsHttpClient;
   const hold = gate<void>();
+  const holdOver = new Map<string, Promise<void>>();
 
   beforeAll(async () => {
     bed = await TestBed.create({
@@ -49,6 +50,7 @@ describe('the light client (lease-ops-client) against the HTTP API', () => {
     const { provider } = createRecordingProvider({
       behaviour: async ({ ctx, op }) => {
         if (ctx.lease.leaseId === 'held') await hold.promise;
+        await holdOver.get(ctx.lease.leaseId);
         return ctx.lease.leaseId === 'refuses' && op === 'stop' ? 'permanent' : 'ok';
       },
     });
@@ -114,6 +116,33 @@ describe('the light client (lease-ops-client) against the HTTP API', () => {
     await expect(new LeaseOpsHttpClient({ url: 'http://127.0.0.1:9', token: TOKEN }).getLease(lease('one'))).rejects.toMatchObject({ code: 'unreachable', status: 0 });
   });
 
+  it("waits for a result across a restart of the API: the wait asks again until its time is up, and the result comes", { timeout: 30_000 }, async () => {
+    const restarting = await startTestApi(bed);
+    const port = Number(new URL(restarting.base).port);
+    let asked = 0;
+    const counting: typeof fetch = (input, init) => {
+      asked++;
+      return fetch(input, init);
+    };
+    const client = new LeaseOpsHttpClient({ url: restarting.base, token: TOKEN, fetch: counting });
+    const held = gate<void>();
+    holdOver.set('held-over-restart', held.promise);
+    const { jobId } = await bed.ops.enqueue({ op: 'stop', lease: lease('held-over-restart'), params: { providerLeaseId: 'held-over-restart' } });
+    let restarted: TestApi | null = null;
+    try {
+      const result = client.waitForResult(jobId, 25_000);
+      await readUntil(async () => asked >= 1, 5_000, 'the first long poll');
+      await restarting.close(); // its connections cut, and nothing listening for a while
+      await readUntil(async () => asked >= 3, 10_000, 'the wait asking again');
+      restarted = await startTestApi(bed, undefined, { port });
+      held.open();
+      expect(await result).toMatchObject({ jobId, state: 'completed' });
+    } finally {
+      held.open();
+      await restarted?.close();
+    }
+  });
+
   it('pauses, lists attention, acknowledges and unpauses, as the full client sees it', async () => {
     expect(await light.pauseLane(lease('one'))).toMatchObject({ paused: true, changed: true });
     expect((await api.client.getLease(lease('one'))).paused?.by).toMatch(/\(API\)$/);
@@ -170,6 +199,42 @@ describe('the light client against a server that misbehaves', () => {
       handle = (_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end(body);
       expect(shapeOf(await new LeaseOpsHttpClient({ url: base, token: 't' }).getLease(lease).catch((e: unknown) => e))).toEqual({ light: true, code: 'invalid_answer', status: 200 });
     }
+  });
+
+  it("waits for a result through what passes (a cut connection, 503 with Retry-After, 429, 502), not through what does not (401), and says unreachable, not wait_timeout, when nothing answered at the end", { timeout: 20_000 }, async () => {
+    const ended = { jobId: 'j', op: 'stop', state: 'completed', result: { ok: true } };
+    const answers: ((res: ServerResponse) => void)[] = [
+      (res) => res.socket?.destroy(),
+      (res) => res.writeHead(503, { 'content-type': 'application/json', 'retry-after': '0' }).end(JSON.stringify({ error: { code: 'client_closed', message: 'closing' } })),
+      (res) => res.writeHead(429, { 'content-type': 'application/json', 'retry-after': '0' }).end(JSON.stringify({ error: { code: 'company_waits_full', message: 'full' } })),
+      (res) => res.writeHead(502).end('<html>bad gateway</html>'),
+      (res) => res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(ended)),
+    ];
+    let asked = 0;
+    handle = (_req, res) => answers[Math.min(asked++, answers.length - 1)]!(res);
+    expect(await new LeaseOpsHttpClient({ url: base, token: 't' }).waitForResult('j', 10_000)).toEqual({ jobId: 'j', state: 'completed', result: { ok: true } });
+    expect(asked).toBe(5);
+
+    asked = 0;
+    handle = (_req, res) => {
+      asked++;
+      res.writeHead(401, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { code: 'unauthorized', message: 'no' } }));
+    };
+    expect(shapeOf(await new LeaseOpsHttpClient({ url: base, token: 't' }).waitForResult('j', 5_000).catch((e: unknown) => e))).toEqual({ light: true, code: 'unauthorized', status: 401 });
+    expect(asked).toBe(1);
+
+    // Nobody home for the whole wait: asked again (backing off) until the time is up, then unreachable.
+    let tries = 0;
+    const refusing: typeof fetch = (input, init) => {
+      tries++;
+      return fetch(input, init);
+    };
+    const t0 = Date.now();
+    const away = await new LeaseOpsHttpClient({ url: 'http://127.0.0.1:9', token: 't', fetch: refusing }).waitForResult('j', 1_500).catch((e: unknown) => e);
+    expect(shapeOf(away)).toEqual({ light: true, code: 'unreachable', status: 0 });
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(1_400);
+    expect(tries).toBeGreaterThan(2);
+    expect(tries).toBeLessThan(20);
   });
 
   it('refuses what it cannot send: a wait that is not a number, a lease id a URL would resolve away', async () => {

@@ -21,7 +21,7 @@ export interface TestApi {
 }
 
 /** The HTTP API for a test bed, on a real listening socket (readiness always true). */
-export async function startTestApi(bed: TestBed, log: Logger = createLogger({ level: 'silent' }), opts: { masterKeys?: MasterKeys | null } = {}): Promise<TestApi> {
+export async function startTestApi(bed: TestBed, log: Logger = createLogger({ level: 'silent' }), opts: { masterKeys?: MasterKeys | null; port?: number } = {}): Promise<TestApi> {
   const client = new LeaseOpsClient(bed.config, { failFast: true, masterKeys: opts.masterKeys ?? null });
   await client.connected();
   const waits = new WaitBudget({ perCompany: bed.config.LEASE_OPS_API_MAX_WAITS_PER_COMPANY, total: bed.config.LEASE_OPS_API_MAX_WAITS });
@@ -41,7 +41,7 @@ export async function startTestApi(bed: TestBed, log: Logger = createLogger({ le
   });
   const server = createServer(app);
   connections.attach(server);
-  server.listen(0, '127.0.0.1');
+  server.listen(opts.port ?? 0, '127.0.0.1');
   await once(server, 'listening');
   return {
     base: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,

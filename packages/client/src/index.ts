@@ -212,6 +212,10 @@ const segment = (part: string) => {
 const leasePath = (l: LeaseIdentity) => `/v1/leases/${[l.provider, l.companyId, l.environmentId, l.leaseId].map(segment).join('/')}`;
 const operationPath = (jobId: string) => `/v1/operations/${encodeURIComponent(jobId)}`;
 
+/** A failure that a moment may see past: no answer, too many requests, the API or its Redis away. */
+const passes = (err: unknown): err is LeaseOpsRequestError =>
+  err instanceof LeaseOpsRequestError && (err.status === 0 ? err.code === 'unreachable' || err.code === 'request_timeout' : [429, 502, 503, 504].includes(err.status));
+
 export class LeaseOpsHttpClient {
   private readonly base: string;
   private readonly fetch: typeof fetch;
@@ -245,13 +249,26 @@ export class LeaseOpsHttpClient {
   /**
    * Waits for an operation to end (long polls of at most 20 s each). Throws `operation_not_found`
    * when there is no such operation, `wait_timeout` when it has not ended in `timeoutMs`.
+   * What passes (the API restarting or briefly without Redis, a full wait budget: no answer, 429,
+   * 502, 503, 504) is asked through again, after its Retry-After or a backoff of up to 2 s,
+   * until `timeoutMs`; if it has not passed by then, that failure is thrown.
    */
   async waitForResult(jobId: string, timeoutMs = 60_000): Promise<OperationResult> {
     if (!Number.isFinite(timeoutMs) || timeoutMs < 0) throw new LeaseOpsRequestError('invalid_request', `timeoutMs must be a number of ms (0 or more), not ${String(timeoutMs)}`, 0);
     const until = Date.now() + timeoutMs;
-    for (;;) {
+    for (let setbacks = 0; ; ) {
       const left = until - Date.now();
-      const view = await this.getOperation(jobId, { waitMs: Math.max(0, left) });
+      let view: OperationView | null;
+      try {
+        view = await this.getOperation(jobId, { waitMs: Math.max(0, left) });
+      } catch (err) {
+        const pause = until - Date.now();
+        if (!passes(err) || pause <= 0) throw err;
+        // Reading an operation changes nothing: asking again is safe.
+        await new Promise((resolve) => setTimeout(resolve, Math.min(pause, err.retryAfterMs ?? Math.min(2_000, 100 * 2 ** setbacks++))));
+        continue;
+      }
+      setbacks = 0;
       if (!view) throw new LeaseOpsRequestError('operation_not_found', `no operation ${jobId}`, 404);
       if (view.state === 'completed') return { jobId, state: 'completed', result: view.result };
       if (view.state === 'failed') return { jobId, state: 'failed', ...(view.error ? { error: view.error } : {}) };
