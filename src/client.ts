@@ -84,6 +84,10 @@ export class LeaseOpsClient {
   }
   /** Set by close(): every call after it, and one its closing cut short, fails with ClientClosedError. */
   private closed = false;
+  /** Whether close() was called: a caller can then tell the client closing from Redis away. */
+  get isClosed(): boolean {
+    return this.closed;
+  }
   private layoutClaimed: Promise<void> | null = null;
   private layoutClaimedAt = 0;
 

@@ -1077,6 +1077,25 @@ describe("noisy neighbours: a company's refusals in the log", () => {
     expect(lines.filter((l) => Number(l.level) >= 50)).toEqual([]);
   });
 
+  it("logs a request its API's closing cut short (503 client_closed, an answer it chose) as a warning, not an error (it was an error line per request)", async () => {
+    const lines: Record<string, unknown>[] = [];
+    const log = createLogger({ level: 'info', destination: { write: (t: string) => void lines.push(JSON.parse(t) as Record<string, unknown>) } });
+    const bed = await TestBed.create({ LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }]) });
+    const api = await startTestApi(bed, log);
+    try {
+      await api.client.close(); // as the API's close does, before its server stops
+      const cut = await fetch(`${api.base}/v1/leases/recording/a/env/l`, { headers: { authorization: `Bearer ${A}` } });
+      expect(cut.status).toBe(503);
+      expect(((await cut.json()) as { error: { code: string } }).error.code).toBe('client_closed');
+      const access = lines.filter((l) => (l.res as { statusCode?: number } | undefined)?.statusCode === 503);
+      expect(access.map((l) => l.level)).toEqual([40]);
+      expect(lines.filter((l) => Number(l.level) >= 50)).toEqual([]);
+    } finally {
+      await api.close();
+      await bed.close();
+    }
+  });
+
   it('tells the count of a company and code at the end of each interval', async () => {
     const lines: Record<string, unknown>[] = [];
     let told: () => void = () => undefined;

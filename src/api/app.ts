@@ -320,6 +320,8 @@ export function createApiApp(deps: ApiDeps): express.Express {
         return companyId === undefined ? {} : { companyId };
       },
       customLogLevel: (_req, res, err) => {
+        // A 5xx the API chose to give (closing, a walk it dropped) was a warning line already.
+        if (!err && res.statusCode >= 500 && (res as unknown as Response).locals?.chosenAnswer === true) return 'warn';
         if (err || res.statusCode >= 500) return 'error';
         if (res.statusCode === 429) {
           // A company past its budget: counted, one line per interval (RefusalLog).
@@ -430,6 +432,8 @@ export function createApiApp(deps: ApiDeps): express.Express {
   // The API listens whether or not Redis answers; while it does not, /v1 says so at once.
   v1.use((_req, res, next) => {
     if (client.redisReady) return next();
+    // Closing, the API's connection is down by its own hand: 503 client_closed, not Redis away.
+    if (client.isClosed) throw new ClientClosedError();
     res.setHeader('Retry-After', '1');
     throw new HttpError(503, 'redis_unavailable', 'Redis cannot be reached; retry later');
   });
@@ -748,6 +752,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
     // same-origin, not no-referrer: with no-referrer a browser's form post says `Origin: null`.
     res.set({ 'content-security-policy': PAGE_CSP, 'x-content-type-options': 'nosniff', 'cache-control': 'no-store', 'referrer-policy': 'same-origin' });
     if (client.redisReady) return next();
+    if (client.isClosed) throw new ClientClosedError();
     res.setHeader('Retry-After', '1');
     throw new HttpError(503, 'redis_unavailable', 'Redis cannot be reached; retry later');
   });
@@ -920,7 +925,10 @@ function errorHandler(log: Logger): ErrorRequestHandler {
     // A deployment fault is one line with what to do, not a stack per request.
     if (err instanceof LayoutError) (req.log ?? log).error({ code: err.code }, err.message);
     // An answer the API chose to give (503 walk_unavailable, say) is a line, not a stack.
-    else if ((err instanceof HttpError || err instanceof ClientClosedError) && status >= 500) (req.log ?? log).warn({ code: err.code }, err.message);
+    else if ((err instanceof HttpError || err instanceof ClientClosedError) && status >= 500) {
+      (req.log ?? log).warn({ code: err.code }, err.message);
+      res.locals.chosenAnswer = true;
+    }
     else if (status >= 500) (req.log ?? log).error({ err }, 'request failed');
     if (res.headersSent) return;
     res.locals.errorCode = body.code;
