@@ -24,6 +24,8 @@ import { RedisMonitor, type MonitoredCommand } from './helpers/monitor.ts';
 
 const A = 'neighbour-a-token-0123456789';
 const B = 'neighbour-b-token-0123456789';
+/** A's token, B's, and a token of B's prod environment. */
+const A_B_AND_B_PROD = JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }, { token: `${B}-prod`, companyId: 'b', environmentIds: ['prod'] }]);
 
 describe('noisy neighbours: waiting requests (issue 27 item 2)', () => {
   let bed: TestBed;
@@ -426,7 +428,7 @@ describe('noisy neighbours: attention (issue 27 item 3)', () => {
     redis = await RedisProcess.start();
     bed = await TestBed.create({
       REDIS_URL: redis.url,
-      LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }, { token: `${B}-prod`, companyId: 'b', environmentIds: ['prod'] }]),
+      LEASE_OPS_API_TOKENS: A_B_AND_B_PROD,
       LEASE_OPS_KEEP_FAILED_S: '600',
     });
     worker = await bed.startWorker(failing());
@@ -566,6 +568,36 @@ describe('noisy neighbours: attention (issue 27 item 3)', () => {
   });
 });
 
+/**
+ * What `read` sent to Redis from the API's own connections (its client names them
+ * lease-ops-client and lease-ops-client-walks), as MONITOR saw it; a script's own calls name
+ * no connection. Counting all commands would take in the worker's lock renewals, stall checks
+ * and sweep, which read every company's jobs on their own timers (a CI run). Open the walks'
+ * connection first (a read before).
+ */
+async function apiCommandsDuring<T>(bed: TestBed, redisUrl: string, read: () => Promise<T>): Promise<{ result: T; seen: MonitoredCommand[] }> {
+  const url = new URL(redisUrl);
+  const clients = ((await bed.redis.client('LIST')) as string).split('\n');
+  const api = new Set(clients.filter((c) => /\bname=lease-ops-client(-walks)?\b/.test(c)).map((c) => /\baddr=(\S+)/.exec(c)![1]!));
+  expect(api.size).toBeGreaterThanOrEqual(2);
+  const seen: MonitoredCommand[] = [];
+  const end = `end-of-read-${Math.random()}`;
+  let ended!: () => void;
+  const sawEnd = new Promise<void>((resolve) => (ended = resolve));
+  const monitor = await RedisMonitor.start(url.hostname, Number(url.port), (command) => {
+    if (command.args[1] === end) ended();
+    else if (api.has(command.source)) seen.push(command);
+  });
+  try {
+    const result = await read();
+    await bed.redis.echo(end);
+    await sawEnd;
+    return { result, seen };
+  } finally {
+    monitor.close();
+  }
+}
+
 describe("noisy neighbours: operations running past their deadline (issue 27 item 3)", () => {
   let bed: TestBed;
   let api: TestApi;
@@ -576,7 +608,7 @@ describe("noisy neighbours: operations running past their deadline (issue 27 ite
     redis = await RedisProcess.start();
     bed = await TestBed.create({
       REDIS_URL: redis.url,
-      LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }, { token: `${B}-prod`, companyId: 'b', environmentIds: ['prod'] }]),
+      LEASE_OPS_API_TOKENS: A_B_AND_B_PROD,
       LEASE_OPS_CONCURRENCY: '300',
       // 252 held attempts keep their locks on a loaded machine: a renewal of the tests' 2 s
       // lock that came late would stall one out of BullMQ's active list.
@@ -610,33 +642,8 @@ describe("noisy neighbours: operations running past their deadline (issue 27 ite
     await new Promise((r) => setTimeout(r, Math.max(...deadlines) - Date.now() + 20));
 
     const list = async (token: string) => ((await (await fetch(`${api.base}/v1/attention`, { headers: { authorization: `Bearer ${token}` } })).json()) as { items: { lease: { leaseId: string }; reasons: string[]; detail: string }[] }).items;
-    // What B's list sent to Redis from the API's connections, as MONITOR saw it (a script's own
-    // calls name no connection). A count of all commands took in the worker's lock renewals,
-    // stall checks and sweep, which read A's jobs on their own timers (a CI run).
-    const url = new URL(redis.url);
-    const seen: MonitoredCommand[] = [];
-    const watched = async <T>(read: () => Promise<T>): Promise<T> => {
-      await list(B); // the walks' connection open
-      const clients = ((await bed.redis.client('LIST')) as string).split('\n');
-      const api = new Set(clients.filter((c) => /\bname=lease-ops-client(-walks)?\b/.test(c)).map((c) => /\baddr=(\S+)/.exec(c)![1]!));
-      expect(api.size).toBeGreaterThanOrEqual(2);
-      const end = `end-of-read-${Math.random()}`;
-      let ended!: () => void;
-      const sawEnd = new Promise<void>((resolve) => (ended = resolve));
-      const monitor = await RedisMonitor.start(url.hostname, Number(url.port), (command) => {
-        if (command.args[1] === end) ended();
-        else if (api.has(command.source)) seen.push(command);
-      });
-      try {
-        const result = await read();
-        await bed.redis.echo(end);
-        await sawEnd;
-        return result;
-      } finally {
-        monitor.close();
-      }
-    };
-    const bItems = await watched(() => list(B));
+    await list(B); // the walks' connection open
+    const { result: bItems, seen } = await apiCommandsDuring(bed, redis.url, () => list(B));
     expect(bItems.map((i) => `${i.lease.leaseId} ${i.reasons.join(',')}`).sort()).toEqual(['held-b1 blocked', 'held-b2 blocked']);
     expect(bItems.find((i) => i.lease.leaseId === 'held-b1')!.detail).toBe(`stop ${bJobs[0]} is still running past its deadline`);
     // B's walk read B's jobs and none of A's 250 (before, it read each job, and the running list).
@@ -677,6 +684,56 @@ describe("noisy neighbours: operations running past their deadline (issue 27 ite
     expect(await bed.redis.zcard(bed.ops.lanes.deadlinesKey('a'))).toBe(0);
     expect(await bed.redis.zcard(key)).toBe(0);
     expect(await list(B)).toEqual([]);
+  });
+});
+
+describe('noisy neighbours: lanes blocked now, waiting for a worker (issue 27 item 3)', () => {
+  let bed: TestBed;
+  let api: TestApi;
+  let redis: RedisProcess;
+
+  beforeAll(async () => {
+    redis = await RedisProcess.start();
+    // No worker: every head waits for one, and its lane goes quiet after 2 x (100 + 100) ms.
+    bed = await TestBed.create({
+      REDIS_URL: redis.url,
+      LEASE_OPS_API_TOKENS: A_B_AND_B_PROD,
+      LEASE_OPS_SWEEP_STALE_MS: '100',
+      LEASE_OPS_SWEEP_INTERVAL_MS: '100',
+    });
+    api = await startTestApi(bed);
+  });
+
+  afterAll(async () => {
+    await api?.close();
+    await bed?.close();
+    await redis?.stop();
+  });
+
+  it("reads a company's own quiet lanes for its list, not every company's: A's 300 lanes waiting for a worker cost B's list no read of them", async () => {
+    const leaseOf = (company: string, environmentId: string, leaseId: string) => ({ provider: 'recording', companyId: company, environmentId, leaseId });
+    const stop = (company: string, environmentId: string, leaseId: string) =>
+      bed.ops.enqueue({ op: 'stop', lease: leaseOf(company, environmentId, leaseId), params: { providerLeaseId: leaseId } }).then((r) => r.jobId);
+    const aJobs = await Promise.all(Array.from({ length: 300 }, (_, i) => stop('a', 'env', `quiet-${i}`)));
+    const bJobs = [await stop('b', 'prod', 'quiet-b1'), await stop('b', 'dev', 'quiet-b2')];
+    const list = async (token: string) => ((await (await fetch(`${api.base}/v1/attention?limit=500`, { headers: { authorization: `Bearer ${token}` } })).json()) as { items: { lease: { leaseId: string }; reasons: string[]; detail: string }[] }).items;
+    await readUntil(async () => (await list(B)).length === 2, 10_000, "B's lanes quiet");
+
+    const { result: bItems, seen } = await apiCommandsDuring(bed, redis.url, () => list(B));
+    expect(bItems.map((i) => `${i.lease.leaseId} ${i.reasons.join(',')}`).sort()).toEqual(['quiet-b1 blocked', 'quiet-b2 blocked']);
+    expect(bItems.find((i) => i.lease.leaseId === 'quiet-b1')!.detail).toBe(`stop ${bJobs[0]} is ready but no worker has picked it up`);
+    // None of A's lanes or jobs read (before: each lane's list and holder, and its head job).
+    const aLanes = await Promise.all(Array.from({ length: 300 }, (_, i) => bed.ops.laneOf(leaseOf('a', 'env', `quiet-${i}`))));
+    const aKeys = new Set([...aJobs.map((id) => bed.ops.queue.toKey(id)), ...aLanes.flatMap((laneId) => [bed.ops.lanes.listKey(laneId), bed.ops.lanes.execKey(laneId)])]);
+    expect(seen.filter((c) => c.args.slice(1).some((arg) => aKeys.has(arg))).map((c) => c.args.slice(0, 2).join(' '))).toEqual([]);
+    expect(seen.length).toBeLessThan(60);
+
+    // An environment's token sees its own; A and the admin see theirs, as before.
+    expect((await list(`${B}-prod`)).map((i) => i.lease.leaseId)).toEqual(['quiet-b1']);
+    const aItems = await list(A);
+    expect(aItems).toHaveLength(300);
+    expect(aItems.every((i) => i.reasons.join() === 'blocked' && i.lease.leaseId.startsWith('quiet-'))).toBe(true);
+    expect((await api.client.leasesNeedingAttention(500)).filter((i) => i.reasons.includes('blocked'))).toHaveLength(302);
   });
 });
 

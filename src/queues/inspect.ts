@@ -88,6 +88,9 @@ export interface AttentionScope {
   environmentIds?: readonly string[] | undefined;
 }
 
+const inScope = (owner: { companyId: string; environmentId: string }, scope: AttentionScope) =>
+  owner.companyId === scope.companyId && (!scope.environmentIds || scope.environmentIds.includes(owner.environmentId));
+
 /**
  * One item per lease, with every reason it has, in the order the reasons came (each kind
  * was read `limit` deep, so the leases read are at least `limit`, or all there are).
@@ -350,7 +353,7 @@ export class Inspector {
 
   /**
    * Lanes blocked now (their heads should have moved), `limit` visible ones of each source at
-   * most. Quiet lanes are few, so read for everyone. The sweep marks a lane whose head runs as
+   * most. Quiet lanes are read page by page, a scoped list's heads its own only. The sweep marks a lane whose head runs as
    * seen, so a head running past its deadline is found among the running jobs (as many as the
    * workers' concurrency; running: holding its BullMQ lock), not among the quiet lanes: every
    * one for an unscoped walk, the company's own past their deadline (from its index) for a
@@ -362,7 +365,11 @@ export class Inspector {
     const [quiet, running] = await Promise.all([
       this.pagedVisible(page, limit, visible, async (offset) => {
         const laneIds = await this.ops.lanes.quietLanes(now - this.limits.blockedAfterMs, page, offset);
-        return { read: laneIds.length, items: await Promise.all(laneIds.map((laneId) => this.blockedHead(laneId, now))) };
+        // A scoped list reads the heads of its own lanes only: another company's quiet lanes
+        // cost it a field of their count record each (one read for the page), not their heads.
+        const owners = scope ? await this.ops.lanes.scopesOf(laneIds) : [];
+        const others = (i: number) => scope !== undefined && owners[i] != null && !inScope(owners[i], scope);
+        return { read: laneIds.length, items: await Promise.all(laneIds.map((laneId, i) => (others(i) ? null : this.blockedHead(laneId, now)))) };
       }),
       scope ? this.overdueOfCompany(scope.companyId, page, limit, visible, now) : this.pagedVisible(page, limit, visible, async (offset) => {
         const jobs = await this.ops.queue.getActive(offset, offset + page - 1);

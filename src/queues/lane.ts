@@ -368,6 +368,19 @@ export class Lanes {
   }
 
   /**
+   * Whose each lane is, as its count record says (see recount in lua/includes/lane.lua): null
+   * for a lane with none (empty, or not yet counted). One read for all of them.
+   */
+  async scopesOf(laneIds: readonly string[]): Promise<({ companyId: string; environmentId: string } | null)[]> {
+    if (!laneIds.length) return [];
+    const records = await this.client.hmget(this.countedKey, ...laneIds);
+    return records.map((record) => {
+      const [, companyId, environmentId] = record?.split('\n') ?? [];
+      return companyId !== undefined && environmentId !== undefined ? { companyId, environmentId } : null;
+    });
+  }
+
+  /**
    * The company's jobs in their lanes whose deadline is at `now` or before, oldest deadline
    * first: all their ids in one read, so that entries another walk or a release takes out
    * meanwhile shift no page of this one (helper-33: paged by offset, a walk skipped a live one).
