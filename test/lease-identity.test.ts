@@ -3,7 +3,7 @@ import { LeaseOpsClient } from '../src/client.ts';
 import { laneIdOf, laneIdOfJobId, type LeaseIdentity } from '../src/lease.ts';
 import type { LeaseProvider, OperationContext } from '../src/providers/types.ts';
 import { Inspector } from '../src/queues/inspect.ts';
-import { LeaseRecords } from '../src/queues/lease-records.ts';
+import { LeaseRecords, RECORD_TTL_S } from '../src/queues/lease-records.ts';
 import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
 import { LeaseHasSandboxError } from '../src/errors.ts';
 import { PermanentError } from '../src/providers/errors.ts';
@@ -398,6 +398,10 @@ describe('one lease identity, attacked (helper-2)', () => {
     expect([ended.get(first.jobId), ended.get(second.jobId)]).toEqual(['completed', 'failed']);
     expect((await bed.ops.queue.getJob(second.jobId))!.failedReason).toMatch(/^lease_has_sandbox: /);
     expect(made).toEqual([first.jobId]);
+    // Noted in the release, the record kept as long as every record (RECORD_TTL_S).
+    const recordKey = new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX).recordKey(await bed.ops.laneOf(own('same')));
+    expect(await bed.redis.hget(recordKey, 'acquiredSandbox')).toBe('same');
+    expect(await bed.redis.ttl(recordKey)).toBeGreaterThan(RECORD_TTL_S - 60);
     await expect(bed.ops.enqueue({ op: 'acquire', lease: own('same'), params: { runId: 'c' } })).rejects.toThrow(LeaseHasSandboxError);
     // The refused one made nothing: no clean-up, and the first one's sandbox lives.
     const jobs = await bed.ops.queue.getJobs(['waiting', 'active', 'delayed', 'completed', 'failed']);

@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { companyBytesKeys, ENDED_ALLOWANCE_BYTES } from './company-bytes.ts';
 import { layoutKey } from './layout.ts';
 import { historyKey, type HistoryNote } from './lease-history.ts';
-import { leaseRecordKey } from './lease-records.ts';
+import { leaseRecordKey, RECORD_TTL_S } from './lease-records.ts';
 import { luaCommand, luaCommandName, type LuaCommand } from './lua-scripts.ts';
 import type { RedisClient } from './redis.ts';
 import type { QueueLimit } from '../errors.ts';
@@ -516,6 +516,7 @@ export class Lanes {
       companyId,
       ENDED_ALLOWANCE_BYTES,
       ownIdSandbox,
+      RECORD_TTL_S,
     )) as string[];
     if (r[0] === 'stale') return { kind: 'stale' };
     if (r[0] === 'cancelled') return { kind: 'cancelled' };

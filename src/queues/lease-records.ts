@@ -43,7 +43,7 @@ export interface LaneHold {
 }
 
 /** A week without news and the record goes: it is a cache of observations, not a source of truth. */
-const RECORD_TTL_S = 7 * 24 * 3_600;
+export const RECORD_TTL_S = 7 * 24 * 3_600;
 
 /** A lease's record: what lease-ops last saw of its sandbox (one hash per lane). */
 export function leaseRecordKey(prefix: string, laneId: string): string {

@@ -34,7 +34,8 @@
   (see handOff)
   ARGV[14] for an acquire that completed with a sandbox whose id is the lease's own (nothing
   to name: the attempt noted no sandbox itself), that id: noted here, in the step that ends
-  the acquire, as the lease's acquired sandbox (one lease, one sandbox: lease-records.ts)
+  the acquire, as the lease's acquired sandbox (one lease, one sandbox: lease-records.ts),
+  the record then kept ARGV[15] s (RECORD_TTL_S there)
   KEYS[26] the company's operations in their lanes, by deadline (lane-push.lua): the job leaves it
 
   An acquire that completed, but was cancelled (job-cancel.lua marked its job) while it ran,
@@ -65,7 +66,7 @@ end
 -- acquire, handOff), and one that backs off stops being the holder (lane-yield).
 if ARGV[10] == '1' and ARGV[14] ~= '' then
   rcall('HSET', KEYS[25], 'acquiredSandbox', ARGV[14], 'acquiredBy', jobId)
-  rcall('EXPIRE', KEYS[25], 604800)
+  rcall('EXPIRE', KEYS[25], ARGV[15])
 end
 rcall('LPOP', k.list)
 rcall('DEL', k.holder)
