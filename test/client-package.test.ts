@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type * as Light from '../packages/client/src/index.ts';
 import { LeaseOpsHttpClient, LeaseOpsRequestError } from '../packages/client/src/index.ts';
 import type * as Full from '../src/index.ts';
+import { freePort } from '../src/redis-server.ts';
 import { gate, lease, readUntil, TestBed } from './helpers/env.ts';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
@@ -230,11 +231,57 @@ describe('the light client against a server that misbehaves', () => {
       return fetch(input, init);
     };
     const t0 = Date.now();
-    const away = await new LeaseOpsHttpClient({ url: 'http://127.0.0.1:9', token: 't', fetch: refusing }).waitForResult('j', 1_500).catch((e: unknown) => e);
+    const away = await new LeaseOpsHttpClient({ url: `http://127.0.0.1:${await freePort()}`, token: 't', fetch: refusing }).waitForResult('j', 1_500).catch((e: unknown) => e);
     expect(shapeOf(away)).toEqual({ light: true, code: 'unreachable', status: 0 });
+    expect((away as LeaseOpsRequestError).details).toEqual({ cause: 'ECONNREFUSED' });
     expect(Date.now() - t0).toBeGreaterThanOrEqual(1_400);
     expect(tries).toBeGreaterThan(2);
     expect(tries).toBeLessThan(20);
+  });
+
+  it("paces a wait that the server answers at once, whatever its Retry-After says (0, below 0, empty), ends within a second of its time against a server that never answers, and stops at once for a redirect, a 503 that does not pass, or its caller's signal (helper-37)", { timeout: 20_000 }, async () => {
+    let asked = 0;
+    const count = (answer: (res: ServerResponse) => void) => {
+      asked = 0;
+      handle = (_req, res) => {
+        asked++;
+        answer(res);
+      };
+    };
+    const client = new LeaseOpsHttpClient({ url: base, token: 't' });
+    // 1,092 requests in 2 s with Retry-After: 0 before; backing off from 100 ms, about 5 in 1.5 s.
+    for (const retryAfter of ['0', '-5', '']) {
+      count((res) => res.writeHead(503, { 'content-type': 'application/json', 'retry-after': retryAfter }).end(JSON.stringify({ error: { code: 'client_closed', message: 'closing' } })));
+      expect(shapeOf(await client.waitForResult('j', 1_500).catch((e: unknown) => e))).toEqual({ light: true, code: 'client_closed', status: 503 });
+      expect({ retryAfter, asked: asked < 12 }).toEqual({ retryAfter, asked: true });
+    }
+    // A server whose waits are capped at 0 (LEASE_OPS_API_MAX_WAIT_MS=0): 8,264 polls in 2 s before.
+    count((res) => res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jobId: 'j', op: 'stop', state: 'running' })));
+    expect(shapeOf(await client.waitForResult('j', 1_500).catch((e: unknown) => e))).toEqual({ light: true, code: 'wait_timeout', status: 0 });
+    expect(asked).toBeLessThan(12);
+    // Never an answer: request_timeout within a second of the wait's time (11 s for a 1 s wait before).
+    count(() => undefined);
+    const t0 = Date.now();
+    expect(shapeOf(await client.waitForResult('j', 1_000).catch((e: unknown) => e))).toEqual({ light: true, code: 'request_timeout', status: 0 });
+    expect(Date.now() - t0).toBeLessThan(2_500);
+    // What does not pass: thrown after one request.
+    count((res) => res.writeHead(302, { location: 'http://127.0.0.1:9/' }).end());
+    expect(shapeOf(await client.waitForResult('j', 5_000).catch((e: unknown) => e))).toEqual({ light: true, code: 'unreachable', status: 0 });
+    expect(asked).toBe(1);
+    count((res) => res.writeHead(503, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { code: 'secrets_key_mismatch', message: 'the workers cannot open it' } })));
+    expect(shapeOf(await client.waitForResult('j', 5_000).catch((e: unknown) => e))).toEqual({ light: true, code: 'secrets_key_mismatch', status: 503 });
+    expect(asked).toBe(1);
+    // The caller gives up, during a poll or a pause.
+    for (const answer of [() => undefined, (res: ServerResponse) => res.writeHead(503, { 'retry-after': '30' }).end()]) {
+      count(answer);
+      const controller = new AbortController();
+      const waiting = client.waitForResult('j', 10_000, { signal: controller.signal }).catch((e: unknown) => e);
+      await readUntil(async () => asked >= 1, 5_000, 'the first poll');
+      const aborted = Date.now();
+      controller.abort();
+      expect(shapeOf(await waiting)).toEqual({ light: true, code: 'aborted', status: 0 });
+      expect(Date.now() - aborted).toBeLessThan(500);
+    }
   });
 
   it('refuses what it cannot send: a wait that is not a number, a lease id a URL would resolve away', async () => {

@@ -212,9 +212,18 @@ const segment = (part: string) => {
 const leasePath = (l: LeaseIdentity) => `/v1/leases/${[l.provider, l.companyId, l.environmentId, l.leaseId].map(segment).join('/')}`;
 const operationPath = (jobId: string) => `/v1/operations/${encodeURIComponent(jobId)}`;
 
+/** Why a connection failed that a moment may see past (a restart, a container coming back); a redirect or TLS failure is not one. */
+const PASSING_CAUSES = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'EAI_AGAIN', 'ENOTFOUND', 'UND_ERR_SOCKET', 'UND_ERR_CLOSED', 'UND_ERR_CONNECT_TIMEOUT']);
+/** The API's 503s that pass: closing, Redis away, a walk thread gone (not a deployment fault such as secrets_key_mismatch). */
+const PASSING_503 = new Set(['client_closed', 'redis_unavailable', 'walk_unavailable', 'http_503']);
 /** A failure that a moment may see past: no answer, too many requests, the API or its Redis away. */
-const passes = (err: unknown): err is LeaseOpsRequestError =>
-  err instanceof LeaseOpsRequestError && (err.status === 0 ? err.code === 'unreachable' || err.code === 'request_timeout' : [429, 502, 503, 504].includes(err.status));
+const passes = (err: unknown): err is LeaseOpsRequestError => {
+  if (!(err instanceof LeaseOpsRequestError)) return false;
+  if (err.status === 0) return err.code === 'request_timeout' || (err.code === 'unreachable' && PASSING_CAUSES.has(String(err.details.cause)));
+  return err.status === 503 ? PASSING_503.has(err.code) : [429, 502, 504].includes(err.status);
+};
+/** The longest pause between two polls of a wait, whatever Retry-After says (timers overflow past 2^31 ms). */
+const MAX_PAUSE_MS = 60_000;
 
 export class LeaseOpsHttpClient {
   private readonly base: string;
@@ -234,12 +243,15 @@ export class LeaseOpsHttpClient {
   }
 
   /** An operation now, or after waiting up to `waitMs` for it to end; null when there is no such operation. */
-  async getOperation(jobId: string, opts: { waitMs?: number } = {}): Promise<OperationView | null> {
+  async getOperation(jobId: string, opts: { waitMs?: number; signal?: AbortSignal } = {}): Promise<OperationView | null> {
     const asked = opts.waitMs ?? 0;
     if (!Number.isFinite(asked)) throw new LeaseOpsRequestError('invalid_request', `waitMs must be a number of ms, not ${String(asked)}`, 0);
-    const wait = Math.floor(Math.max(0, Math.min(asked, ONE_WAIT_MS)));
+    return this.readOperation(jobId, Math.floor(Math.max(0, Math.min(asked, ONE_WAIT_MS))), opts.signal);
+  }
+
+  private async readOperation(jobId: string, wait: number, signal?: AbortSignal, timeoutMs?: number): Promise<OperationView | null> {
     try {
-      return await this.request<OperationView>('GET', `${operationPath(jobId)}${wait ? `?waitMs=${wait}` : ''}`, { waitMs: wait });
+      return await this.request<OperationView>('GET', `${operationPath(jobId)}${wait ? `?waitMs=${wait}` : ''}`, { waitMs: wait, ...(signal ? { signal } : {}), ...(timeoutMs === undefined ? {} : { timeoutMs }) });
     } catch (err) {
       if (err instanceof LeaseOpsRequestError && err.code === 'operation_not_found') return null;
       throw err;
@@ -248,31 +260,52 @@ export class LeaseOpsHttpClient {
 
   /**
    * Waits for an operation to end (long polls of at most 20 s each). Throws `operation_not_found`
-   * when there is no such operation, `wait_timeout` when it has not ended in `timeoutMs`.
-   * What passes (the API restarting or briefly without Redis, a full wait budget: no answer, 429,
-   * 502, 503, 504) is asked through again, after its Retry-After or a backoff of up to 2 s,
-   * until `timeoutMs`; if it has not passed by then, that failure is thrown.
+   * when there is no such operation, `wait_timeout` when it has not ended in `timeoutMs`, and
+   * `aborted` when `signal` aborts. What passes (the API restarting or briefly without Redis, a
+   * full wait budget: a refused or cut connection, 429, 502, 503 `client_closed`,
+   * `redis_unavailable` or `walk_unavailable`, 504) is asked through again, after its
+   * Retry-After or a backoff from 100 ms to 2 s, whichever is longer, until `timeoutMs`; if it
+   * has not passed by then, that failure is thrown. A poll answered at once (a server whose
+   * waits are capped at 0) backs off as well. No request runs more than a second past `timeoutMs`.
    */
-  async waitForResult(jobId: string, timeoutMs = 60_000): Promise<OperationResult> {
+  async waitForResult(jobId: string, timeoutMs = 60_000, opts: { signal?: AbortSignal } = {}): Promise<OperationResult> {
     if (!Number.isFinite(timeoutMs) || timeoutMs < 0) throw new LeaseOpsRequestError('invalid_request', `timeoutMs must be a number of ms (0 or more), not ${String(timeoutMs)}`, 0);
     const until = Date.now() + timeoutMs;
-    for (let setbacks = 0; ; ) {
+    const { signal } = opts;
+    let setbacks = 0;
+    const pause = async (atLeastMs: number) => {
+      const ms = Math.min(until - Date.now(), MAX_PAUSE_MS, Math.max(atLeastMs, 100 * 2 ** Math.min(setbacks++, 5)));
+      await new Promise<void>((resolve) => {
+        const done = () => {
+          clearTimeout(timer);
+          signal?.removeEventListener('abort', done);
+          resolve();
+        };
+        const timer = setTimeout(done, Math.max(0, ms));
+        signal?.addEventListener('abort', done, { once: true });
+      });
+      if (signal?.aborted) throw new LeaseOpsRequestError('aborted', `the wait for operation ${jobId} was given up by its caller`, 0);
+    };
+    for (;;) {
       const left = until - Date.now();
+      const wait = Math.floor(Math.max(0, Math.min(left, ONE_WAIT_MS)));
+      const askedAt = Date.now();
       let view: OperationView | null;
       try {
-        view = await this.getOperation(jobId, { waitMs: Math.max(0, left) });
+        // The request's own time: its wait and a second, never far past the caller's.
+        view = await this.readOperation(jobId, wait, signal, Math.min(this.timeoutMs, Math.max(0, left - wait) + 1_000));
       } catch (err) {
-        const pause = until - Date.now();
-        if (!passes(err) || pause <= 0) throw err;
+        if (!passes(err) || until - Date.now() <= 0) throw err;
         // Reading an operation changes nothing: asking again is safe.
-        await new Promise((resolve) => setTimeout(resolve, Math.min(pause, err.retryAfterMs ?? Math.min(2_000, 100 * 2 ** setbacks++))));
+        await pause(err.retryAfterMs ?? 0);
         continue;
       }
-      setbacks = 0;
       if (!view) throw new LeaseOpsRequestError('operation_not_found', `no operation ${jobId}`, 404);
       if (view.state === 'completed') return { jobId, state: 'completed', result: view.result };
       if (view.state === 'failed') return { jobId, state: 'failed', ...(view.error ? { error: view.error } : {}) };
       if (until - Date.now() <= 0) throw new LeaseOpsRequestError('wait_timeout', `operation ${jobId} still ${view.state} after ${timeoutMs} ms`, 0);
+      if (Date.now() - askedAt < Math.min(wait, 100)) await pause(0);
+      else setbacks = 0;
     }
   }
 
@@ -333,15 +366,16 @@ export class LeaseOpsHttpClient {
     await this.request('DELETE', `/v1/activities/${encodeURIComponent(token)}`, { noContent: true });
   }
 
-  private async request<T>(method: string, path: string, opts: { body?: unknown; waitMs?: number; signal?: AbortSignal; noContent?: boolean } = {}): Promise<T> {
-    const timeout = AbortSignal.timeout(this.timeoutMs + (opts.waitMs ?? 0));
+  private async request<T>(method: string, path: string, opts: { body?: unknown; waitMs?: number; signal?: AbortSignal; noContent?: boolean; timeoutMs?: number } = {}): Promise<T> {
+    const timeout = AbortSignal.timeout((opts.timeoutMs ?? this.timeoutMs) + (opts.waitMs ?? 0));
     const signal = opts.signal ? AbortSignal.any([timeout, opts.signal]) : timeout;
     // Whatever goes wrong on the way (no answer, a cut connection, a body that stalls): one error shape.
     const failed = (err: unknown): LeaseOpsRequestError => {
       if (opts.signal?.aborted) return new LeaseOpsRequestError('aborted', `${method} ${path} was given up by its caller`, 0);
       if (timeout.aborted) return new LeaseOpsRequestError('request_timeout', `lease-ops did not answer ${method} ${path} in time`, 0);
-      const reason = (err as { cause?: { code?: string } }).cause?.code ?? (err as Error).message ?? (err as Error).name;
-      return new LeaseOpsRequestError('unreachable', `lease-ops could not be reached at ${this.base}, or the connection broke (${reason})`, 0);
+      const cause = (err as { cause?: { code?: string } }).cause?.code;
+      const reason = cause ?? (err as Error).message ?? (err as Error).name;
+      return new LeaseOpsRequestError('unreachable', `lease-ops could not be reached at ${this.base}, or the connection broke (${reason})`, 0, null, cause ? { cause } : {});
     };
     let res: Response;
     let text: string;
@@ -378,7 +412,8 @@ export class LeaseOpsHttpClient {
       typeof code === 'string' ? code : `http_${res.status}`,
       typeof message === 'string' ? message : `lease-ops answered ${method} ${path} with HTTP ${res.status}`,
       res.status,
-      Number.isFinite(retryAfter) && res.headers.has('retry-after') ? retryAfter * 1000 : null,
+      // Seconds (an HTTP date, or a value below 0, says nothing here).
+      Number.isFinite(retryAfter) && retryAfter >= 0 && res.headers.get('retry-after')?.trim() ? retryAfter * 1000 : null,
       details,
     );
   }
