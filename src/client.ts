@@ -614,6 +614,19 @@ export class LeaseOpsClient {
   }
 
   /** Closes the connections; with Redis gone, gives BullMQ LEASE_OPS_REDIS_TIMEOUT_MS to close, then cuts them. */
+  /**
+   * close() without waiting for what is in flight: its connections go at once, so calls still
+   * running end with ClientClosedError now (the API's close, at its cut).
+   */
+  async closeNow(): Promise<void> {
+    this.closed = true;
+    this.endWaits();
+    for (const p of this.partitions) p.disconnect();
+    this.connection.disconnect();
+    this.walkConnection?.disconnect();
+    await this.close();
+  }
+
   async close(): Promise<void> {
     this.closed = true;
     this.endWaits();

@@ -31,7 +31,7 @@ export function loggerFor(config: Config, name = 'lease-ops'): Logger {
  */
 export async function startWorker(config: Config, log: Logger): Promise<LeaseWorkers> {
   reportRedisTrouble(config, log);
-  const pacing = createRedis(config.REDIS_URL);
+  const pacing = createRedis(config.REDIS_URL, { connectionName: 'lease-ops-worker-pacing' });
   const services = { rateLimiters: redisRateLimiters(pacing, config.LEASE_OPS_PREFIX) };
   // What the configuration says is checked first (no Redis needed to tell a bad one), then
   // the registry's master key, before anything starts: a wrong one exits 2.

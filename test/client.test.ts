@@ -5,6 +5,8 @@ import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ClientClosedError, InvalidRequestError, LeaseHasSandboxError, LeaseOpsClient, LeaseOpsError, OperationNotFoundError, WaitTimeoutError, RedisUnavailableError } from '../src/index.ts';
 import { createLogger } from '../src/logger.ts';
+import { loadConfig } from '../src/config.ts';
+import { startWorker } from '../src/runtime.ts';
 import { loadProviders } from '../src/providers/registry.ts';
 import { LeaseWorker } from '../src/queues/worker.ts';
 import { gate, lease, readUntil, rejectionOf, TestBed } from './helpers/env.ts';
@@ -127,6 +129,29 @@ describe("the client's connections", () => {
       for (const name of ['lease-ops-client', 'lease-ops-client-walks', 'lease-ops-client-events']) expect(docs).toContain(`\`${name}\``);
     } finally {
       await named.close();
+      await bed.close();
+      await redis.stop();
+    }
+  });
+});
+
+describe("a worker's connections", () => {
+  it('all carry names in CLIENT LIST, each one docs/operating.md gives (helper-37: two had none)', { timeout: 30_000 }, async () => {
+    const redis = await RedisProcess.start();
+    const bed = await TestBed.create({ REDIS_URL: redis.url });
+    const ids = async () => ((await bed.redis.client('LIST')) as string).split('\n').filter((line) => line.includes('addr='));
+    const before = new Set((await ids()).map((line) => /^id=(\d+)/.exec(line)![1]));
+    const workers = await startWorker(loadConfig({ REDIS_URL: redis.url, LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX, LEASE_OPS_PROVIDERS: 'simulated' }), createLogger({ level: 'silent' }));
+    try {
+      // The worker's connections: those it opened (BullMQ names its blocking copies after their queue).
+      const names = (await ids()).filter((line) => !before.has(/^id=(\d+)/.exec(line)![1]!)).map((line) => /\bname=(\S*)/.exec(line)?.[1] ?? '');
+      expect(names.filter((name) => name === '')).toEqual([]);
+      const ours = [...new Set(names.filter((name) => name.startsWith('lease-ops-')))].sort();
+      expect(ours).toEqual(['lease-ops-worker', 'lease-ops-worker-exec', 'lease-ops-worker-jobs', 'lease-ops-worker-maintenance', 'lease-ops-worker-pacing', 'lease-ops-worker-partitions']);
+      const docs = await readFile(new URL('../docs/operating.md', import.meta.url), 'utf8');
+      for (const name of ours) expect(docs).toContain(`\`${name}\``);
+    } finally {
+      await workers.close();
       await bed.close();
       await redis.stop();
     }

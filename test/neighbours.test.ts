@@ -1101,6 +1101,38 @@ describe("noisy neighbours: a company's refusals in the log", () => {
     expect(lines.filter((l) => l.code === 'company_rate_limited').map((l) => l.refused)).toEqual([undefined, 4]);
   });
 
+  it("answers a request still in progress at the close's 2 s cut 503 client_closed, with Retry-After and Connection: close, logged as one warning, where its socket was cut unanswered (helper-37)", { timeout: 20_000 }, async () => {
+    const lines: Record<string, unknown>[] = [];
+    const log = createLogger({ level: 'info', destination: { write: (t: string) => void lines.push(JSON.parse(t) as Record<string, unknown>) } });
+    const redis = await RedisProcess.start();
+    const config = loadConfig({ REDIS_URL: redis.url, LEASE_OPS_API_PORT: '0', LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }]), LEASE_OPS_REDIS_TIMEOUT_MS: '10000' });
+    const server = await startApiServer(config, log);
+    const pauser = new Redis(redis.url);
+    try {
+      const read = () => fetch(`${server.url}/v1/leases/recording/a/env/held-up`, { headers: { authorization: `Bearer ${A}` } });
+      expect((await read()).status).toBe(200);
+      // Redis holds every command for 8 s: the next read is in progress when the API closes.
+      await pauser.client('PAUSE', 8_000, 'ALL');
+      const inProgress = read();
+      // The API has taken it once it answered a request sent after it (its health, no Redis).
+      expect((await fetch(`${server.url}/healthz`)).status).toBe(200);
+      const t0 = Date.now();
+      const closing = server.close();
+      const res = await inProgress;
+      expect(Date.now() - t0).toBeLessThan(4_000);
+      expect(res.status).toBe(503);
+      expect(res.headers.get('retry-after')).toBe('1');
+      expect(res.headers.get('connection')).toBe('close');
+      expect(((await res.json()) as { error: { code: string } }).error.code).toBe('client_closed');
+      await closing;
+      const told = lines.filter((l) => l.code === 'client_closed' || (l.res as { statusCode?: number } | undefined)?.statusCode === 503);
+      expect(told.map((l) => ({ level: l.level, code: l.code, companyId: l.companyId, stack: JSON.stringify(l).includes('stack') }))).toEqual([{ level: 40, code: 'client_closed', companyId: 'a', stack: false }]);
+    } finally {
+      pauser.disconnect();
+      await redis.stop();
+    }
+  });
+
   it("answers the waits pending when the API closes at once, as waits whose time ran out: a long poll with the operation, Prefer: wait with its 202 receipt (helper-34: cut after 2 s, unanswered)", async () => {
     const lines: Record<string, unknown>[] = [];
     const log = createLogger({ level: 'warn', destination: { write: (t: string) => void lines.push(JSON.parse(t) as Record<string, unknown>) } });

@@ -320,7 +320,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
         return companyId === undefined ? {} : { companyId };
       },
       customLogLevel: (_req, res, err) => {
-        // A 5xx the API chose to give (closing, a walk it dropped) was a warning line already.
+        // A 5xx the API chose to give (closing, Redis away, a walk it dropped): a warning.
         if (!err && res.statusCode >= 500 && (res as unknown as Response).locals?.chosenAnswer === true) return 'warn';
         if (err || res.statusCode >= 500) return 'error';
         if (res.statusCode === 429) {
@@ -334,6 +334,15 @@ export function createApiApp(deps: ApiDeps): express.Express {
         }
         return res.statusCode >= 400 ? 'warn' : 'info';
       },
+      // pino-http makes up an Error (and its stack) for any 5xx it was not given one for: an
+      // answer the API chose is its code instead.
+      customErrorObject: (_req, res, error, logged) => {
+        const locals = (res as unknown as Response).locals;
+        if (locals?.chosenAnswer !== true) return logged;
+        const { err: _madeUp, ...rest } = logged as Record<string, unknown>;
+        return { ...rest, code: locals.errorCode };
+      },
+      customErrorMessage: (_req, res) => ((res as unknown as Response).locals?.chosenAnswer === true ? `answered ${res.statusCode}` : 'request errored'),
       serializers: {
         // Only what helps; headers carry tokens and cookies.
         req: (req: { method: string; url: string; id: unknown }) => ({ id: req.id, method: req.method, url: redactQuery(req.url, LOGGED_QUERY_PARAMS).replace(ACTIVITY_TOKEN_IN_PATH, '$1***') }),
@@ -926,8 +935,10 @@ function errorHandler(log: Logger): ErrorRequestHandler {
     if (err instanceof LayoutError) (req.log ?? log).error({ code: err.code }, err.message);
     // An answer the API chose to give (503 walk_unavailable, say) is a line, not a stack.
     else if ((err instanceof HttpError || err instanceof ClientClosedError) && status >= 500) {
-      (req.log ?? log).warn({ code: err.code }, err.message);
+      // Its request's own line says it (customErrorObject); one whose caller left has no answer
+      // to log, so it is a line of its own.
       res.locals.chosenAnswer = true;
+      if (res.headersSent || res.destroyed) (req.log ?? log).warn({ code: err.code }, err.message);
     }
     else if (status >= 500) (req.log ?? log).error({ err }, 'request failed');
     if (res.headersSent) return;

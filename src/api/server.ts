@@ -105,14 +105,21 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
     server.closeIdleConnections();
     // Requests waiting for an operation (?waitMs, Prefer: wait) are answered now, with the
     // operation as it is, as when their wait runs out (helper-34: their sockets were cut after
-    // 2 s, unanswered), and each connection goes once idle; what is still in progress after
-    // 2 s has its socket cut.
+    // 2 s, unanswered), and each connection goes once idle. What is still in progress after
+    // 2 s is told the API is closing (its client's connections go: 503 client_closed, and
+    // walk_unavailable for a walk), and has its socket cut a moment later (helper-37: cut
+    // unanswered).
     client.endWaits();
     const idle = setInterval(() => server.closeIdleConnections(), 50);
-    const cut = setTimeout(() => server.closeAllConnections(), 2_000);
+    let lastCut: NodeJS.Timeout | undefined;
+    const cut = setTimeout(() => {
+      void Promise.all([walks?.close(), client.closeNow()]).catch(() => undefined);
+      lastCut = setTimeout(() => server.closeAllConnections(), 250);
+    }, 2_000);
     await closed;
     clearInterval(idle);
     clearTimeout(cut);
+    clearTimeout(lastCut);
     // The refusals counted since the last line are told before the process goes.
     refusals.flush();
     await Promise.all(maintenance.map(({ queue }) => queue.close()));

@@ -29,7 +29,7 @@ export class LeaseWorkers {
     const count = settings.LEASE_OPS_PARTITIONS;
     const prefixes = partitionPrefixes(settings.LEASE_OPS_PREFIX, count);
     const served = parsePartitionList(settings.LEASE_OPS_WORKER_PARTITIONS, count) as number[];
-    this.connection = createRedis(settings.REDIS_URL);
+    this.connection = createRedis(settings.REDIS_URL, { connectionName: 'lease-ops-worker-partitions' });
     const queueOf = (laneId: string) => this.queues[partitionOfLane(laneId, count)]!;
     // One set of second names for every partition: a sandbox's name lives in its own lane's partition.
     const names = count > 1 ? new LaneNames((laneId) => queueOf(laneId).lanes) : undefined;
