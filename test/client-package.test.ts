@@ -1,12 +1,11 @@
-import { once } from 'node:events';
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { ServerResponse } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type * as Light from '../packages/client/src/index.ts';
 import { LeaseOpsHttpClient, LeaseOpsRequestError } from '../packages/client/src/index.ts';
 import type * as Full from '../src/index.ts';
 import { freePort } from '../src/redis-server.ts';
 import { gate, lease, readUntil, TestBed } from './helpers/env.ts';
+import { HttpStub } from './helpers/http-stub.ts';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
 
@@ -157,47 +156,41 @@ describe('the light client (lease-ops-client) against the HTTP API', () => {
 });
 
 describe('the light client against a server that misbehaves', () => {
-  let server: Server;
+  let stub: HttpStub;
   let base = '';
-  let handle: (req: IncomingMessage, res: ServerResponse) => void = () => undefined;
 
   beforeAll(async () => {
-    server = createServer((req, res) => handle(req, res));
-    server.listen(0, '127.0.0.1');
-    await once(server, 'listening');
-    base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    stub = await HttpStub.start();
+    base = stub.base;
   });
-  afterAll(() => {
-    server.closeAllConnections();
-    server.close();
-  });
+  afterAll(() => stub?.close());
 
   const lease = { provider: 'p', companyId: 'c', environmentId: 'e', leaseId: 'l' };
   const shapeOf = (err: unknown) => ({ light: err instanceof LeaseOpsRequestError, code: (err as LeaseOpsRequestError).code, status: (err as LeaseOpsRequestError).status });
 
   it('turns a stalled body, a cut connection, a caller giving up and a non-object answer into LeaseOpsRequestError with a code', async () => {
     // Headers, then a body that never ends: the request's own timeout.
-    handle = (_req, res) => {
+    stub.answer = (_req, res) => {
       res.writeHead(200, { 'content-type': 'application/json' });
       res.write('{"jobId":');
     };
     const stalled = await new LeaseOpsHttpClient({ url: base, token: 't', requestTimeoutMs: 300 }).getLease(lease).catch((e: unknown) => e);
     expect(shapeOf(stalled)).toEqual({ light: true, code: 'request_timeout', status: 0 });
     // The connection cut mid-body.
-    handle = (_req, res) => {
+    stub.answer = (_req, res) => {
       res.writeHead(200, { 'content-type': 'application/json', 'content-length': '100' });
       res.write('{"jobId":', () => res.socket?.destroy());
     };
     expect(shapeOf(await new LeaseOpsHttpClient({ url: base, token: 't' }).getLease(lease).catch((e: unknown) => e))).toEqual({ light: true, code: 'unreachable', status: 0 });
     // The caller gives up: its own code, not "unreachable".
-    handle = () => undefined;
+    stub.answer = () => undefined;
     const controller = new AbortController();
     const pending = new LeaseOpsHttpClient({ url: base, token: 't' }).exec(lease, { providerLeaseId: 'l', command: 'true' }, { signal: controller.signal }).catch((e: unknown) => e);
     controller.abort();
     expect(shapeOf(await pending)).toEqual({ light: true, code: 'aborted', status: 0 });
     // 200 with a JSON array, or with nothing: not a view.
     for (const body of ['[1,2]', '']) {
-      handle = (_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end(body);
+      stub.answer = (_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end(body);
       expect(shapeOf(await new LeaseOpsHttpClient({ url: base, token: 't' }).getLease(lease).catch((e: unknown) => e))).toEqual({ light: true, code: 'invalid_answer', status: 200 });
     }
   });
@@ -212,12 +205,12 @@ describe('the light client against a server that misbehaves', () => {
       (res) => res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(ended)),
     ];
     let asked = 0;
-    handle = (_req, res) => answers[Math.min(asked++, answers.length - 1)]!(res);
+    stub.answer = (_req, res) => answers[Math.min(asked++, answers.length - 1)]!(res);
     expect(await new LeaseOpsHttpClient({ url: base, token: 't' }).waitForResult('j', 10_000)).toEqual({ jobId: 'j', state: 'completed', result: { ok: true } });
     expect(asked).toBe(5);
 
     asked = 0;
-    handle = (_req, res) => {
+    stub.answer = (_req, res) => {
       asked++;
       res.writeHead(401, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { code: 'unauthorized', message: 'no' } }));
     };
@@ -243,7 +236,7 @@ describe('the light client against a server that misbehaves', () => {
     let asked = 0;
     const count = (answer: (res: ServerResponse) => void) => {
       asked = 0;
-      handle = (_req, res) => {
+      stub.answer = (_req, res) => {
         asked++;
         answer(res);
       };

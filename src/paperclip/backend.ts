@@ -105,11 +105,16 @@ export function clientBackend(client: LeaseOpsClient): LeaseOpsBackend {
   };
 }
 
+/** The API's 503s that pass (closing, Redis away, a walk thread gone), or a proxy's without a code. */
+const PASSING_503 = new Set(['client_closed', 'redis_unavailable', 'walk_unavailable', undefined]);
+
 /**
  * The HTTP API of a remote lease-ops, with a bearer token. A lease-ops that does not answer
- * (down, restarting, its Redis away: 503) is asked again until the hook's deadline, then the
- * hook fails with `unreachable`; an enqueue is retried under its idempotency key, so nothing
- * is accepted twice.
+ * (down, restarting, its Redis away: 503) or is busy (429: the company's waits or rate at its
+ * budget, a full queue) is asked again, after its Retry-After or a backoff from 100 ms to 2 s
+ * (the longer), until the hook's deadline; then the hook fails with `hook_timeout` (it
+ * answered) or `unreachable`. An enqueue is retried under its idempotency key, so nothing is
+ * accepted twice. A 503 that does not pass (`secrets_key_mismatch`, say) fails the hook at once.
  */
 export function httpBackend(base: string, token: string | undefined, fetchImpl: typeof fetch = fetch): LeaseOpsBackend {
   const origin = base.replace(/\/+$/, '');
@@ -119,10 +124,11 @@ export function httpBackend(base: string, token: string | undefined, fetchImpl: 
     let lastProblem = 'no answer';
     // A lease-ops that answers, but not by the deadline, is slow, not unreachable.
     let answered = false;
+    let retryAfterMs = 0;
     for (let tries = 0; ; tries++) {
       const left = deadline - Date.now();
       if (left <= 0) {
-        if (answered || lastProblem === 'TimeoutError') throw new LeaseOpsHookError('hook_timeout', `lease-ops at ${origin} did not answer ${method} ${path.split('?')[0]} before the hook's deadline`);
+        if (answered || lastProblem === 'TimeoutError') throw new LeaseOpsHookError('hook_timeout', `lease-ops at ${origin} did not answer ${method} ${path.split('?')[0]} before the hook's deadline (last: ${lastProblem})`);
         throw new LeaseOpsHookError('unreachable', `lease-ops at ${origin} did not answer before the hook's deadline (${lastProblem})`);
       }
       try {
@@ -134,23 +140,27 @@ export function httpBackend(base: string, token: string | undefined, fetchImpl: 
           signal: AbortSignal.timeout(Math.max(1, Math.min(left, (opts.answerMs ?? 0) + 10_000))),
         });
         const text = await res.text();
-        // Down for a moment (its Redis away, a restart behind a proxy): asked again.
-        if (res.status === 502 || res.status === 503 || res.status === 504) {
-          lastProblem = `HTTP ${res.status}`;
-          answered = res.status === 503;
+        let body: Record<string, unknown> = {};
+        try {
+          body = text ? (JSON.parse(text) as Record<string, unknown>) : {};
+        } catch {
+          // not JSON (a proxy's page): the status says what there is to say
+        }
+        const code = (body.error as { code?: unknown } | undefined)?.code;
+        // Down or busy for a moment (its Redis away, a restart behind a proxy, a budget full): asked again.
+        if (res.status === 502 || res.status === 504 || res.status === 429 || (res.status === 503 && PASSING_503.has(typeof code === 'string' ? code : undefined))) {
+          lastProblem = `HTTP ${res.status}${typeof code === 'string' ? ` ${code}` : ''}`;
+          answered = res.status === 503 || res.status === 429;
+          const seconds = Number(res.headers.get('retry-after'));
+          retryAfterMs = res.headers.get('retry-after')?.trim() && Number.isFinite(seconds) && seconds >= 0 ? seconds * 1_000 : 0;
         } else {
-          let body: Record<string, unknown> = {};
-          try {
-            body = text ? (JSON.parse(text) as Record<string, unknown>) : {};
-          } catch {
-            // not JSON (a proxy's page): the status says what there is to say
-          }
           return { status: res.status, body };
         }
       } catch (err) {
         lastProblem = (err as { cause?: { code?: string } }).cause?.code ?? (err as Error).name ?? 'error';
+        retryAfterMs = 0;
       }
-      await new Promise((r) => setTimeout(r, Math.min(2_000, 100 * 2 ** Math.min(tries, 5), Math.max(1, deadline - Date.now()))));
+      await new Promise((r) => setTimeout(r, Math.min(Math.max(retryAfterMs, 100 * 2 ** Math.min(tries, 5)), Math.max(1, deadline - Date.now()), 60_000)));
     }
   }
   const failure = (res: { status: number; body: Record<string, unknown> }): LeaseOpsHookError => {
