@@ -1101,6 +1101,30 @@ describe("noisy neighbours: a company's refusals in the log", () => {
     expect(lines.filter((l) => l.code === 'company_rate_limited').map((l) => l.refused)).toEqual([undefined, 4]);
   });
 
+  it("logs a request that Redis did not answer in time (503 redis_unavailable) as one warning with its code, not two errors with stacks (helper-38)", { timeout: 20_000 }, async () => {
+    const lines: Record<string, unknown>[] = [];
+    const log = createLogger({ level: 'info', destination: { write: (t: string) => void lines.push(JSON.parse(t) as Record<string, unknown>) } });
+    const redis = await RedisProcess.start();
+    const bed = await TestBed.create({ REDIS_URL: redis.url, LEASE_OPS_REDIS_TIMEOUT_MS: '300', LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }]) });
+    const api = await startTestApi(bed, log);
+    const pauser = new Redis(redis.url);
+    try {
+      const read = () => fetch(`${api.base}/v1/leases/recording/a/env/slow`, { headers: { authorization: `Bearer ${A}` } });
+      expect((await read()).status).toBe(200);
+      await pauser.client('PAUSE', 1_500, 'ALL');
+      const res = await read();
+      expect(res.status).toBe(503);
+      expect(((await res.json()) as { error: { code: string } }).error.code).toBe('redis_unavailable');
+      const told = lines.filter((l) => (l.res as { statusCode?: number } | undefined)?.statusCode === 503 || l.msg === 'request failed');
+      expect(told.map((l) => ({ level: l.level, code: l.code, companyId: l.companyId, stack: JSON.stringify(l).includes('stack') }))).toEqual([{ level: 40, code: 'redis_unavailable', companyId: 'a', stack: false }]);
+    } finally {
+      pauser.disconnect();
+      await api.close();
+      await bed.close();
+      await redis.stop();
+    }
+  });
+
   it("answers a request still in progress at the close's 2 s cut 503 client_closed, with Retry-After and Connection: close, logged as one warning, where its socket was cut unanswered (helper-37)", { timeout: 20_000 }, async () => {
     const lines: Record<string, unknown>[] = [];
     const log = createLogger({ level: 'info', destination: { write: (t: string) => void lines.push(JSON.parse(t) as Record<string, unknown>) } });
@@ -1111,7 +1135,15 @@ describe("noisy neighbours: a company's refusals in the log", () => {
     try {
       const read = () => fetch(`${server.url}/v1/leases/recording/a/env/held-up`, { headers: { authorization: `Bearer ${A}` } });
       expect((await read()).status).toBe(200);
-      // Redis holds every command for 8 s: the next read is in progress when the API closes.
+      // An enqueue accepted and waiting (no worker here), with no idempotency key.
+      const preferred = fetch(`${server.url}/v1/leases/recording/a/env/waited/operations`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${A}`, 'content-type': 'application/json', prefer: 'wait=20' },
+        body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 'waited' } }),
+      });
+      await readUntil(async () => /^lease_ops_api_waits\{of="all"\} 1$/m.test(await (await fetch(`${server.url}/metrics`)).text()), 10_000, 'the enqueue to wait');
+      // Redis holds every command for 8 s: the next read is in progress when the API closes,
+      // and so is the read that answers the enqueue's wait.
       await pauser.client('PAUSE', 8_000, 'ALL');
       const inProgress = read();
       // The API has taken it once it answered a request sent after it (its health, no Redis).
@@ -1124,8 +1156,13 @@ describe("noisy neighbours: a company's refusals in the log", () => {
       expect(res.headers.get('retry-after')).toBe('1');
       expect(res.headers.get('connection')).toBe('close');
       expect(((await res.json()) as { error: { code: string } }).error.code).toBe('client_closed');
+      // Accepted, so told so: a 503 would have this caller enqueue it again (helper-38).
+      const accepted = await preferred;
+      expect(accepted.status).toBe(202);
+      expect(((await accepted.json()) as { jobId?: string }).jobId).toEqual(expect.any(String));
       await closing;
       const told = lines.filter((l) => l.code === 'client_closed' || (l.res as { statusCode?: number } | undefined)?.statusCode === 503);
+      expect(lines.filter((l) => Number(l.level) >= 50)).toEqual([]);
       expect(told.map((l) => ({ level: l.level, code: l.code, companyId: l.companyId, stack: JSON.stringify(l).includes('stack') }))).toEqual([{ level: 40, code: 'client_closed', companyId: 'a', stack: false }]);
     } finally {
       pauser.disconnect();

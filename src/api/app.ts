@@ -526,7 +526,15 @@ export function createApiApp(deps: ApiDeps): express.Express {
       res.on('close', slot.release);
       const wait = Math.min(preferred, deps.config.LEASE_OPS_API_MAX_WAIT_MS);
       res.set('Preference-Applied', `wait=${Math.floor(wait / 1_000)}`);
-      const view = await client.getOperation(enqueued.jobId, { waitMs: waits.spread(wait) }).finally(slot.release);
+      // Accepted already: a wait that fails (the API closing at its cut, Redis away) is answered
+      // with the 202 receipt, never an error that would have a caller enqueue it again (helper-38).
+      const view = await client
+        .getOperation(enqueued.jobId, { waitMs: waits.spread(wait) })
+        .catch((err: unknown) => {
+          (req.log ?? log).warn({ jobId: enqueued.jobId, err: err instanceof Error ? err.message : String(err) }, 'the wait of an accepted enqueue failed: answered with its receipt');
+          return null;
+        })
+        .finally(slot.release);
       if (view && (view.state === 'completed' || view.state === 'failed')) {
         res.status(200).location(location).json({ ...view, ...(enqueued.deduplicated ? { deduplicated: enqueued.deduplicated } : {}), location });
         return;
@@ -926,6 +934,8 @@ function errorHandler(log: Logger): ErrorRequestHandler {
       status = 503;
       body = { code: 'redis_unavailable', message: 'Redis cannot be reached; retry later' };
       res.setHeader('Retry-After', '1');
+      // Told as it is: the request's line says so at warn (the client reports Redis itself).
+      res.locals.chosenAnswer = true;
     } else if (err instanceof LayoutError) {
       // A deployment fault, not the caller's: the operator sees the detail in the log.
       status = 503;
@@ -940,7 +950,7 @@ function errorHandler(log: Logger): ErrorRequestHandler {
       res.locals.chosenAnswer = true;
       if (res.headersSent || res.destroyed) (req.log ?? log).warn({ code: err.code }, err.message);
     }
-    else if (status >= 500) (req.log ?? log).error({ err }, 'request failed');
+    else if (status >= 500 && res.locals.chosenAnswer !== true) (req.log ?? log).error({ err }, 'request failed');
     if (res.headersSent) return;
     res.locals.errorCode = body.code;
     res.status(status).json({ error: body });
