@@ -277,6 +277,19 @@ describe('the light client against a server that misbehaves', () => {
     }
   });
 
+  it('backs off from 100 ms to 2 s, not past it (helper-38: 3.2 s)', { timeout: 20_000 }, async () => {
+    const at: number[] = [];
+    stub.answer = (_req, res) => {
+      at.push(Date.now());
+      res.writeHead(503, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { code: 'redis_unavailable', message: 'away' } }));
+    };
+    await new LeaseOpsHttpClient({ url: base, token: 't' }).waitForResult('j', 6_000).catch(() => undefined);
+    const gaps = at.slice(1).map((t, i) => t - at[i]!);
+    expect(gaps.length).toBeGreaterThanOrEqual(6);
+    expect(Math.max(...gaps.slice(0, -1))).toBeGreaterThanOrEqual(1_900);
+    expect(Math.max(...gaps)).toBeLessThan(2_400);
+  });
+
   it('refuses what it cannot send: a wait that is not a number, a lease id a URL would resolve away', async () => {
     const client = new LeaseOpsHttpClient({ url: base, token: 't' });
     expect(shapeOf(await client.waitForResult('j', Number.NaN).catch((e: unknown) => e))).toEqual({ light: true, code: 'invalid_request', status: 0 });

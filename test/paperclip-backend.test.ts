@@ -1,6 +1,7 @@
 import type { ServerResponse } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { httpBackend, LeaseOpsHookError } from '../src/paperclip/backend.ts';
+import { leaseOpsDriverHooks } from '../src/paperclip/driver.ts';
 import { HttpStub } from './helpers/http-stub.ts';
 
 // The paperclip plugin's HTTP backend against a server that answers as a lease-ops under load
@@ -36,6 +37,59 @@ describe("the paperclip plugin's HTTP backend, against a lease-ops busy or in tr
     expect(failed).toMatchObject({ code: 'hook_timeout', message: expect.stringContaining('HTTP 429 company_rate_limited') });
     expect(stub.asked).toBeGreaterThan(2);
     expect(stub.asked).toBeLessThan(12);
+  });
+
+  it("fails an enqueue refused for a full lane at once with that code (helper-38: it was asked until the hook's timeout, then said hook_timeout); one refused for its company's rate until the deadline fails with the rate's code, and no enqueue is sent after it", async () => {
+    stub.asked = 0;
+    stub.answer = (_req, res) => json(res, 429, { error: { code: 'lease_queue_full', message: 'the lane is full' } }, { 'retry-after': '1' });
+    const request = { op: 'acquire' as const, lease, params: { runId: 'r' }, idempotencyKey: 'k' };
+    const t0 = Date.now();
+    expect(await httpBackend(stub.base, 't').enqueue(request, 0, Date.now() + 5_000).catch((e: unknown) => e)).toMatchObject({ code: 'lease_queue_full' });
+    expect(stub.asked).toBe(1);
+    expect(Date.now() - t0).toBeLessThan(1_000);
+
+    stub.asked = 0;
+    let lastAt = 0;
+    stub.answer = (_req, res) => {
+      lastAt = Date.now();
+      json(res, 429, { error: { code: 'company_rate_limited', message: 'slow down' } }, { 'retry-after': '0' });
+    };
+    const deadline = Date.now() + 1_200;
+    expect(await httpBackend(stub.base, 't').enqueue(request, 0, deadline).catch((e: unknown) => e)).toMatchObject({ code: 'company_rate_limited' });
+    expect(stub.asked).toBeGreaterThan(2);
+    expect(lastAt).toBeLessThan(deadline);
+  });
+
+  it("a hook against a lease-ops whose waits answer at once (LEASE_OPS_API_MAX_WAIT_MS=0) polls at a pace, not 100 times a second (helper-38)", { timeout: 20_000 }, async () => {
+    stub.asked = 0;
+    let polls = 0;
+    stub.answer = (req, res) => {
+      if (req.method === 'POST') return json(res, 202, { jobId: 'd' });
+      polls++;
+      json(res, 200, { jobId: 'd', op: 'destroy', state: 'queued' });
+    };
+    const hooks = leaseOpsDriverHooks(() => httpBackend(stub.base, 't'));
+    const failed = await hooks
+      .onDestroyLease({ driverKey: 'lease-ops', companyId: 'c', environmentId: 'e', config: { leaseOpsUrl: stub.base, token: 'tok', provider: 'p', hookTimeoutMs: 3_000 }, providerLeaseId: 'sb' } as Parameters<typeof hooks.onDestroyLease>[0])
+      .catch((e: unknown) => e);
+    expect(failed).toMatchObject({ code: 'hook_timeout' });
+    // From 100 ms doubling: about 5 in 3 s (402 in 4 s before).
+    expect(polls).toBeGreaterThan(2);
+    expect(polls).toBeLessThan(12);
+  });
+
+  it('backs off from 100 ms to 2 s, not past it (helper-38: 3.2 s)', { timeout: 20_000 }, async () => {
+    const at: number[] = [];
+    stub.answer = (_req, res) => {
+      at.push(Date.now());
+      json(res, 503, { error: { code: 'redis_unavailable', message: 'away' } });
+    };
+    await httpBackend(stub.base, 't').wait('j', 1_000, Date.now() + 6_000).catch(() => undefined);
+    const gaps = at.slice(1).map((t, i) => t - at[i]!);
+    expect(gaps.length).toBeGreaterThanOrEqual(6);
+    // No request at the deadline itself: the last gap is a whole one.
+    expect(Math.max(...gaps)).toBeGreaterThanOrEqual(1_900);
+    expect(Math.max(...gaps)).toBeLessThan(2_400);
   });
 
   it("fails at once on a 503 that does not pass (a deployment's fault), with its code, where it was asked until the deadline", async () => {

@@ -107,27 +107,37 @@ export function clientBackend(client: LeaseOpsClient): LeaseOpsBackend {
 
 /** The API's 503s that pass (closing, Redis away, a walk thread gone), or a proxy's without a code. */
 const PASSING_503 = new Set(['client_closed', 'redis_unavailable', 'walk_unavailable', undefined]);
+/**
+ * The API's 429s that pass: a company's rate, requests or waits at their budget (or a proxy's 429). A
+ * full queue or lane is not waited out: a paused lane never drains (helper-38: a hook spun
+ * until its timeout for a refusal given at once), so the hook fails with its code at once.
+ */
+const PASSING_429 = new Set(['company_rate_limited', 'company_requests_full', 'company_waits_full', 'server_waits_full', 'company_walks_full', undefined]);
 
 /**
  * The HTTP API of a remote lease-ops, with a bearer token. A lease-ops that does not answer
  * (down, restarting, its Redis away: 503) or is busy (429: the company's waits or rate at its
- * budget, a full queue) is asked again, after its Retry-After or a backoff from 100 ms to 2 s
- * (the longer), until the hook's deadline; then the hook fails with `hook_timeout` (it
- * answered) or `unreachable`. An enqueue is retried under its idempotency key, so nothing is
- * accepted twice. A 503 that does not pass (`secrets_key_mismatch`, say) fails the hook at once.
+ * budget) is asked again, after its Retry-After or a backoff from 100 ms to 2 s (the longer),
+ * until the hook's deadline; then the hook fails with `hook_timeout` (it answered; an enqueue
+ * still refused fails with the refusal's code) or `unreachable`. An enqueue is retried under
+ * its idempotency key, so nothing is accepted twice. A 503 or 429 that does not pass
+ * (`secrets_key_mismatch`, a full lane) fails the hook at once with its code.
  */
 export function httpBackend(base: string, token: string | undefined, fetchImpl: typeof fetch = fetch): LeaseOpsBackend {
   const origin = base.replace(/\/+$/, '');
   const headers = { ...(token ? { authorization: `Bearer ${token}` } : {}), 'content-type': 'application/json' };
 
-  async function request(method: string, path: string, deadline: number, opts: { body?: unknown; extraHeaders?: Record<string, string>; answerMs?: number } = {}) {
+  async function request(method: string, path: string, deadline: number, opts: { body?: unknown; extraHeaders?: Record<string, string>; answerMs?: number; refusalAtDeadline?: boolean } = {}) {
     let lastProblem = 'no answer';
     // A lease-ops that answers, but not by the deadline, is slow, not unreachable.
     let answered = false;
     let retryAfterMs = 0;
+    // The last 429 (a refusal: nothing was accepted), for a request that answers with it at the deadline.
+    let lastRefusal: { status: number; body: Record<string, unknown> } | null = null;
     for (let tries = 0; ; tries++) {
       const left = deadline - Date.now();
       if (left <= 0) {
+        if (opts.refusalAtDeadline && lastRefusal) return lastRefusal;
         if (answered || lastProblem === 'TimeoutError') throw new LeaseOpsHookError('hook_timeout', `lease-ops at ${origin} did not answer ${method} ${path.split('?')[0]} before the hook's deadline (last: ${lastProblem})`);
         throw new LeaseOpsHookError('unreachable', `lease-ops at ${origin} did not answer before the hook's deadline (${lastProblem})`);
       }
@@ -148,7 +158,9 @@ export function httpBackend(base: string, token: string | undefined, fetchImpl: 
         }
         const code = (body.error as { code?: unknown } | undefined)?.code;
         // Down or busy for a moment (its Redis away, a restart behind a proxy, a budget full): asked again.
-        if (res.status === 502 || res.status === 504 || res.status === 429 || (res.status === 503 && PASSING_503.has(typeof code === 'string' ? code : undefined))) {
+        const known = typeof code === 'string' ? code : undefined;
+        if (res.status === 502 || res.status === 504 || (res.status === 429 && PASSING_429.has(known)) || (res.status === 503 && PASSING_503.has(known))) {
+          if (res.status === 429) lastRefusal = { status: res.status, body };
           lastProblem = `HTTP ${res.status}${typeof code === 'string' ? ` ${code}` : ''}`;
           answered = res.status === 503 || res.status === 429;
           const seconds = Number(res.headers.get('retry-after'));
@@ -160,7 +172,7 @@ export function httpBackend(base: string, token: string | undefined, fetchImpl: 
         lastProblem = (err as { cause?: { code?: string } }).cause?.code ?? (err as Error).name ?? 'error';
         retryAfterMs = 0;
       }
-      await new Promise((r) => setTimeout(r, Math.min(Math.max(retryAfterMs, 100 * 2 ** Math.min(tries, 5)), Math.max(1, deadline - Date.now()), 60_000)));
+      await new Promise((r) => setTimeout(r, Math.min(Math.max(retryAfterMs, Math.min(2_000, 100 * 2 ** tries)), Math.max(1, deadline - Date.now()), 60_000)));
     }
   }
   const failure = (res: { status: number; body: Record<string, unknown> }): LeaseOpsHookError => {
@@ -175,6 +187,9 @@ export function httpBackend(base: string, token: string | undefined, fetchImpl: 
         body: { op: req.op, params: req.params },
         extraHeaders: { 'idempotency-key': req.idempotencyKey, ...(waitMs >= 1_000 ? { prefer: `wait=${Math.floor(waitMs / 1_000)}` } : {}) },
         answerMs: waitMs,
+        // Still refused at the deadline: nothing was accepted, and the hook fails with the
+        // refusal's code, not hook_timeout (whose acquire would be looked for, by enqueueing it).
+        refusalAtDeadline: true,
       });
       const joined = res.body.deduplicated === 'idempotency-key';
       if (res.status === 200) return { jobId: String(res.body.jobId), operation: res.body as unknown as OperationView, joined };

@@ -132,11 +132,17 @@ export function leaseOpsDriverHooks(backendFor: (config: LeaseOpsDriverConfig) =
     const { jobId } = started;
     let view = started.operation;
     try {
-      while (!ended(view)) {
+      for (let quick = 0; !ended(view); ) {
         if (Date.now() >= deadline - ANSWER_MARGIN_MS) {
           throw new LeaseOpsHookError('hook_timeout', `${op} did not end within ${config.hookTimeoutMs} ms (hookTimeoutMs)`, jobId);
         }
-        view = await backend.wait(jobId, waitFor(), deadline);
+        const asked = waitFor();
+        const askedAt = Date.now();
+        view = await backend.wait(jobId, asked, deadline);
+        // A wait answered at once, not ended (a lease-ops whose waits are capped at 0): the next
+        // after a backoff from 100 ms to 2 s, not at once (helper-38: 100 polls a second).
+        if (ended(view) || Date.now() - askedAt >= Math.min(asked, 100)) quick = 0;
+        else await new Promise((r) => setTimeout(r, Math.max(0, Math.min(2_000, 100 * 2 ** quick++, deadline - ANSWER_MARGIN_MS - Date.now()))));
       }
     } catch (err) {
       // The host gives up on this hook: an acquire must not leave a sandbox behind with no owner.
@@ -162,7 +168,7 @@ export function leaseOpsDriverHooks(backendFor: (config: LeaseOpsDriverConfig) =
     const until = Math.max(end, Date.now() + 500);
     const outcome = await backend.cancel(jobId, until);
     if (outcome === 'cancelled') throw new LeaseOpsHookError(err.code, `${err.detail}; the acquire was cancelled, and what it made is destroyed`, jobId);
-    if (outcome === 'unknown') throw new LeaseOpsHookError(err.code, `${err.detail}; the acquire could not be cancelled (lease-ops did not answer), and may still make its sandbox`, jobId);
+    if (outcome === 'unknown') throw new LeaseOpsHookError(err.code, `${err.detail}; the acquire could not be cancelled (lease-ops did not take the cancel in time), and may still make its sandbox`, jobId);
     const view = await backend.wait(jobId, 0, Math.max(until, Date.now() + 500)).catch(() => null);
     if (!ended(view)) throw err;
     return resultOf(view, jobId, false);

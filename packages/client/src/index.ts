@@ -274,7 +274,7 @@ export class LeaseOpsHttpClient {
     const { signal } = opts;
     let setbacks = 0;
     const pause = async (atLeastMs: number) => {
-      const ms = Math.min(until - Date.now(), MAX_PAUSE_MS, Math.max(atLeastMs, 100 * 2 ** Math.min(setbacks++, 5)));
+      const ms = Math.min(until - Date.now(), MAX_PAUSE_MS, Math.max(atLeastMs, Math.min(2_000, 100 * 2 ** setbacks++)));
       await new Promise<void>((resolve) => {
         const done = () => {
           clearTimeout(timer);
