@@ -84,6 +84,21 @@ export class LeaseOpsClient {
   }
   /** Set by close(): every call after it, and one its closing cut short, fails with ClientClosedError. */
   private closed = false;
+  /** Aborted by closeNow(): execs and probes still waiting end with ClientClosedError, an exec's command cancelled. */
+  private readonly cutting = withoutListenerLimit(new AbortController());
+  /** Execs' activities being ended as closeNow() cuts them: it waits a moment for them before its connections go. */
+  private readonly execsEnding = new Set<Promise<unknown>>();
+
+  /** `work`, or ClientClosedError as soon as closeNow() cuts it. */
+  private untilCut<T>(work: Promise<T>): Promise<T> {
+    if (this.cutting.signal.aborted) return Promise.reject(new ClientClosedError());
+    let onCut = () => undefined as void;
+    const cut = new Promise<never>((_, reject) => {
+      onCut = () => reject(new ClientClosedError());
+      this.cutting.signal.addEventListener('abort', onCut, { once: true });
+    });
+    return Promise.race([work, cut]).finally(() => this.cutting.signal.removeEventListener('abort', onCut));
+  }
   /** Whether close() was called: a caller can then tell the client closing from Redis away. */
   get isClosed(): boolean {
     return this.closed;
@@ -477,8 +492,11 @@ export class LeaseOpsClient {
       jobs = new ExecJobs(this.connection, partition.settings, () => (this.opts.masterKeys === undefined ? loadMasterKeys() : this.opts.masterKeys));
       this.execJobs.set(partition.index, jobs);
     }
-    const outcome = await this.call(() => jobs.run(parsedLease.data, begun.token, parsed.data, `exec.${randomUUID()}`)).catch(async (err: unknown) => {
-      await partition.ops.activities.end(begun.token).catch(() => undefined);
+    const outcome = await this.call(() => this.untilCut(jobs.run(parsedLease.data, begun.token, parsed.data, `exec.${randomUUID()}`))).catch(async (err: unknown) => {
+      // Ended, the activity has the worker cancel the command (cut by closeNow, too: helper-38's ran on).
+      const ending = partition.ops.activities.end(begun.token).catch(() => undefined);
+      this.execsEnding.add(ending);
+      await ending.finally(() => this.execsEnding.delete(ending));
       throw err;
     });
     opts.signal?.removeEventListener('abort', onAbort);
@@ -509,7 +527,7 @@ export class LeaseOpsClient {
     const probes = this.probes;
     // Any caller may read it: no addresses or paths of the infrastructure (a network error's, say).
     return this.call(async () => {
-      const probe = await probes.probe(target);
+      const probe = await this.untilCut(probes.probe(target));
       return { ...probe, message: withoutInfrastructure(probe.message) };
     });
   }
@@ -621,6 +639,13 @@ export class LeaseOpsClient {
   async closeNow(): Promise<void> {
     this.closed = true;
     this.endWaits();
+    // Execs and probes still waiting end now; an exec's activity is ended first (its command
+    // cancelled), for up to 250 ms, while the connections are still up.
+    this.cutting.abort();
+    await new Promise((resolve) => setImmediate(resolve));
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([Promise.allSettled([...this.execsEnding]), new Promise((resolve) => (timer = setTimeout(resolve, 250)))]);
+    clearTimeout(timer);
     for (const p of this.partitions) p.disconnect();
     this.connection.disconnect();
     this.walkConnection?.disconnect();

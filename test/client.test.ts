@@ -113,7 +113,7 @@ describe('typed client', () => {
 });
 
 describe("the client's connections", () => {
-  it('carry names in CLIENT LIST, as docs/operating.md gives them: the main one, the walks\' and the event stream\'s', { timeout: 20_000 }, async () => {
+  it('carry names in CLIENT LIST, as docs/operating.md gives them: the main one, the walks\', the event stream\'s, an exec\'s and a probe\'s; closeNow() ends an exec and a probe waiting (helper-38)', { timeout: 20_000 }, async () => {
     const redis = await RedisProcess.start();
     const bed = await TestBed.create({ REDIS_URL: redis.url });
     const named = new LeaseOpsClient(bed.config);
@@ -125,8 +125,15 @@ describe("the client's connections", () => {
       await named.getOperation(jobId, { waitMs: 50 });
       await named.leasesNeedingAttention(5);
       expect((await names()).sort()).toEqual(['lease-ops-client', 'lease-ops-client-events', 'lease-ops-client-walks']);
+      // A command and a probe, neither answered (no worker here): closeNow() ends both with client_closed.
+      const running = named.exec(lease('named-exec'), { providerLeaseId: 'named-exec', command: 'true' }).catch((e: unknown) => e);
+      const probing = named.probeProvider('recording').catch((e: unknown) => e);
+      const all = ['lease-ops-client', 'lease-ops-client-events', 'lease-ops-client-exec', 'lease-ops-client-probes', 'lease-ops-client-walks'];
+      await readUntil(async () => JSON.stringify((await names()).sort()) === JSON.stringify(all), 5_000, 'the exec and probe connections');
       const docs = await readFile(new URL('../docs/operating.md', import.meta.url), 'utf8');
-      for (const name of ['lease-ops-client', 'lease-ops-client-walks', 'lease-ops-client-events']) expect(docs).toContain(`\`${name}\``);
+      for (const name of all) expect(docs).toContain(`\`${name}\``);
+      await named.closeNow();
+      expect([await running, await probing].map((e) => (e as ClientClosedError).code)).toEqual(['client_closed', 'client_closed']);
     } finally {
       await named.close();
       await bed.close();

@@ -14,6 +14,9 @@ import { existsSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startTestApi } from './helpers/api-server.ts';
+import { startApiServer } from '../src/api/server.ts';
+import { loadConfig } from '../src/config.ts';
+import { createLogger } from '../src/logger.ts';
 import { readUntil, TestBed } from './helpers/env.ts';
 
 // Issue 25 part 2: commands in a sandbox, bracketed by an activity gate, on the simulated
@@ -185,6 +188,21 @@ describe('exec, as an independent attack tried it (helper-5)', () => {
     } finally {
       await api.close();
     }
+  });
+
+  it("an API closing with a command running answers it 503 client_closed at its 2 s cut, and the command is cancelled (helper-38: cut unanswered, and the command ran on)", { timeout: 20_000 }, async () => {
+    const { bed, fake, id } = await setUp();
+    const config = loadConfig({ REDIS_URL: bed.config.REDIS_URL, LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX, LEASE_OPS_QUEUE: bed.config.LEASE_OPS_QUEUE, LEASE_OPS_API_PORT: '0', LEASE_OPS_API_TOKENS: JSON.stringify([{ token: TOKENS.co, companyId: 'co' }]) });
+    const server = await startApiServer(config, createLogger({ level: 'silent' }));
+    const call = fetch(`${server.url}/v1/leases/daytona/co/env/${id}/exec`, { method: 'POST', headers: { authorization: `Bearer ${TOKENS.co}`, 'content-type': 'application/json' }, body: JSON.stringify({ providerLeaseId: id, command: 'sleep 20' }) });
+    await readUntil(async () => fake!.toolbox.alive(id) === 1, 5_000, 'the command running');
+    const closing = server.close();
+    const res = await call;
+    expect(res.status).toBe(503);
+    expect(res.headers.get('connection')).toBe('close');
+    expect(((await res.json()) as { error: { code: string } }).error.code).toBe('client_closed');
+    await closing;
+    await readUntil(async () => fake!.toolbox.alive(id) === 0, 5_000, 'the command cancelled');
   });
 
   it('the simulated cloud kills what a stopped sandbox still runs (a command that ignores SIGTERM does not outlive the stop)', async () => {

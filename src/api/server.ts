@@ -113,8 +113,10 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
     const idle = setInterval(() => server.closeIdleConnections(), 50);
     let lastCut: NodeJS.Timeout | undefined;
     const cut = setTimeout(() => {
-      void Promise.all([walks?.close(), client.closeNow()]).catch(() => undefined);
-      lastCut = setTimeout(() => server.closeAllConnections(), 250);
+      const cutting = Promise.all([walks?.close(), client.closeNow()]).catch(() => undefined);
+      // Their answers get a moment to go out (an exec's once its command is cancelled: up to 250 ms), then every socket is cut.
+      const cutShort = new Promise((resolve) => setTimeout(resolve, 300).unref());
+      void Promise.race([cutting, cutShort]).then(() => (lastCut = setTimeout(() => server.closeAllConnections(), 250)));
     }, 2_000);
     await closed;
     clearInterval(idle);

@@ -92,7 +92,7 @@ export class ExecJobs {
     private readonly settings: { REDIS_URL: string; LEASE_OPS_QUEUE: string; LEASE_OPS_PREFIX: string },
     private readonly keys: () => MasterKeys | null,
   ) {
-    this.waited = new WaitedQueue(connection, settings, execQueueName(settings.LEASE_OPS_QUEUE));
+    this.waited = new WaitedQueue(connection, settings, execQueueName(settings.LEASE_OPS_QUEUE), 'lease-ops-client-exec');
   }
 
   async run(lease: LeaseIdentity, token: string, request: z.output<typeof ExecRequestSchema>, jobId: string): Promise<ExecOutcome> {

@@ -76,7 +76,7 @@ export class ProviderProbes {
   private readonly waited: WaitedQueue;
 
   constructor(connection: RedisClient, settings: { REDIS_URL: string; LEASE_OPS_QUEUE: string; LEASE_OPS_PREFIX: string }) {
-    this.waited = new WaitedQueue(connection, settings, `${settings.LEASE_OPS_QUEUE}-maintenance`);
+    this.waited = new WaitedQueue(connection, settings, `${settings.LEASE_OPS_QUEUE}-maintenance`, 'lease-ops-client-probes');
   }
 
   async probe(target: string | ProbeTarget, timeoutMs = PROBE_DEADLINE_MS + 2_000): Promise<ProviderProbe> {

@@ -29,6 +29,8 @@ export class WaitedQueue {
     private readonly connection: RedisClient,
     private readonly settings: { REDIS_URL: string; LEASE_OPS_PREFIX: string },
     readonly name: string,
+    /** What CLIENT LIST calls its event stream's connection. */
+    private readonly connectionName: string,
   ) {}
 
   /** The queue, and its events opened (from the stream's end) before anything is added. */
@@ -37,7 +39,7 @@ export class WaitedQueue {
       this.queue = new Queue(this.name, { connection: this.connection, prefix: this.settings.LEASE_OPS_PREFIX });
       this.queue.on('error', reportRedisError);
     }
-    const { events } = await (this.events ??= openQueueEvents(this.settings.REDIS_URL, this.name, this.settings.LEASE_OPS_PREFIX));
+    const { events } = await (this.events ??= openQueueEvents(this.settings.REDIS_URL, this.name, this.settings.LEASE_OPS_PREFIX, createRedis(this.settings.REDIS_URL, { connectionName: this.connectionName })));
     return { queue: this.queue, events };
   }
 
