@@ -494,9 +494,15 @@ export class LeaseOpsClient {
     }
     const outcome = await this.call(() => this.untilCut(jobs.run(parsedLease.data, begun.token, parsed.data, `exec.${randomUUID()}`))).catch(async (err: unknown) => {
       // Ended, the activity has the worker cancel the command (cut by closeNow, too: helper-38's ran on).
-      const ending = partition.ops.activities.end(begun.token).catch(() => undefined);
+      const ending = partition.ops.activities.end(begun.token).then(
+        () => true,
+        () => false,
+      );
       this.execsEnding.add(ending);
-      await ending.finally(() => this.execsEnding.delete(ending));
+      const cancelled = await ending.finally(() => this.execsEnding.delete(ending));
+      // Cut, with its end not in Redis (Redis slow at the cut): the command may run on, and a
+      // caller told to retry would run it twice (helper-39).
+      if (err instanceof ClientClosedError && !cancelled) throw new ExecError('exec_cut', 'the API closed while the command ran and could not cancel it: it may still be running; do not run it again blindly');
       throw err;
     });
     opts.signal?.removeEventListener('abort', onAbort);

@@ -18,6 +18,7 @@ import { startApiServer } from '../src/api/server.ts';
 import { loadConfig } from '../src/config.ts';
 import { createLogger } from '../src/logger.ts';
 import { readUntil, TestBed } from './helpers/env.ts';
+import { RedisProcess } from './helpers/redis-process.ts';
 
 // Issue 25 part 2: commands in a sandbox, bracketed by an activity gate, on the simulated
 // cloud's toolbox (real processes). Seed 000 with a command that ignores its cancel for a while.
@@ -203,6 +204,31 @@ describe('exec, as an independent attack tried it (helper-5)', () => {
     expect(((await res.json()) as { error: { code: string } }).error.code).toBe('client_closed');
     await closing;
     await readUntil(async () => fake!.toolbox.alive(id) === 0, 5_000, 'the command cancelled');
+  });
+
+  it("an API closing with a command running while Redis takes no writes answers 502 exec_cut, not a 503 to retry: it could not cancel the command (helper-39: told client_closed, and the command ran to its end)", { timeout: 30_000 }, async () => {
+    const redis = await RedisProcess.start();
+    try {
+      const { bed, fake, id } = await setUp({ env: { REDIS_URL: redis.url } });
+      const config = loadConfig({ REDIS_URL: redis.url, LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX, LEASE_OPS_QUEUE: bed.config.LEASE_OPS_QUEUE, LEASE_OPS_API_PORT: '0', LEASE_OPS_API_TOKENS: JSON.stringify([{ token: TOKENS.co, companyId: 'co' }]) });
+      const server = await startApiServer(config, createLogger({ level: 'silent' }));
+      const call = fetch(`${server.url}/v1/leases/daytona/co/env/${id}/exec`, { method: 'POST', headers: { authorization: `Bearer ${TOKENS.co}`, 'content-type': 'application/json' }, body: JSON.stringify({ providerLeaseId: id, command: 'sleep 20' }) });
+      await readUntil(async () => fake.toolbox.alive(id) === 1, 5_000, 'the command running');
+      const closing = server.close();
+      // Redis takes no writes past the close's 2 s cut: the activity's end cannot land.
+      await bed.redis.client('PAUSE', 3_500, 'WRITE');
+      const res = await call;
+      const body = (await res.json()) as { error: { code: string } };
+      expect([res.status, body.error.code, res.headers.get('connection')]).toEqual([502, 'exec_cut', 'close']);
+      await closing;
+    } finally {
+      // Closed here, while their Redis still runs (afterEach would find it gone).
+      await client?.close();
+      await fake?.close(); // its command ends, so the worker's close does not wait for it
+      await bed?.close();
+      client = bed = fake = undefined;
+      await redis.stop();
+    }
   });
 
   it('the simulated cloud kills what a stopped sandbox still runs (a command that ignores SIGTERM does not outlive the stop)', async () => {

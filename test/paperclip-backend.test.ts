@@ -78,6 +78,17 @@ describe("the paperclip plugin's HTTP backend, against a lease-ops busy or in tr
     expect(polls).toBeLessThan(12);
   });
 
+  it("says hook_timeout, not an earlier refusal, when the last try went unanswered: it may have been accepted (helper-39: an acquire taken for refused made a sandbox nobody owned)", async () => {
+    stub.asked = 0;
+    stub.answer = (_req, res) => {
+      if (stub.asked <= 2) json(res, 429, { error: { code: 'company_requests_full', message: 'busy' } }, { 'retry-after': '0' });
+      // The third is taken, and its answer never comes before the deadline.
+    };
+    const failed = await httpBackend(stub.base, 't').enqueue({ op: 'acquire', lease, params: { runId: 'r' }, idempotencyKey: 'k' }, 0, Date.now() + 1_500).catch((e: unknown) => e);
+    expect(failed).toMatchObject({ code: 'hook_timeout' });
+    expect(stub.asked).toBe(3);
+  });
+
   it('backs off from 100 ms to 2 s, not past it (helper-38: 3.2 s)', { timeout: 20_000 }, async () => {
     const at: number[] = [];
     stub.answer = (_req, res) => {

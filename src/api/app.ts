@@ -834,7 +834,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
   app.use((req, _res) => {
     throw new HttpError(404, 'not_found', `no route ${req.method} ${req.path}`);
   });
-  app.use(errorHandler(log));
+  app.use(errorHandler(log, () => client.isClosed));
   return app;
 }
 
@@ -852,6 +852,8 @@ const operationNotFound = (jobId: string) => new HttpError(404, 'operation_not_f
 /** An exec's failure as HTTP: what the caller can fix (4xx), Redis or the key (503), the service or a worker (502, 504). */
 const EXEC_STATUS: Record<string, number> = {
   secrets_key_missing: 503,
+  // The API closed under it and could not cancel it: not a 503 to retry (it may still run).
+  exec_cut: 502,
   exec_unsupported: 422,
   unknown_provider: 422,
   provider_deleted: 422,
@@ -866,7 +868,7 @@ const EXEC_STATUS: Record<string, number> = {
   exec_timeout: 504,
 };
 
-function errorHandler(log: Logger): ErrorRequestHandler {
+function errorHandler(log: Logger, closing: () => boolean): ErrorRequestHandler {
   return (err: unknown, req, res, _next) => {
     let status = 500;
     let body: { code: string; message: string; details?: unknown[]; jobId?: string; probe?: unknown } = { code: 'internal_error', message: 'internal error' };
@@ -952,6 +954,8 @@ function errorHandler(log: Logger): ErrorRequestHandler {
     }
     else if (status >= 500 && res.locals.chosenAnswer !== true) (req.log ?? log).error({ err }, 'request failed');
     if (res.headersSent) return;
+    // Closing: whatever it answers, the connection goes with it.
+    if (closing()) res.setHeader('Connection', 'close');
     res.locals.errorCode = body.code;
     res.status(status).json({ error: body });
   };

@@ -116,7 +116,8 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
       const cutting = Promise.all([walks?.close(), client.closeNow()]).catch(() => undefined);
       // Their answers get a moment to go out (an exec's once its command is cancelled: up to 250 ms), then every socket is cut.
       const cutShort = new Promise((resolve) => setTimeout(resolve, 300).unref());
-      void Promise.race([cutting, cutShort]).then(() => (lastCut = setTimeout(() => server.closeAllConnections(), 250)));
+      // Unref'd: it may be set after the server closed (then it has nothing left to cut).
+      void Promise.race([cutting, cutShort]).then(() => (lastCut = setTimeout(() => server.closeAllConnections(), 250).unref()));
     }, 2_000);
     await closed;
     clearInterval(idle);

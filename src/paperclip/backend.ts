@@ -160,7 +160,8 @@ export function httpBackend(base: string, token: string | undefined, fetchImpl: 
         // Down or busy for a moment (its Redis away, a restart behind a proxy, a budget full): asked again.
         const known = typeof code === 'string' ? code : undefined;
         if (res.status === 502 || res.status === 504 || (res.status === 429 && PASSING_429.has(known)) || (res.status === 503 && PASSING_503.has(known))) {
-          if (res.status === 429) lastRefusal = { status: res.status, body };
+          // Only a refusal in the last answer says nothing was accepted (a 502, 503 or 504 may hide one that was).
+          lastRefusal = res.status === 429 ? { status: res.status, body } : null;
           lastProblem = `HTTP ${res.status}${typeof code === 'string' ? ` ${code}` : ''}`;
           answered = res.status === 503 || res.status === 429;
           const seconds = Number(res.headers.get('retry-after'));
@@ -171,6 +172,8 @@ export function httpBackend(base: string, token: string | undefined, fetchImpl: 
       } catch (err) {
         lastProblem = (err as { cause?: { code?: string } }).cause?.code ?? (err as Error).name ?? 'error';
         retryAfterMs = 0;
+        // No answer: this try may have been taken (an enqueue accepted), so no refusal stands for it (helper-39).
+        lastRefusal = null;
       }
       await new Promise((r) => setTimeout(r, Math.min(Math.max(retryAfterMs, Math.min(2_000, 100 * 2 ** tries)), Math.max(1, deadline - Date.now()), 60_000)));
     }
