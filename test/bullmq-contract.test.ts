@@ -2,7 +2,7 @@ import { DelayedError, Job, Queue, QueueEvents, UnrecoverableError, Worker, type
 import { beforeAll, describe, expect, it } from 'vitest';
 import { BULLMQ_TESTED_RANGE, checkBullmqVersion } from '../src/queues/bullmq-version.ts';
 import { bullmqFetchingScripts, FETCHING_SCRIPTS, quietScript } from '../src/queues/quiet-fetch.ts';
-import { openQueueEvents } from '../src/queues/queue-events.ts';
+import { openQueueEvents, waitForJobEnd } from '../src/queues/queue-events.ts';
 import { createRedis, keepCopies, type RedisClient } from '../src/queues/redis.ts';
 import { LOCK_RENEWAL_FAILED, SUPERSEDED_END } from '../src/queues/worker.ts';
 import { WAIT_TIMED_OUT } from '../src/client.ts';
@@ -42,6 +42,31 @@ describe('BullMQ, as lease-ops relies on it', () => {
     };
     return { queue, events, key, startWorker };
   }
+
+  it("a job's completion and failure reach waitForJobEnd as its events name them (completed:<id>, failed:<id>), also for a job that ended before the wait began; and a wait whose client is gone ends at its signal with nothing unhandled and no timer left (helper-39)", async () => {
+    const { queue, events, startWorker } = await fresh('job-end');
+    const stop = new AbortController();
+    await startWorker(async (job) => {
+      if (job.data.fail) throw new Error('it failed');
+      return { answer: job.data.n };
+    });
+    const done = await queue.add('j', { n: 1 }, { jobId: 'done-before' });
+    await readUntil(async () => (await Job.fromId(queue, done.id!))?.finishedOn, 5_000, 'the job to end');
+    expect(await waitForJobEnd(queue, done.id!, events, 5_000, stop.signal)).toEqual({ answer: 1 });
+    const later = await queue.add('j', { n: 2 }, { jobId: 'done-later' });
+    expect(await waitForJobEnd(queue, later.id!, events, 5_000, stop.signal)).toEqual({ answer: 2 });
+    const failing = await queue.add('j', { fail: true }, { jobId: 'failing' });
+    expect(((await rejectionOf(waitForJobEnd(queue, failing.id!, events, 5_000, stop.signal))) as Error).message).toBe('it failed');
+    // The queue's own connection gone (as a client's at its close), no offline queue: its first
+    // read fails, and the wait ends at its signal.
+    const gone = createRedis(REDIS_URL, { enableOfflineQueue: false });
+    const goneQueue = new Queue('job-end', { connection: gone, prefix });
+    await goneQueue.waitUntilReady();
+    gone.disconnect();
+    const waiting = waitForJobEnd(goneQueue, 'never', events, 600_000, stop.signal);
+    stop.abort();
+    expect(((await rejectionOf(waiting)) as Error).message).toMatch(/closing/);
+  });
 
   it('is the version lease-ops was tested with (a startup check refuses others)', async () => {
     const { readFileSync } = await import('node:fs');

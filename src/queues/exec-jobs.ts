@@ -112,7 +112,7 @@ export class ExecJobs {
     };
     const job: Job = await queue.add('exec', data, { jobId, attempts: 1, removeOnComplete: { age: 60 }, removeOnFail: { age: 60 } });
     try {
-      const stored = StoredSchema.safeParse(await job.waitUntilFinished(events, request.timeoutMs + EXEC_GRACE_MS + 15_000));
+      const stored = StoredSchema.safeParse(await this.waited.waitFor(jobId, events, request.timeoutMs + EXEC_GRACE_MS + 15_000));
       const text = stored.success ? await this.connection.getdel(outcomeKey(this.settings.LEASE_OPS_PREFIX, jobId)) : null;
       const outcome = ExecOutcomeSchema.safeParse(text === null ? null : JSON.parse(text));
       if (outcome.success) return outcome.data;

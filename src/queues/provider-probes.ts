@@ -88,7 +88,7 @@ export class ProviderProbes {
     const jobId = `${PROBE_JOB}.${subject}.${Math.floor(Date.now() / PROBE_REUSE_MS)}`;
     const job: Job = await queue.add(PROBE_JOB, probe, { jobId, attempts: 1, removeOnComplete: { age: 120 }, removeOnFail: { age: 120 } });
     try {
-      const result = ProbeSchema.safeParse(await job.waitUntilFinished(events, timeoutMs));
+      const result = ProbeSchema.safeParse(await this.waited.waitFor(job.id ?? jobId, events, timeoutMs));
       if (result.success) return result.data;
       return { ok: false, code: 'probe_failed', message: 'the worker answered the probe with something this version cannot read', at: Date.now() };
     } catch (err) {

@@ -1,4 +1,5 @@
-import { Queue, QueueEvents } from 'bullmq';
+import type { EventEmitter } from 'node:events';
+import { Job, Queue, QueueEvents } from 'bullmq';
 import { createRedis, reportRedisError, type RedisClient } from './redis.ts';
 
 /**
@@ -18,12 +19,55 @@ export async function openQueueEvents(redisUrl: string, queueName: string, prefi
 }
 
 /**
+ * A job's end, as BullMQ's Job.waitUntilFinished gives it (its return value, or an Error with
+ * its failure; "timed out" after `ttlMs`), where that one could not serve a closing client: its
+ * first read of the job runs in a promise no one handles, which rejects unhandled once the
+ * client's connection is gone (helper-39's CI run), and its timer outlives a close (105 s for
+ * an exec). Here a failed first read leaves it to the events, and `signal` ends the wait, its
+ * timer and its listeners at once.
+ */
+export function waitForJobEnd(queue: Queue, jobId: string, events: QueueEvents, ttlMs: number, signal: AbortSignal): Promise<unknown> {
+  // BullMQ emits a job's own events by name (completed:<id>), which its typings do not list.
+  const emitter = events as unknown as EventEmitter;
+  return new Promise((resolve, reject) => {
+    const completedEvent = `completed:${jobId}`;
+    const failedEvent = `failed:${jobId}`;
+    const settle = (end: () => void) => {
+      clearTimeout(timer);
+      emitter.off(completedEvent, onCompleted);
+      emitter.off(failedEvent, onFailed);
+      signal.removeEventListener('abort', onAbort);
+      end();
+    };
+    const onCompleted = (args: { returnvalue: unknown }) => settle(() => resolve(args.returnvalue));
+    const onFailed = (args: { failedReason: string }) => settle(() => reject(new Error(args.failedReason)));
+    const onAbort = () => settle(() => reject(new Error(`the wait for job ${jobId} ended: its queue is closing`)));
+    const timer = setTimeout(() => settle(() => reject(new Error(`Job wait timed out before finishing, no finish notification arrived after ${ttlMs}ms (id=${jobId})`))), ttlMs);
+    emitter.on(completedEvent, onCompleted);
+    emitter.on(failedEvent, onFailed);
+    if (signal.aborted) return onAbort();
+    signal.addEventListener('abort', onAbort, { once: true });
+    // It may have ended before the listeners were on (the events are read from when they opened).
+    void Job.fromId(queue, jobId).then(
+      (job) => {
+        if (!job?.finishedOn) return;
+        if (job.failedReason) onFailed({ failedReason: job.failedReason });
+        else onCompleted({ returnvalue: job.returnvalue });
+      },
+      () => undefined,
+    );
+  });
+}
+
+/**
  * A queue that callers add jobs to and wait on (a probe, an exec): the queue and its event
  * stream, each opened on first use and closed together.
  */
 export class WaitedQueue {
   private queue: Queue | null = null;
   private events: Promise<{ events: QueueEvents; connection: RedisClient }> | null = null;
+  /** Aborted by close(): every wait for a job's end ends then. */
+  private readonly closing = new AbortController();
 
   constructor(
     private readonly connection: RedisClient,
@@ -43,7 +87,13 @@ export class WaitedQueue {
     return { queue: this.queue, events };
   }
 
+  /** A job's end (waitForJobEnd), or an Error once this closes. */
+  waitFor(jobId: string, events: QueueEvents, ttlMs: number): Promise<unknown> {
+    return waitForJobEnd(this.queue!, jobId, events, ttlMs, this.closing.signal);
+  }
+
   async close(): Promise<void> {
+    this.closing.abort();
     if (this.events) {
       const { events, connection } = await this.events;
       await events.close().catch(() => undefined);
