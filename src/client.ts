@@ -84,6 +84,10 @@ export class LeaseOpsClient {
   }
   /** Set by close(): every call after it, and one its closing cut short, fails with ClientClosedError. */
   private closed = false;
+  /** Whether close() was called: a caller can then tell the client closing from Redis away. */
+  get isClosed(): boolean {
+    return this.closed;
+  }
   /** Aborted by closeNow(): execs and probes still waiting end with ClientClosedError, an exec's command cancelled. */
   private readonly cutting = withoutListenerLimit(new AbortController());
   /** Execs' activities being ended as closeNow() cuts them: it waits a moment for them before its connections go. */
@@ -98,10 +102,6 @@ export class LeaseOpsClient {
       this.cutting.signal.addEventListener('abort', onCut, { once: true });
     });
     return Promise.race([work, cut]).finally(() => this.cutting.signal.removeEventListener('abort', onCut));
-  }
-  /** Whether close() was called: a caller can then tell the client closing from Redis away. */
-  get isClosed(): boolean {
-    return this.closed;
   }
   private layoutClaimed: Promise<void> | null = null;
   private layoutClaimedAt = 0;
@@ -637,7 +637,6 @@ export class LeaseOpsClient {
     for (const p of this.partitions) p.wakeWaits();
   }
 
-  /** Closes the connections; with Redis gone, gives BullMQ LEASE_OPS_REDIS_TIMEOUT_MS to close, then cuts them. */
   /**
    * close() without waiting for what is in flight: its connections go at once, so calls still
    * running end with ClientClosedError now (the API's close, at its cut).
@@ -658,6 +657,7 @@ export class LeaseOpsClient {
     await this.close();
   }
 
+  /** Closes the connections; with Redis gone, gives BullMQ LEASE_OPS_REDIS_TIMEOUT_MS to close, then cuts them. */
   async close(): Promise<void> {
     this.closed = true;
     this.endWaits();

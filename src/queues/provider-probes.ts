@@ -1,4 +1,3 @@
-import type { Job } from 'bullmq';
 import { z } from 'zod';
 import type { Logger } from '../logger.ts';
 import type { ProviderRegistry } from '../providers/registry.ts';
@@ -86,9 +85,9 @@ export class ProviderProbes {
     // Shared for a while per provider (per instance); a draft's probe is its own.
     const subject = probe.draft ? `draft.${probe.draft}` : Buffer.from(JSON.stringify([name, probe.companyId ?? null, probe.environmentId ?? null])).toString('base64url');
     const jobId = `${PROBE_JOB}.${subject}.${Math.floor(Date.now() / PROBE_REUSE_MS)}`;
-    const job: Job = await queue.add(PROBE_JOB, probe, { jobId, attempts: 1, removeOnComplete: { age: 120 }, removeOnFail: { age: 120 } });
+    await queue.add(PROBE_JOB, probe, { jobId, attempts: 1, removeOnComplete: { age: 120 }, removeOnFail: { age: 120 } });
     try {
-      const result = ProbeSchema.safeParse(await this.waited.waitFor(job.id ?? jobId, events, timeoutMs));
+      const result = ProbeSchema.safeParse(await this.waited.waitFor(jobId, events, timeoutMs));
       if (result.success) return result.data;
       return { ok: false, code: 'probe_failed', message: 'the worker answered the probe with something this version cannot read', at: Date.now() };
     } catch (err) {
