@@ -5,6 +5,7 @@ import { HttpError } from './http-error.ts';
 import { WaitBudget } from './wait-budget.ts';
 import { CompanyTurns } from './company-turns.ts';
 import { RefusalLog } from './refusal-log.ts';
+import { requestLog, requestLogger } from './request-log.ts';
 import { walksInProcess, type Walks } from './walks.ts';
 import { CompanyRateLimiter, costOfBody, DEFAULT_COMPANY_RATES, type RequestClass } from './company-rates.ts';
 import { actionPage, attentionPage, PAGE_CSP, timelinePage, timelinePath } from './pages.ts';
@@ -12,7 +13,6 @@ import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import { ExpressAdapter } from '@bull-board/express';
 import type { Queue } from 'bullmq';
 import express, { type ErrorRequestHandler, type NextFunction, type Request, type Response } from 'express';
-import { pinoHttp } from 'pino-http';
 import { z } from 'zod';
 import type { ClientPartition, LeaseOpsClient } from '../client.ts';
 import { LayoutError } from '../queues/layout.ts';
@@ -242,6 +242,9 @@ const LOGGED_QUERY_PARAMS: ReadonlySet<string> = new Set(['waitMs', 'offset', 'l
 /** An activity's token in a route's path (its heartbeat, its end): masked in the request log. */
 const ACTIVITY_TOKEN_IN_PATH = /(\/activities\/)[^/?;]+/i;
 
+/** A request on its log line: its id, method and URL, with only the query values it reads, and no activity token. */
+const describeRequest = (req: Request) => ({ id: (req as Request & { id?: unknown }).id, method: req.method, url: redactQuery(req.originalUrl ?? req.url, LOGGED_QUERY_PARAMS).replace(ACTIVITY_TOKEN_IN_PATH, '$1***') });
+
 /** The HTTP API, Bull Board and the operations endpoints, as one express 5 app. */
 export function createApiApp(deps: ApiDeps): express.Express {
   const { client, log } = deps;
@@ -310,23 +313,23 @@ export function createApiApp(deps: ApiDeps): express.Express {
   app.disable('x-powered-by');
   app.set('query parser', 'simple');
   app.use(
-    pinoHttp({
-      logger: log,
+    requestLog(log, {
       // Probes and scrapes are frequent and tell nothing; keep them out of the log.
-      autoLogging: { ignore: (req) => ['/healthz', '/readyz', '/metrics'].includes(req.url ?? '') },
-      // Whose request it was, on its line (a company's token; read again when the line is written).
-      customProps: (_req, res) => {
-        const companyId = ((res as unknown as Response).locals?.principal as Principal | undefined)?.companyId;
+      ignore: (req) => ['/healthz', '/readyz', '/metrics'].includes(req.url),
+      describe: describeRequest,
+      // Whose request it was, on its line (a company's token).
+      props: (res) => {
+        const companyId = (res.locals?.principal as Principal | undefined)?.companyId;
         return companyId === undefined ? {} : { companyId };
       },
-      customLogLevel: (_req, res, err) => {
+      level: (res, err) => {
         // A 5xx the API chose to give (closing, Redis away, a walk it dropped): a warning.
-        if (!err && res.statusCode >= 500 && (res as unknown as Response).locals?.chosenAnswer === true) return 'warn';
+        if (!err && res.statusCode >= 500 && res.locals?.chosenAnswer === true) return 'warn';
         if (err || res.statusCode >= 500) return 'error';
         if (res.statusCode === 429) {
           // A company past its budget: counted, one line per interval (RefusalLog).
-          const code = (res as unknown as Response).locals?.errorCode as string | undefined;
-          const companyId = ((res as unknown as Response).locals?.principal as Principal | undefined)?.companyId;
+          const code = res.locals?.errorCode as string | undefined;
+          const companyId = (res.locals?.principal as Principal | undefined)?.companyId;
           if (code?.startsWith('company_') && companyId !== undefined) {
             refusals.note(companyId, code);
             return 'silent';
@@ -334,20 +337,13 @@ export function createApiApp(deps: ApiDeps): express.Express {
         }
         return res.statusCode >= 400 ? 'warn' : 'info';
       },
-      // pino-http makes up an Error (and its stack) for any 5xx it was not given one for: an
-      // answer the API chose is its code instead.
-      customErrorObject: (_req, res, error, logged) => {
-        const locals = (res as unknown as Response).locals;
-        if (locals?.chosenAnswer !== true) return logged;
-        const { err: _madeUp, ...rest } = logged as Record<string, unknown>;
-        return { ...rest, code: locals.errorCode };
+      // An answer the API chose is its code, not an Error made up for it (and its stack).
+      errorFields: (res, fields) => {
+        if (res.locals?.chosenAnswer !== true) return fields;
+        const { err: _madeUp, ...rest } = fields;
+        return { ...rest, code: res.locals.errorCode };
       },
-      customErrorMessage: (_req, res) => ((res as unknown as Response).locals?.chosenAnswer === true ? `answered ${res.statusCode}` : 'request errored'),
-      serializers: {
-        // Only what helps; headers carry tokens and cookies.
-        req: (req: { method: string; url: string; id: unknown }) => ({ id: req.id, method: req.method, url: redactQuery(req.url, LOGGED_QUERY_PARAMS).replace(ACTIVITY_TOKEN_IN_PATH, '$1***') }),
-        res: (res: { statusCode: number }) => ({ statusCode: res.statusCode }),
-      },
+      errorMessage: (res) => (res.locals?.chosenAnswer === true ? `answered ${res.statusCode}` : 'request errored'),
     }),
   );
 
@@ -531,7 +527,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
       const view = await client
         .getOperation(enqueued.jobId, { waitMs: waits.spread(wait) })
         .catch((err: unknown) => {
-          (req.log ?? log).warn({ jobId: enqueued.jobId, err: err instanceof Error ? err.message : String(err) }, 'the wait of an accepted enqueue failed: answered with its receipt');
+          requestLogger(log, req, describeRequest).warn({ jobId: enqueued.jobId, err: err instanceof Error ? err.message : String(err) }, 'the wait of an accepted enqueue failed: answered with its receipt');
           return null;
         })
         .finally(slot.release);
@@ -944,15 +940,15 @@ function errorHandler(log: Logger, closing: () => boolean): ErrorRequestHandler 
       body = { code: err.code, message: 'this API is configured with another partition count than the deployment; retry later' };
     }
     // A deployment fault is one line with what to do, not a stack per request.
-    if (err instanceof LayoutError) (req.log ?? log).error({ code: err.code }, err.message);
+    if (err instanceof LayoutError) requestLogger(log, req, describeRequest).error({ code: err.code }, err.message);
     // An answer the API chose to give (503 walk_unavailable, say) is a line, not a stack.
     else if ((err instanceof HttpError || err instanceof ClientClosedError) && status >= 500) {
       // Its request's own line says it (customErrorObject); one whose caller left has no answer
       // to log, so it is a line of its own.
       res.locals.chosenAnswer = true;
-      if (res.headersSent || res.destroyed) (req.log ?? log).warn({ code: err.code }, err.message);
+      if (res.headersSent || res.destroyed) requestLogger(log, req, describeRequest).warn({ code: err.code }, err.message);
     }
-    else if (status >= 500 && res.locals.chosenAnswer !== true) (req.log ?? log).error({ err }, 'request failed');
+    else if (status >= 500 && res.locals.chosenAnswer !== true) requestLogger(log, req, describeRequest).error({ err }, 'request failed');
     if (res.headersSent) return;
     // Closing: whatever it answers, the connection goes with it.
     if (closing()) res.setHeader('Connection', 'close');
