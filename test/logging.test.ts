@@ -143,6 +143,17 @@ describe('the request log', () => {
     expect(JSON.stringify(info.lines)).not.toContain('secret-in-query');
     expect(info.lines.filter((line) => String((line.req as { url?: string } | undefined)?.url).startsWith('/healthz'))).toEqual([]);
 
+    // A long poll its caller leaves was not answered: "request aborted", as pino-http said (helper-40).
+    const { jobId } = await bed.ops.enqueue({ op: 'stop', lease: { provider: 'recording', companyId: 'acme', environmentId: 'prod', leaseId: 'sb-held' }, params: { providerLeaseId: 'sb-held' } });
+    const left = new AbortController();
+    const poll = fetch(`${api.base}/v1/operations/${encodeURIComponent(jobId)}?waitMs=20000`, { headers: { authorization: `Bearer ${TOKEN}` }, signal: left.signal }).catch(() => 'left');
+    await readUntil(async () => /lease_ops_api_waits\{of="all"\} 1\b/.test(await (await fetch(`${api.base}/metrics`)).text()), 5_000, 'the long poll held');
+    left.abort();
+    expect(await poll).toBe('left');
+    const aborted = await readUntil(async () => info.lines.find((line) => line.msg === 'request aborted'), 5_000, 'the aborted line');
+    expect((aborted.req as { url: string }).url).toBe(`/v1/operations/${encodeURIComponent(jobId)}?waitMs=20000`);
+    expect(requestLines()).toHaveLength(2);
+
     // At warn: reads are below the level, so no line and no logger is made for them.
     const warn = counted('warn');
     const quiet = await startTestApi(bed, warn.log);
