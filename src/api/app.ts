@@ -943,8 +943,8 @@ function errorHandler(log: Logger, closing: () => boolean): ErrorRequestHandler 
     if (err instanceof LayoutError) requestLogger(log, req, describeRequest).error({ code: err.code }, err.message);
     // An answer the API chose to give (503 walk_unavailable, say) is a line, not a stack.
     else if ((err instanceof HttpError || err instanceof ClientClosedError) && status >= 500) {
-      // Its request's own line says it (customErrorObject); one whose caller left has no answer
-      // to log, so it is a line of its own.
+      // Its request's own line says it (the request log's errorFields); one whose caller left
+      // is only "request aborted" there, so its code is a line of its own.
       res.locals.chosenAnswer = true;
       if (res.headersSent || res.destroyed) requestLogger(log, req, describeRequest).warn({ code: err.code }, err.message);
     }
