@@ -40,7 +40,10 @@ export function redactQuery(target: string, shown?: ReadonlySet<string>): string
   // Parameters in the path (`;name=value`, up to the next `/`), and in the query (up to the
   // next `&`, `;` or a second `?`).
   const query = shown ? queryPart.replace(/([?&;])([^&;?]*)/g, (_all, separator: string, piece: string) => `${separator}${shownPiece(piece, shown)}`) : queryPart.replace(/([?&;])([^=&;?]*)=([^&;?]*)/g, mask);
-  return pathPart.replace(/(;)([^=;/]*)=([^;/]*)/g, mask) + query;
+  // A path's `;` parameters follow the query's rule: with `shown`, a long value under a name the
+  // API reads is masked too (helper-40: `/v1/attention;limit=<token>` was logged whole).
+  const pathShown = shown ? pathPart.replace(/;([^;/]*)/g, (_all, piece: string) => `;${shownPiece(piece, shown)}`) : pathPart.replace(/(;)([^=;/]*)=([^;/]*)/g, mask);
+  return pathShown + query;
 }
 
 /**

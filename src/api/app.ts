@@ -240,10 +240,16 @@ async function repairEveryLane(ops: LeaseOpsClient['ops'], log: Logger): Promise
 const LOGGED_QUERY_PARAMS: ReadonlySet<string> = new Set(['waitMs', 'offset', 'limit', 'probe', 'companyId', 'cursor', 'activeQueue', 'status', 'page', 'jobsPerPage', 'action']);
 
 /** An activity's token in a route's path (its heartbeat, its end): masked in the request log. */
-const ACTIVITY_TOKEN_IN_PATH = /(\/activities\/)[^/?;]+/i;
+const ACTIVITY_TOKEN_IN_PATH = /(\/activities\/)[^/?;]+/gi;
 
 /** A request on its log line: its id, method and URL, with only the query values it reads, and no activity token. */
-const describeRequest = (req: Request) => ({ id: (req as Request & { id?: unknown }).id, method: req.method, url: redactQuery(req.originalUrl ?? req.url, LOGGED_QUERY_PARAMS).replace(ACTIVITY_TOKEN_IN_PATH, '$1***') });
+const describeRequest = (req: Request) => ({ id: (req as Request & { id?: unknown }).id, method: req.method, url: redactQuery(withoutFragment(req.originalUrl ?? req.url), LOGGED_QUERY_PARAMS).replace(ACTIVITY_TOKEN_IN_PATH, '$1***') });
+
+/** A raw client may send a `#fragment`, which the API never reads: masked whole. */
+const withoutFragment = (url: string) => {
+  const hash = url.indexOf('#');
+  return hash < 0 ? url : `${url.slice(0, hash)}#***`;
+};
 
 /** The HTTP API, Bull Board and the operations endpoints, as one express 5 app. */
 export function createApiApp(deps: ApiDeps): express.Express {

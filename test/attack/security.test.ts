@@ -539,6 +539,9 @@ describe('issue 12, scenarios 6 and 8, what the attack on the change found', () 
     expect(redactQuery(`/v1/x?${TOKEN}`, shown)).toBe('/v1/x?***');
     expect(redactQuery(`/v1/x?x&t%3D${TOKEN}`, shown)).toBe('/v1/x?***&***');
     expect(redactQuery(`/v1/x?limit=${TOKEN}&waitMs=30000&limit=5`, shown)).toBe('/v1/x?limit=***&waitMs=30000&limit=5');
+    // The path's `;` parameters by the same rule (helper-40: a long one the API reads was kept).
+    expect(redactQuery(`/v1/attention;limit=${TOKEN}`, shown)).toBe('/v1/attention;limit=***');
+    expect(redactQuery('/v1/x;limit=5/y;other=1', shown)).toBe('/v1/x;limit=5/y;other=***');
   });
 
   it('a Redis URL naming no database number, and a token listed twice, are configuration errors that print no secret', () => {
