@@ -245,6 +245,9 @@ const ACTIVITY_TOKEN_IN_PATH = /(\/activities\/)[^/?;]+/gi;
 /** A request on its log line: its id, method and URL, with only the query values it reads, and no activity token. */
 const describeRequest = (req: Request) => ({ id: (req as Request & { id?: unknown }).id, method: req.method, url: redactQuery(withoutFragment(req.originalUrl ?? req.url), LOGGED_QUERY_PARAMS).replace(ACTIVITY_TOKEN_IN_PATH, '$1***') });
 
+/** The logger of one request, bound to it as its line in the request log is. */
+const lineOf = (log: Logger, req: Request) => requestLogger(log, req, describeRequest);
+
 /** A raw client may send a `#fragment`, which the API never reads: masked whole. */
 const withoutFragment = (url: string) => {
   const hash = url.indexOf('#');
@@ -533,7 +536,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
       const view = await client
         .getOperation(enqueued.jobId, { waitMs: waits.spread(wait) })
         .catch((err: unknown) => {
-          requestLogger(log, req, describeRequest).warn({ jobId: enqueued.jobId, err: err instanceof Error ? err.message : String(err) }, 'the wait of an accepted enqueue failed: answered with its receipt');
+          lineOf(log, req).warn({ jobId: enqueued.jobId, err: err instanceof Error ? err.message : String(err) }, 'the wait of an accepted enqueue failed: answered with its receipt');
           return null;
         })
         .finally(slot.release);
@@ -946,15 +949,15 @@ function errorHandler(log: Logger, closing: () => boolean): ErrorRequestHandler 
       body = { code: err.code, message: 'this API is configured with another partition count than the deployment; retry later' };
     }
     // A deployment fault is one line with what to do, not a stack per request.
-    if (err instanceof LayoutError) requestLogger(log, req, describeRequest).error({ code: err.code }, err.message);
+    if (err instanceof LayoutError) lineOf(log, req).error({ code: err.code }, err.message);
     // An answer the API chose to give (503 walk_unavailable, say) is a line, not a stack.
     else if ((err instanceof HttpError || err instanceof ClientClosedError) && status >= 500) {
       // Its request's own line says it (the request log's errorFields); one whose caller left
       // is only "request aborted" there, so its code is a line of its own.
       res.locals.chosenAnswer = true;
-      if (res.headersSent || res.destroyed) requestLogger(log, req, describeRequest).warn({ code: err.code }, err.message);
+      if (res.headersSent || res.destroyed) lineOf(log, req).warn({ code: err.code }, err.message);
     }
-    else if (status >= 500 && res.locals.chosenAnswer !== true) requestLogger(log, req, describeRequest).error({ err }, 'request failed');
+    else if (status >= 500 && res.locals.chosenAnswer !== true) lineOf(log, req).error({ err }, 'request failed');
     if (res.headersSent) return;
     // Closing: whatever it answers, the connection goes with it.
     if (closing()) res.setHeader('Connection', 'close');
