@@ -146,6 +146,17 @@ describe.concurrent('the worker process', () => {
     expect(worker.logs.some((l) => l.includes('closing without waiting for running jobs'))).toBe(true);
   });
 
+  it('runs a TypeScript provider module through tsx\'s loader, as docs/providers.md tells a user to (examples/memory-provider.ts)', async ({ onTestFinished }) => {
+    const bed = await bedFor(onTestFinished);
+    // The tests' own provider modules reach their workers compiled (childModule); this one is
+    // given as the documentation says, a .ts file and NODE_OPTIONS='--import tsx'.
+    const worker = workerFor(onTestFinished, workerEnv(bed, { NODE_OPTIONS: '--import tsx', LEASE_OPS_PROVIDERS: './examples/memory-provider.ts', MEMORY_PROVIDER_TRANSITION_MS: '10' }));
+    await worker.ready;
+    expect(worker.logs.find((l) => l.includes('"worker started"'))).toMatch(/"providers":\[[^\]]*"memory"/);
+    const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: { ...lease('ts-provider'), provider: 'memory' }, params: { runId: 'ts-provider' } });
+    expect((await bed.waitForAll([jobId])).get(jobId)).toBe('completed');
+  });
+
   it('refuses a bad environment with a message naming the variable', async () => {
     const run = promisify(execFile)(process.execPath, [BIN, 'worker'], {
       env: { ...process.env, LEASE_OPS_CONCURRENCY: 'lots' },

@@ -2,9 +2,10 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { copyFileSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
+import { childModule } from './child-module.ts';
 import type { Finished } from './env.ts';
 
 const BIN = fileURLToPath(new URL('../../bin/lease-ops.js', import.meta.url));
@@ -19,13 +20,15 @@ export class WorkerProcess {
   private readonly lineListeners = new Set<(line: string) => void>();
 
   constructor(env: Record<string, string>) {
-    // The CLI runs compiled code; a provider module given as a .ts file (the tests' own) needs tsx's loader.
-    const tsProviders = (env.LEASE_OPS_PROVIDERS ?? '').split(',').some((name) => name.trim().endsWith('.ts'));
+    // The CLI runs compiled code; a provider module given as a .ts file (the tests' own) is
+    // handed to it compiled (childModule), so the child needs no TypeScript loader; unless the
+    // test gives it tsx's loader itself, as docs/providers.md tells a user to.
+    if (env.LEASE_OPS_PROVIDERS && !env.NODE_OPTIONS?.includes('tsx')) env = { ...env, LEASE_OPS_PROVIDERS: env.LEASE_OPS_PROVIDERS.split(',').map((name) => (name.trim().endsWith('.ts') ? childModule(resolve(name.trim())) : name)).join(',') };
     // A diagnostic report on SIGUSR2 (written by Node's own signal listener, so only while the
     // event loop turns): terminate() asks for one when the worker does not stop, and shows its stacks.
     this.reports = mkdtempSync(join(tmpdir(), 'lease-ops-worker-report-'));
     const report = ['--report-on-signal', '--report-signal=SIGUSR2', `--report-directory=${this.reports}`];
-    this.child = spawn(process.execPath, [...report, ...(tsProviders ? ['--import', 'tsx'] : []), BIN, 'worker'], {
+    this.child = spawn(process.execPath, [...report, BIN, 'worker'], {
       env: { ...process.env, LEASE_OPS_LOG_LEVEL: 'info', ...env },
       stdio: ['ignore', 'pipe', 'pipe'],
     });

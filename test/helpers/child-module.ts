@@ -1,0 +1,40 @@
+import { createHash } from 'node:crypto';
+import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { basename, dirname, join, relative, resolve, sep } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+
+const ROOT = fileURLToPath(new URL('../..', import.meta.url));
+const SRC = join(ROOT, 'src') + sep;
+const DIST = join(ROOT, 'dist') + sep;
+const OUT = join(ROOT, '.cache', 'child-modules');
+
+/**
+ * A test's TypeScript module (a provider given to a `lease-ops worker` child) as JavaScript
+ * the child can load without tsx: Node 20 cannot run TypeScript, and tsx's loader took a
+ * worker's start from 0.45 to 0.9 s of CPU here, in a suite that starts a hundred of them.
+ * Its imports of `src/` point at the compiled `dist/` (the code the child runs, built before
+ * the tests), as a provider package's imports of lease-ops would; its imports of other test
+ * modules are compiled the same way. Compiled once per content, into `.cache/child-modules`.
+ */
+export function childModule(file: string): string {
+  const source = readFileSync(file, 'utf8');
+  const hash = createHash('sha256').update(file).update('\0').update(source).digest('hex').slice(0, 16);
+  const out = join(OUT, `${basename(file, '.ts')}-${hash}.mjs`);
+  if (existsSync(out)) return out;
+  // typescript is loaded only when something is compiled: a run compiles each module once.
+  const ts = createRequire(import.meta.url)('typescript') as typeof import('typescript');
+  const js = ts
+    .transpileModule(source, { fileName: file, compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022 } })
+    .outputText.replace(/(\bfrom\s*|\bimport\s*\(?\s*)(['"])(\.\.?\/[^'"]+\.ts)\2/g, (_, keyword: string, quote: string, specifier: string) => {
+      const target = resolve(dirname(file), specifier);
+      const replaced = target.startsWith(SRC) ? pathToFileURL(join(DIST, relative(SRC, target)).replace(/\.ts$/, '.js')).href : pathToFileURL(childModule(target)).href;
+      return `${keyword}${quote}${replaced}${quote}`;
+    });
+  mkdirSync(OUT, { recursive: true });
+  // Written whole, then renamed: vitest's worker processes may compile the same module at once.
+  const partial = `${out}.${process.pid}.partial`;
+  writeFileSync(partial, js);
+  renameSync(partial, out);
+  return out;
+}
