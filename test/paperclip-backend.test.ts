@@ -39,6 +39,15 @@ describe("the paperclip plugin's HTTP backend, against a lease-ops busy or in tr
     expect(stub.asked).toBeLessThan(12);
   });
 
+  it('names the last answer when the try in flight at the deadline is cut there (under load, a test saw "last: TimeoutError" instead)', async () => {
+    stub.asked = 0;
+    // Two refusals, then a try that gets no answer: the hook's deadline cuts it.
+    stub.answer = (_req, res) => (stub.asked <= 2 ? json(res, 429, { error: { code: 'company_rate_limited', message: 'slow down' } }, { 'retry-after': '0' }) : undefined);
+    const failed = await httpBackend(stub.base, 't').wait('j', 1_000, Date.now() + 1_000).catch((e: unknown) => e);
+    expect(stub.asked).toBe(3);
+    expect(failed).toMatchObject({ code: 'hook_timeout', message: expect.stringContaining('(last: HTTP 429 company_rate_limited; the next try was cut at the deadline)') });
+  });
+
   it("fails an enqueue refused for a full lane at once with that code (helper-38: it was asked until the hook's timeout, then said hook_timeout); one refused for its company's rate until the deadline fails with the rate's code, and no enqueue is sent after it", async () => {
     stub.asked = 0;
     stub.answer = (_req, res) => json(res, 429, { error: { code: 'lease_queue_full', message: 'the lane is full' } }, { 'retry-after': '1' });

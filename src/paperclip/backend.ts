@@ -141,13 +141,14 @@ export function httpBackend(base: string, token: string | undefined, fetchImpl: 
         if (answered || lastProblem === 'TimeoutError') throw new LeaseOpsHookError('hook_timeout', `lease-ops at ${origin} did not answer ${method} ${path.split('?')[0]} before the hook's deadline (last: ${lastProblem})`);
         throw new LeaseOpsHookError('unreachable', `lease-ops at ${origin} did not answer before the hook's deadline (${lastProblem})`);
       }
+      // A reply may take as long as the wait asked for, plus a margin; never past the deadline.
+      const answerWithinMs = Math.max(1, Math.min(left, (opts.answerMs ?? 0) + 10_000));
       try {
         const res = await fetchImpl(`${origin}${path}`, {
           method,
           headers: { ...headers, ...opts.extraHeaders },
           ...(opts.body === undefined ? {} : { body: JSON.stringify(opts.body) }),
-          // A reply may take as long as the wait asked for, plus a margin; never past the deadline.
-          signal: AbortSignal.timeout(Math.max(1, Math.min(left, (opts.answerMs ?? 0) + 10_000))),
+          signal: AbortSignal.timeout(answerWithinMs),
         });
         const text = await res.text();
         let body: Record<string, unknown> = {};
@@ -170,7 +171,10 @@ export function httpBackend(base: string, token: string | undefined, fetchImpl: 
           return { status: res.status, body };
         }
       } catch (err) {
-        lastProblem = (err as { cause?: { code?: string } }).cause?.code ?? (err as Error).name ?? 'error';
+        const problem = (err as { cause?: { code?: string } }).cause?.code ?? (err as Error).name ?? 'error';
+        // A try the hook's deadline cut says nothing of lease-ops: the last answer stays the one named.
+        const cutAtDeadline = problem === 'TimeoutError' && answerWithinMs === left;
+        lastProblem = cutAtDeadline && answered ? `${lastProblem}; the next try was cut at the deadline` : problem;
         retryAfterMs = 0;
         // No answer: this try may have been taken (an enqueue accepted), so no refusal stands for it (helper-39).
         lastRefusal = null;
