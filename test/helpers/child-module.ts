@@ -8,6 +8,9 @@ const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const SRC = join(ROOT, 'src') + sep;
 const DIST = join(ROOT, 'dist') + sep;
 const OUT = join(ROOT, '.cache', 'child-modules');
+/** A relative import of a .ts module: `from './x.ts'`, `import './x.ts'`, `import('./x.ts')`. */
+const RELATIVE_TS_IMPORT = /(\bfrom\s*|\bimport\s*\(?\s*)(['"])(\.\.?\/[^'"]+\.ts)\2/g;
+const compiling = new Set<string>();
 
 /**
  * A test's TypeScript module (a provider given to a `lease-ops worker` child) as JavaScript
@@ -15,22 +18,31 @@ const OUT = join(ROOT, '.cache', 'child-modules');
  * worker's start from 0.45 to 0.9 s of CPU here, in a suite that starts a hundred of them.
  * Its imports of `src/` point at the compiled `dist/` (the code the child runs, built before
  * the tests), as a provider package's imports of lease-ops would; its imports of other test
- * modules are compiled the same way. Compiled once per content, into `.cache/child-modules`.
+ * modules are compiled the same way. Compiled once per content (its own and its imports'),
+ * into `.cache/child-modules`.
  */
 export function childModule(file: string): string {
+  if (compiling.has(file)) throw new Error(`childModule: ${file} imports itself through other test modules`);
   const source = readFileSync(file, 'utf8');
-  const hash = createHash('sha256').update(file).update('\0').update(source).digest('hex').slice(0, 16);
+  const imports = new Map<string, string>();
+  compiling.add(file);
+  try {
+    for (const [, , , specifier] of source.matchAll(RELATIVE_TS_IMPORT)) {
+      const target = resolve(dirname(file), specifier!);
+      imports.set(specifier!, target.startsWith(SRC) ? pathToFileURL(join(DIST, relative(SRC, target)).replace(/\.ts$/, '.js')).href : pathToFileURL(childModule(target)).href);
+    }
+  } finally {
+    compiling.delete(file);
+  }
+  // The imports' compiled names carry their own content's hash: a changed import changes this one's.
+  const hash = createHash('sha256').update(file).update('\0').update(source).update('\0').update(JSON.stringify([...imports])).digest('hex').slice(0, 16);
   const out = join(OUT, `${basename(file, '.ts')}-${hash}.mjs`);
   if (existsSync(out)) return out;
   // typescript is loaded only when something is compiled: a run compiles each module once.
   const ts = createRequire(import.meta.url)('typescript') as typeof import('typescript');
   const js = ts
     .transpileModule(source, { fileName: file, compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022 } })
-    .outputText.replace(/(\bfrom\s*|\bimport\s*\(?\s*)(['"])(\.\.?\/[^'"]+\.ts)\2/g, (_, keyword: string, quote: string, specifier: string) => {
-      const target = resolve(dirname(file), specifier);
-      const replaced = target.startsWith(SRC) ? pathToFileURL(join(DIST, relative(SRC, target)).replace(/\.ts$/, '.js')).href : pathToFileURL(childModule(target)).href;
-      return `${keyword}${quote}${replaced}${quote}`;
-    });
+    .outputText.replace(RELATIVE_TS_IMPORT, (whole, keyword: string, quote: string, specifier: string) => (imports.has(specifier) ? `${keyword}${quote}${imports.get(specifier)}${quote}` : whole));
   mkdirSync(OUT, { recursive: true });
   // Written whole, then renamed: vitest's worker processes may compile the same module at once.
   const partial = `${out}.${process.pid}.partial`;

@@ -1,0 +1,40 @@
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { basename, join, relative } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { afterAll, describe, expect, it } from 'vitest';
+import { childModule } from './helpers/child-module.ts';
+
+// The tests' TypeScript modules handed to worker children compiled (test/helpers/child-module.ts).
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+mkdirSync(join(ROOT, '.cache'), { recursive: true });
+const dir = mkdtempSync(join(ROOT, '.cache', 'child-module-test-'));
+// The modules' names start with the directory's own: what was compiled of them is removed at the end.
+const tag = basename(dir);
+afterAll(() => {
+  rmSync(dir, { recursive: true, force: true });
+  const out = join(ROOT, '.cache', 'child-modules');
+  for (const file of readdirSync(out)) if (file.startsWith(tag)) rmSync(join(out, file), { force: true });
+});
+
+describe('a test module compiled for a child process', () => {
+  it("imports src/ as the compiled dist/ the child runs, and another test module compiled too", async () => {
+    const toErrors = relative(dir, join(ROOT, 'src', 'providers', 'errors.ts'));
+    writeFileSync(join(dir, `${tag}-inner.ts`), 'export const answer: number = 1;\n');
+    writeFileSync(join(dir, `${tag}-outer.ts`), `import { SettlingError } from '${toErrors}';\nimport type { LeaseProvider } from '../../src/providers/types.ts';\nimport { answer } from './${tag}-inner.ts';\nexport const seen: Pick<LeaseProvider, 'name'> = { name: 'x' };\nexport { answer, SettlingError };\n`);
+    const compiled = (await import(pathToFileURL(childModule(join(dir, `${tag}-outer.ts`))).href)) as { answer: number; SettlingError: unknown };
+    const dist = (await import(pathToFileURL(join(ROOT, 'dist', 'providers', 'errors.js')).href)) as { SettlingError: unknown };
+    expect(compiled.answer).toBe(1);
+    expect(compiled.SettlingError).toBe(dist.SettlingError);
+  });
+
+  it('is compiled again when a module it imports changes, not only when it changes itself', async () => {
+    writeFileSync(join(dir, `${tag}-dep.ts`), 'export const version = 1;\n');
+    writeFileSync(join(dir, `${tag}-user.ts`), `export { version } from './${tag}-dep.ts';\n`);
+    const first = childModule(join(dir, `${tag}-user.ts`));
+    expect(childModule(join(dir, `${tag}-user.ts`))).toBe(first);
+    writeFileSync(join(dir, `${tag}-dep.ts`), 'export const version = 2;\n');
+    const second = childModule(join(dir, `${tag}-user.ts`));
+    expect(second).not.toBe(first);
+    expect(((await import(pathToFileURL(second).href)) as { version: number }).version).toBe(2);
+  });
+});
