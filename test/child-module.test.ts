@@ -27,6 +27,14 @@ describe('a test module compiled for a child process', () => {
     expect(compiled.SettlingError).toBe(dist.SettlingError);
   });
 
+  it('keeps its other relative imports and import.meta.url pointing beside its source', async () => {
+    writeFileSync(join(dir, `${tag}-plain.mjs`), 'export const plain = "beside";\n');
+    const source = join(dir, `${tag}-where.ts`);
+    writeFileSync(source, `import { plain } from './${tag}-plain.mjs';\nexport const here: string = import.meta.url;\nexport { plain };\n`);
+    const compiled = (await import(pathToFileURL(childModule(source)).href)) as { here: string; plain: string };
+    expect({ here: compiled.here, plain: compiled.plain }).toEqual({ here: pathToFileURL(source).href, plain: 'beside' });
+  });
+
   it('is compiled again when a module it imports changes, not only when it changes itself', async () => {
     writeFileSync(join(dir, `${tag}-dep.ts`), 'export const version = 1;\n');
     writeFileSync(join(dir, `${tag}-user.ts`), `export { version } from './${tag}-dep.ts';\n`);
