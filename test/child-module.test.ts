@@ -35,6 +35,19 @@ describe('a test module compiled for a child process', () => {
     expect({ here: compiled.here, plain: compiled.plain }).toEqual({ here: pathToFileURL(source).href, plain: 'beside' });
   });
 
+  it("reads imports as TypeScript does: not in comments or strings, a type-only one loads nothing, a .js name finds its .ts (helper-41)", async () => {
+    writeFileSync(join(dir, `${tag}-a.ts`), [
+      `// imported from './${tag}-gone.ts' once; gone now`,
+      `import type { B } from './${tag}-b.ts';`,
+      `import { b } from './${tag}-b.js';`,
+      `export const a: B = { value: b.value + 1, said: 'from import.meta.url' };`,
+      '',
+    ].join('\n'));
+    writeFileSync(join(dir, `${tag}-b.ts`), [`import type { A } from './${tag}-a.ts';`, 'export interface B { value: number; said: string }', 'export const b: B = { value: 1, said: "" };', 'export type { A };', ''].join('\n'));
+    const compiled = (await import(pathToFileURL(childModule(join(dir, `${tag}-a.ts`))).href)) as { a: { value: number; said: string } };
+    expect({ ...compiled.a }).toEqual({ value: 2, said: 'from import.meta.url' });
+  });
+
   it('is compiled again when a module it imports changes, not only when it changes itself', async () => {
     writeFileSync(join(dir, `${tag}-dep.ts`), 'export const version = 1;\n');
     writeFileSync(join(dir, `${tag}-user.ts`), `export { version } from './${tag}-dep.ts';\n`);

@@ -39,13 +39,16 @@ describe("the paperclip plugin's HTTP backend, against a lease-ops busy or in tr
     expect(stub.asked).toBeLessThan(12);
   });
 
-  it('names the last answer when the try in flight at the deadline is cut there (under load, a test saw "last: TimeoutError" instead)', async () => {
+  it.for([
+    [429, 'HTTP 429 company_rate_limited'],
+    [502, 'HTTP 502 bad_gateway'],
+  ] as const)('names the last answer (%i) when the try in flight at the deadline is cut there, and fails hook_timeout (under load, a test saw "last: TimeoutError" instead)', async ([status, named]) => {
     stub.asked = 0;
-    // Two refusals, then a try that gets no answer: the hook's deadline cuts it.
-    stub.answer = (_req, res) => (stub.asked <= 2 ? json(res, 429, { error: { code: 'company_rate_limited', message: 'slow down' } }, { 'retry-after': '0' }) : undefined);
+    // Two answers that pass, then a try that gets none: the hook's deadline cuts it.
+    stub.answer = (_req, res) => (stub.asked <= 2 ? json(res, status, { error: { code: status === 429 ? 'company_rate_limited' : 'bad_gateway', message: 'not now' } }, { 'retry-after': '0' }) : undefined);
     const failed = await httpBackend(stub.base, 't').wait('j', 1_000, Date.now() + 1_000).catch((e: unknown) => e);
     expect(stub.asked).toBe(3);
-    expect(failed).toMatchObject({ code: 'hook_timeout', message: expect.stringContaining('(last: HTTP 429 company_rate_limited; the next try was cut at the deadline)') });
+    expect(failed).toMatchObject({ code: 'hook_timeout', message: expect.stringContaining(`(last: ${named}; the next try was cut at the deadline)`) });
   });
 
   it("fails an enqueue refused for a full lane at once with that code (helper-38: it was asked until the hook's timeout, then said hook_timeout); one refused for its company's rate until the deadline fails with the rate's code, and no enqueue is sent after it", async () => {

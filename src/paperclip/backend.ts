@@ -129,6 +129,8 @@ export function httpBackend(base: string, token: string | undefined, fetchImpl: 
 
   async function request(method: string, path: string, deadline: number, opts: { body?: unknown; extraHeaders?: Record<string, string>; answerMs?: number; refusalAtDeadline?: boolean } = {}) {
     let lastProblem = 'no answer';
+    // The last try was cut by the deadline (a TimeoutError), after the problem named in lastProblem.
+    let lastTryCut = false;
     // A lease-ops that answers, but not by the deadline, is slow, not unreachable.
     let answered = false;
     let retryAfterMs = 0;
@@ -138,7 +140,7 @@ export function httpBackend(base: string, token: string | undefined, fetchImpl: 
       const left = deadline - Date.now();
       if (left <= 0) {
         if (opts.refusalAtDeadline && lastRefusal) return lastRefusal;
-        if (answered || lastProblem === 'TimeoutError') throw new LeaseOpsHookError('hook_timeout', `lease-ops at ${origin} did not answer ${method} ${path.split('?')[0]} before the hook's deadline (last: ${lastProblem})`);
+        if (answered || lastProblem === 'TimeoutError' || lastTryCut) throw new LeaseOpsHookError('hook_timeout', `lease-ops at ${origin} did not answer ${method} ${path.split('?')[0]} before the hook's deadline (last: ${lastProblem})`);
         throw new LeaseOpsHookError('unreachable', `lease-ops at ${origin} did not answer before the hook's deadline (${lastProblem})`);
       }
       // A reply may take as long as the wait asked for, plus a margin; never past the deadline.
@@ -172,9 +174,11 @@ export function httpBackend(base: string, token: string | undefined, fetchImpl: 
         }
       } catch (err) {
         const problem = (err as { cause?: { code?: string } }).cause?.code ?? (err as Error).name ?? 'error';
-        // A try the hook's deadline cut says nothing of lease-ops: the last answer stays the one named.
-        const cutAtDeadline = problem === 'TimeoutError' && answerWithinMs === left;
-        lastProblem = cutAtDeadline && answered ? `${lastProblem}; the next try was cut at the deadline` : problem;
+        // A try the hook's deadline cut says nothing new: the problem before it (an answer, a
+        // 502, a refused connection) stays the one named. It fails hook_timeout, as a
+        // TimeoutError always did.
+        lastTryCut = problem === 'TimeoutError' && answerWithinMs === left && tries > 0;
+        lastProblem = lastTryCut ? `${lastProblem}; the next try was cut at the deadline` : problem;
         retryAfterMs = 0;
         // No answer: this try may have been taken (an enqueue accepted), so no refusal stands for it (helper-39).
         lastRefusal = null;
