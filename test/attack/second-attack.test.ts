@@ -53,15 +53,25 @@ describe('a stale attempt never cleans up after an acquire that its successor co
     const env = { LEASE_OPS_KEEP_COMPLETED_S: '0' };
     const frozen = worker(bed, url, { ...env, LEASE_OPS_FAULT_POINTS: 'after-lane-acquire=pause*1' });
     await frozen.ready;
-    const completed = new Promise<{ providerLeaseId: string }>((resolve) => {
-      bed.events.on('completed', ({ returnvalue }) => resolve((typeof returnvalue === 'string' ? JSON.parse(returnvalue) : returnvalue) as { providerLeaseId: string }));
+    // The acquire's own end (any other job's, such as a clean-up's, is not the re-run's): its
+    // deadline must leave the successor time to start and complete it, and under load 6 s did
+    // not (the acquire failed deadline_exceeded, and a clean-up's end was taken for it).
+    const DEADLINE_MS = 10_000;
+    // (It cannot end before its id is known: its first attempt stops before any provider call.)
+    let acquireId = '';
+    const completed = new Promise<{ providerLeaseId: string }>((resolve, reject) => {
+      bed.events.on('completed', ({ jobId: id, returnvalue }) => id === acquireId && resolve((typeof returnvalue === 'string' ? JSON.parse(returnvalue) : returnvalue) as { providerLeaseId: string }));
+      bed.events.on('failed', ({ jobId: id, failedReason }) => id === acquireId && reject(new Error(`the re-run did not complete: ${failedReason}`)));
     });
+    completed.catch(() => undefined); // awaited below
     const startedAt = Date.now();
-    const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('handed-out'), params: { runId: 'r' }, deadlineMs: 6_000 });
+    const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('handed-out'), params: { runId: 'r' }, deadlineMs: DEADLINE_MS });
+    acquireId = jobId;
     await frozen.waitForLog('fault point after-lane-acquire: pause');
     worker(bed, url, env); // the successor
     const { providerLeaseId } = await completed; // the re-run; BullMQ removes the job as it completes
-    await readUntil(async () => Date.now() > startedAt + 6_500, 10_000, 'the acquire\'s deadline passing');
+    // The acquire's deadline passing.
+    await new Promise((r) => setTimeout(r, Math.max(0, startedAt + DEADLINE_MS + 500 - Date.now())));
     frozen.child.kill('SIGCONT');
     // It wakes, and says what it does with the acquire: refuses as stale, or queues a clean-up.
     await readUntil(async () => frozen.logs.some((l) => l.includes(jobId) && /stale attempt|clean-up of what it made is queued/.test(l)), 10_000, 'the frozen attempt deciding');
