@@ -73,13 +73,14 @@ function compile(file: string, source: string, importing: readonly string[]): { 
     let target = resolve(dirname(file), specifier);
     // NodeNext's way of naming a .ts module, as tsx resolves it.
     if (target.endsWith('.js') && !existsSync(target) && existsSync(target.replace(/\.js$/, '.ts'))) target = target.replace(/\.js$/, '.ts');
-    let compiled = target;
-    if (target.endsWith('.ts') && target.startsWith(SRC)) compiled = join(DIST, relative(SRC, target)).replace(/\.ts$/, '.js');
+    // What the child loads in its place: dist's module for src's, a compiled test module, or the file itself.
+    let loaded = target;
+    if (target.endsWith('.ts') && target.startsWith(SRC)) loaded = join(DIST, relative(SRC, target)).replace(/\.ts$/, '.js');
     else if (target.endsWith('.ts')) {
-      compiled = childModule(target, importing);
+      loaded = childModule(target, importing);
       if (!testModules.includes(target)) testModules.push(target);
     }
-    edits.push({ start: literal.getStart(tree), end: literal.getEnd(), text: JSON.stringify(pathToFileURL(compiled).href) });
+    edits.push({ start: literal.getStart(tree), end: literal.getEnd(), text: JSON.stringify(pathToFileURL(loaded).href) });
   };
   const visit = (node: import('typescript').Node): void => {
     // Type-only imports and exports vanish from the output: nothing to load, and no cycle.
