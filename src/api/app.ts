@@ -227,11 +227,18 @@ async function repairLaneOfJob(ops: LeaseOpsClient['ops'], jobId: string): Promi
   await ops.lanes.repair(laneId);
 }
 
-/** After a bulk removal: every lane's removed waiting jobs go, then every lane is repaired. */
+/**
+ * After a bulk removal: every lane's removed waiting jobs go, then every lane is repaired. The
+ * lanes are asked 200 at a time (one script each, as a cluster may hold them on different
+ * masters): one after another, 525 lanes took over 20 s on a loaded machine, while a new
+ * operation on a cleaned lane waited for it.
+ */
 async function repairEveryLane(ops: LeaseOpsClient['ops'], log: Logger): Promise<void> {
-  for (const laneId of await ops.lanes.allLanes()) await ops.lanes.forgetRemoved(laneId);
+  const lanes = await ops.lanes.allLanes();
+  for (let from = 0; from < lanes.length; from += FORGET_AT_ONCE) await Promise.all(lanes.slice(from, from + FORGET_AT_ONCE).map((laneId) => ops.lanes.forgetRemoved(laneId)));
   await sweepEveryLane(ops, log);
 }
+const FORGET_AT_ONCE = 200;
 
 /**
  * Query parameters the API and the board read: their values are logged. Any other
