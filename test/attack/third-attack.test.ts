@@ -52,18 +52,11 @@ describe('a bulk clean in Bull Board with more than a page (500) of other open l
 
   it('forgets the removed jobs of its lanes many lanes at a time, not one round trip after another (beside four busy loops, the 525 lanes above took over 20 s)', { timeout: 60_000 }, async () => {
     const lanes = api.client.partitions[0]!.ops.lanes;
+    expect((await lanes.allLanes()).length).toBeGreaterThan(500);
     const forget = lanes.forgetRemoved.bind(lanes);
-    const listLanes = lanes.allLanes.bind(lanes);
-    let listed: number | null = null;
     let inFlight = 0;
     let most = 0;
     let done = 0;
-    // The lanes the repair found (its first look), and each lane's step as it is asked and answered.
-    lanes.allLanes = async () => {
-      const all = await listLanes();
-      listed ??= all.length;
-      return all;
-    };
     lanes.forgetRemoved = async (...args: Parameters<typeof forget>) => {
       most = Math.max(most, ++inFlight);
       try {
@@ -75,12 +68,12 @@ describe('a bulk clean in Bull Board with more than a page (500) of other open l
     };
     try {
       expect(await board.clean(api, ADMIN, bed.config.LEASE_OPS_QUEUE, 'delayed')).toBe(200);
-      await readUntil(async () => listed !== null && done >= listed, 30_000, 'every lane looked at');
+      // Many at once, or most of the lanes one after another. (The previous test's repair may
+      // still be under way: it is the same code, and counts the same.)
+      await readUntil(async () => most >= 100 || done >= 500, 30_000, 'the lanes asked');
     } finally {
       lanes.forgetRemoved = forget;
-      lanes.allLanes = listLanes;
     }
-    expect(listed).toBeGreaterThan(500);
     expect(most).toBeGreaterThanOrEqual(100);
   });
 });
