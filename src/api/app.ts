@@ -229,8 +229,8 @@ async function repairLaneOfJob(ops: LeaseOpsClient['ops'], jobId: string): Promi
 
 /**
  * After a bulk removal: every lane's removed waiting jobs go, then every lane is repaired. The
- * lanes are asked a few at a time: one after another, 525 lanes took over 20 s on a loaded
- * machine while a new operation on a cleaned lane waited; 200 at a time held the API's own
+ * lanes are asked a few at a time: one after another, a new operation on one of 525 cleaned
+ * lanes was not handed off within 20 s on a loaded machine; 200 at a time held the API's own
  * connection (Redis runs them back to back) for up to 1.5 s with long lanes, and gave the last
  * of a batch the wait of all before it inside its command timeout (helper-42). A lane that
  * fails stops neither the others nor the repair after them.
