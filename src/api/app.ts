@@ -237,14 +237,19 @@ async function repairLaneOfJob(ops: LeaseOpsClient['ops'], jobId: string): Promi
  */
 async function repairEveryLane(ops: LeaseOpsClient['ops'], log: Logger): Promise<void> {
   const lanes = await ops.lanes.allLanes();
-  const failed: { laneId: string; err: unknown }[] = [];
+  let failed = 0;
+  let first: { laneId: string; err: unknown } | null = null;
   for (let from = 0; from < lanes.length; from += FORGET_AT_ONCE) {
     const batch = lanes.slice(from, from + FORGET_AT_ONCE);
     const results = await Promise.allSettled(batch.map((laneId) => ops.lanes.forgetRemoved(laneId)));
-    results.forEach((r, i) => r.status === 'rejected' && failed.push({ laneId: batch[i]!, err: r.reason }));
+    for (const [i, r] of results.entries()) {
+      if (r.status === 'fulfilled') continue;
+      failed++;
+      first ??= { laneId: batch[i]!, err: r.reason };
+    }
   }
-  if (failed.length) log.warn({ err: failed[0]!.err, laneId: failed[0]!.laneId, failed: failed.length, lanes: lanes.length }, 'some lanes kept their removed jobs after a removal in Bull Board');
-  await sweepEveryLane(ops, log);
+  if (first) log.warn({ err: first.err, laneId: first.laneId, failed, lanes: lanes.length }, 'some lanes kept their removed jobs after a removal in Bull Board');
+  await sweepEveryLane(ops, log, lanes);
 }
 const FORGET_AT_ONCE = 20;
 

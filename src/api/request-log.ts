@@ -37,9 +37,9 @@ export function requestLogger(log: Logger, req: Request, describe: RequestLogOpt
  * fields (`req`, `res`, `responseTime`, `err`) and messages ("request completed", "request
  * aborted" for one its caller left or whose connection was cut, or the error's message).
  * pino-http built a child logger (two, with bindings of its own) for every request, logged or
- * not: about 200 µs of a /healthz answer's 880 µs of the API's CPU here. Here the line's level is decided first, and
- * nothing is built for a request whose line is not written (a probe, a level below the
- * logger's, a company's refusal counted instead).
+ * not: about 200 µs of a /healthz answer's 880 µs of the API's CPU here. Here the line's
+ * level is decided first, and nothing is built for a request whose line is not written (a
+ * probe, a level below the logger's, a company's refusal counted instead).
  */
 export function requestLog(log: Logger, options: RequestLogOptions) {
   return (req: Request, res: Response, next: NextFunction): void => {

@@ -34,8 +34,9 @@ export async function sweepLanes(ops: OperationsQueue, staleMs: number, log: Log
  * retry comes due): after a bulk clean, which names no job. The lanes are listed first, as
  * a repair re-dates a lane and would move it in the index under a paging reader.
  */
-export async function sweepEveryLane(ops: OperationsQueue, log: Logger): Promise<SweepReport> {
-  const all = await ops.lanes.allLanes();
+export async function sweepEveryLane(ops: OperationsQueue, log: Logger, listed?: string[]): Promise<SweepReport> {
+  // A caller that has just listed them (the API after a bulk clean) passes its list: not read twice.
+  const all = listed ?? (await ops.lanes.allLanes());
   let from = 0;
   return repairPages(ops, log, async () => all.slice(from, (from += PAGE)));
 }
