@@ -187,6 +187,5 @@ describe('the request log', () => {
     expect((await fetch(`${quiet.base}${lease}`, { headers: { authorization: 'Bearer nope-nope-nope-nope' } })).status).toBe(401);
     await readUntil(async () => warn.lines.some((line) => (line.res as { statusCode?: number } | undefined)?.statusCode === 401), 5_000, 'the 401 line');
     expect(warn.lines.find((line) => (line.res as { statusCode?: number } | undefined)?.statusCode === 401)).toMatchObject({ level: 40, msg: 'request completed', req: { method: 'GET', url: lease } });
-
   });
 });
