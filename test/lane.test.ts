@@ -182,14 +182,20 @@ describe('the lane', () => {
     expect(await bed.laneKeys()).toEqual([]);
   });
 
-  it('re-parks an operation promoted by hand out of turn; it still runs after the one before it', async () => {
+  it('re-parks an operation promoted by hand out of turn; it still runs after the one before it', async ({ onTestFinished }) => {
     bed = await TestBed.create();
     const held = gate();
-    const { provider, calls } = createRecordingProvider({ behaviour: async ({ op }) => (op === 'stop' ? (await held.promise, 'ok' as const) : ('ok' as const)) });
+    // Opened whatever happens: the bed's close waits for the held call.
+    onTestFinished(() => held.open());
+    const stopStarted = gate();
+    const { provider, calls } = createRecordingProvider({ behaviour: async ({ op }) => (op === 'stop' ? (stopStarted.open(), await held.promise, 'ok' as const) : ('ok' as const)) });
     await bed.startWorker(provider);
     const first = await bed.ops.enqueue({ op: 'stop', lease: lease('a'), params: stop('a') });
     const second = await bed.ops.enqueue({ op: 'destroy', lease: lease('a'), params: stop('a') });
     expect(await bed.ops.queue.getJobState(second.jobId)).toBe('delayed');
+    // Promoted once the stop runs: under load (a CI run), the promoted job was re-parked before
+    // the stop's call had begun, and the call list below was still empty.
+    await stopStarted.promise;
     await (await Job.fromId(bed.ops.queue, second.jobId))!.promote();
     // The promoted job is picked up, finds it is not its turn, and parks again.
     await new Promise<void>((resolve) => {
