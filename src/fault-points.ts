@@ -25,6 +25,7 @@ export type FaultPoint =
   | 'lane-yield'
   | 'after-lane-yield'
   | 'before-acquire-release'
+  | 'refused-end'
   | 'after-release'
   | 'before-park'
   | 'lane-park'

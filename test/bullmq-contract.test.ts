@@ -68,6 +68,33 @@ describe('BullMQ, as lease-ops relies on it', () => {
     expect(((await rejectionOf(waiting)) as Error).message).toMatch(/closing/);
   });
 
+  it("hands handleCompleted the job object its processor got, and fails the job (once, for good if unrecoverable) with what handleCompleted throws: how a refused completion of a cancelled acquire is ended (worker.ts)", async () => {
+    const { queue } = await fresh('completion-step');
+    const seen: { processed: Job[]; completed: Job[] } = { processed: [], completed: [] };
+    class Stepped extends Worker {
+      protected override async handleCompleted(_result: unknown, job: Job): Promise<Job> {
+        seen.completed.push(job);
+        throw new UnrecoverableError('refused at its completion');
+      }
+    }
+    const connection = createRedis(REDIS_URL);
+    const w = new Stepped('completion-step', async (job) => void seen.processed.push(job), { connection, prefix });
+    const errors: Error[] = [];
+    w.on('error', (err) => errors.push(err));
+    closers.push(async () => {
+      await w.close();
+      connection.disconnect();
+    });
+    await queue.add('j', {}, { jobId: 'completion-step-1', attempts: 3 });
+    await readUntil(async () => (await queue.getJobState('completion-step-1')) === 'failed', 5_000, 'the job to fail');
+    const job = (await Job.fromId(queue, 'completion-step-1'))!;
+    expect({ reason: job.failedReason, attemptsMade: job.attemptsMade }).toEqual({ reason: 'refused at its completion', attemptsMade: 1 });
+    expect(seen.completed).toHaveLength(1);
+    expect(seen.completed[0]).toBe(seen.processed[0]);
+    // BullMQ also emits what handleCompleted threw as a worker error (worker.ts does not log it again).
+    expect(errors.map((e) => e.message)).toEqual(['refused at its completion']);
+  });
+
   it('is the version lease-ops was tested with (a startup check refuses others)', async () => {
     const { readFileSync } = await import('node:fs');
     const installed = (JSON.parse(readFileSync(new URL('../node_modules/bullmq/package.json', import.meta.url), 'utf8')) as { version: string }).version;

@@ -168,4 +168,35 @@ describe('a cancel that races the acquire\'s end', () => {
       await worker.terminate();
     }
   });
+
+  it('killed as it fails it (BullMQ refused the completion sent with the refused release, quiet-fetch.ts): another worker fails it as cancelled once its lock lapses, and its sandbox is destroyed', { timeout: 60_000 }, async () => {
+    bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600' });
+    fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 10, stop: 10, forceStop: 0, destroy: 10 } });
+    const providerEnv = { LEASE_OPS_PROVIDERS: 'daytona', DAYTONA_API_URL: await fake.listen(), DAYTONA_API_KEY: 'k' };
+    const first = new WorkerProcess(
+      workerEnv(bed, { ...providerEnv, LEASE_OPS_LOCK_MS: '3000', LEASE_OPS_FAULT_POINTS: 'before-acquire-release=pause*1,refused-end=kill*1' }),
+    );
+    let second: WorkerProcess | undefined;
+    try {
+      await first.ready;
+      const acquired = await bed.ops.enqueue({ op: 'acquire', lease: lease('run-refused'), params: { runId: 'run-refused' } });
+      await first.waitForLog('fault point before-acquire-release: pause');
+      expect(await new OperatorActions(bed.ops).cancel(acquired.jobId, 'host')).toMatchObject({ cancelled: true, whileExecuting: true });
+      first.child.kill('SIGCONT');
+      // The release refused, BullMQ's completion refused, and the worker dies as it begins to fail it.
+      await first.waitForLog('fault point refused-end: kill');
+      await first.exited;
+      expect(await bed.ops.queue.getJobState(acquired.jobId)).toBe('active');
+      second = new WorkerProcess(workerEnv(bed, { ...providerEnv, LEASE_OPS_STALLED_INTERVAL_MS: '500' }));
+      await second.ready;
+      expect((await bed.waitForAll([acquired.jobId], 40_000)).get(acquired.jobId)).toBe('failed');
+      expect((await bed.ops.queue.getJob(acquired.jobId))!.failedReason).toMatch(/^cancelled: /);
+      await readUntil(async () => madeFor(fake!, acquired.jobId).every((state) => state === 'gone'), 15_000, 'the clean-up destroying the sandbox');
+      expect(madeFor(fake, acquired.jobId)).toEqual(['gone']);
+    } finally {
+      first.child.kill('SIGCONT');
+      await first.terminate();
+      await second?.terminate();
+    }
+  });
 });

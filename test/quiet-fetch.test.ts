@@ -1,13 +1,14 @@
 import { Job, Queue, Worker } from 'bullmq';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { bullmqFetchingScripts, defineQuietFetch, FETCHING_SCRIPTS, quietScript } from '../src/queues/quiet-fetch.ts';
+import { bullmqFetchingScripts, CANCELLED_END, defineQuietFetch, FETCHING_SCRIPTS, quietScript } from '../src/queues/quiet-fetch.ts';
 import { createRedis, type RedisClient } from '../src/queues/redis.ts';
 import { createRecordingProvider, seededFraction } from './helpers/recording-provider.ts';
 import { lease, REDIS_URL, scratchRedis, TestBed } from './helpers/env.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
 
 // The quiet fetch (src/queues/quiet-fetch.ts): BullMQ's fetching scripts, with the marker they
-// add after every fetch added only while jobs are left to fetch. Everything else they do is
+// add after every fetch added only while jobs are left to fetch, the next due time in every
+// reply, and a completion refused for a cancelled job whose release refused. Everything else they do is
 // BullMQ's (pinned by bullmq-contract.test.ts, which shows the stock scripts always mark).
 describe('the quiet fetch', () => {
   const { prefix, closers, redis: scratch } = scratchRedis('quiet-fetch');
@@ -90,6 +91,26 @@ describe('the quiet fetch', () => {
     expect(due).toBeGreaterThanOrEqual(before + 60_000);
     expect(due).toBeLessThanOrEqual(Date.now() + 60_000);
     expect(await marked()).toBe(false);
+  });
+
+  it('refuses to complete a cancelled job with no outcome recorded (CANCELLED_END), leaving it active and locked, and completes one whose outcome was recorded', async () => {
+    const { queue, worker, key } = await fresh('guarded');
+    await queue.addBulk([1, 2, 3].map((n) => ({ name: 'j', data: {}, opts: { jobId: `guarded-${n}` } })));
+    const cancelled = (await worker.getNextJob('t1', { block: false }))!;
+    await redis.hset(key('guarded-1'), 'lo:cancel', 'host');
+    const refused = await cancelled.moveToCompleted('done', 't1', true).then(() => null, (err: Error & { code?: number }) => err);
+    expect(refused?.code).toBe(CANCELLED_END);
+    expect(await queue.getJobState('guarded-1')).toBe('active');
+    expect(await redis.get(key('guarded-1:lock'))).toBe('t1');
+    // Failing it is not guarded: a cancelled acquire fails so.
+    const failed = await cancelled.moveToFailed(new Error('cancelled'), 't1', false).then(() => null, (err: Error) => err);
+    expect(failed).toBeNull();
+    expect(await queue.getJobState('guarded-1')).toBe('failed');
+    // Cancelled once its release had recorded the outcome: the completion goes ahead (job-cancel.lua refuses such a mark; set by hand here).
+    const ended = (await worker.getNextJob('t2', { block: false }))!;
+    await redis.hset(key('guarded-2'), 'lo:outcome', '{"status":"completed"}', 'lo:cancel', 'host');
+    expect((await ended.moveToCompleted('done', 't2', false).then(() => null, (err: Error) => err))).toBeNull();
+    expect(await queue.getJobState('guarded-2')).toBe('completed');
   });
 
   it('is refused (BullMQ runs its own scripts) when a script does not read as expected, or a fetch is already defined', async () => {

@@ -48,6 +48,12 @@ export interface AttemptDeps {
   checkpointOf(jobId: string): OperationContext['checkpoint'];
   /** Sends this tick's writes on the worker connection together (the release and BullMQ's completion). */
   coalesceWrites(): void;
+  /**
+   * Where BullMQ's completion refuses to complete a cancelled acquire whose release refused
+   * (quiet-fetch.ts), what the worker runs then, registered by the attempt; null where the
+   * completion is not so guarded, and an acquire's end waits for its release.
+   */
+  refusedEnd: ((job: Job, end: () => Promise<never>) => void) | null;
   /** Whether this worker will fetch its next job right after completing this one (not closing, not paused). */
   fetchesNext(): boolean;
   /** Whether a lane belongs to the partition this worker serves, as the deployment's partition count maps it. */
@@ -405,10 +411,21 @@ export class AttemptLife {
     if (data.op === 'acquire') {
       // Cancelled after the look above and before this release: the release refused to record
       // a completion, and the acquire fails with its sandbox cleaned up, as the cancel said.
-      const ended = await this.laneStep(() => releasing);
-      if (ended.kind === 'cancelled') {
+      const failCancelled = async (): Promise<never> => {
         const by = (await this.laneStep(() => this.cancelledBy())) ?? 'someone';
         return this.failForGood(laneId, fence, data, 'cancelled', `cancelled by ${by} while it ran; what it made is destroyed`, log);
+      };
+      if (this.deps.refusedEnd) {
+        // BullMQ's completion, sent right behind the release, refuses in that same case; the
+        // worker then runs this. A stale attempt's release refuses too (its lock passed on),
+        // and it ends as a stale attempt does.
+        this.deps.refusedEnd(this.job, async () => {
+          await faultPoint('refused-end');
+          if ((await this.laneStep(() => releasing)).kind === 'cancelled') return failCancelled();
+          throw staleEnd(new StaleAttemptError(`attempt of ${this.jobId} is stale: its release was refused`), this.deps.backoff.baseMs);
+        });
+      } else if ((await this.laneStep(() => releasing)).kind === 'cancelled') {
+        return failCancelled();
       }
     }
     const released = releasing.then(

@@ -3,7 +3,7 @@ import type { RedisClient } from './redis.ts';
 
 /**
  * BullMQ's fetching scripts (moveToActive, and the fetch of the next job inside moveToFinished
- * and moveToDelayed), rewritten in two ways; everything else they do is BullMQ's.
+ * and moveToDelayed), rewritten in three ways; everything else they do is BullMQ's.
  *
  * Quiet: BullMQ adds the queue's base marker after every job it takes, whether or not another
  * one waits, and each marker wakes an idle worker's blocking fetch, which then finds nothing.
@@ -18,6 +18,12 @@ import type { RedisClient } from './redis.ts';
  * worker then forgot the due time it knew, often that very retry's, which ran up to the block
  * timeout late. Each now names the next due time; a retry step that took a job also marks the
  * retry's due time, as it does when it takes none, so an idle worker hears of it.
+ *
+ * Cancel-guarded completion: moveToFinished refuses to complete a job that was cancelled
+ * (job-cancel.lua's `lo:cancel`) and has no recorded outcome (`lo:outcome`, which the lane's
+ * release writes), replying CANCELLED_END. An acquire's release, which refuses in that very
+ * case, is sent just ahead of the completion on the same connection, so the two decide alike
+ * and the acquire's end costs one round trip instead of two (see AttemptLife.complete).
  */
 const MARKER_STEP = 'addBaseMarkerIfNeeded(markerKey, false)';
 const quietMarkerStep = (wait: string, prioritized: string) =>
@@ -28,6 +34,15 @@ const DELAYED_NO_FETCH_RETURN = `    addDelayMarkerIfNeeded(markerKey, delayedKe
     return 0`;
 const DELAYED_NO_FETCH_RETURN_WITH_DUE = `    addDelayMarkerIfNeeded(markerKey, delayedKey)
     return {0, 0, 0, getNextDelayedTimestamp(delayedKey) or 0}`;
+/** What the guarded moveToFinished replies for a cancelled job whose release refused to end it. */
+export const CANCELLED_END = -1001;
+const COMPLETION_CHECKS = `    if ARGV[5] == "completed" then
+        if rcall("SCARD", jobIdKey .. ":dependencies") ~= 0 then`;
+const COMPLETION_CHECKS_GUARDED = `    if ARGV[5] == "completed" then
+        if rcall("HEXISTS", jobIdKey, "lo:cancel") == 1 and rcall("HEXISTS", jobIdKey, "lo:outcome") == 0 then
+            return ${CANCELLED_END}
+        end
+        if rcall("SCARD", jobIdKey .. ":dependencies") ~= 0 then`;
 const DELAYED_FETCH_RETURN = `        if result and type(result[1]) == "table" then
             return result`;
 const DELAYED_FETCH_RETURN_MARKED = `        if result and type(result[1]) == "table" then
@@ -46,7 +61,11 @@ interface BullmqScript {
  */
 export const FETCHING_SCRIPTS = [
   { file: 'moveToActive-11', name: 'moveToActive', rewrites: [[MARKER_STEP, quietMarkerStep('KEYS[1]', 'KEYS[3]')], [FETCHED_JOB_RETURN, fetchedJobReturnWithDue('KEYS[7]')]] },
-  { file: 'moveToFinished-14', name: 'moveToFinished', rewrites: [[MARKER_STEP, quietMarkerStep('KEYS[1]', 'KEYS[3]')], [FETCHED_JOB_RETURN, fetchedJobReturnWithDue('KEYS[7]')]] },
+  {
+    file: 'moveToFinished-14',
+    name: 'moveToFinished',
+    rewrites: [[MARKER_STEP, quietMarkerStep('KEYS[1]', 'KEYS[3]')], [FETCHED_JOB_RETURN, fetchedJobReturnWithDue('KEYS[7]')], [COMPLETION_CHECKS, COMPLETION_CHECKS_GUARDED]],
+  },
   {
     file: 'moveToDelayed-11',
     name: 'moveToDelayed',

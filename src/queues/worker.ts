@@ -1,6 +1,6 @@
 import { setMaxListeners } from 'node:events';
 import { partitionOfLane } from '../partitions.ts';
-import { MetricsTime, Queue, UnrecoverableError, Worker, type Job } from 'bullmq';
+import { MetricsTime, Queue, UnrecoverableError, Worker, type Job, type WorkerOptions } from 'bullmq';
 import { Redis } from 'ioredis';
 import type { Config } from '../config.ts';
 import { faultPoint } from '../fault-points.ts';
@@ -14,7 +14,7 @@ import type { LaneNames } from './lane-names.ts';
 import { LeaseHistory } from './lease-history.ts';
 import { LeaseRecords } from './lease-records.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
-import { defineQuietFetch } from './quiet-fetch.ts';
+import { CANCELLED_END, defineQuietFetch } from './quiet-fetch.ts';
 import { BACKOFF_TYPE, OperationsQueue } from './operations-queue.ts';
 import { answerWithin, closeForGood, createRedis, keepCopies, isRedisUnavailable, pingWithin, reportRedisError, type RedisClient } from './redis.ts';
 import { type BackoffSettings, DEFAULT_BACKOFF, RetryLaterError } from './retry-policy.ts';
@@ -85,6 +85,45 @@ export function backoffStrategy(_attempts: number, type?: string, err?: Error): 
   return type === BACKOFF_TYPE && err instanceof RetryLaterError ? err.delayMs : -1;
 }
 
+/**
+ * BullMQ's Worker, with one step added to a job's completion: a completion the guarded
+ * moveToFinished refused (CANCELLED_END in quiet-fetch.ts: an acquire cancelled while it ran,
+ * whose release refused to end it) runs what the attempt left for that case, which fails the
+ * acquire as cancelled and queues its clean-up. The attempt registers that step (refusedEnds)
+ * only where the completion is guarded, so the release and the completion go in one write.
+ */
+class LaneJobsWorker extends Worker {
+  readonly refusedEnds = new WeakMap<Job, () => Promise<never>>();
+  /** Errors that end a refused completion: the attempt said them, so the 'error' event does not again. */
+  readonly saidErrors = new WeakSet<Error>();
+
+  constructor(
+    name: string,
+    processor: (job: Job, token: string | undefined) => Promise<unknown>,
+    opts: WorkerOptions,
+    private readonly retryDelayMs: number,
+  ) {
+    super(name, processor, opts);
+  }
+
+  protected override async handleCompleted(result: unknown, job: Job, token: string, fetchNextCallback?: () => boolean, span?: Parameters<Worker['handleCompleted']>[4]): Promise<Job> {
+    try {
+      return await super.handleCompleted(result, job, token, fetchNextCallback, span);
+    } catch (err) {
+      if ((err as { code?: unknown }).code !== CANCELLED_END) throw err;
+      const end = this.refusedEnds.get(job);
+      this.refusedEnds.delete(job);
+      // None registered (its step already ran and was cut short): the job runs again, and
+      // its next attempt finds the cancel and fails it so, clean-up first.
+      const ended = end ? await end().catch((e: unknown) => e) : new RetryLaterError(this.retryDelayMs, new Error(`${job.id}: its completion was refused (cancelled while it ran); it runs again to fail as cancelled`));
+      if (ended instanceof Error) this.saidErrors.add(ended);
+      throw ended;
+    } finally {
+      this.refusedEnds.delete(job);
+    }
+  }
+}
+
 /** Finished maintenance passes kept, each with its report (a sweep every 5 s: the last ~15 minutes). */
 const MAINTENANCE_KEPT = 200;
 
@@ -94,7 +133,7 @@ const MAINTENANCE_KEPT = 200;
  */
 export class LeaseWorker {
   readonly ops: OperationsQueue;
-  private readonly worker: Worker;
+  private readonly worker: LaneJobsWorker;
   private readonly maintenanceQueue: Queue;
   private readonly maintenanceWorker: Worker;
   /** Runs commands in sandboxes (exec), beside the lanes: an activity orders them against stops. */
@@ -152,11 +191,12 @@ export class LeaseWorker {
     // before BullMQ's completion of the same job, whose fetch-next then finds that job.
     this.releaseLanes = this.ops.lanesOn(workerConnection);
     // Before the Worker is made: it then fetches with these (see quiet-fetch.ts).
-    if (!defineQuietFetch(workerConnection)) log.warn('BullMQ\'s fetch scripts are not the ones lease-ops patches; running them as shipped (an idle worker wakes once per operation for nothing, and a backoff retry can start up to 1 s late)');
+    const completionGuarded = defineQuietFetch(workerConnection);
+    if (!completionGuarded) log.warn('BullMQ\'s fetch scripts are not the ones lease-ops patches; running them as shipped (an idle worker wakes once per operation for nothing, a backoff retry can start up to 1 s late, and an acquire\'s end waits for its release before BullMQ\'s completion)');
     // Two parameters on purpose: BullMQ gives a processor that takes a third one an
     // AbortController per job, which costs more than a no-op operation; the attempt makes
     // its own signal only when a provider asks for it.
-    this.worker = new Worker(settings.LEASE_OPS_QUEUE, (job, token) => this.process(job, token), {
+    this.worker = new LaneJobsWorker(settings.LEASE_OPS_QUEUE, (job, token) => this.process(job, token), {
       connection: workerConnection,
       prefix,
       concurrency: settings.LEASE_OPS_CONCURRENCY,
@@ -173,8 +213,9 @@ export class LeaseWorker {
       // BullMQ's per-minute completed/failed counts, exported with the API's /metrics.
       ...(settings.LEASE_OPS_BULLMQ_METRICS ? { metrics: { maxDataPoints: MetricsTime.ONE_WEEK } } : {}),
       settings: { backoffStrategy },
-    });
+    }, this.backoff.baseMs);
     this.worker.on('error', (err) => {
+      if (this.worker.saidErrors.has(err)) return;
       if (isRedisUnavailable(err)) reportRedisError(err);
       // Said already, by job, through lockRenewalFailed (below): no second line, no stack.
       else if (LOCK_RENEWAL_FAILED.test(err.message)) return;
@@ -209,6 +250,18 @@ export class LeaseWorker {
       redis: this.connection,
       checkpointOf: (jobId: string) => this.checkpointOf(jobId),
       coalesceWrites: () => this.coalesceWrites(),
+      refusedEnd: completionGuarded
+        ? (job: Job, end: () => Promise<never>) =>
+            this.worker.refusedEnds.set(job, async () => {
+              // Still this attempt's work: a closing worker waits for it as for any attempt.
+              this.attemptsInFlight++;
+              try {
+                return await end();
+              } finally {
+                this.attemptsInFlight--;
+              }
+            })
+        : null,
       // A worker that closes or is paused fetches nothing after its completion: the next
       // job of the lane must then wake another worker (see handOff's lazy marker).
       fetchesNext: () => !this.closing && !this.worker.closing && !this.worker.isPaused(),
