@@ -1,9 +1,12 @@
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, onTestFinished } from 'vitest';
 import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
 import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
 import type { LeaseProvider } from '../src/providers/types.ts';
 import { OperatorActions } from '../src/queues/operator-actions.ts';
+import { bullmqFetchingScripts, FETCHING_SCRIPTS, quietScript } from '../src/queues/quiet-fetch.ts';
+import { createRedis } from '../src/queues/redis.ts';
 import { gate, readUntil, TestBed, workerEnv } from './helpers/env.ts';
+import { RedisProcess } from './helpers/redis-process.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
 
 // A host that gave up on an acquire cancels it: queued, backing off or executing, it ends
@@ -198,5 +201,80 @@ describe('a cancel that races the acquire\'s end', () => {
       await first.terminate();
       await second?.terminate();
     }
+  });
+});
+
+// ioredis sends a script by its SHA once it ran it on a connection, and sends it again (as EVAL)
+// only when the NOSCRIPT reply comes back: Redis has run the completion sent in the same write
+// by then. So with the script cache flushed under a connected worker (SCRIPT FLUSH, or a Redis
+// that evicts scripts), an acquire's release can run after BullMQ's completion (helper-43).
+describe("an acquire whose release Redis runs after BullMQ's completion (the scripts flushed under a connected worker)", () => {
+  async function releasedLate(cancel: boolean) {
+    const server = await RedisProcess.start();
+    onTestFinished(() => server.stop());
+    bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_KEEP_COMPLETED_S: '600' });
+    fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 10, stop: 10, forceStop: 0, destroy: 10 } });
+    const side = createRedis(server.url);
+    onTestFinished(() => side.disconnect());
+    const daytona = createDaytonaProvider({ name: 'daytona', apiUrl: await fake.listen(), apiKey: 'k', rateLimits: unpaced });
+    let armed = false;
+    const worker = await bed.startWorker({
+      ...daytona,
+      async acquire(ctx, params) {
+        const made = await daytona.acquire(ctx, params);
+        if (ctx.lease.leaseId === 'run-late') {
+          await side.script('FLUSH');
+          // Another replica's completion loads its script again; nobody loads the release.
+          await side.script('LOAD', quietScript(bullmqFetchingScripts()[1]!, FETCHING_SCRIPTS[1]!.rewrites)!.content);
+          armed = true;
+        }
+        return made;
+      },
+    });
+    // Its connection has run every script once: it sends them by their SHA from now on.
+    const warm = await bed.ops.enqueue({ op: 'acquire', lease: lease('run-warm'), params: { runId: 'run-warm' } });
+    expect((await bed.waitForAll([warm.jobId])).get(warm.jobId)).toBe('completed');
+    // The release sent again after its NOSCRIPT reply is held until the test lets it go.
+    const resent = gate<() => void>();
+    type Sent = { name: string; args: unknown[]; promise: Promise<unknown> };
+    const connection = (worker as unknown as { workerConnection: { sendCommand(cmd: Sent): unknown } }).workerConnection;
+    const send = connection.sendCommand.bind(connection);
+    let releases = 0;
+    connection.sendCommand = (cmd: Sent) => {
+      if (armed && cmd.name === 'evalsha' && cmd.args.some((a) => String(a).includes('"status":"completed"')) && ++releases === 2) {
+        resent.open(() => void send(cmd));
+        return cmd.promise;
+      }
+      return send(cmd);
+    };
+    const acquired = await bed.ops.enqueue({ op: 'acquire', lease: lease('run-late'), params: { runId: 'run-late' } });
+    const letGo = await resent.promise;
+    // Answered in order on that connection: the completion sent with the release has been answered.
+    await (connection as unknown as { ping(): Promise<string> }).ping();
+    // Not completed ahead of its release.
+    expect(await bed.ops.queue.getJobState(acquired.jobId)).toBe('active');
+    const cancelled = cancel ? await new OperatorActions(bed.ops).cancel(acquired.jobId, 'host').catch((err: Error) => err.message) : null;
+    letGo();
+    const state = (await bed.waitForAll([acquired.jobId], 20_000)).get(acquired.jobId);
+    return { acquired, cancelled, state, job: (await bed.ops.queue.getJob(acquired.jobId))! };
+  }
+
+  it('cancelled meanwhile: the cancel is taken, and the acquire fails with cancelled and its sandbox is destroyed', { timeout: 60_000 }, async () => {
+    const { acquired, cancelled, state, job } = await releasedLate(true);
+    expect(cancelled).toMatchObject({ cancelled: true, whileExecuting: true });
+    expect(state).toBe('failed');
+    expect(job.failedReason).toMatch(/^cancelled: /);
+    await readUntil(async () => madeFor(fake!, acquired.jobId).every((s) => s === 'gone'), 15_000, 'the clean-up destroying the sandbox');
+    expect(madeFor(fake!, acquired.jobId)).toEqual(['gone']);
+  });
+
+  it('not cancelled: it completes once its release has run, and the lease\'s next operation runs', { timeout: 60_000 }, async () => {
+    const { acquired, state, job } = await releasedLate(false);
+    expect(state).toBe('completed');
+    expect(JSON.parse((await bed!.redis.hget(bed!.ops.queue.toKey(acquired.jobId), 'lo:outcome'))!)).toMatchObject({ status: 'completed' });
+    expect(madeFor(fake!, acquired.jobId)).toEqual(['started']);
+    const sandbox = (job.returnvalue as { providerLeaseId: string }).providerLeaseId;
+    const stop = await bed!.ops.enqueue({ op: 'stop', lease: lease('run-late'), params: { providerLeaseId: sandbox } });
+    expect((await bed!.waitForAll([stop.jobId], 20_000)).get(stop.jobId)).toBe('completed');
   });
 });

@@ -1,6 +1,6 @@
 import { Job, Queue, Worker } from 'bullmq';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { bullmqFetchingScripts, CANCELLED_END, defineQuietFetch, FETCHING_SCRIPTS, quietScript } from '../src/queues/quiet-fetch.ts';
+import { bullmqFetchingScripts, defineQuietFetch, FETCHING_SCRIPTS, quietScript, UNRELEASED_ACQUIRE } from '../src/queues/quiet-fetch.ts';
 import { createRedis, type RedisClient } from '../src/queues/redis.ts';
 import { createRecordingProvider, seededFraction } from './helpers/recording-provider.ts';
 import { lease, REDIS_URL, scratchRedis, TestBed } from './helpers/env.ts';
@@ -8,7 +8,7 @@ import { RedisProcess } from './helpers/redis-process.ts';
 
 // The quiet fetch (src/queues/quiet-fetch.ts): BullMQ's fetching scripts, with the marker they
 // add after every fetch added only while jobs are left to fetch, the next due time in every
-// reply, and a completion refused for a cancelled job whose release refused. Everything else they do is
+// reply, and an acquire's completion refused until its release recorded its outcome. Everything else they do is
 // BullMQ's (pinned by bullmq-contract.test.ts, which shows the stock scripts always mark).
 describe('the quiet fetch', () => {
   const { prefix, closers, redis: scratch } = scratchRedis('quiet-fetch');
@@ -93,24 +93,31 @@ describe('the quiet fetch', () => {
     expect(await marked()).toBe(false);
   });
 
-  it('refuses to complete a cancelled job with no outcome recorded (CANCELLED_END), leaving it active and locked, and completes one whose outcome was recorded', async () => {
-    const { queue, worker, key } = await fresh('guarded');
-    await queue.addBulk([1, 2, 3].map((n) => ({ name: 'j', data: {}, opts: { jobId: `guarded-${n}` } })));
-    const cancelled = (await worker.getNextJob('t1', { block: false }))!;
-    await redis.hset(key('guarded-1'), 'lo:cancel', 'host');
-    const refused = await cancelled.moveToCompleted('done', 't1', true).then(() => null, (err: Error & { code?: number }) => err);
-    expect(refused?.code).toBe(CANCELLED_END);
-    expect(await queue.getJobState('guarded-1')).toBe('active');
-    expect(await redis.get(key('guarded-1:lock'))).toBe('t1');
-    // Failing it is not guarded: a cancelled acquire fails so.
-    const failed = await cancelled.moveToFailed(new Error('cancelled'), 't1', false).then(() => null, (err: Error) => err);
-    expect(failed).toBeNull();
-    expect(await queue.getJobState('guarded-1')).toBe('failed');
-    // Cancelled once its release had recorded the outcome: the completion goes ahead (job-cancel.lua refuses such a mark; set by hand here).
-    const ended = (await worker.getNextJob('t2', { block: false }))!;
-    await redis.hset(key('guarded-2'), 'lo:outcome', '{"status":"completed"}', 'lo:cancel', 'host');
-    expect((await ended.moveToCompleted('done', 't2', false).then(() => null, (err: Error) => err))).toBeNull();
-    expect(await queue.getJobState('guarded-2')).toBe('completed');
+  it('refuses to complete an acquire whose release has not recorded its outcome (UNRELEASED_ACQUIRE), leaving it active and locked; completes it once the outcome is there, and completes other jobs as BullMQ does', async () => {
+    const { queue, worker, key } = await fresh('released');
+    await queue.add('acquire', {}, { jobId: 'released-1' });
+    await queue.add('stop', {}, { jobId: 'released-2' });
+    const acquire = (await worker.getNextJob('t1', { block: false }))!;
+    // Cancelled, or its release still to come: no outcome either way.
+    await redis.hset(key('released-1'), 'lo:cancel', 'host');
+    const refused = await acquire.moveToCompleted('done', 't1', false).then(() => null, (err: Error & { code?: number }) => err);
+    expect(refused?.code).toBe(UNRELEASED_ACQUIRE);
+    expect(await queue.getJobState('released-1')).toBe('active');
+    expect(await redis.get(key('released-1:lock'))).toBe('t1');
+    await redis.hdel(key('released-1'), 'lo:cancel');
+    expect((await acquire.moveToCompleted('done', 't1', false).then(() => null, (err: Error & { code?: number }) => err))?.code).toBe(UNRELEASED_ACQUIRE);
+    // Recorded by its release: completed, and the fetch that follows takes the next job.
+    await redis.hset(key('released-1'), 'lo:outcome', '{"status":"completed"}');
+    expect((await acquire.moveToCompleted('done', 't1', true))?.[1]).toBe('released-2');
+    expect(await queue.getJobState('released-1')).toBe('completed');
+    // Another operation completes whatever its hash holds, and failing is never refused.
+    const stop = (await Job.fromId(worker as unknown as Queue, 'released-2'))!;
+    await stop.moveToCompleted('done', 't1', false);
+    expect(await queue.getJobState('released-2')).toBe('completed');
+    const failing = await queue.add('acquire', {}, { jobId: 'released-3' });
+    expect((await worker.getNextJob('t3', { block: false }))?.id).toBe(failing.id);
+    await (await Job.fromId(worker as unknown as Queue, 'released-3'))!.moveToFailed(new Error('cancelled'), 't3', false);
+    expect(await queue.getJobState('released-3')).toBe('failed');
   });
 
   it('is refused (BullMQ runs its own scripts) when a script does not read as expected, or a fetch is already defined', async () => {

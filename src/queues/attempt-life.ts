@@ -49,11 +49,12 @@ export interface AttemptDeps {
   /** Sends this tick's writes on the worker connection together (the release and BullMQ's completion). */
   coalesceWrites(): void;
   /**
-   * Where BullMQ's completion refuses to complete a cancelled acquire whose release refused
-   * (quiet-fetch.ts), what the worker runs then, registered by the attempt; null where the
-   * completion is not so guarded, and an acquire's end waits for its release.
+   * Where BullMQ's completion refuses an acquire whose release has not recorded its outcome
+   * (quiet-fetch.ts), what the worker runs then, registered by the attempt: it settles when
+   * the job is to be completed after all, and rejects with how it ends otherwise. Null where
+   * the completion is not so rewritten, and an acquire's end waits for its release.
    */
-  refusedEnd: ((job: Job, end: () => Promise<never>) => void) | null;
+  refusedEnd: ((job: Job, end: () => Promise<void>) => void) | null;
   /** Whether this worker will fetch its next job right after completing this one (not closing, not paused). */
   fetchesNext(): boolean;
   /** Whether a lane belongs to the partition this worker serves, as the deployment's partition count maps it. */
@@ -416,13 +417,14 @@ export class AttemptLife {
         return this.failForGood(laneId, fence, data, 'cancelled', `cancelled by ${by} while it ran; what it made is destroyed`, log);
       };
       if (this.deps.refusedEnd) {
-        // BullMQ's completion, sent right behind the release, refuses in that same case; the
-        // worker then runs this. A stale attempt's release refuses too (its lock passed on),
-        // and it ends as a stale attempt does.
+        // BullMQ's completion, sent right behind the release, refuses in that same case (and
+        // where the release ran after it); the worker then runs this. A stale attempt's release
+        // refuses too (its lock passed on), and it ends as a stale attempt does.
         this.deps.refusedEnd(this.job, async () => {
           await faultPoint('refused-end');
-          if ((await this.laneStep(() => releasing)).kind === 'cancelled') return failCancelled();
-          throw staleEnd(new StaleAttemptError(`attempt of ${this.jobId} is stale: its release was refused`), this.deps.backoff.baseMs);
+          const ended = await this.laneStep(() => releasing);
+          if (ended.kind === 'cancelled') return failCancelled();
+          if (ended.kind === 'stale') throw staleEnd(new StaleAttemptError(`attempt of ${this.jobId} is stale: its release was refused`), this.deps.backoff.baseMs);
         });
       } else if ((await this.laneStep(() => releasing)).kind === 'cancelled') {
         return failCancelled();

@@ -19,11 +19,15 @@ import type { RedisClient } from './redis.ts';
  * timeout late. Each now names the next due time; a retry step that took a job also marks the
  * retry's due time, as it does when it takes none, so an idle worker hears of it.
  *
- * Cancel-guarded completion: moveToFinished refuses to complete a job that was cancelled
- * (job-cancel.lua's `lo:cancel`) and has no recorded outcome (`lo:outcome`, which the lane's
- * release writes), replying CANCELLED_END. An acquire's release, which refuses in that very
- * case, is sent just ahead of the completion on the same connection, so the two decide alike
- * and the acquire's end costs one round trip instead of two (see AttemptLife.complete).
+ * Completion after the release: moveToFinished refuses to complete an acquire whose outcome
+ * the lane's release has not recorded (`lo:outcome`), replying UNRELEASED_ACQUIRE. The release
+ * goes just ahead of the completion on the same connection, so this refuses in the case where
+ * the release refused: the acquire was cancelled while it ran (job-cancel.lua marks it only
+ * while it has no outcome). It also refuses where the release ran late: ioredis sends a script
+ * again (as EVAL) only once Redis answered NOSCRIPT, after the completion sent with it ran
+ * (the script cache flushed under a connected worker; helper-43). Either way the worker
+ * learns what the release said and ends the acquire by it (see LaneJobsWorker), and an
+ * acquire's end costs one round trip instead of two (see AttemptLife.complete).
  */
 const MARKER_STEP = 'addBaseMarkerIfNeeded(markerKey, false)';
 const quietMarkerStep = (wait: string, prioritized: string) =>
@@ -34,13 +38,14 @@ const DELAYED_NO_FETCH_RETURN = `    addDelayMarkerIfNeeded(markerKey, delayedKe
     return 0`;
 const DELAYED_NO_FETCH_RETURN_WITH_DUE = `    addDelayMarkerIfNeeded(markerKey, delayedKey)
     return {0, 0, 0, getNextDelayedTimestamp(delayedKey) or 0}`;
-/** What the guarded moveToFinished replies for a cancelled job whose release refused to end it. */
-export const CANCELLED_END = -1001;
+/** What the rewritten moveToFinished replies for an acquire whose release has not recorded its outcome. */
+export const UNRELEASED_ACQUIRE = -1001;
 const COMPLETION_CHECKS = `    if ARGV[5] == "completed" then
         if rcall("SCARD", jobIdKey .. ":dependencies") ~= 0 then`;
-const COMPLETION_CHECKS_GUARDED = `    if ARGV[5] == "completed" then
-        if rcall("HEXISTS", jobIdKey, "lo:cancel") == 1 and rcall("HEXISTS", jobIdKey, "lo:outcome") == 0 then
-            return ${CANCELLED_END}
+const COMPLETION_CHECKS_AFTER_RELEASE = `    if ARGV[5] == "completed" then
+        local released = rcall("HMGET", jobIdKey, "name", "lo:outcome")
+        if released[1] == "acquire" and not released[2] then
+            return ${UNRELEASED_ACQUIRE}
         end
         if rcall("SCARD", jobIdKey .. ":dependencies") ~= 0 then`;
 const DELAYED_FETCH_RETURN = `        if result and type(result[1]) == "table" then
@@ -64,7 +69,7 @@ export const FETCHING_SCRIPTS = [
   {
     file: 'moveToFinished-14',
     name: 'moveToFinished',
-    rewrites: [[MARKER_STEP, quietMarkerStep('KEYS[1]', 'KEYS[3]')], [FETCHED_JOB_RETURN, fetchedJobReturnWithDue('KEYS[7]')], [COMPLETION_CHECKS, COMPLETION_CHECKS_GUARDED]],
+    rewrites: [[MARKER_STEP, quietMarkerStep('KEYS[1]', 'KEYS[3]')], [FETCHED_JOB_RETURN, fetchedJobReturnWithDue('KEYS[7]')], [COMPLETION_CHECKS, COMPLETION_CHECKS_AFTER_RELEASE]],
   },
   {
     file: 'moveToDelayed-11',

@@ -14,7 +14,7 @@ import type { LaneNames } from './lane-names.ts';
 import { LeaseHistory } from './lease-history.ts';
 import { LeaseRecords } from './lease-records.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
-import { CANCELLED_END, defineQuietFetch } from './quiet-fetch.ts';
+import { defineQuietFetch, UNRELEASED_ACQUIRE } from './quiet-fetch.ts';
 import { BACKOFF_TYPE, OperationsQueue } from './operations-queue.ts';
 import { answerWithin, closeForGood, createRedis, keepCopies, isRedisUnavailable, pingWithin, reportRedisError, type RedisClient } from './redis.ts';
 import { type BackoffSettings, DEFAULT_BACKOFF, RetryLaterError } from './retry-policy.ts';
@@ -86,14 +86,16 @@ export function backoffStrategy(_attempts: number, type?: string, err?: Error): 
 }
 
 /**
- * BullMQ's Worker, with one step added to a job's completion: a completion the guarded
- * moveToFinished refused (CANCELLED_END in quiet-fetch.ts: an acquire cancelled while it ran,
- * whose release refused to end it) runs what the attempt left for that case, which fails the
- * acquire as cancelled and queues its clean-up. The attempt registers that step (refusedEnds)
- * only where the completion is guarded, so the release and the completion go in one write.
+ * BullMQ's Worker, with one step added to a job's completion: a completion moveToFinished
+ * refused (UNRELEASED_ACQUIRE in quiet-fetch.ts: an acquire whose release has not recorded its
+ * outcome) runs what the attempt left for that case (refusedEnds), which waits for the
+ * release's answer: refused for a cancel, it fails the acquire as cancelled (its clean-up
+ * queued first) and that failure is the job's; released after all (it ran late), the job is
+ * completed again. The attempt registers that step only where the completion is so rewritten,
+ * and sends the release and the completion in one write.
  */
 class LaneJobsWorker extends Worker {
-  readonly refusedEnds = new WeakMap<Job, () => Promise<never>>();
+  readonly refusedEnds = new WeakMap<Job, () => Promise<void>>();
   /** Errors that end a refused completion: the attempt said them, so the 'error' event does not again. */
   readonly saidErrors = new WeakSet<Error>();
 
@@ -110,12 +112,13 @@ class LaneJobsWorker extends Worker {
     try {
       return await super.handleCompleted(result, job, token, fetchNextCallback, span);
     } catch (err) {
-      if ((err as { code?: unknown }).code !== CANCELLED_END) throw err;
+      if ((err as { code?: unknown }).code !== UNRELEASED_ACQUIRE) throw err;
       const end = this.refusedEnds.get(job);
       this.refusedEnds.delete(job);
       // None registered (its step already ran and was cut short): the job runs again, and
-      // its next attempt finds the cancel and fails it so, clean-up first.
-      const ended = end ? await end().catch((e: unknown) => e) : new RetryLaterError(this.retryDelayMs, new Error(`${job.id}: its completion was refused (cancelled while it ran); it runs again to fail as cancelled`));
+      // its next attempt repeats the outcome its release recorded, or finds the cancel.
+      const ended = end ? await end().then(() => null, (e: unknown) => e) : new RetryLaterError(this.retryDelayMs, new Error(`${job.id}: its completion came before its release had recorded it; it runs again`));
+      if (ended === null) return super.handleCompleted(result, job, token, fetchNextCallback, span);
       if (ended instanceof Error) this.saidErrors.add(ended);
       throw ended;
     } finally {
@@ -251,7 +254,7 @@ export class LeaseWorker {
       checkpointOf: (jobId: string) => this.checkpointOf(jobId),
       coalesceWrites: () => this.coalesceWrites(),
       refusedEnd: completionGuarded
-        ? (job: Job, end: () => Promise<never>) =>
+        ? (job: Job, end: () => Promise<void>) =>
             this.worker.refusedEnds.set(job, async () => {
               // Still this attempt's work: a closing worker waits for it as for any attempt.
               this.attemptsInFlight++;
