@@ -339,6 +339,25 @@ describe('BullMQ, as lease-ops relies on it', () => {
     expect(SUPERSEDED_END.test(refused)).toBe(true);
   });
 
+  it('refuses the end of an attempt whose lock another holds now (a successor took it over) with "Lock mismatch", which lease-ops logs as a superseded end too (helper-43)', async () => {
+    const { queue, key, startWorker } = await fresh('mismatch');
+    const running = gate();
+    const release = gate();
+    const w = await startWorker(async () => {
+      running.open();
+      await release.promise;
+    });
+    const ended = gate<string>();
+    w.on('error', (err) => ended.open(err.message));
+    await queue.add('mismatch', {}, { jobId: 'mismatch-1' });
+    await running.promise;
+    await redis.set(key('mismatch-1:lock'), 'the-successors-token');
+    release.open();
+    const refused = await ended.promise;
+    expect(refused).toMatch(/^Lock mismatch for job mismatch-1\. Cmd moveToFinished from active/);
+    expect(SUPERSEDED_END.test(refused)).toBe(true);
+  });
+
   it('runs a Worker\'s fetches on copies it makes with duplicate() of the connection it is given, and closes them (what closeForGood reaches)', async () => {
     const name = 'copies';
     const given = createRedis(REDIS_URL);

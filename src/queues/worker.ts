@@ -29,11 +29,12 @@ const CLOSE_PING_MS = 2_000;
 /** BullMQ's error after a lockRenewalFailed event, one per job (test/bullmq-contract.test.ts pins it). */
 export const LOCK_RENEWAL_FAILED = /^could not renew lock for job /;
 /**
- * BullMQ's error when a job's end comes from an attempt whose lock passed on (a superseded
- * attempt, frozen past its lock, say): the lane refused its release already, and this is no
- * fault of the worker's (test/bullmq-contract.test.ts pins it).
+ * BullMQ's errors when a job's end comes from an attempt whose lock passed on (a superseded
+ * attempt, frozen past its lock, say): the lock gone, or another attempt's now. The lane
+ * refused its release already, and this is no fault of the worker's (test/bullmq-contract.test.ts
+ * pins both).
  */
-export const SUPERSEDED_END = /^Missing lock for job \S+\. moveTo(Finished|Failed|Delayed)\b/;
+export const SUPERSEDED_END = /^(Missing lock for job \S+\. |Lock mismatch for job \S+\. Cmd )moveTo(Finished|Failed|Delayed)\b/;
 /** How long a closing worker waits for BullMQ's close once no job runs and Redis answers. */
 const CLOSE_STUCK_MS = 5_000;
 /** How a closing worker's wait for BullMQ's close ended (see waitForClose). */
