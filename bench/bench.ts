@@ -334,11 +334,14 @@ function percentile(sorted: number[], p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
 }
 
-/** What the charts draw: each round's figure, and every hand-off of the hot lease. */
+/** What the charts draw: each round's figure, and every hand-off of the hot lease (its median round). */
 export interface BenchSamples {
   lanesRounds: number[];
   plainRounds: number[];
   groupmqRounds: number[];
+  /** (c) and (c'), each round (older result files have none). */
+  hotRounds?: number[];
+  groupmqHotRounds?: number[];
   handoffsMs: number[];
   /** (i) Each waiting operation's settle lag (ms). */
   settleLagsMs?: number[];
@@ -358,9 +361,9 @@ export function writeBenchFiles(figures: Figures, samples: BenchSamples, dir: st
     { label: `lanes, ${figures.loads.leases} leases (median)`, value: figures.lanes_ops_per_s, samples: samples.lanesRounds },
     { label: 'plain BullMQ, same jobs (median)', value: figures.plain_bullmq_jobs_per_s, samples: samples.plainRounds, colour: '#8a94a3' },
     { label: 'groupmq, same jobs (median)', value: figures.groupmq_jobs_per_s, samples: samples.groupmqRounds, colour: '#b0a27a' },
-    { label: 'one hot lease', value: figures.hot_lease_ops_per_s },
+    { label: 'one hot lease (median)', value: figures.hot_lease_ops_per_s, samples: samples.hotRounds },
     { label: 'one hot lease, one worker process', value: figures.hot_lease_one_worker_ops_per_s },
-    { label: 'groupmq, one hot group', value: figures.groupmq_hot_group_jobs_per_s, colour: '#b0a27a' },
+    { label: 'groupmq, one hot group (median)', value: figures.groupmq_hot_group_jobs_per_s, samples: samples.groupmqHotRounds, colour: '#b0a27a' },
     { label: `${figures.loads.many_leases} leases, one op each`, value: figures.many_leases_ops_per_s },
   ]);
   const histogram = histogramSvg('Hand-off latency, one hot lease (end of one operation to start of the next)', samples.handoffsMs);
@@ -403,17 +406,23 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
   const plain = median(plainRounds);
   const groupmq = median(groupmqRounds);
   const lanes = lanesRounds.sort((x, y) => x.opsPerS - y.opsPerS)[Math.floor(ROUNDS / 2)]!;
-  out(`(c) one hot lease, ${loads.hot_ops} operations ...`);
-  const hot = await lanesRun(loads.hot_ops, 1, true);
+  // (c) and (c') alternate over the rounds too (one round of either moves by a fifth from
+  // run to run here): the peer's figure is one group holding all the jobs, the same two processes.
+  const hotRounds: LanesRun[] = [];
+  const groupmqHotRounds: number[] = [];
+  for (let round = 1; round <= ROUNDS; round++) {
+    out(`(c) one hot lease, ${loads.hot_ops} operations, round ${round}/${ROUNDS} ...`);
+    hotRounds.push(await lanesRun(loads.hot_ops, 1, true));
+    out(`(c') groupmq, one hot group, ${loads.hot_ops} jobs, round ${round}/${ROUNDS} ...`);
+    groupmqHotRounds.push(await groupmqRun(loads.hot_ops, 1));
+  }
+  const hot = hotRounds.sort((x, y) => x.opsPerS - y.opsPerS)[Math.floor(ROUNDS / 2)]!;
+  const groupmqHot = median(groupmqHotRounds);
   const handoffs = handoffTimes(hot.timings);
-  // The same lease with one worker process: with two, every hand-off also wakes the idle
-  // process (BullMQ marks the queue after each fetch), which costs a wasted fetch per op.
+  // The same lease with one worker process: what the second process adds or costs.
   out(`(c) one hot lease, ${loads.hot_ops} operations, one worker process ...`);
   const hotOne = await lanesRun(loads.hot_ops, 1, true, 1);
   const handoffsOne = handoffTimes(hotOne.timings);
-  // The peer's figure for the same: one group holding all the jobs, the same two processes.
-  out(`(c') groupmq, one hot group, ${loads.hot_ops} jobs ...`);
-  const groupmqHot = await groupmqRun(loads.hot_ops, 1);
   out(`(d) ${loads.many_leases} leases, one operation each ...`);
   const many = await lanesRun(loads.many_leases, loads.many_leases);
   // (e) The incident, default settings: a stop that ignores SIGTERM, a resume behind it.
@@ -471,11 +480,11 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
     activity_redis_cpu_us_per_call: activities.cpu_us_per_call,
     activity_script_us_per_call: activities.script_us_per_call,
     instances,
-    lane_keys_left: lanesRounds.reduce((n, r) => n + r.laneKeysLeft, 0) + hot.laneKeysLeft + hotOne.laneKeysLeft + many.laneKeysLeft,
+    lane_keys_left: [...lanesRounds, ...hotRounds, hotOne, many].reduce((n, r) => n + r.laneKeysLeft, 0),
     loads,
   };
   stopCleaningUp();
-  const files = writeBenchFiles(figures, { lanesRounds: lanesRounds.map((r) => Math.round(r.opsPerS)), plainRounds: plainRounds.map(Math.round), groupmqRounds: groupmqRounds.map(Math.round), handoffsMs: handoffs, settleLagsMs: settle.lagsMs }, opts.out ?? 'bench-results');
+  const files = writeBenchFiles(figures, { lanesRounds: lanesRounds.map((r) => Math.round(r.opsPerS)), plainRounds: plainRounds.map(Math.round), groupmqRounds: groupmqRounds.map(Math.round), hotRounds: hotRounds.map((r) => Math.round(r.opsPerS)), groupmqHotRounds: groupmqHotRounds.map(Math.round), handoffsMs: handoffs, settleLagsMs: settle.lagsMs }, opts.out ?? 'bench-results');
   out(`bench: figures in ${files.json}, charts in ${files.svg}`);
   if (opts.json) {
     process.stdout.write(`${JSON.stringify(figures)}\n`);
@@ -487,10 +496,10 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
       [`    CPU per operation, Redis / workers: (a) and (b)`, `${figures.lanes_redis_cpu_us_per_op} / ${figures.lanes_worker_cpu_us_per_op} µs and ${figures.plain_redis_cpu_us_per_op} / ${figures.plain_worker_cpu_us_per_op} µs`],
       [`(b') groupmq: the same jobs, each lease a group (median of ${ROUNDS})`, `${figures.groupmq_jobs_per_s} jobs/s`],
       [`    ratio (a)/(b')`, `${figures.ratio_vs_groupmq}`],
-      [`(c) one hot lease: ${loads.hot_ops} ops`, `${figures.hot_lease_ops_per_s} ops/s`],
+      [`(c) one hot lease: ${loads.hot_ops} ops (median of ${ROUNDS})`, `${figures.hot_lease_ops_per_s} ops/s`],
       [`    hand-off p50 / p99`, `${figures.handoff_p50_ms} / ${figures.handoff_p99_ms} ms`],
       [`    same, one worker process`, `${figures.hot_lease_one_worker_ops_per_s} ops/s, hand-off p50 ${figures.handoff_one_worker_p50_ms} ms`],
-      [`(c') groupmq: one hot group, ${loads.hot_ops} jobs`, `${figures.groupmq_hot_group_jobs_per_s} jobs/s`],
+      [`(c') groupmq: one hot group, ${loads.hot_ops} jobs (median of ${ROUNDS})`, `${figures.groupmq_hot_group_jobs_per_s} jobs/s`],
       [`    ratio (c)/(c')`, `${figures.hot_ratio_vs_groupmq}`],
       [`(d) ${loads.many_leases} leases, one op each`, `${figures.many_leases_ops_per_s} ops/s (${(many.opsPerS / lanes.opsPerS).toFixed(2)} of (a))`],
       [`    Redis memory before / after`, `${figures.redis_memory_before_bytes} / ${figures.redis_memory_after_bytes} bytes`],

@@ -70,7 +70,7 @@ describe('the bench charts', () => {
       loads: { jobs: 20_000, leases: 1_000, hot_ops: 2_000, many_leases: 100_000 },
     } satisfies Figures;
     const dir = mkdtempSync(join(tmpdir(), 'lease-ops-bench-'));
-    const files = writeBenchFiles(figures, { lanesRounds: [7_900, 8_000, 8_100], plainRounds: [11_800, 12_000, 12_300], groupmqRounds: [12_900, 13_000, 13_100], handoffsMs: [0.4, 0.5, 0.6, 3], settleLagsMs: [120, 900, 1_300, 4_100] }, dir, 'x');
+    const files = writeBenchFiles(figures, { lanesRounds: [7_900, 8_000, 8_100], plainRounds: [11_800, 12_000, 12_300], groupmqRounds: [12_900, 13_000, 13_100], hotRounds: [1_400, 1_500, 1_600], groupmqHotRounds: [2_000, 2_100, 2_200], handoffsMs: [0.4, 0.5, 0.6, 3], settleLagsMs: [120, 900, 1_300, 4_100] }, dir, 'x');
     expect(files).toEqual({ json: join(dir, 'bench-x.json'), svg: join(dir, 'bench-x.svg') });
     expect(JSON.parse(readFileSync(files.json, 'utf8'))).toMatchObject({ ratio_vs_plain: 0.667, samples: { lanesRounds: [7_900, 8_000, 8_100] } });
     const svg = readFileSync(files.svg, 'utf8');
@@ -79,8 +79,8 @@ describe('the bench charts', () => {
     expect(svg).toContain('groupmq, one hot group');
     expect(svg).toContain('2,100 /s');
     expect(svg).toContain('8,000 /s');
-    // One dot per round, for lanes, plain BullMQ and groupmq.
-    expect(svg.match(/<circle /g)).toHaveLength(9);
+    // One dot per round, for lanes, plain BullMQ and groupmq, and for the hot lease and groupmq's hot group.
+    expect(svg.match(/<circle /g)).toHaveLength(15);
     expect(svg).toContain('Hand-off latency');
     expect(svg).toContain('Settle lag');
     expect(svg).toContain('4 operations that waited');
