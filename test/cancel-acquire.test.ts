@@ -177,7 +177,7 @@ describe('a cancel that races the acquire\'s end', () => {
     fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 10, stop: 10, forceStop: 0, destroy: 10 } });
     const providerEnv = { LEASE_OPS_PROVIDERS: 'daytona', DAYTONA_API_URL: await fake.listen(), DAYTONA_API_KEY: 'k' };
     const first = new WorkerProcess(
-      workerEnv(bed, { ...providerEnv, LEASE_OPS_LOCK_MS: '3000', LEASE_OPS_FAULT_POINTS: 'before-acquire-release=pause*1,refused-end=kill*1' }),
+      workerEnv(bed, { ...providerEnv, LEASE_OPS_LOCK_MS: '5000', LEASE_OPS_FAULT_POINTS: 'before-acquire-release=pause*1,refused-end=kill*1' }),
     );
     let second: WorkerProcess | undefined;
     try {
