@@ -1,9 +1,11 @@
 import { Job, Queue, Worker } from 'bullmq';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { bullmqFetchingScripts, defineQuietFetch, FETCHING_SCRIPTS, quietScript, UNRELEASED_ACQUIRE } from '../src/queues/quiet-fetch.ts';
+import { BACKOFF_TYPE } from '../src/queues/operations-queue.ts';
 import { createRedis, type RedisClient } from '../src/queues/redis.ts';
+import { backoffStrategy, LaneJobsWorker } from '../src/queues/worker.ts';
 import { createRecordingProvider, seededFraction } from './helpers/recording-provider.ts';
-import { lease, REDIS_URL, scratchRedis, TestBed } from './helpers/env.ts';
+import { lease, readUntil, REDIS_URL, scratchRedis, TestBed } from './helpers/env.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
 
 // The quiet fetch (src/queues/quiet-fetch.ts): BullMQ's fetching scripts, with the marker they
@@ -118,6 +120,32 @@ describe('the quiet fetch', () => {
     expect((await worker.getNextJob('t3', { block: false }))?.id).toBe(failing.id);
     await (await Job.fromId(worker as unknown as Queue, 'released-3'))!.moveToFailed(new Error('cancelled'), 't3', false);
     expect(await queue.getJobState('released-3')).toBe('failed');
+  });
+
+  it("a refused acquire's completion with nothing registered for it (LaneJobsWorker): a warning, no worker error, and the job runs again", async () => {
+    const name = 'unregistered';
+    const queue = new Queue(name, { connection: redis, prefix });
+    const connection = createRedis(REDIS_URL);
+    expect(defineQuietFetch(connection)).toBe(true);
+    const warned: string[] = [];
+    const ran = { count: 0 };
+    const w = new LaneJobsWorker(name, async () => void ran.count++, { connection, prefix, settings: { backoffStrategy } }, 10, (jobId, message) => warned.push(`${jobId}: ${message}`));
+    const unsaid: Error[] = [];
+    w.on('error', (err) => {
+      if (!w.saidErrors.has(err)) unsaid.push(err);
+    });
+    closers.push(async () => {
+      await w.close();
+      await queue.close();
+      connection.disconnect();
+    });
+    await queue.add('acquire', {}, { jobId: 'unregistered-1', attempts: 1_000, backoff: { type: BACKOFF_TYPE } });
+    // Refused while it has no outcome (each run again 10 ms later), completed once it has one.
+    await readUntil(async () => ran.count >= 2, 5_000, 'the job to run again');
+    await redis.hset(`${prefix}:${name}:unregistered-1`, 'lo:outcome', '{"status":"completed"}');
+    await readUntil(async () => (await queue.getJobState('unregistered-1')) === 'completed', 5_000, 'the job to complete');
+    expect(warned[0]).toBe('unregistered-1: its completion was refused before its release had recorded it; it runs again');
+    expect(unsaid).toEqual([]);
   });
 
   it('is refused (BullMQ runs its own scripts) when a script does not read as expected, or a fetch is already defined', async () => {

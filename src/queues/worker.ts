@@ -95,7 +95,7 @@ export function backoffStrategy(_attempts: number, type?: string, err?: Error): 
  * completed again. The attempt registers that step only where the completion is so rewritten,
  * and sends the release and the completion in one write.
  */
-class LaneJobsWorker extends Worker {
+export class LaneJobsWorker extends Worker {
   readonly refusedEnds = new WeakMap<Job, () => Promise<void>>();
   /** Errors that end a refused completion: the attempt said them, so the 'error' event does not again. */
   readonly saidErrors = new WeakSet<Error>();
@@ -105,8 +105,17 @@ class LaneJobsWorker extends Worker {
     processor: (job: Job, token: string | undefined) => Promise<unknown>,
     opts: WorkerOptions,
     private readonly retryDelayMs: number,
+    private readonly warn: (jobId: string | undefined, message: string) => void,
   ) {
     super(name, processor, opts);
+  }
+
+  /** The job runs again (its next attempt repeats the outcome its release recorded, or finds the cancel); said once, as a warning. */
+  private runAgain(job: Job, why: string): RetryLaterError {
+    this.warn(job.id, `${why}; it runs again`);
+    const again = new RetryLaterError(this.retryDelayMs, new Error(`${job.id}: ${why}`));
+    this.saidErrors.add(again);
+    return again;
   }
 
   protected override async handleCompleted(result: unknown, job: Job, token: string, fetchNextCallback?: () => boolean, span?: Parameters<Worker['handleCompleted']>[4]): Promise<Job> {
@@ -116,10 +125,14 @@ class LaneJobsWorker extends Worker {
       if ((err as { code?: unknown }).code !== UNRELEASED_ACQUIRE) throw err;
       const end = this.refusedEnds.get(job);
       this.refusedEnds.delete(job);
-      // None registered (its step already ran and was cut short): the job runs again, and
-      // its next attempt repeats the outcome its release recorded, or finds the cancel.
-      const ended = end ? await end().then(() => null, (e: unknown) => e) : new RetryLaterError(this.retryDelayMs, new Error(`${job.id}: its completion came before its release had recorded it; it runs again`));
-      if (ended === null) return super.handleCompleted(result, job, token, fetchNextCallback, span);
+      // None registered (its step already ran and was cut short): the job runs again.
+      const ended = end ? await end().then(() => null, (e: unknown) => e) : this.runAgain(job, 'its completion was refused before its release had recorded it');
+      if (ended === null) {
+        // Its release answered that it ended the job: the outcome is there, so this completion goes.
+        return await super.handleCompleted(result, job, token, fetchNextCallback, span).catch((again: unknown) => {
+          throw (again as { code?: unknown }).code === UNRELEASED_ACQUIRE ? this.runAgain(job, 'its completion was refused again after its release') : again;
+        });
+      }
       if (ended instanceof Error) this.saidErrors.add(ended);
       throw ended;
     } finally {
@@ -217,7 +230,7 @@ export class LeaseWorker {
       // BullMQ's per-minute completed/failed counts, exported with the API's /metrics.
       ...(settings.LEASE_OPS_BULLMQ_METRICS ? { metrics: { maxDataPoints: MetricsTime.ONE_WEEK } } : {}),
       settings: { backoffStrategy },
-    }, this.backoff.baseMs);
+    }, this.backoff.baseMs, (jobId, message) => log.warn({ jobId }, message));
     this.worker.on('error', (err) => {
       if (this.worker.saidErrors.has(err)) return;
       if (isRedisUnavailable(err)) reportRedisError(err);
