@@ -2,11 +2,17 @@ import { afterEach, describe, expect, it, onTestFinished } from 'vitest';
 import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
 import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
 import type { LeaseProvider } from '../src/providers/types.ts';
+import { createLogger } from '../src/logger.ts';
+import { ProviderRegistry } from '../src/providers/registry.ts';
 import { OperatorActions } from '../src/queues/operator-actions.ts';
+import { LeaseWorker } from '../src/queues/worker.ts';
+import { loadLuaScript } from '../src/queues/lua-scripts.ts';
 import { bullmqFetchingScripts, FETCHING_SCRIPTS, quietScript } from '../src/queues/quiet-fetch.ts';
 import { createRedis } from '../src/queues/redis.ts';
 import { gate, readUntil, TestBed, workerEnv } from './helpers/env.ts';
+import { createRecordingProvider } from './helpers/recording-provider.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
+import { TcpProxy } from './helpers/tcp-proxy.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
 
 // A host that gave up on an acquire cancels it: queued, backing off or executing, it ends
@@ -277,4 +283,45 @@ describe("an acquire whose release Redis runs after BullMQ's completion (the scr
     const stop = await bed!.ops.enqueue({ op: 'stop', lease: lease('run-late'), params: { providerLeaseId: sandbox } });
     expect((await bed!.waitForAll([stop.jobId], 20_000)).get(stop.jobId)).toBe('completed');
   });
+});
+
+// The release sent again after its NOSCRIPT reply runs and ends the job, its reply is lost, and
+// ioredis sends it once more after it reconnects: that run finds the lane moved on and answers
+// 'stale'. The acquire ended all the same, and is completed, its provider called once (helper-44).
+it("an acquire whose late release ran twice (its reply lost, sent again on reconnect) completes once, its provider called once", { timeout: 60_000 }, async () => {
+  const server = await RedisProcess.start();
+  onTestFinished(() => server.stop());
+  const proxy = await TcpProxy.start(server.port);
+  onTestFinished(() => proxy.close());
+  bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_KEEP_COMPLETED_S: '600' });
+  const inside = gate();
+  const held = gate();
+  const recording = createRecordingProvider({
+    behaviour: async ({ op, ctx }) => {
+      if (op === 'acquire' && ctx.lease.leaseId === 'twice') {
+        inside.open();
+        await held.promise;
+      }
+      return 'ok' as const;
+    },
+  });
+  const worker = new LeaseWorker({ ...bed.config, REDIS_URL: proxy.url }, new ProviderRegistry([recording.provider]), createLogger({ level: 'silent' }));
+  await worker.start();
+  onTestFinished(() => worker.close());
+  const recorded = (leaseId: string) => ({ provider: 'recording', companyId: 'co', environmentId: 'env', leaseId });
+  // Its connection has run every script once: it sends them by their SHA from now on.
+  const warm = await bed.ops.enqueue({ op: 'acquire', lease: recorded('warm'), params: { runId: 'warm' } });
+  expect((await bed.waitForAll([warm.jobId])).get(warm.jobId)).toBe('completed');
+  const acquired = await bed.ops.enqueue({ op: 'acquire', lease: recorded('twice'), params: { runId: 'twice' } });
+  await inside.promise;
+  await bed.redis.script('FLUSH');
+  await bed.redis.script('LOAD', quietScript(bullmqFetchingScripts()[1]!, FETCHING_SCRIPTS[1]!.rewrites)!.content);
+  // Only the release sent as EVAL carries its text: the one sent again after NOSCRIPT.
+  proxy.loseNextReplyTo(new RegExp(loadLuaScript('lane-release').slice(0, 120).replace(/[.*+?^${}()|[\]\\]/g, '\\$&')));
+  held.open();
+  expect((await bed.waitForAll([acquired.jobId], 20_000)).get(acquired.jobId)).toBe('completed');
+  expect(proxy.lostReplies).toBe(1);
+  const job = (await bed.ops.queue.getJob(acquired.jobId))!;
+  expect(job.attemptsMade).toBe(1);
+  expect(recording.calls.filter((c) => c.op === 'acquire' && c.jobId === acquired.jobId && !c.end)).toHaveLength(1);
 });

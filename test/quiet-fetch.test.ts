@@ -129,7 +129,7 @@ describe('the quiet fetch', () => {
     expect(defineQuietFetch(connection)).toBe(true);
     const warned: string[] = [];
     const ran = { count: 0 };
-    const w = new LaneJobsWorker(name, async () => void ran.count++, { connection, prefix, settings: { backoffStrategy } }, 10, (jobId, message) => warned.push(`${jobId}: ${message}`));
+    const w = new LaneJobsWorker(name, async () => void ran.count++, { connection, prefix, settings: { backoffStrategy } }, 10, (jobId, message) => warned.push(`${jobId}: ${message}`), async () => false);
     const unsaid: Error[] = [];
     w.on('error', (err) => {
       if (!w.saidErrors.has(err)) unsaid.push(err);

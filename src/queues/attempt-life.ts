@@ -419,12 +419,15 @@ export class AttemptLife {
       if (this.deps.refusedEnd) {
         // BullMQ's completion, sent right behind the release, refuses in that same case (and
         // where the release ran after it); the worker then runs this. A stale attempt's release
-        // refuses too (its lock passed on), and it ends as a stale attempt does.
+        // refuses too (its lock passed on), and it ends as a stale attempt does, unless a run of
+        // that release did end the job (it ran twice: sent again after its reply was lost).
         this.deps.refusedEnd(this.job, async () => {
           await faultPoint('refused-end');
           const ended = await this.laneStep(() => releasing);
           if (ended.kind === 'cancelled') return failCancelled();
-          if (ended.kind === 'stale') throw staleEnd(new StaleAttemptError(`attempt of ${this.jobId} is stale: its release was refused`), this.deps.backoff.baseMs);
+          if (ended.kind === 'stale' && !(await this.laneStep(() => this.deps.releaseLanes.releasedCompleted(this.jobId, this.job.attemptsMade)))) {
+            throw staleEnd(new StaleAttemptError(`attempt of ${this.jobId} is stale: its release was refused`), this.deps.backoff.baseMs);
+          }
         });
       } else if ((await this.laneStep(() => releasing)).kind === 'cancelled') {
         return failCancelled();

@@ -524,6 +524,22 @@ export class Lanes {
     return { kind: 'idle' };
   }
 
+  /**
+   * Whether a release recorded this job's completion in the run of it BullMQ has not finished
+   * (`attemptsMade` as its attempt read it), as lane-acquire reads a recorded outcome: then it
+   * ended, whatever a later run of the same release answered (a second run, sent again after
+   * a lost reply, finds the lane moved on and answers stale).
+   */
+  async releasedCompleted(jobId: string, attemptsMade: number): Promise<boolean> {
+    const [outcome, atm] = await this.client.hmget(this.jobKey(jobId), 'lo:outcome', 'lo:released-atm');
+    if (typeof outcome !== 'string' || atm !== String(attemptsMade)) return false;
+    try {
+      return (JSON.parse(outcome) as { status?: unknown }).status === 'completed';
+    } catch {
+      return false;
+    }
+  }
+
   /** Before a retry's backoff: keep the head, stop being the holder. False if stale. `historyEntry` as for release. */
   async yield(laneId: string, jobId: string, token: string, retryAt: number, historyEntry = ''): Promise<boolean> {
     return (await this.run('lane-yield', ...this.keys(laneId), historyKey(this.prefix, laneId), jobId, token, this.queueKeyPrefix, retryAt, laneId, Date.now(), historyEntry)) === 1;

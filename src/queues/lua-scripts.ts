@@ -22,7 +22,8 @@ export function loadLuaScript(name: string): string {
  * keys it is given, so in their slot), and a run of a call that ran already answers what its
  * first run answered, kept ANSWER_KEPT_MS (lua/answered-once.lua). The lane push keeps its
  * mark on its job instead; lane-release, lane-yield and lane-acquire are safe run twice (their
- * fencing token refuses the second run). Never called through a pipeline.
+ * fencing token refuses the second run; an acquire's end told 'stale' by its release looks
+ * whether a first run ended the job: Lanes.releasedCompleted). Never called through a pipeline.
  */
 const ANSWERED_ONCE = new Set(['lane-drop', 'lane-upgrade', 'lane-pause', 'lane-unpause', 'rerun-admit', 'history-append', 'pace-take', 'lease-force-claim', 'lease-force-unclaim']);
 /**

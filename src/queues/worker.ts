@@ -106,6 +106,8 @@ export class LaneJobsWorker extends Worker {
     opts: WorkerOptions,
     private readonly retryDelayMs: number,
     private readonly warn: (jobId: string | undefined, message: string) => void,
+    /** Whether a release recorded the job's completion in this run of it (Lanes.releasedCompleted). */
+    private readonly releasedCompleted: (job: Job) => Promise<boolean>,
   ) {
     super(name, processor, opts);
   }
@@ -125,8 +127,9 @@ export class LaneJobsWorker extends Worker {
       if ((err as { code?: unknown }).code !== UNRELEASED_ACQUIRE) throw err;
       const end = this.refusedEnds.get(job);
       this.refusedEnds.delete(job);
-      // None registered (its step already ran and was cut short): the job runs again.
-      const ended = end ? await end().then(() => null, (e: unknown) => e) : this.runAgain(job, 'its completion was refused before its release had recorded it');
+      // None registered (its step already ran and was cut short): completed if its release
+      // recorded that meanwhile, else the job runs again.
+      const ended = end ? await end().then(() => null, (e: unknown) => e) : (await this.releasedCompleted(job).catch(() => false)) ? null : this.runAgain(job, 'its completion was refused before its release had recorded it');
       if (ended === null) {
         // Its release answered that it ended the job: the outcome is there, so this completion goes.
         return await super.handleCompleted(result, job, token, fetchNextCallback, span).catch((again: unknown) => {
@@ -230,7 +233,7 @@ export class LeaseWorker {
       // BullMQ's per-minute completed/failed counts, exported with the API's /metrics.
       ...(settings.LEASE_OPS_BULLMQ_METRICS ? { metrics: { maxDataPoints: MetricsTime.ONE_WEEK } } : {}),
       settings: { backoffStrategy },
-    }, this.backoff.baseMs, (jobId, message) => log.warn({ jobId }, message));
+    }, this.backoff.baseMs, (jobId, message) => log.warn({ jobId }, message), (job) => this.releaseLanes.releasedCompleted(job.id ?? '', job.attemptsMade));
     this.worker.on('error', (err) => {
       if (this.worker.saidErrors.has(err)) return;
       if (isRedisUnavailable(err)) reportRedisError(err);
