@@ -4,7 +4,7 @@ import { BULLMQ_TESTED_RANGE, checkBullmqVersion } from '../src/queues/bullmq-ve
 import { bullmqFetchingScripts, FETCHING_SCRIPTS, quietScript } from '../src/queues/quiet-fetch.ts';
 import { openQueueEvents, waitForJobEnd } from '../src/queues/queue-events.ts';
 import { createRedis, keepCopies, type RedisClient } from '../src/queues/redis.ts';
-import { LOCK_RENEWAL_FAILED, SUPERSEDED_END } from '../src/queues/worker.ts';
+import { LOCK_RENEWAL_FAILED, REMOVED_END, SUPERSEDED_END } from '../src/queues/worker.ts';
 import { WAIT_TIMED_OUT } from '../src/client.ts';
 import { gate, readUntil, REDIS_URL, rejectionOf, scratchRedis, waitForJobs } from './helpers/env.ts';
 
@@ -359,6 +359,27 @@ describe('BullMQ, as lease-ops relies on it', () => {
     const refused = await ended.promise;
     expect(refused).toMatch(/^Lock mismatch for job mismatch-1\. Cmd moveToFinished from active/);
     expect(SUPERSEDED_END.test(refused)).toBe(true);
+  });
+
+  it('refuses the end of an attempt whose job was removed meanwhile (its lock lapsed, then an operator removed it) with "Missing key", which lease-ops logs as a warning (helper-45)', async () => {
+    const { queue, key, startWorker } = await fresh('removed');
+    const running = gate();
+    const release = gate();
+    const w = await startWorker(async () => {
+      running.open();
+      await release.promise;
+    });
+    const ended = gate<string>();
+    w.on('error', (err) => ended.open(err.message));
+    await queue.add('removed', {}, { jobId: 'removed-1' });
+    await running.promise;
+    await redis.del(key('removed-1:lock'));
+    expect(await queue.remove('removed-1')).toBe(1);
+    release.open();
+    const refused = await ended.promise;
+    expect(refused).toMatch(/^Missing key for job removed-1\. moveToFinished/);
+    expect(REMOVED_END.test(refused)).toBe(true);
+    expect(SUPERSEDED_END.test(refused)).toBe(false);
   });
 
   it('runs a Worker\'s fetches on copies it makes with duplicate() of the connection it is given, and closes them (what closeForGood reaches)', async () => {

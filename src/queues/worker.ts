@@ -35,6 +35,12 @@ export const LOCK_RENEWAL_FAILED = /^could not renew lock for job /;
  * pins both).
  */
 export const SUPERSEDED_END = /^(Missing lock for job \S+\. |Lock mismatch for job \S+\. Cmd )moveTo(Finished|Failed|Delayed)\b/;
+/**
+ * BullMQ's error when a job's end comes after the job was removed (its lock lapsed, then an
+ * operator removed it): nothing is left to end, the lane sweep drops it from its lane, and
+ * the clean-up of an acquire that vanished is queued (test/bullmq-contract.test.ts pins it).
+ */
+export const REMOVED_END = /^Missing key for job \S+\. moveTo(Finished|Failed|Delayed)\b/;
 /** How long a closing worker waits for BullMQ's close once no job runs and Redis answers. */
 const CLOSE_STUCK_MS = 5_000;
 /** How a closing worker's wait for BullMQ's close ended (see waitForClose). */
@@ -240,6 +246,7 @@ export class LeaseWorker {
       // Said already, by job, through lockRenewalFailed (below): no second line, no stack.
       else if (LOCK_RENEWAL_FAILED.test(err.message)) return;
       else if (SUPERSEDED_END.test(err.message)) this.log.warn({ reason: err.message }, 'BullMQ refused the end of a superseded attempt (its lock had passed on); its lane had refused it already');
+      else if (REMOVED_END.test(err.message)) this.log.warn({ reason: err.message }, 'BullMQ refused the end of an attempt whose job was removed meanwhile (its lock had lapsed); the lane sweep drops it');
       else this.log.error({ err }, 'worker error');
     });
     // Fences are checked on the ops connection; the watcher runs a few times per lock period.
