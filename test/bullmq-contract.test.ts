@@ -342,8 +342,9 @@ describe('BullMQ, as lease-ops relies on it', () => {
     expect(SUPERSEDED_END.test(refused)).toBe(true);
   });
 
-  it('refuses the end of an attempt whose lock another holds now (a successor took it over) with "Lock mismatch", which lease-ops logs as a superseded end too (helper-43)', async () => {
-    const { queue, key, startWorker } = await fresh('mismatch');
+  /** The error BullMQ answers an attempt's end with, after `meanwhile` changed its job while it ran. */
+  async function endRefusedAfter(name: string, meanwhile: (jobKey: (suffix: string) => string, queue: Queue) => Promise<void>): Promise<string> {
+    const { queue, key, startWorker } = await fresh(name);
     const running = gate();
     const release = gate();
     const w = await startWorker(async () => {
@@ -352,31 +353,24 @@ describe('BullMQ, as lease-ops relies on it', () => {
     });
     const ended = gate<string>();
     w.on('error', (err) => ended.open(err.message));
-    await queue.add('mismatch', {}, { jobId: 'mismatch-1' });
+    await queue.add(name, {}, { jobId: `${name}-1` });
     await running.promise;
-    await redis.set(key('mismatch-1:lock'), 'the-successors-token');
+    await meanwhile((suffix) => key(`${name}-1${suffix}`), queue);
     release.open();
-    const refused = await ended.promise;
+    return ended.promise;
+  }
+
+  it('refuses the end of an attempt whose lock another holds now (a successor took it over) with "Lock mismatch", which lease-ops logs as a superseded end too (helper-43)', async () => {
+    const refused = await endRefusedAfter('mismatch', async (jobKey) => void (await redis.set(jobKey(':lock'), 'the-successors-token')));
     expect(refused).toMatch(/^Lock mismatch for job mismatch-1\. Cmd moveToFinished from active/);
     expect(SUPERSEDED_END.test(refused)).toBe(true);
   });
 
   it('refuses the end of an attempt whose job was removed meanwhile (its lock lapsed, then an operator removed it) with "Missing key", which lease-ops logs as a warning (helper-45)', async () => {
-    const { queue, key, startWorker } = await fresh('removed');
-    const running = gate();
-    const release = gate();
-    const w = await startWorker(async () => {
-      running.open();
-      await release.promise;
+    const refused = await endRefusedAfter('removed', async (jobKey, queue) => {
+      await redis.del(jobKey(':lock'));
+      expect(await queue.remove('removed-1')).toBe(1);
     });
-    const ended = gate<string>();
-    w.on('error', (err) => ended.open(err.message));
-    await queue.add('removed', {}, { jobId: 'removed-1' });
-    await running.promise;
-    await redis.del(key('removed-1:lock'));
-    expect(await queue.remove('removed-1')).toBe(1);
-    release.open();
-    const refused = await ended.promise;
     expect(refused).toMatch(/^Missing key for job removed-1\. moveToFinished/);
     expect(REMOVED_END.test(refused)).toBe(true);
     expect(SUPERSEDED_END.test(refused)).toBe(false);
