@@ -10,6 +10,7 @@ import { loadLuaScript } from '../src/queues/lua-scripts.ts';
 import { bullmqFetchingScripts, FETCHING_SCRIPTS, quietScript } from '../src/queues/quiet-fetch.ts';
 import { createRedis } from '../src/queues/redis.ts';
 import { gate, readUntil, TestBed, workerEnv } from './helpers/env.ts';
+import { captureLog } from './helpers/log-capture.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
 import { TcpProxy } from './helpers/tcp-proxy.ts';
@@ -305,7 +306,8 @@ it("an acquire whose late release ran twice (its reply lost, sent again on recon
       return 'ok' as const;
     },
   });
-  const worker = new LeaseWorker({ ...bed.config, REDIS_URL: proxy.url }, new ProviderRegistry([recording.provider]), createLogger({ level: 'silent' }));
+  const logged = captureLog();
+  const worker = new LeaseWorker({ ...bed.config, REDIS_URL: proxy.url }, new ProviderRegistry([recording.provider]), logged.log);
   await worker.start();
   onTestFinished(() => worker.close());
   const recorded = (leaseId: string) => ({ provider: 'recording', companyId: 'co', environmentId: 'env', leaseId });
@@ -324,4 +326,7 @@ it("an acquire whose late release ran twice (its reply lost, sent again on recon
   const job = (await bed.ops.queue.getJob(acquired.jobId))!;
   expect(job.attemptsMade).toBe(1);
   expect(recording.calls.filter((c) => c.op === 'acquire' && c.jobId === acquired.jobId && !c.end)).toHaveLength(1);
+  // Nothing says it was superseded, or an error: it was not.
+  const about = logged.lines.filter((line) => line.includes(acquired.jobId));
+  expect(about.filter((line) => /superseded|"level":50/.test(line))).toEqual([]);
 });

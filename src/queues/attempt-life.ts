@@ -426,6 +426,7 @@ export class AttemptLife {
           const ended = await this.laneStep(() => releasing);
           if (ended.kind === 'cancelled') return failCancelled();
           if (ended.kind === 'stale' && !(await this.laneStep(() => this.deps.releaseLanes.releasedCompleted(this.jobId, this.job.attemptsMade)))) {
+            log().warn('attempt was superseded while it ran (or Redis lost its data); its result is discarded');
             throw staleEnd(new StaleAttemptError(`attempt of ${this.jobId} is stale: its release was refused`), this.deps.backoff.baseMs);
           }
         });
@@ -433,9 +434,12 @@ export class AttemptLife {
         return failCancelled();
       }
     }
+    // An acquire whose completion was refused says it where it is decided (above): its release
+    // may have answered stale only because it ran twice, and then the acquire completes.
+    const staleSaidAbove = data.op === 'acquire' && this.deps.refusedEnd !== null;
     const released = releasing.then(
       (r) => {
-        if (r.kind === 'stale') log().warn('attempt was superseded while it ran (or Redis lost its data); its result is discarded');
+        if (r.kind === 'stale' && !staleSaidAbove) log().warn('attempt was superseded while it ran (or Redis lost its data); its result is discarded');
       },
       (err: unknown) => log().error({ err }, 'lane release failed; the lane sweep will repair the lane'),
     );
