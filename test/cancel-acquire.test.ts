@@ -33,6 +33,11 @@ const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticat
 const lease = (leaseId: string) => ({ provider: 'daytona', companyId: 'co', environmentId: 'env', leaseId });
 /** Sandboxes the fake made for one acquire job (named after it), and whether each is gone. */
 const madeFor = (f: DaytonaFake, jobId: string) => [...f.sandboxes.values()].filter((sb) => sb.name.includes(jobId.replace(/[^A-Za-z0-9-]/g, '-'))).map((sb) => f.stateOf(sb.id));
+/** Waits for the clean-up to destroy what an acquire made: one sandbox, gone. */
+async function destroyedOnce(f: DaytonaFake, jobId: string, withinMs: number): Promise<void> {
+  await readUntil(async () => madeFor(f, jobId).every((state) => state === 'gone'), withinMs, 'the clean-up destroying the sandbox');
+  expect(madeFor(f, jobId)).toEqual(['gone']);
+}
 
 async function setUp(timings: { create: number }, wrap: (p: LeaseProvider) => LeaseProvider = (p) => p, env: Record<string, string> = {}) {
   bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600', ...env });
@@ -63,8 +68,7 @@ describe('cancelling an acquire', () => {
     held.open();
     expect((await bed.waitForAll([acquired.jobId])).get(acquired.jobId)).toBe('failed');
     expect((await bed.ops.queue.getJob(acquired.jobId))!.failedReason).toMatch(/^cancelled: /);
-    await readUntil(async () => madeFor(fake, acquired.jobId).every((s) => s === 'gone'), 10_000, 'the clean-up destroying the sandbox');
-    expect(madeFor(fake, acquired.jobId)).toEqual(['gone']);
+    await destroyedOnce(fake, acquired.jobId, 10_000);
   });
 
   it('backing off while its sandbox is still being created: it leaves its lane, and the sandbox is destroyed once it exists', async () => {
@@ -171,8 +175,7 @@ describe('a cancel that races the acquire\'s end', () => {
       worker.child.kill('SIGCONT');
       expect((await bed.waitForAll([acquired.jobId], 20_000)).get(acquired.jobId)).toBe('failed');
       expect((await bed.ops.queue.getJob(acquired.jobId))!.failedReason).toMatch(/^cancelled: /);
-      await readUntil(async () => madeFor(fake!, acquired.jobId).every((state) => state === 'gone'), 15_000, 'the clean-up destroying the sandbox');
-      expect(madeFor(fake, acquired.jobId)).toEqual(['gone']);
+      await destroyedOnce(fake!, acquired.jobId, 15_000);
     } finally {
       worker.child.kill('SIGCONT');
       await worker.terminate();
@@ -201,8 +204,7 @@ describe('a cancel that races the acquire\'s end', () => {
       await second.ready;
       expect((await bed.waitForAll([acquired.jobId], 40_000)).get(acquired.jobId)).toBe('failed');
       expect((await bed.ops.queue.getJob(acquired.jobId))!.failedReason).toMatch(/^cancelled: /);
-      await readUntil(async () => madeFor(fake!, acquired.jobId).every((state) => state === 'gone'), 15_000, 'the clean-up destroying the sandbox');
-      expect(madeFor(fake, acquired.jobId)).toEqual(['gone']);
+      await destroyedOnce(fake!, acquired.jobId, 15_000);
     } finally {
       first.child.kill('SIGCONT');
       await first.terminate();
@@ -271,8 +273,7 @@ describe("an acquire whose release Redis runs after BullMQ's completion (the scr
     expect(cancelled).toMatchObject({ cancelled: true, whileExecuting: true });
     expect(state).toBe('failed');
     expect(job.failedReason).toMatch(/^cancelled: /);
-    await readUntil(async () => madeFor(fake!, acquired.jobId).every((s) => s === 'gone'), 15_000, 'the clean-up destroying the sandbox');
-    expect(madeFor(fake!, acquired.jobId)).toEqual(['gone']);
+    await destroyedOnce(fake!, acquired.jobId, 15_000);
   });
 
   it('not cancelled: it completes once its release has run, and the lease\'s next operation runs', { timeout: 60_000 }, async () => {

@@ -132,7 +132,6 @@ export class LaneJobsWorker extends Worker {
     } catch (err) {
       if ((err as { code?: unknown }).code !== UNRELEASED_ACQUIRE) throw err;
       const end = this.refusedEnds.get(job);
-      this.refusedEnds.delete(job);
       // None registered (its step already ran and was cut short): completed if its release
       // recorded that meanwhile, else the job runs again.
       const ended = end ? await end().then(() => null, (e: unknown) => e) : (await this.releasedCompleted(job).catch(() => false)) ? null : this.runAgain(job, 'its completion was refused before its release had recorded it');
