@@ -32,6 +32,11 @@ export interface Figures {
   hot_lease_one_worker_ops_per_s: number;
   groupmq_hot_group_jobs_per_s: number;
   hot_ratio_vs_groupmq: number;
+  /** (c) and (c'): what one operation of the hot lease, and one job of groupmq's hot group, costs Redis and the workers (medians of the rounds). */
+  hot_redis_cpu_us_per_op: number;
+  hot_worker_cpu_us_per_op: number;
+  groupmq_hot_redis_cpu_us_per_job: number;
+  groupmq_hot_worker_cpu_us_per_job: number;
   handoff_one_worker_p50_ms: number;
   handoff_p50_ms: number;
   handoff_p99_ms: number;
@@ -232,7 +237,7 @@ export async function plainRun(jobs: number, leases: number): Promise<{ jobsPerS
  * groupmq (a per-group FIFO queue on Redis: one job per group at a time, in order): the same
  * jobs, each lease a group. Jobs are added first, then timed to drain.
  */
-export async function groupmqRun(jobs: number, leases: number): Promise<number> {
+export async function groupmqRun(jobs: number, leases: number): Promise<{ jobsPerS: number; cost: RedisCost; workerCpuUs: number }> {
   const { Queue: GroupQueue } = await import('groupmq');
   const config = benchConfig(GROUPMQ_NAMESPACE);
   const redis = singleRedis(config.REDIS_URL);
@@ -244,6 +249,8 @@ export async function groupmqRun(jobs: number, leases: number): Promise<number> 
     queue.add({ groupId: leaseOf(i % leases).leaseId, data: buildJobData({ op: 'acquire', lease: leaseOf(i % leases), params: { runId: `r${i}` } }) }),
   );
   const children = await startWorkers('groupmq', config);
+  const measured = await measureRedis([redis]);
+  const cpuBefore = await workersCpuUs(children);
   const t0 = performance.now();
   for (const c of children) c.send('go');
   for (;;) {
@@ -252,11 +259,13 @@ export async function groupmqRun(jobs: number, leases: number): Promise<number> 
     await new Promise((r) => setTimeout(r, 5));
   }
   const seconds = (performance.now() - t0) / 1000;
+  const cost = await measured();
+  const workerCpuUs = (await workersCpuUs(children)) - cpuBefore;
   await stopWorkers(children);
   await queue.close();
   await deleteKeysUnder(redis, keys);
   redis.disconnect();
-  return jobs / seconds;
+  return { jobsPerS: jobs / seconds, cost, workerCpuUs };
 }
 
 interface LanesRun {
@@ -399,7 +408,7 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
     plainRuns.push(await plainRun(loads.jobs, loads.leases));
     plainRounds.push(plainRuns.at(-1)!.jobsPerS);
     out(`(b') groupmq, the same ${loads.jobs} jobs over ${loads.leases} groups, round ${round}/${ROUNDS} ...`);
-    groupmqRounds.push(await groupmqRun(loads.jobs, loads.leases));
+    groupmqRounds.push((await groupmqRun(loads.jobs, loads.leases)).jobsPerS);
     out(`(a) lanes, ${loads.jobs} operations over ${loads.leases} leases, round ${round}/${ROUNDS} ...`);
     lanesRounds.push(await lanesRun(loads.jobs, loads.leases));
   }
@@ -409,13 +418,14 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
   // (c) and (c') alternate over the rounds too (one round of either moves by a fifth from
   // run to run here): the peer's figure is one group holding all the jobs, the same two processes.
   const hotRounds: LanesRun[] = [];
-  const groupmqHotRounds: number[] = [];
+  const groupmqHotRuns: Awaited<ReturnType<typeof groupmqRun>>[] = [];
   for (let round = 1; round <= ROUNDS; round++) {
     out(`(c) one hot lease, ${loads.hot_ops} operations, round ${round}/${ROUNDS} ...`);
     hotRounds.push(await lanesRun(loads.hot_ops, 1, true));
     out(`(c') groupmq, one hot group, ${loads.hot_ops} jobs, round ${round}/${ROUNDS} ...`);
-    groupmqHotRounds.push(await groupmqRun(loads.hot_ops, 1));
+    groupmqHotRuns.push(await groupmqRun(loads.hot_ops, 1));
   }
+  const groupmqHotRounds = groupmqHotRuns.map((r) => r.jobsPerS);
   const hot = hotRounds.sort((x, y) => x.opsPerS - y.opsPerS)[Math.floor(ROUNDS / 2)]!;
   const groupmqHot = median(groupmqHotRounds);
   const handoffs = handoffTimes(hot.timings);
@@ -439,12 +449,15 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
   const settleBackoff = await settleLag(loads.settle_leases, { push: false });
 
   // What one operation costs Redis and the workers, lanes beside plain BullMQ (medians of the rounds).
-  const perOp = (runs: { cost: RedisCost; workerCpuUs: number }[]) => ({
-    redis: median(runs.map((r) => perOperation(r.cost, loads.jobs).cpu_us)),
-    worker: Number(median(runs.map((r) => r.workerCpuUs / loads.jobs)).toFixed(1)),
+  const perOp = (runs: { cost: RedisCost; workerCpuUs: number }[], ops = loads.jobs) => ({
+    redis: median(runs.map((r) => perOperation(r.cost, ops).cpu_us)),
+    worker: Number(median(runs.map((r) => r.workerCpuUs / ops)).toFixed(1)),
   });
   const lanesCost = perOp(lanesRounds);
   const plainCost = perOp(plainRuns);
+  // The hot lease runs one operation at a time, so what each costs is most of its rate.
+  const hotCost = perOp(hotRounds, loads.hot_ops);
+  const groupmqHotCost = perOp(groupmqHotRuns, loads.hot_ops);
   const figures: Figures = {
     lanes_redis_cpu_us_per_op: lanesCost.redis,
     plain_redis_cpu_us_per_op: plainCost.redis,
@@ -459,6 +472,10 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
     hot_lease_one_worker_ops_per_s: Math.round(hotOne.opsPerS),
     groupmq_hot_group_jobs_per_s: Math.round(groupmqHot),
     hot_ratio_vs_groupmq: Number((hot.opsPerS / groupmqHot).toFixed(3)),
+    hot_redis_cpu_us_per_op: hotCost.redis,
+    hot_worker_cpu_us_per_op: hotCost.worker,
+    groupmq_hot_redis_cpu_us_per_job: groupmqHotCost.redis,
+    groupmq_hot_worker_cpu_us_per_job: groupmqHotCost.worker,
     handoff_one_worker_p50_ms: Number(percentile(handoffsOne, 50).toFixed(3)),
     handoff_p50_ms: Number(percentile(handoffs, 50).toFixed(3)),
     handoff_p99_ms: Number(percentile(handoffs, 99).toFixed(3)),
@@ -501,6 +518,7 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
       [`    same, one worker process`, `${figures.hot_lease_one_worker_ops_per_s} ops/s, hand-off p50 ${figures.handoff_one_worker_p50_ms} ms`],
       [`(c') groupmq: one hot group, ${loads.hot_ops} jobs (median of ${ROUNDS})`, `${figures.groupmq_hot_group_jobs_per_s} jobs/s`],
       [`    ratio (c)/(c')`, `${figures.hot_ratio_vs_groupmq}`],
+      [`    CPU per operation, Redis / workers: (c) and (c')`, `${figures.hot_redis_cpu_us_per_op} / ${figures.hot_worker_cpu_us_per_op} µs and ${figures.groupmq_hot_redis_cpu_us_per_job} / ${figures.groupmq_hot_worker_cpu_us_per_job} µs`],
       [`(d) ${loads.many_leases} leases, one op each`, `${figures.many_leases_ops_per_s} ops/s (${(many.opsPerS / lanes.opsPerS).toFixed(2)} of (a))`],
       [`    Redis memory before / after`, `${figures.redis_memory_before_bytes} / ${figures.redis_memory_after_bytes} bytes`],
       [`    keys under the prefix before / after`, `${figures.redis_keys_before} / ${figures.redis_keys_after}`],

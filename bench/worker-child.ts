@@ -1,14 +1,17 @@
 // A worker process for the benchmark: plain BullMQ, groupmq or lease-ops lanes, no-op jobs.
 // It connects, says 'ready', starts on 'go', and on 'report' sends its op timings.
+// lease-ops runs as users run it: the compiled dist/ (`npm run bench` builds it when the
+// sources changed). Run through tsx, every function of src/ is wrapped by its name-keeping
+// helper, which a CPU profile counted on the hot path.
 import { Worker } from 'bullmq';
 import { Redis } from 'ioredis';
-import { loadConfig } from '../src/config.ts';
-import { createLogger } from '../src/logger.ts';
-import { PermanentError } from '../src/providers/errors.ts';
-import { ProviderRegistry } from '../src/providers/registry.ts';
-import type { LeaseProvider } from '../src/providers/types.ts';
-import { createRedis } from '../src/queues/redis.ts';
-import { LeaseWorkers } from '../src/queues/partitioned-worker.ts';
+import { loadConfig } from '../dist/config.js';
+import { createLogger } from '../dist/logger.js';
+import { PermanentError } from '../dist/providers/errors.js';
+import { ProviderRegistry } from '../dist/providers/registry.js';
+import type { LeaseProvider } from '../dist/providers/types.js';
+import { createRedis } from '../dist/queues/redis.js';
+import { LeaseWorkers } from '../dist/queues/partitioned-worker.js';
 
 const mode = process.argv[2] as 'plain' | 'groupmq' | 'lanes';
 const config = loadConfig();
