@@ -1,6 +1,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { CreateosFake } from '../src/fakes/createos-fake.ts';
 import type { FakeCall } from '../src/fakes/http-fake.ts';
+import { TransientError } from '../src/providers/errors.ts';
 import { QUICK_RECOVERY, readUntil, TestBed, workerEnv } from './helpers/env.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
 
@@ -108,6 +109,23 @@ describe('pacing within an operation\'s deadline, and per account', () => {
       expect(daytona.calls.length).toBe(before);
     } finally {
       await daytona.close();
+    }
+  });
+
+  it('a request whose operation\'s deadline passed before its turn is not sent, and says so (not a wait of 0 ms): both limiters, idle budget or not', async () => {
+    const { localRateLimiters, redisRateLimiters } = await import('../src/providers/pacing.ts');
+    bed = await TestBed.create();
+    const limits = { authenticated: { perMinute: 8_000, burst: 2_000 } };
+    for (const [kind, limiter] of [['local', localRateLimiters('acct', limits)], ['redis', redisRateLimiters(bed.redis, bed.config.LEASE_OPS_PREFIX)('acct', limits)]] as const) {
+      const refused = await limiter.take('authenticated', { deadlineAt: Date.now() - 1 }).then(
+        () => null,
+        (err: unknown) => err,
+      );
+      expect(refused, kind).toBeInstanceOf(TransientError);
+      expect((refused as TransientError).code, kind).toBe('deadline_passed');
+      expect((refused as TransientError).message, kind).toBe("request budget authenticated: the operation's deadline passed before this request could be sent");
+      // With time left, the idle budget's turn is now.
+      await expect(limiter.take('authenticated', { deadlineAt: Date.now() + 1_000 })).resolves.toBeUndefined();
     }
   });
 

@@ -15,8 +15,9 @@ export interface RateLimit {
  * lifecycle throttlers); `holdOff` is what a 429 with Retry-After asks: every request of the
  * bucket waits that long (at most MAX_HOLD_OFF_MS). A bucket without a configured limit is
  * not paced. A turn that would come after `deadlineAt` is not taken: `take` throws a
- * TransientError saying how long the wait was, and the operation's retry policy, which
- * never retries past the deadline, decides.
+ * TransientError saying how long the wait was (or, when `deadlineAt` had already passed,
+ * `deadline_passed`), and the operation's retry policy, which never retries past the
+ * deadline, decides.
  */
 export interface RateLimiter {
   take(bucket: string, opts?: { signal?: AbortSignal; deadlineAt?: number }): Promise<void>;
@@ -28,6 +29,15 @@ export const MAX_HOLD_OFF_MS = 5 * 60_000;
 
 function tooLate(bucket: string, waitMs: number): TransientError {
   return new TransientError('rate_limited', `request budget ${bucket}: the next turn is ${waitMs} ms away, after the operation's deadline`, { retryAfterMs: waitMs });
+}
+
+/**
+ * The deadline passed before the request asked for its turn: no wait is to blame, and the
+ * code is the providers' own for it, so the operation's failure names the provider's last
+ * error (attempt-life.ts) instead of a wait of 0 ms.
+ */
+function deadlinePassed(bucket: string, deadlineAt: number): TransientError | null {
+  return Date.now() >= deadlineAt ? new TransientError('deadline_passed', `request budget ${bucket}: the operation's deadline passed before this request could be sent`) : null;
 }
 
 /** How a provider gets a limiter: shared by every replica on the worker's Redis, or per process. */
@@ -65,6 +75,8 @@ export function redisRateLimiters(redis: RedisClient, prefix: string): RateLimit
       async take(bucket, { signal, deadlineAt = Number.POSITIVE_INFINITY } = {}) {
         const limit = limits[bucket];
         if (!limit) return;
+        const passed = deadlinePassed(bucket, deadlineAt);
+        if (passed) throw passed;
         for (;;) {
           const maxWait = Number.isFinite(deadlineAt) ? Math.max(0, deadlineAt - Date.now()) : -1;
           const wait = Number(await take(key(bucket), intervalOf(limit), limit.burst ?? 1, '1', maxWait));
@@ -93,6 +105,8 @@ export const localRateLimiters: RateLimiterFactory = (_scope, limits) => {
     async take(bucket, { signal, deadlineAt = Number.POSITIVE_INFINITY } = {}) {
       const limit = limits[bucket];
       if (!limit) return;
+      const passed = deadlinePassed(bucket, deadlineAt);
+      if (passed) throw passed;
       for (;;) {
         const now = Date.now();
         const b = buckets.get(bucket) ?? { tat: now, until: 0 };
