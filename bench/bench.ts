@@ -37,6 +37,8 @@ export interface Figures {
   hot_worker_cpu_us_per_op: number;
   groupmq_hot_redis_cpu_us_per_job: number;
   groupmq_hot_worker_cpu_us_per_job: number;
+  hot_redis_commands_per_op: number;
+  groupmq_hot_redis_commands_per_job: number;
   handoff_one_worker_p50_ms: number;
   handoff_p50_ms: number;
   handoff_p99_ms: number;
@@ -54,6 +56,9 @@ export interface Figures {
   plain_redis_cpu_us_per_op: number;
   lanes_worker_cpu_us_per_op: number;
   plain_worker_cpu_us_per_op: number;
+  /** Redis commands run per operation (inside scripts or not; perOperation in redis-cost.ts), (a) and (b), medians of the rounds. */
+  lanes_redis_commands_per_op: number;
+  plain_redis_commands_per_op: number;
   settle_lag_p50_ms: number;
   settle_lag_p99_ms: number;
   settle_lag_operations_waited: number;
@@ -451,6 +456,7 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
   // What one operation costs Redis and the workers, lanes beside plain BullMQ (medians of the rounds).
   const perOp = (runs: { cost: RedisCost; workerCpuUs: number }[], ops = loads.jobs) => ({
     redis: median(runs.map((r) => perOperation(r.cost, ops).cpu_us)),
+    commands: median(runs.map((r) => perOperation(r.cost, ops).commands)),
     worker: Number(median(runs.map((r) => r.workerCpuUs / ops)).toFixed(1)),
   });
   const lanesCost = perOp(lanesRounds);
@@ -463,6 +469,8 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
     plain_redis_cpu_us_per_op: plainCost.redis,
     lanes_worker_cpu_us_per_op: lanesCost.worker,
     plain_worker_cpu_us_per_op: plainCost.worker,
+    lanes_redis_commands_per_op: lanesCost.commands,
+    plain_redis_commands_per_op: plainCost.commands,
     lanes_ops_per_s: Math.round(lanes.opsPerS),
     plain_bullmq_jobs_per_s: Math.round(plain),
     ratio_vs_plain: Number((lanes.opsPerS / plain).toFixed(3)),
@@ -476,6 +484,8 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
     hot_worker_cpu_us_per_op: hotCost.worker,
     groupmq_hot_redis_cpu_us_per_job: groupmqHotCost.redis,
     groupmq_hot_worker_cpu_us_per_job: groupmqHotCost.worker,
+    hot_redis_commands_per_op: hotCost.commands,
+    groupmq_hot_redis_commands_per_job: groupmqHotCost.commands,
     handoff_one_worker_p50_ms: Number(percentile(handoffsOne, 50).toFixed(3)),
     handoff_p50_ms: Number(percentile(handoffs, 50).toFixed(3)),
     handoff_p99_ms: Number(percentile(handoffs, 99).toFixed(3)),
@@ -511,6 +521,7 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
       [`(b) plain BullMQ: the same jobs and data, no lanes (median of ${ROUNDS})`, `${figures.plain_bullmq_jobs_per_s} jobs/s`],
       [`    ratio (a)/(b)`, `${figures.ratio_vs_plain}`],
       [`    CPU per operation, Redis / workers: (a) and (b)`, `${figures.lanes_redis_cpu_us_per_op} / ${figures.lanes_worker_cpu_us_per_op} µs and ${figures.plain_redis_cpu_us_per_op} / ${figures.plain_worker_cpu_us_per_op} µs`],
+      [`    Redis commands per operation: (a) and (b)`, `${figures.lanes_redis_commands_per_op} and ${figures.plain_redis_commands_per_op}`],
       [`(b') groupmq: the same jobs, each lease a group (median of ${ROUNDS})`, `${figures.groupmq_jobs_per_s} jobs/s`],
       [`    ratio (a)/(b')`, `${figures.ratio_vs_groupmq}`],
       [`(c) one hot lease: ${loads.hot_ops} ops (median of ${ROUNDS})`, `${figures.hot_lease_ops_per_s} ops/s`],
@@ -519,6 +530,7 @@ export async function runBench(opts: { json: boolean; quick: boolean; out?: stri
       [`(c') groupmq: one hot group, ${loads.hot_ops} jobs (median of ${ROUNDS})`, `${figures.groupmq_hot_group_jobs_per_s} jobs/s`],
       [`    ratio (c)/(c')`, `${figures.hot_ratio_vs_groupmq}`],
       [`    CPU per operation, Redis / workers: (c) and (c')`, `${figures.hot_redis_cpu_us_per_op} / ${figures.hot_worker_cpu_us_per_op} µs and ${figures.groupmq_hot_redis_cpu_us_per_job} / ${figures.groupmq_hot_worker_cpu_us_per_job} µs`],
+      [`    Redis commands per operation: (c) and (c')`, `${figures.hot_redis_commands_per_op} and ${figures.groupmq_hot_redis_commands_per_job}`],
       [`(d) ${loads.many_leases} leases, one op each`, `${figures.many_leases_ops_per_s} ops/s (${(many.opsPerS / lanes.opsPerS).toFixed(2)} of (a))`],
       [`    Redis memory before / after`, `${figures.redis_memory_before_bytes} / ${figures.redis_memory_after_bytes} bytes`],
       [`    keys under the prefix before / after`, `${figures.redis_keys_before} / ${figures.redis_keys_after}`],

@@ -36,12 +36,20 @@ export async function measureRedis(nodes: Redis[]): Promise<() => Promise<RedisC
   };
 }
 
-/** Per operation: Redis CPU (µs), scripts run, and their time (µs). */
-export function perOperation(cost: RedisCost, operations: number): { cpu_us: number; scripts: number; script_us: number } {
-  const scripts = ['evalsha', 'eval', 'evalsha_ro', 'eval_ro', 'fcall'].map((n) => cost.commands[n] ?? { calls: 0, usec: 0 });
+const SCRIPT_COMMANDS = ['evalsha', 'eval', 'evalsha_ro', 'eval_ro', 'fcall'];
+
+/**
+ * Per operation: Redis CPU (µs), scripts run, their time (µs), and commands run, inside
+ * scripts or not (the scripts themselves not counted). Unlike the times, the command count
+ * does not move with the machine's load: a step added to every operation shows in it at once.
+ */
+export function perOperation(cost: RedisCost, operations: number): { cpu_us: number; scripts: number; script_us: number; commands: number } {
+  const scripts = SCRIPT_COMMANDS.map((n) => cost.commands[n] ?? { calls: 0, usec: 0 });
+  const commands = Object.entries(cost.commands).reduce((n, [name, c]) => (SCRIPT_COMMANDS.includes(name) ? n : n + c.calls), 0);
   return {
     cpu_us: Number(((cost.cpuSeconds * 1e6) / operations).toFixed(1)),
     scripts: Number((scripts.reduce((n, s) => n + s.calls, 0) / operations).toFixed(2)),
     script_us: Number((scripts.reduce((n, s) => n + s.usec, 0) / operations).toFixed(1)),
+    commands: Number((commands / operations).toFixed(1)),
   };
 }
