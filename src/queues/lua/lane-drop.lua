@@ -51,11 +51,11 @@ rcall('ZREM', KEYS[22], jobId)
 recount(k, laneId)
 forgetCoalescing(k, jobId)
 rcall('HDEL', jobKey, 'lo:parked')
-recordOutcome(jobKey, ARGV[5])
+local name = recordOutcome(jobKey, ARGV[5])
 rcall('ZREM', k.backingOff, jobId)
 -- An operator's cancel is no failure for anyone to attend to.
 if ARGV[7] ~= '1' then
-  noteFailure(k, laneId, jobId, now, true, tonumber(ARGV[6]), rcall('HGET', jobKey, 'name') or '?', KEYS[21], jobKey)
+  noteFailure(k, laneId, jobId, now, true, tonumber(ARGV[6]), name or '?', KEYS[21], jobKey)
 end
 if at == 0 then
   local advanced = advanceLane(k, ARGV[4], laneId, false)

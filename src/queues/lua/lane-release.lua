@@ -56,7 +56,9 @@ local holder = rcall('HMGET', k.holder, 'job', 'token')
 if holder[1] ~= jobId or holder[2] ~= token then
   return {'stale'}
 end
-if ARGV[10] == '1' and rcall('HEXISTS', jobKey, 'lo:cancel') == 1 then
+-- What recordOutcome and noteFailure read of the job, with the cancel mark, in one read.
+local job = rcall('HMGET', jobKey, 'name', 'atm', 'lo:cancel')
+if ARGV[10] == '1' and job[3] then
   return {'cancelled'}
 end
 
@@ -69,7 +71,7 @@ if ARGV[10] == '1' and ARGV[14] ~= '' then
   rcall('EXPIRE', KEYS[25], ARGV[15])
 end
 rcall('LPOP', k.list)
-rcall('DEL', k.holder)
+-- The holder goes below, unless the next job's hand-off names a new one in its place.
 rcall('ZREM', KEYS[26], jobId)
 forgetCoalescing(k, jobId)
 if ARGV[10] == '1' then
@@ -77,7 +79,7 @@ if ARGV[10] == '1' then
 else
   rcall('HDEL', KEYS[20], jobId)
 end
-recordOutcome(jobKey, outcome)
+local name = recordOutcome(jobKey, outcome, job)
 if ARGV[12] ~= '' and rcall('HEXISTS', KEYS[24], jobId) == 1 then
   local ended = tonumber(ARGV[13]) + 2 * #outcome
   rcall('HINCRBY', KEYS[24], jobId, ended)
@@ -86,9 +88,13 @@ end
 -- A cancel (an operator's, or a host that gave up) is no failure for anyone to attend to.
 local cancelled = ARGV[8] == '1' and string.find(outcome, '"code":"cancelled"', 1, true) ~= nil
 if not cancelled then
-  noteFailure(k, laneId, jobId, now, ARGV[8] == '1', tonumber(ARGV[9]), rcall('HGET', jobKey, 'name') or '?', KEYS[22], jobKey)
+  noteFailure(k, laneId, jobId, now, ARGV[8] == '1', tonumber(ARGV[9]), name or '?', KEYS[22], jobKey)
 end
 if ARGV[11] ~= '' then
   historyAppendJoined(KEYS[21], ARGV[11])
 end
-return advanceLane(k, ARGV[6], laneId, ARGV[7] == '1', KEYS[25])
+local advanced = advanceLane(k, ARGV[6], laneId, ARGV[7] == '1', KEYS[25])
+if advanced[3] ~= 'promoted' then
+  rcall('DEL', k.holder)
+end
+return advanced

@@ -306,10 +306,12 @@ end
 -- Keeps the outcome on the job hash, with BullMQ's attempts count as it was: a later run of
 -- this job repeats the outcome while that count is unchanged (BullMQ never finished the job:
 -- a crash came first), and runs again once BullMQ finished it and an operator retried it.
-local function recordOutcome(jobKey, outcome)
+-- `job` is the job hash's {name, atm} when the caller read them already. Returns the name.
+local function recordOutcome(jobKey, outcome, job)
+  job = job or rcall('HMGET', jobKey, 'name', 'atm')
   -- Every BullMQ job hash has a name: without one the job was removed, and nothing is written.
-  local job = rcall('HMGET', jobKey, 'name', 'atm')
   if job[1] then
     rcall('HSET', jobKey, 'lo:outcome', outcome, 'lo:released-atm', job[2] or '0')
   end
+  return job[1]
 end
