@@ -129,6 +129,38 @@ describe('pacing within an operation\'s deadline, and per account', () => {
     }
   });
 
+  it("a request waiting for its turn while a 429 holds its budget until the deadline is refused, and never sent at or after the deadline: both limiters", async () => {
+    const { localRateLimiters, redisRateLimiters } = await import('../src/providers/pacing.ts');
+    bed ??= await TestBed.create();
+    const limits = { b: { perMinute: 600, burst: 1 } };
+    const limiters = [
+      ['local', () => localRateLimiters('hold', limits)],
+      ['redis', () => redisRateLimiters(bed!.redis, bed!.config.LEASE_OPS_PREFIX)(`hold-${Math.random()}`, limits)],
+    ] as const;
+    for (const [kind, make] of limiters) {
+      for (let round = 0; round < 3; round++) {
+        const limiter = make();
+        const deadlineAt = Date.now() + 300;
+        await limiter.take('b', { deadlineAt });
+        // The next turn is 100 ms away; meanwhile a 429 holds the budget until the deadline.
+        const waiting = limiter.take('b', { deadlineAt }).then(
+          () => ({ tookAt: Date.now() }),
+          (err: unknown) => ({ refused: err as TransientError }),
+        );
+        await limiter.holdOff('b', deadlineAt - Date.now());
+        const outcome = await waiting;
+        // A turn before the hold came (a slow machine) is fine; one at or after the deadline is not.
+        expect('tookAt' in outcome && outcome.tookAt >= deadlineAt ? `${kind}: took a turn ${outcome.tookAt - deadlineAt} ms after the deadline` : null).toBeNull();
+        if (!('refused' in outcome)) continue;
+        const refused = outcome.refused;
+        expect(refused, kind).toBeInstanceOf(TransientError);
+        // Refused as the wait it would be, or as the deadline passed: never as a wait of 0 ms.
+        expect(['rate_limited', 'deadline_passed'], `${kind}: ${refused.message}`).toContain(refused.code);
+        expect(refused.message, kind).not.toMatch(/ 0 ms away/);
+      }
+    }
+  });
+
   it('two CreateOS instances calling from one address share one budget', { timeout: 30_000 }, async () => {
     const { createCreateosProvider } = await import('../src/providers/createos/index.ts');
     const { redisRateLimiters } = await import('../src/providers/pacing.ts');

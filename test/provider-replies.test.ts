@@ -5,6 +5,7 @@ import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
 import { createCreateosProvider } from '../src/providers/createos/index.ts';
 import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
 import { loadProviders } from '../src/providers/registry.ts';
+import { localRateLimiters, type RateLimiterFactory } from '../src/providers/pacing.ts';
 import type { LeaseProvider, SandboxState } from '../src/providers/types.ts';
 import { runOperation } from '../src/processors/index.ts';
 import { providerContext, settled } from './helpers/provider-context.ts';
@@ -290,4 +291,48 @@ describe('every operation with default settings, through the providers a worker 
     }
     await registry.close();
   });
+});
+
+describe("a create whose turn came after its operation's deadline", () => {
+  // The create waits for its turn (a busy budget, a stalled Redis) past its deadline: the
+  // pacer refuses it, and it is never sent. That is no unknown outcome.
+  const lateCreateTurn = (late: { create: boolean }): RateLimiterFactory => (scope, limits) => {
+    const real = localRateLimiters(scope, limits);
+    return {
+      async take(bucket, opts) {
+        if (late.create && opts?.deadlineAt !== undefined) await new Promise((r) => setTimeout(r, Math.max(0, opts.deadlineAt! - Date.now()) + 5));
+        return real.take(bucket, opts);
+      },
+      holdOff: real.holdOff,
+    };
+  };
+  const cases: [string, (url: string, limiters: RateLimiterFactory) => LeaseProvider, () => Promise<[string, DaytonaFake | CreateosFake]>][] = [
+    ['Daytona', (url, limiters) => createDaytonaProvider({ apiUrl: url, apiKey: 'k' }, limiters), async () => { const f = new DaytonaFake({ apiKey: 'k' }); return [await f.listen(), f]; }],
+    ['CreateOS', (url, limiters) => createCreateosProvider({ apiUrl: url, apiKey: 'k', requestsPerMinute: 60_000 }, limiters), async () => { const f = new CreateosFake({ apiKey: 'k' }); return [await f.listen(), f]; }],
+  ];
+  for (const [service, make, serve] of cases) {
+    it(`${service}: fails with deadline_passed, not create_outcome_unknown, and sends no create`, async () => {
+      const [url, fake] = await serve();
+      try {
+        const late = { create: false };
+        const provider = make(url, lateCreateTurn(late));
+        const ctx = providerContext('late-create', 'env-a', { deadlineAt: Date.now() + 2_000 });
+        // The create's turn is asked for right after its checkpoint says it is being sent.
+        const write = ctx.checkpoint.write;
+        ctx.checkpoint.write = async (values) => {
+          if ('createSentAt' in values) late.create = true;
+          await write(values);
+        };
+        const refused = await provider.acquire(ctx, { runId: 'r' }).then(
+          () => null,
+          (err: unknown) => err as { code?: string; message?: string },
+        );
+        expect(late.create).toBe(true);
+        expect(refused?.code, refused?.message).toBe('deadline_passed');
+        expect(fake.calls.filter((c) => c.method === 'POST')).toEqual([]);
+      } finally {
+        await fake.close();
+      }
+    });
+  }
 });

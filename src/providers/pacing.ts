@@ -75,14 +75,18 @@ export function redisRateLimiters(redis: RedisClient, prefix: string): RateLimit
       async take(bucket, { signal, deadlineAt = Number.POSITIVE_INFINITY } = {}) {
         const limit = limits[bucket];
         if (!limit) return;
-        const passed = deadlinePassed(bucket, deadlineAt);
-        if (passed) throw passed;
         for (;;) {
+          // Before every turn asked for: a 429's hold may have run out at the deadline.
+          const passed = deadlinePassed(bucket, deadlineAt);
+          if (passed) throw passed;
           const maxWait = Number.isFinite(deadlineAt) ? Math.max(0, deadlineAt - Date.now()) : -1;
           const wait = Number(await take(key(bucket), intervalOf(limit), limit.burst ?? 1, '1', maxWait));
           if (wait < 0) throw tooLate(bucket, -wait);
           if (wait === 0) return;
           await sleep(wait, signal);
+          // A timer can wake past the deadline the turn was taken within.
+          const late = deadlinePassed(bucket, deadlineAt);
+          if (late) throw late;
           // A 429 may have held the bucket off while this request waited for its turn: then
           // the turn is void, and it waits out the hold and takes a new one.
           const held = Number(await take(key(bucket), intervalOf(limit), limit.burst ?? 1, '0', -1));
@@ -105,9 +109,9 @@ export const localRateLimiters: RateLimiterFactory = (_scope, limits) => {
     async take(bucket, { signal, deadlineAt = Number.POSITIVE_INFINITY } = {}) {
       const limit = limits[bucket];
       if (!limit) return;
-      const passed = deadlinePassed(bucket, deadlineAt);
-      if (passed) throw passed;
       for (;;) {
+        const passed = deadlinePassed(bucket, deadlineAt);
+        if (passed) throw passed;
         const now = Date.now();
         const b = buckets.get(bucket) ?? { tat: now, until: 0 };
         const interval = intervalOf(limit);
@@ -117,6 +121,8 @@ export const localRateLimiters: RateLimiterFactory = (_scope, limits) => {
         buckets.set(bucket, { tat: Math.max(tat, sendAt) + interval, until: b.until });
         if (sendAt <= now) return;
         await sleep(sendAt - now, signal);
+        const late = deadlinePassed(bucket, deadlineAt);
+        if (late) throw late;
         const held = (buckets.get(bucket)?.until ?? 0) - Date.now();
         if (held <= 0) return;
         if (Date.now() + held > deadlineAt) throw tooLate(bucket, held);

@@ -556,8 +556,12 @@ export class AttemptLife {
     // No replica served its provider before its deadline: that, not the deadline, is the news.
     if (decision.reason === 'deadline' && errorCode(err) !== 'unknown_provider') {
       // This attempt sent nothing (the deadline passed while it waited to send): the news is
-      // what the provider said last, which the previous attempt's failure kept.
-      const last = errorCode(err) === 'deadline_passed' && this.job.failedReason ? this.job.failedReason : message;
+      // what the provider said last, which the previous attempt's failure kept, if one did.
+      if (errorCode(err) === 'deadline_passed' && !this.job.failedReason) {
+        const why = this.job.stalledCounter > 0 ? 'the deadline passed before an attempt could end: the worker of an earlier one was lost' : `the deadline passed before a request could be sent (${message})`;
+        return this.failForGood(laneId, fence, data, 'deadline_exceeded', why, log);
+      }
+      const last = errorCode(err) === 'deadline_passed' ? this.job.failedReason : message;
       return this.failForGood(laneId, fence, data, 'deadline_exceeded', `last provider error: ${last}`, log);
     }
     return this.failForGood(laneId, fence, data, errorCode(err), message, log);

@@ -168,8 +168,10 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
     const cause = (err as { cause?: unknown } | null)?.cause;
     if (err instanceof CreateosSandboxConnectionError && (cause as { code?: unknown } | null)?.code === 'stale_attempt') return cause as Error;
     if ((err as { code?: unknown } | null)?.code === 'stale_attempt') return err as Error;
-    // Refused in lease-ops' own fetch (the deadline, the pacing): that error, not a network one.
-    if (err instanceof CreateosSandboxConnectionError && cause instanceof ProviderError) return cause;
+    // Refused in lease-ops' own fetch (the deadline, the pacing): that error, not a network one,
+    // nor a timeout (the SDK's timer, which runs while the request waits for its turn, may
+    // have fired meanwhile: the request was never sent).
+    if ((err instanceof CreateosSandboxConnectionError || err instanceof CreateosSandboxTimeoutError) && cause instanceof ProviderError) return cause;
     const message = `${name}: ${(err as Error).message}`;
     if (err instanceof CreateosSandboxRateLimitError || err instanceof CreateosSandboxServerError) {
       const retryAfter = err.response.headers.get('retry-after');
@@ -338,7 +340,8 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
     } catch (err) {
       if (!(err instanceof ProviderError)) throw err; // a stale attempt: its successor decides
       const refused = err instanceof PermanentError && ['unauthorized', 'forbidden', 'payment_required'].includes(err.code);
-      if (refused || err.code === 'rate_limited' || err.code === 'cancelled') throw err;
+      // Never sent: the deadline passed while it waited for its turn (pacing.ts, attemptFetch above).
+      if (refused || err.code === 'rate_limited' || err.code === 'cancelled' || err.code === 'deadline_passed') throw err;
       const made = await findByName(ctx, sandboxName).catch(() => undefined);
       if (made) return made.id;
       if (made === undefined || !(err instanceof PermanentError)) {

@@ -482,8 +482,9 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
         ),
       );
     } catch (err) {
-      // Refused before anything was made: credentials, or the rate limit.
-      if (err instanceof ProviderError && (err.code === 'unauthorized' || err.code === 'rate_limited' || err.code === 'cancelled')) throw err;
+      // Refused before anything was made: credentials, or the rate limit; or never sent (the
+      // deadline passed while it waited for its turn: pacing.ts and send above).
+      if (err instanceof ProviderError && (err.code === 'unauthorized' || err.code === 'rate_limited' || err.code === 'cancelled' || err.code === 'deadline_passed')) throw err;
       if (isStale(err)) throw err;
       const made = await read(ctx, sandboxName, true).catch(() => undefined);
       if (made) return made;
