@@ -15,9 +15,9 @@ export interface RateLimit {
  * lifecycle throttlers); `holdOff` is what a 429 with Retry-After asks: every request of the
  * bucket waits that long (at most MAX_HOLD_OFF_MS). A bucket without a configured limit is
  * not paced. A turn that would come after `deadlineAt` is not taken: `take` throws a
- * TransientError saying how long the wait was (or, when `deadlineAt` had already passed,
- * `deadline_passed`), and the operation's retry policy, which never retries past the
- * deadline, decides.
+ * TransientError saying how long the wait was (or `deadline_passed`, once `deadlineAt` has
+ * passed before the turn came), and the operation's retry policy, which never retries past
+ * the deadline, decides.
  */
 export interface RateLimiter {
   take(bucket: string, opts?: { signal?: AbortSignal; deadlineAt?: number }): Promise<void>;
@@ -32,9 +32,9 @@ function tooLate(bucket: string, waitMs: number): TransientError {
 }
 
 /**
- * The deadline passed before the request asked for its turn: no wait is to blame, and the
- * code is the providers' own for it, so the operation's failure names the provider's last
- * error (attempt-life.ts) instead of a wait of 0 ms.
+ * The deadline passed before the request got its turn (before it asked, or while it
+ * waited): the request is not sent. The code is the providers' own for it, so the
+ * operation's failure names the provider's last error (attempt-life.ts), not a wait of 0 ms.
  */
 function deadlinePassed(bucket: string, deadlineAt: number): TransientError | null {
   return Date.now() >= deadlineAt ? new TransientError('deadline_passed', `request budget ${bucket}: the operation's deadline passed before this request could be sent`) : null;
