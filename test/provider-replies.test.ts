@@ -296,40 +296,55 @@ describe('every operation with default settings, through the providers a worker 
 describe("a create whose turn came after its operation's deadline", () => {
   // The create waits for its turn (a busy budget, a stalled Redis) past its deadline: the
   // pacer refuses it, and it is never sent. That is no unknown outcome.
-  const lateCreateTurn = (late: { create: boolean }): RateLimiterFactory => (scope, limits) => {
+  const lateTurns = (isLate: (bucket: string) => boolean): RateLimiterFactory => (scope, limits) => {
     const real = localRateLimiters(scope, limits);
     return {
       async take(bucket, opts) {
-        if (late.create && opts?.deadlineAt !== undefined) await new Promise((r) => setTimeout(r, Math.max(0, opts.deadlineAt! - Date.now()) + 5));
+        if (isLate(bucket) && opts?.deadlineAt !== undefined) await new Promise((r) => setTimeout(r, Math.max(0, opts.deadlineAt! - Date.now()) + 5));
         return real.take(bucket, opts);
       },
       holdOff: real.holdOff,
     };
   };
-  const cases: [string, (url: string, limiters: RateLimiterFactory) => LeaseProvider, () => Promise<[string, DaytonaFake | CreateosFake]>][] = [
-    ['Daytona', (url, limiters) => createDaytonaProvider({ apiUrl: url, apiKey: 'k' }, limiters), async () => { const f = new DaytonaFake({ apiKey: 'k' }); return [await f.listen(), f]; }],
-    ['CreateOS', (url, limiters) => createCreateosProvider({ apiUrl: url, apiKey: 'k', requestsPerMinute: 60_000 }, limiters), async () => { const f = new CreateosFake({ apiKey: 'k' }); return [await f.listen(), f]; }],
+  const cases: [string, () => Promise<[DaytonaFake | CreateosFake, (late: RateLimiterFactory) => LeaseProvider, (bucket: string) => boolean]>][] = [
+    [
+      'Daytona',
+      async () => {
+        const fake = new DaytonaFake({ apiKey: 'k' });
+        const url = await fake.listen();
+        // Its create has a budget of its own.
+        return [fake, (limiters) => createDaytonaProvider({ apiUrl: url, apiKey: 'k' }, limiters), (bucket) => bucket === 'sandbox-create'];
+      },
+    ],
+    [
+      'CreateOS',
+      async () => {
+        const fake = new CreateosFake({ apiKey: 'k' });
+        const url = await fake.listen();
+        // One budget for every request: the create is a first attempt's first (its checkpoint has nothing to look up).
+        return [fake, (limiters) => createCreateosProvider({ apiUrl: url, apiKey: 'k', requestsPerMinute: 60_000 }, limiters), () => fake.calls.length === 0];
+      },
+    ],
   ];
-  for (const [service, make, serve] of cases) {
-    it(`${service}: fails with deadline_passed, not create_outcome_unknown, and sends no create`, async () => {
-      const [url, fake] = await serve();
+  for (const [service, serve] of cases) {
+    it(`${service}: fails with deadline_passed, not create_outcome_unknown, sends no create, and leaves its clean-up nothing to wait out`, async () => {
+      const [fake, make, isCreate] = await serve();
       try {
-        const late = { create: false };
-        const provider = make(url, lateCreateTurn(late));
+        let asked = false;
+        const provider = make(lateTurns((bucket) => isCreate(bucket) && (asked = true)));
         const ctx = providerContext('late-create', 'env-a', { deadlineAt: Date.now() + 2_000 });
-        // The create's turn is asked for right after its checkpoint says it is being sent.
-        const write = ctx.checkpoint.write;
-        ctx.checkpoint.write = async (values) => {
-          if ('createSentAt' in values) late.create = true;
-          await write(values);
-        };
         const refused = await provider.acquire(ctx, { runId: 'r' }).then(
           () => null,
           (err: unknown) => err as { code?: string; message?: string },
         );
-        expect(late.create).toBe(true);
+        expect(asked).toBe(true);
         expect(refused?.code, refused?.message).toBe('deadline_passed');
         expect(fake.calls.filter((c) => c.method === 'POST')).toEqual([]);
+        // Nothing was sent, so its clean-up has no create to wait out: it finds nothing at once
+        // instead of looking again for up to one and a half create timeouts.
+        const checkpoint = await ctx.checkpoint.read();
+        expect(checkpoint).not.toHaveProperty('createSentAt');
+        await expect(make(localRateLimiters).findAcquired!(providerContext('late-create'), { jobId: ctx.jobId, checkpoint })).resolves.toBeNull();
       } finally {
         await fake.close();
       }

@@ -125,6 +125,8 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
   // CreateOS counts per caller IP: every instance and replica calling this API from here shares one budget.
   const limiter = rateLimiters(`createos:${new URL(settings.apiUrl).host}`, { requests: { perMinute: settings.requestsPerMinute, burst: settings.burst } });
   const clients = new WeakMap<OperationContext, CreateosSandboxClient>();
+  /** What an attempt's next request does once its turn came and its checks passed, just before it is sent (see create). */
+  const beforeNextSend = new WeakMap<OperationContext, () => Promise<void>>();
 
   /** Every request of this attempt: paced, fenced, and fenced again at send. */
   const attemptFetch = (ctx: OperationContext): typeof fetch => {
@@ -135,6 +137,11 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
         await ctx.fence();
         // No request starts after the operation's deadline (the SDK's timeout keeps it from outliving it).
         if (Date.now() >= ctx.deadlineAt) throw new TransientError('deadline_passed', `${name}: the operation's deadline passed before this request could be sent`);
+        const before = beforeNextSend.get(ctx);
+        if (before) {
+          beforeNextSend.delete(ctx);
+          await before();
+        }
         try {
           const res = await send(input, init);
           if (res.status === 429) await limiter.holdOff('requests', retryAfterMs(res.headers.get('retry-after')) ?? 1_000);
@@ -322,7 +329,8 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
   const create = async (ctx: OperationContext, sandboxName: string): Promise<string> => {
     // When a create was sent, and under which name: its clean-up, if it comes to that, looks
     // for this name, and waits out a create that may still be on its way (see findAcquired).
-    await ctx.checkpoint.write({ createosName: sandboxName, createSentAt: String(Date.now()) });
+    // Written as it goes, after its turn: one refused while it waited was never sent.
+    beforeNextSend.set(ctx, () => ctx.checkpoint.write({ createosName: sandboxName, createSentAt: String(Date.now()) }));
     try {
       const created = await sdk(() =>
         clientFor(ctx).createSandbox(
@@ -338,6 +346,8 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
       );
       return view(created.data).id;
     } catch (err) {
+      // Not sent (refused at its turn or before): the look-up below must not take its place.
+      beforeNextSend.delete(ctx);
       if (!(err instanceof ProviderError)) throw err; // a stale attempt: its successor decides
       const refused = err instanceof PermanentError && ['unauthorized', 'forbidden', 'payment_required'].includes(err.code);
       // Never sent: the deadline passed while it waited for its turn (pacing.ts, attemptFetch above).

@@ -244,8 +244,9 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
    * Sends a request in its throttler's turn, once the fence holds. A 429 holds the
    * throttler back for every replica. A request dropped by the transport (the process
    * stalled between check and send) is sent again only after a fresh check says so.
+   * `beforeSend` runs once the turn came and the checks passed, just before each send.
    */
-  const send = async <T>(ctx: OperationContext, throttler: Throttler, request: Request<T>): Promise<AxiosResponse<T>> => {
+  const send = async <T>(ctx: OperationContext, throttler: Throttler, request: Request<T>, beforeSend?: () => Promise<void>): Promise<AxiosResponse<T>> => {
     const client = await loadApi();
     for (let tries = 1; ; tries++) {
       await limiter.take(throttler, { signal: ctx.signal, deadlineAt: ctx.deadlineAt });
@@ -253,6 +254,7 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
       // No request starts after the operation's deadline, and none outlives it.
       const left = ctx.deadlineAt - Date.now();
       if (left <= 0) throw new TransientError('deadline_passed', `${name}: the operation's deadline passed before this request could be sent`);
+      await beforeSend?.();
       const timeoutMs = Math.min(throttler === 'sandbox-create' ? settings.createTimeoutMs : settings.timeoutMs, left);
       try {
         return await request(client, requestOptions(ctx, timeoutMs));
@@ -265,9 +267,9 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
       }
     }
   };
-  const call = async <T>(ctx: OperationContext, throttler: Throttler, request: Request<T>): Promise<T> => {
+  const call = async <T>(ctx: OperationContext, throttler: Throttler, request: Request<T>, beforeSend?: () => Promise<void>): Promise<T> => {
     try {
-      return (await send(ctx, throttler, request)).data;
+      return (await send(ctx, throttler, request, beforeSend)).data;
     } catch (err) {
       throw isStale(err) ? err : toProviderError(err);
     }
@@ -463,23 +465,28 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
    * in the create's reply is trusted: the fresh read is what counts.
    */
   const create = async (ctx: OperationContext, sandboxName: string, params: OperationParams['acquire']): Promise<SandboxReply | null> => {
-    // When a create was sent: its clean-up, if it comes to that, waits out one that may still be on its way.
-    await ctx.checkpoint.write({ createSentAt: String(Date.now()) });
     const ttl = params.requestedExpiresAt ? ttlMinutesUntil(Date.parse(params.requestedExpiresAt), Date.now()) : null;
+    // When a create was sent (written as it goes, after its turn: one refused while it waited
+    // was never sent): its clean-up, if it comes to that, waits out one that may still be on its way.
+    const sending = () => ctx.checkpoint.write({ createSentAt: String(Date.now()) });
     try {
-      await call(ctx, 'sandbox-create', (api, o) =>
-        api.createSandbox(
-          {
-            name: sandboxName,
-            labels: { [LABEL_COMPANY]: ctx.lease.companyId, [LABEL_ENVIRONMENT]: ctx.lease.environmentId, [LABEL_RUN]: params.runId, ...hostLabels(params) },
-            autoStopInterval: settings.autoStopMinutes,
-            ...(snapshotFor(params) ? { snapshot: snapshotFor(params) } : {}),
-            // Bound from the start; the acquire checks the expiry the service reports (bounded).
-            ...(ttl === null ? {} : { ttlMinutes: ttl }),
-          },
-          org,
-          o,
-        ),
+      await call(
+        ctx,
+        'sandbox-create',
+        (api, o) =>
+          api.createSandbox(
+            {
+              name: sandboxName,
+              labels: { [LABEL_COMPANY]: ctx.lease.companyId, [LABEL_ENVIRONMENT]: ctx.lease.environmentId, [LABEL_RUN]: params.runId, ...hostLabels(params) },
+              autoStopInterval: settings.autoStopMinutes,
+              ...(snapshotFor(params) ? { snapshot: snapshotFor(params) } : {}),
+              // Bound from the start; the acquire checks the expiry the service reports (bounded).
+              ...(ttl === null ? {} : { ttlMinutes: ttl }),
+            },
+            org,
+            o,
+          ),
+        sending,
       );
     } catch (err) {
       // Refused before anything was made: credentials, or the rate limit; or never sent (the
