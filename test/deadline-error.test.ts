@@ -41,10 +41,10 @@ describe('an operation that fails at its deadline names what the provider said l
     );
   });
 
-  it('an attempt that sent nothing, with no earlier failure, says the deadline passed before a request could be sent: no "last provider error" that never was', { timeout: 30_000 }, async () => {
+  it('an attempt whose request was not sent, with no earlier failure, says the deadline passed while a request waited to be sent: no "last provider error" that never was', { timeout: 30_000 }, async () => {
     // The first attempt's request waited for its turn (pacing.ts) past the deadline.
     expect(await failedAtDeadline('d2', 600, false, "request budget authenticated: the operation's deadline passed before this request could be sent")).toBe(
-      "deadline_exceeded: the deadline passed before a request could be sent (request budget authenticated: the operation's deadline passed before this request could be sent)",
+      "deadline_exceeded: the deadline passed while a request waited to be sent (request budget authenticated: the operation's deadline passed before this request could be sent)",
     );
   });
 });

@@ -2,6 +2,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { CreateosFake } from '../src/fakes/createos-fake.ts';
 import type { FakeCall } from '../src/fakes/http-fake.ts';
 import { TransientError } from '../src/providers/errors.ts';
+import { RedisProcess } from './helpers/redis-process.ts';
 import { QUICK_RECOVERY, readUntil, TestBed, workerEnv } from './helpers/env.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
 
@@ -158,6 +159,31 @@ describe('pacing within an operation\'s deadline, and per account', () => {
         expect(['rate_limited', 'deadline_passed'], `${kind}: ${refused.message}`).toContain(refused.code);
         expect(refused.message, kind).not.toMatch(/ 0 ms away/);
       }
+    }
+  });
+
+  it('a turn Redis grants only after the deadline (Redis stalled meanwhile) is refused, not taken: the request is not sent', async () => {
+    const { redisRateLimiters } = await import('../src/providers/pacing.ts');
+    const { createRedis } = await import('../src/queues/redis.ts');
+    // CLIENT PAUSE holds every client's writes: a redis-server of this test's own.
+    const server = await RedisProcess.start();
+    const redis = createRedis(server.url);
+    const admin = createRedis(server.url);
+    try {
+      const limiter = redisRateLimiters(redis, '{pace-stall}')('stall', { b: { perMinute: 6_000, burst: 1 } });
+      await limiter.take('b');
+      await admin.call('CLIENT', 'PAUSE', '300', 'WRITE');
+      const deadlineAt = Date.now() + 50;
+      // Its turn is free at once, but Redis answers only once the pause ends, past the deadline.
+      const outcome = await limiter.take('b', { deadlineAt }).then(
+        () => `granted ${Date.now() - deadlineAt} ms after the deadline`,
+        (err: unknown) => (err as TransientError).code,
+      );
+      expect(outcome).toBe('deadline_passed');
+    } finally {
+      redis.disconnect();
+      admin.disconnect();
+      await server.stop();
     }
   });
 

@@ -32,12 +32,13 @@ function tooLate(bucket: string, waitMs: number): TransientError {
 }
 
 /**
- * The deadline passed before the request got its turn (before it asked, or while it
- * waited): the request is not sent. The code is the providers' own for it, so the
- * operation's failure names the provider's last error (attempt-life.ts), not a wait of 0 ms.
+ * Refuses a request whose deadline passed before it got its turn (before it asked, while it
+ * waited, or while Redis answered late): it is not sent. The code is the providers' own for
+ * it, so the operation's failure names the provider's last error (attempt-life.ts), not a
+ * wait of 0 ms.
  */
-function deadlinePassed(bucket: string, deadlineAt: number): TransientError | null {
-  return Date.now() >= deadlineAt ? new TransientError('deadline_passed', `request budget ${bucket}: the operation's deadline passed before this request could be sent`) : null;
+function refuseIfDeadlinePassed(bucket: string, deadlineAt: number): void {
+  if (Date.now() >= deadlineAt) throw new TransientError('deadline_passed', `request budget ${bucket}: the operation's deadline passed before this request could be sent`);
 }
 
 /** How a provider gets a limiter: shared by every replica on the worker's Redis, or per process. */
@@ -77,20 +78,20 @@ export function redisRateLimiters(redis: RedisClient, prefix: string): RateLimit
         if (!limit) return;
         for (;;) {
           // Before every turn asked for: a 429's hold may have run out at the deadline.
-          const passed = deadlinePassed(bucket, deadlineAt);
-          if (passed) throw passed;
+          refuseIfDeadlinePassed(bucket, deadlineAt);
           const maxWait = Number.isFinite(deadlineAt) ? Math.max(0, deadlineAt - Date.now()) : -1;
           const wait = Number(await take(key(bucket), intervalOf(limit), limit.burst ?? 1, '1', maxWait));
           if (wait < 0) throw tooLate(bucket, -wait);
+          // Redis may answer late (stalled), and a timer may wake late: past the deadline the
+          // turn was taken within, it is not used.
+          refuseIfDeadlinePassed(bucket, deadlineAt);
           if (wait === 0) return;
           await sleep(wait, signal);
-          // A timer can wake past the deadline the turn was taken within.
-          const late = deadlinePassed(bucket, deadlineAt);
-          if (late) throw late;
+          refuseIfDeadlinePassed(bucket, deadlineAt);
           // A 429 may have held the bucket off while this request waited for its turn: then
           // the turn is void, and it waits out the hold and takes a new one.
           const held = Number(await take(key(bucket), intervalOf(limit), limit.burst ?? 1, '0', -1));
-          if (held <= 0) return;
+          if (held <= 0) return refuseIfDeadlinePassed(bucket, deadlineAt);
           if (Date.now() + held > deadlineAt) throw tooLate(bucket, held);
           await sleep(held, signal);
         }
@@ -110,8 +111,7 @@ export const localRateLimiters: RateLimiterFactory = (_scope, limits) => {
       const limit = limits[bucket];
       if (!limit) return;
       for (;;) {
-        const passed = deadlinePassed(bucket, deadlineAt);
-        if (passed) throw passed;
+        refuseIfDeadlinePassed(bucket, deadlineAt);
         const now = Date.now();
         const b = buckets.get(bucket) ?? { tat: now, until: 0 };
         const interval = intervalOf(limit);
@@ -121,8 +121,7 @@ export const localRateLimiters: RateLimiterFactory = (_scope, limits) => {
         buckets.set(bucket, { tat: Math.max(tat, sendAt) + interval, until: b.until });
         if (sendAt <= now) return;
         await sleep(sendAt - now, signal);
-        const late = deadlinePassed(bucket, deadlineAt);
-        if (late) throw late;
+        refuseIfDeadlinePassed(bucket, deadlineAt);
         const held = (buckets.get(bucket)?.until ?? 0) - Date.now();
         if (held <= 0) return;
         if (Date.now() + held > deadlineAt) throw tooLate(bucket, held);

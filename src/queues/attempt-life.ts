@@ -558,7 +558,7 @@ export class AttemptLife {
       // This attempt sent nothing (the deadline passed while it waited to send): the news is
       // what the provider said last, which the previous attempt's failure kept, if one did.
       if (errorCode(err) === 'deadline_passed' && !this.job.failedReason) {
-        const why = this.job.stalledCounter > 0 ? 'the deadline passed before an attempt could end: the worker of an earlier one was lost' : `the deadline passed before a request could be sent (${message})`;
+        const why = this.job.stalledCounter > 0 ? 'the deadline passed before an attempt could end: the worker of an earlier one was lost' : `the deadline passed while a request waited to be sent (${message})`;
         return this.failForGood(laneId, fence, data, 'deadline_exceeded', why, log);
       }
       const last = errorCode(err) === 'deadline_passed' ? this.job.failedReason : message;
