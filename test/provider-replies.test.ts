@@ -349,5 +349,29 @@ describe("a create whose turn came after its operation's deadline", () => {
         await fake.close();
       }
     });
+
+    it(`${service}: a create whose checkpoint write outlasted the deadline is not sent after it (helper-48)`, async () => {
+      const [fake, make] = await serve();
+      try {
+        const provider = make(localRateLimiters);
+        const ctx = providerContext('slow-checkpoint', 'env-a', { deadlineAt: Date.now() + 500 });
+        // Redis slow to take the note that the create is being sent: the deadline passes meanwhile.
+        const write = ctx.checkpoint.write;
+        ctx.checkpoint.write = async (values) => {
+          if ('createSentAt' in values) await new Promise((r) => setTimeout(r, Math.max(0, ctx.deadlineAt - Date.now()) + 50));
+          await write(values);
+        };
+        const refused = await provider.acquire(ctx, { runId: 'r' }).then(
+          () => null,
+          (err: unknown) => err as { code?: string; message?: string },
+        );
+        expect(fake.calls.filter((c) => c.method === 'POST')).toEqual([]);
+        expect(refused?.code, refused?.message).toBe('deadline_passed');
+        // The note stays: its clean-up waits out a create that, as far as it knows, may have gone.
+        expect(await ctx.checkpoint.read()).toHaveProperty('createSentAt');
+      } finally {
+        await fake.close();
+      }
+    });
   }
 });

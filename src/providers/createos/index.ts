@@ -125,7 +125,7 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
   // CreateOS counts per caller IP: every instance and replica calling this API from here shares one budget.
   const limiter = rateLimiters(`createos:${new URL(settings.apiUrl).host}`, { requests: { perMinute: settings.requestsPerMinute, burst: settings.burst } });
   const clients = new WeakMap<OperationContext, CreateosSandboxClient>();
-  /** What an attempt's next request does once its turn came and its checks passed, just before it is sent (see create). */
+  /** What an attempt's next request does once its turn came, before its fence and deadline are checked (see create). */
   const beforeNextSend = new WeakMap<OperationContext, () => Promise<void>>();
 
   /** Every request of this attempt: paced, fenced, and fenced again at send. */
@@ -134,14 +134,16 @@ export function createCreateosProvider(input: CreateosSettings, rateLimiters: Ra
     return async (input, init) => {
       for (let tries = 1; ; tries++) {
         await limiter.take('requests', { signal: ctx.signal, deadlineAt: ctx.deadlineAt });
-        await ctx.fence();
-        // No request starts after the operation's deadline (the SDK's timeout keeps it from outliving it).
-        if (Date.now() >= ctx.deadlineAt) throw new TransientError('deadline_passed', `${name}: the operation's deadline passed before this request could be sent`);
+        // Before the checks below, so that a slow one is checked too: what it notes may be for
+        // a request then not sent, never the other way round (helper-48).
         const before = beforeNextSend.get(ctx);
         if (before) {
           beforeNextSend.delete(ctx);
           await before();
         }
+        await ctx.fence();
+        // No request starts after the operation's deadline (the SDK's timeout keeps it from outliving it).
+        if (Date.now() >= ctx.deadlineAt) throw new TransientError('deadline_passed', `${name}: the operation's deadline passed before this request could be sent`);
         try {
           const res = await send(input, init);
           if (res.status === 429) await limiter.holdOff('requests', retryAfterMs(res.headers.get('retry-after')) ?? 1_000);

@@ -244,17 +244,19 @@ export function createDaytonaProvider(input: DaytonaSettings, rateLimiters: Rate
    * Sends a request in its throttler's turn, once the fence holds. A 429 holds the
    * throttler back for every replica. A request dropped by the transport (the process
    * stalled between check and send) is sent again only after a fresh check says so.
-   * `beforeSend` runs once the turn came and the checks passed, just before each send.
+   * `beforeSend` runs once the turn came, before the fence and the deadline are checked for
+   * each send: what it notes may be for a request then not sent, never the other way round.
    */
   const send = async <T>(ctx: OperationContext, throttler: Throttler, request: Request<T>, beforeSend?: () => Promise<void>): Promise<AxiosResponse<T>> => {
     const client = await loadApi();
     for (let tries = 1; ; tries++) {
       await limiter.take(throttler, { signal: ctx.signal, deadlineAt: ctx.deadlineAt });
+      // Before the checks below, so that a slow one is checked too (helper-48).
+      await beforeSend?.();
       await ctx.fence();
       // No request starts after the operation's deadline, and none outlives it.
       const left = ctx.deadlineAt - Date.now();
       if (left <= 0) throw new TransientError('deadline_passed', `${name}: the operation's deadline passed before this request could be sent`);
-      await beforeSend?.();
       const timeoutMs = Math.min(throttler === 'sandbox-create' ? settings.createTimeoutMs : settings.timeoutMs, left);
       try {
         return await request(client, requestOptions(ctx, timeoutMs));
