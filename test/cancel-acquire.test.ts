@@ -39,9 +39,25 @@ async function destroyedOnce(f: DaytonaFake, jobId: string, withinMs: number): P
   expect(madeFor(f, jobId)).toEqual(['gone']);
 }
 
+/** The Daytona fake these tests run against: creates take `createMs`, every other transition 10 ms (a force-stop none). */
+const daytonaFake = (createMs: number) => new DaytonaFake({ apiKey: 'k', timings: { create: createMs, start: 10, stop: 10, forceStop: 0, destroy: 10 } });
+
+/**
+ * An acquire on `worker` (its fault points pause it just before its release): once it pauses,
+ * the host cancels it, as its sandbox runs and after its attempt looked for a cancel and found
+ * none, and the worker goes on.
+ */
+async function cancelledAtItsEnd(worker: WorkerProcess, leaseId: string): Promise<{ jobId: string }> {
+  const acquired = await bed!.ops.enqueue({ op: 'acquire', lease: lease(leaseId), params: { runId: leaseId } });
+  await worker.waitForLog('fault point before-acquire-release: pause');
+  expect(await new OperatorActions(bed!.ops).cancel(acquired.jobId, 'host')).toMatchObject({ cancelled: true, whileExecuting: true });
+  worker.child.kill('SIGCONT');
+  return acquired;
+}
+
 async function setUp(timings: { create: number }, wrap: (p: LeaseProvider) => LeaseProvider = (p) => p, env: Record<string, string> = {}) {
   bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600', ...env });
-  fake = new DaytonaFake({ apiKey: 'k', timings: { create: timings.create, start: 10, stop: 10, forceStop: 0, destroy: 10 } });
+  fake = daytonaFake(timings.create);
   await bed.startWorker(wrap(createDaytonaProvider({ name: 'daytona', apiUrl: await fake.listen(), apiKey: 'k', rateLimits: unpaced })));
   return { bed, fake, actions: new OperatorActions(bed.ops) };
 }
@@ -155,7 +171,7 @@ describe('a cancel taken after the lane handed the acquire off and before its fi
 describe('a cancel that races the acquire\'s end', () => {
   it('taken after the attempt looked for a cancel and before its end was recorded: the acquire still fails with cancelled, and its sandbox is destroyed', { timeout: 60_000 }, async () => {
     bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600' });
-    fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 10, stop: 10, forceStop: 0, destroy: 10 } });
+    fake = daytonaFake(10);
     const worker = new WorkerProcess(
       workerEnv(bed, {
         LEASE_OPS_PROVIDERS: 'daytona',
@@ -168,11 +184,7 @@ describe('a cancel that races the acquire\'s end', () => {
     );
     try {
       await worker.ready;
-      const acquired = await bed.ops.enqueue({ op: 'acquire', lease: lease('run-race'), params: { runId: 'run-race' } });
-      await worker.waitForLog('fault point before-acquire-release: pause');
-      // Its sandbox runs, its attempt looked for a cancel and found none, and now the host gives up.
-      expect(await new OperatorActions(bed.ops).cancel(acquired.jobId, 'host')).toMatchObject({ cancelled: true, whileExecuting: true });
-      worker.child.kill('SIGCONT');
+      const acquired = await cancelledAtItsEnd(worker, 'run-race');
       expect((await bed.waitForAll([acquired.jobId], 20_000)).get(acquired.jobId)).toBe('failed');
       expect((await bed.ops.queue.getJob(acquired.jobId))!.failedReason).toMatch(/^cancelled: /);
       await destroyedOnce(fake!, acquired.jobId, 15_000);
@@ -184,7 +196,7 @@ describe('a cancel that races the acquire\'s end', () => {
 
   it('killed as it fails it (BullMQ refused the completion sent with the refused release, quiet-fetch.ts): another worker fails it as cancelled once its lock lapses, and its sandbox is destroyed', { timeout: 60_000 }, async () => {
     bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600' });
-    fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 10, stop: 10, forceStop: 0, destroy: 10 } });
+    fake = daytonaFake(10);
     const providerEnv = { LEASE_OPS_PROVIDERS: 'daytona', DAYTONA_API_URL: await fake.listen(), DAYTONA_API_KEY: 'k' };
     const first = new WorkerProcess(
       workerEnv(bed, { ...providerEnv, LEASE_OPS_LOCK_MS: '5000', LEASE_OPS_FAULT_POINTS: 'before-acquire-release=pause*1,refused-end=kill*1' }),
@@ -192,10 +204,7 @@ describe('a cancel that races the acquire\'s end', () => {
     let second: WorkerProcess | undefined;
     try {
       await first.ready;
-      const acquired = await bed.ops.enqueue({ op: 'acquire', lease: lease('run-refused'), params: { runId: 'run-refused' } });
-      await first.waitForLog('fault point before-acquire-release: pause');
-      expect(await new OperatorActions(bed.ops).cancel(acquired.jobId, 'host')).toMatchObject({ cancelled: true, whileExecuting: true });
-      first.child.kill('SIGCONT');
+      const acquired = await cancelledAtItsEnd(first, 'run-refused');
       // The release refused, BullMQ's completion refused, and the worker dies as it begins to fail it.
       await first.waitForLog('fault point refused-end: kill');
       await first.exited;
@@ -222,7 +231,7 @@ describe("an acquire whose release Redis runs after BullMQ's completion (the scr
     const server = await RedisProcess.start();
     onTestFinished(() => server.stop());
     bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_KEEP_COMPLETED_S: '600' });
-    fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 10, stop: 10, forceStop: 0, destroy: 10 } });
+    fake = daytonaFake(10);
     const side = createRedis(server.url);
     onTestFinished(() => side.disconnect());
     const daytona = createDaytonaProvider({ name: 'daytona', apiUrl: await fake.listen(), apiKey: 'k', rateLimits: unpaced });
