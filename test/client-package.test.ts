@@ -155,20 +155,14 @@ describe('the light client (lease-ops-client) against the HTTP API', () => {
   });
 });
 
-describe('the light client against a server that misbehaves', () => {
-  let stub: HttpStub;
-  let base = '';
-
-  beforeAll(async () => {
-    stub = await HttpStub.start();
-    base = stub.base;
-  });
-  afterAll(() => stub?.close());
-
+// The tests mostly wait (on timeouts, backoffs and Retry-After), each against a stub of its own: they run at once.
+describe.concurrent('the light client against a server that misbehaves', () => {
   const lease = { provider: 'p', companyId: 'c', environmentId: 'e', leaseId: 'l' };
   const shapeOf = (err: unknown) => ({ light: err instanceof LeaseOpsRequestError, code: (err as LeaseOpsRequestError).code, status: (err as LeaseOpsRequestError).status });
 
-  it('turns a stalled body, a cut connection, a caller giving up and a non-object answer into LeaseOpsRequestError with a code', async () => {
+  it('turns a stalled body, a cut connection, a caller giving up and a non-object answer into LeaseOpsRequestError with a code', async ({ onTestFinished }) => {
+    const stub = await HttpStub.startFor(onTestFinished);
+    const base = stub.base;
     // Headers, then a body that never ends: the request's own timeout.
     stub.answer = (_req, res) => {
       res.writeHead(200, { 'content-type': 'application/json' });
@@ -195,7 +189,9 @@ describe('the light client against a server that misbehaves', () => {
     }
   });
 
-  it("waits for a result through what passes (a cut connection, 503 with Retry-After, 429, 502), not through what does not (401), and says unreachable, not wait_timeout, when nothing answered at the end", { timeout: 20_000 }, async () => {
+  it("waits for a result through what passes (a cut connection, 503 with Retry-After, 429, 502), not through what does not (401), and says unreachable, not wait_timeout, when nothing answered at the end", { timeout: 20_000 }, async ({ onTestFinished }) => {
+    const stub = await HttpStub.startFor(onTestFinished);
+    const base = stub.base;
     const ended = { jobId: 'j', op: 'stop', state: 'completed', result: { ok: true } };
     const answers: ((res: ServerResponse) => void)[] = [
       (res) => res.socket?.destroy(),
@@ -232,7 +228,9 @@ describe('the light client against a server that misbehaves', () => {
     expect(tries).toBeLessThan(20);
   });
 
-  it("paces a wait that the server answers at once, whatever its Retry-After says (0, below 0, empty), ends within a second of its time against a server that never answers, and stops at once for a redirect, a 503 that does not pass, or its caller's signal (helper-37)", { timeout: 20_000 }, async () => {
+  it("paces a wait that the server answers at once, whatever its Retry-After says (0, below 0, empty), ends within a second of its time against a server that never answers, and stops at once for a redirect, a 503 that does not pass, or its caller's signal (helper-37)", { timeout: 20_000 }, async ({ onTestFinished }) => {
+    const stub = await HttpStub.startFor(onTestFinished);
+    const base = stub.base;
     let asked = 0;
     const count = (answer: (res: ServerResponse) => void) => {
       asked = 0;
@@ -277,7 +275,9 @@ describe('the light client against a server that misbehaves', () => {
     }
   });
 
-  it('backs off from 100 ms to 2 s, not past it (helper-38: 3.2 s)', { timeout: 20_000 }, async () => {
+  it('backs off from 100 ms to 2 s, not past it (helper-38: 3.2 s)', { timeout: 20_000 }, async ({ onTestFinished }) => {
+    const stub = await HttpStub.startFor(onTestFinished);
+    const base = stub.base;
     const at: number[] = [];
     stub.answer = (_req, res) => {
       at.push(Date.now());
@@ -290,7 +290,9 @@ describe('the light client against a server that misbehaves', () => {
     expect(Math.max(...gaps)).toBeLessThan(2_400);
   });
 
-  it('refuses what it cannot send: a wait that is not a number, a lease id a URL would resolve away', async () => {
+  it('refuses what it cannot send: a wait that is not a number, a lease id a URL would resolve away', async ({ onTestFinished }) => {
+    const stub = await HttpStub.startFor(onTestFinished);
+    const base = stub.base;
     const client = new LeaseOpsHttpClient({ url: base, token: 't' });
     expect(shapeOf(await client.waitForResult('j', Number.NaN).catch((e: unknown) => e))).toEqual({ light: true, code: 'invalid_request', status: 0 });
     expect(shapeOf(await client.getLease({ ...lease, leaseId: '..' }).catch((e: unknown) => e))).toEqual({ light: true, code: 'invalid_request', status: 0 });

@@ -1,5 +1,5 @@
 import type { ServerResponse } from 'node:http';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { httpBackend, LeaseOpsHookError } from '../src/paperclip/backend.ts';
 import { leaseOpsDriverHooks } from '../src/paperclip/driver.ts';
 import { HttpStub } from './helpers/http-stub.ts';
@@ -8,29 +8,24 @@ import { HttpStub } from './helpers/http-stub.ts';
 // or in trouble would, over real HTTP: what passes is asked through until the hook's deadline,
 // what does not fails the hook at once.
 
-describe("the paperclip plugin's HTTP backend, against a lease-ops busy or in trouble", () => {
-  let stub: HttpStub;
+// The tests mostly wait (on deadlines, backoffs and Retry-After), each against a stub of its own: they run at once.
+describe.concurrent("the paperclip plugin's HTTP backend, against a lease-ops busy or in trouble", () => {
   const json = (res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}) =>
     res.writeHead(status, { 'content-type': 'application/json', ...headers }).end(JSON.stringify(body));
-
-  beforeAll(async () => {
-    stub = await HttpStub.start();
-  });
-  afterAll(() => stub?.close());
 
   const lease = { provider: 'p', companyId: 'c', environmentId: 'e', leaseId: 'l' };
   const ended = { jobId: 'j', op: 'acquire', state: 'completed', result: { providerLeaseId: 'sb-1' } };
 
-  it("waits through the company's waits at their budget (429 company_waits_full): the hook failed with that code before, while its operation went on without it", async () => {
-    stub.asked = 0;
+  it("waits through the company's waits at their budget (429 company_waits_full): the hook failed with that code before, while its operation went on without it", async ({ onTestFinished }) => {
+    const stub = await HttpStub.startFor(onTestFinished);
     stub.answer = (_req, res) => (stub.asked <= 2 ? json(res, 429, { error: { code: 'company_waits_full', message: 'full' } }, { 'retry-after': '0' }) : json(res, 200, ended));
     const view = await httpBackend(stub.base, 't').wait('j', 1_000, Date.now() + 10_000);
     expect(view).toMatchObject({ state: 'completed', result: { providerLeaseId: 'sb-1' } });
     expect(stub.asked).toBe(3);
   });
 
-  it('asks a busy lease-ops again at a pace until the deadline, then fails with hook_timeout naming the last answer', async () => {
-    stub.asked = 0;
+  it('asks a busy lease-ops again at a pace until the deadline, then fails with hook_timeout naming the last answer', async ({ onTestFinished }) => {
+    const stub = await HttpStub.startFor(onTestFinished);
     stub.answer = (_req, res) => json(res, 429, { error: { code: 'company_rate_limited', message: 'slow down' } }, { 'retry-after': '0' });
     const failed = await httpBackend(stub.base, 't').wait('j', 1_000, Date.now() + 1_500).catch((e: unknown) => e);
     expect(failed).toBeInstanceOf(LeaseOpsHookError);
@@ -42,8 +37,8 @@ describe("the paperclip plugin's HTTP backend, against a lease-ops busy or in tr
   it.for([
     [429, 'HTTP 429 company_rate_limited'],
     [502, 'HTTP 502 bad_gateway'],
-  ] as const)('names the last answer (%i) when the try in flight at the deadline is cut there, and fails hook_timeout (under load, a test saw "last: TimeoutError" instead)', async ([status, named]) => {
-    stub.asked = 0;
+  ] as const)('names the last answer (%i) when the try in flight at the deadline is cut there, and fails hook_timeout (under load, a test saw "last: TimeoutError" instead)', async ([status, named], { onTestFinished }) => {
+    const stub = await HttpStub.startFor(onTestFinished);
     // Two answers that pass, then a try that gets none: the hook's deadline cuts it.
     stub.answer = (_req, res) => (stub.asked <= 2 ? json(res, status, { error: { code: status === 429 ? 'company_rate_limited' : 'bad_gateway', message: 'not now' } }, { 'retry-after': '0' }) : undefined);
     const failed = await httpBackend(stub.base, 't').wait('j', 1_000, Date.now() + 1_000).catch((e: unknown) => e);
@@ -51,8 +46,8 @@ describe("the paperclip plugin's HTTP backend, against a lease-ops busy or in tr
     expect(failed).toMatchObject({ code: 'hook_timeout', message: expect.stringContaining(`(last: ${named}; the next try was cut at the deadline)`) });
   });
 
-  it("fails an enqueue refused for a full lane at once with that code (helper-38: it was asked until the hook's timeout, then said hook_timeout); one refused for its company's rate until the deadline fails with the rate's code, and no enqueue is sent after it", async () => {
-    stub.asked = 0;
+  it("fails an enqueue refused for a full lane at once with that code (helper-38: it was asked until the hook's timeout, then said hook_timeout); one refused for its company's rate until the deadline fails with the rate's code, and no enqueue is sent after it", async ({ onTestFinished }) => {
+    const stub = await HttpStub.startFor(onTestFinished);
     stub.answer = (_req, res) => json(res, 429, { error: { code: 'lease_queue_full', message: 'the lane is full' } }, { 'retry-after': '1' });
     const request = { op: 'acquire' as const, lease, params: { runId: 'r' }, idempotencyKey: 'k' };
     const t0 = Date.now();
@@ -76,8 +71,8 @@ describe("the paperclip plugin's HTTP backend, against a lease-ops busy or in tr
     expect(lastAt).toBeLessThan(deadline);
   });
 
-  it("a hook against a lease-ops whose waits answer at once (LEASE_OPS_API_MAX_WAIT_MS=0) polls at a pace, not 100 times a second (helper-38)", { timeout: 20_000 }, async () => {
-    stub.asked = 0;
+  it("a hook against a lease-ops whose waits answer at once (LEASE_OPS_API_MAX_WAIT_MS=0) polls at a pace, not 100 times a second (helper-38)", { timeout: 20_000 }, async ({ onTestFinished }) => {
+    const stub = await HttpStub.startFor(onTestFinished);
     let polls = 0;
     stub.answer = (req, res) => {
       if (req.method === 'POST') return json(res, 202, { jobId: 'd' });
@@ -94,8 +89,8 @@ describe("the paperclip plugin's HTTP backend, against a lease-ops busy or in tr
     expect(polls).toBeLessThan(12);
   });
 
-  it("says hook_timeout, not an earlier refusal, when the last try went unanswered: it may have been accepted (helper-39: an acquire taken for refused made a sandbox nobody owned)", async () => {
-    stub.asked = 0;
+  it("says hook_timeout, not an earlier refusal, when the last try went unanswered: it may have been accepted (helper-39: an acquire taken for refused made a sandbox nobody owned)", async ({ onTestFinished }) => {
+    const stub = await HttpStub.startFor(onTestFinished);
     stub.answer = (_req, res) => {
       if (stub.asked <= 2) json(res, 429, { error: { code: 'company_requests_full', message: 'busy' } }, { 'retry-after': '0' });
       // The third is taken, and its answer never comes before the deadline.
@@ -105,7 +100,8 @@ describe("the paperclip plugin's HTTP backend, against a lease-ops busy or in tr
     expect(stub.asked).toBe(3);
   });
 
-  it('backs off from 100 ms to 2 s, not past it (helper-38: 3.2 s)', { timeout: 20_000 }, async () => {
+  it('backs off from 100 ms to 2 s, not past it (helper-38: 3.2 s)', { timeout: 20_000 }, async ({ onTestFinished }) => {
+    const stub = await HttpStub.startFor(onTestFinished);
     const at: number[] = [];
     stub.answer = (_req, res) => {
       at.push(Date.now());
@@ -119,8 +115,8 @@ describe("the paperclip plugin's HTTP backend, against a lease-ops busy or in tr
     expect(Math.max(...gaps)).toBeLessThan(2_400);
   });
 
-  it("fails at once on a 503 that does not pass (a deployment's fault), with its code, where it was asked until the deadline", async () => {
-    stub.asked = 0;
+  it("fails at once on a 503 that does not pass (a deployment's fault), with its code, where it was asked until the deadline", async ({ onTestFinished }) => {
+    const stub = await HttpStub.startFor(onTestFinished);
     stub.answer = (_req, res) => json(res, 503, { error: { code: 'secrets_key_mismatch', message: 'the workers cannot open what this API seals' } });
     const t0 = Date.now();
     const failed = await httpBackend(stub.base, 't').enqueue({ op: 'acquire', lease, params: { runId: 'r' }, idempotencyKey: 'k' }, 0, Date.now() + 5_000).catch((e: unknown) => e);

@@ -26,6 +26,13 @@ export class HttpStub {
     return stub;
   }
 
+  /** A stub closed when the test ends (pass the test context's onTestFinished): tests with one each can run at once. */
+  static async startFor(finished: (close: () => void) => void): Promise<HttpStub> {
+    const stub = await HttpStub.start();
+    finished(() => stub.close());
+    return stub;
+  }
+
   close(): void {
     this.server.closeAllConnections();
     this.server.close();
