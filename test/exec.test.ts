@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { LeaseOpsClient } from '../src/client.ts';
 import { ExecError, LeaseClosingError } from '../src/errors.ts';
 import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
@@ -17,29 +17,33 @@ import { startTestApi } from './helpers/api-server.ts';
 import { startApiServer } from '../src/api/server.ts';
 import { loadConfig } from '../src/config.ts';
 import { createLogger } from '../src/logger.ts';
-import { readUntil, TestBed } from './helpers/env.ts';
+import { readUntil, TestBed, type Finished } from './helpers/env.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
 
 // Issue 25 part 2: commands in a sandbox, bracketed by an activity gate, on the simulated
 // cloud's toolbox (real processes). Seed 000 with a command that ignores its cancel for a while.
 
-let bed: TestBed | undefined;
-let fake: DaytonaFake | undefined;
-let client: LeaseOpsClient | undefined;
-afterEach(async () => {
-  await client?.close();
-  await bed?.close();
-  await fake?.close();
-  client = bed = fake = undefined;
-});
-
 const lease = (leaseId: string) => ({ provider: 'daytona', companyId: 'co', environmentId: 'env', leaseId });
 
 const TOKENS = { co: 'exec-co-token-0123456789abc', other: 'exec-other-token-0123456789' };
 
-async function setUp(opts: { workerKeys?: boolean; env?: Record<string, string> } = {}) {
-  bed = await TestBed.create({ ...opts.env, LEASE_OPS_KEEP_COMPLETED_S: '600', LEASE_OPS_API_TOKENS: JSON.stringify([{ token: TOKENS.co, companyId: 'co' }, { token: TOKENS.other, companyId: 'other' }]) });
-  fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 50, stop: 50, forceStop: 0, destroy: 10 }, execOnThisMachine: true });
+/**
+ * A bed, a Daytona fake that runs commands on this machine, a worker and a client, closed when
+ * the test ends (or by `close`, which a test may call first): the client, the cloud (its
+ * commands end, so the worker's close does not wait for them), then the bed.
+ */
+async function setUp(finished: Finished, opts: { workerKeys?: boolean; env?: Record<string, string> } = {}) {
+  const bed = await TestBed.create({ ...opts.env, LEASE_OPS_KEEP_COMPLETED_S: '600', LEASE_OPS_API_TOKENS: JSON.stringify([{ token: TOKENS.co, companyId: 'co' }, { token: TOKENS.other, companyId: 'other' }]) });
+  const fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 50, stop: 50, forceStop: 0, destroy: 10 }, execOnThisMachine: true });
+  let client: LeaseOpsClient | undefined;
+  let closing: Promise<void> | undefined;
+  const close = () =>
+    (closing ??= (async () => {
+      await client?.close();
+      await fake.close();
+      await bed.close();
+    })());
+  finished(close);
   const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
   const registry = new ProviderRegistry([createDaytonaProvider({ name: 'daytona', apiUrl: await fake.listen(), apiKey: 'k', rateLimits: unpaced })]);
   const keys = new MasterKeys(randomBytes(32));
@@ -49,10 +53,11 @@ async function setUp(opts: { workerKeys?: boolean; env?: Record<string, string> 
   client = new LeaseOpsClient(bed.config, { masterKeys: keys });
   const acquired = await client.enqueueAndWait('acquire', lease('run'), { runId: 'run' }, { waitMs: 10_000 });
   const id = (acquired.operation.result as { providerLeaseId: string }).providerLeaseId;
-  return { bed, fake, client, id, keys };
+  return { bed, fake, client, id, keys, close };
 }
 
-describe('exec: commands in a sandbox', () => {
+// The tests mostly wait (on commands, timeouts and lifecycles), each with a bed, cloud and worker of its own: they run at once.
+describe.concurrent('exec: commands in a sandbox', () => {
   it('a simulated cloud runs no commands unless told to (LEASE_OPS_SIMULATED_EXEC=true): they would run on its machine', async () => {
     const off = new DaytonaFake({ apiKey: 'k' });
     const url = await off.listen();
@@ -65,8 +70,8 @@ describe('exec: commands in a sandbox', () => {
     }
   });
 
-  it('runs a command and answers its exit code and output; env and stdin reach it, and never Redis in plaintext', async () => {
-    const { bed, client, id } = await setUp();
+  it('runs a command and answers its exit code and output; env and stdin reach it, and never Redis in plaintext', async ({ onTestFinished }) => {
+    const { bed, client, id } = await setUp(onTestFinished);
     expect(await client.exec(lease(id), { providerLeaseId: id, command: 'echo out; echo err >&2; exit 3' })).toEqual({ exitCode: 3, signal: null, timedOut: false, cancelled: false, stdout: 'out\n', stderr: 'err\n' });
     expect(await client.exec(lease(id), { providerLeaseId: id, command: 'printf', args: ['%s|%s', 'a b', "it's"] })).toMatchObject({ exitCode: 0, stdout: "a b|it's" });
 
@@ -86,8 +91,8 @@ describe('exec: commands in a sandbox', () => {
     expect(await running).toMatchObject({ exitCode: 0, stdout: `${secret}:piped in` });
   });
 
-  it('times a command out (SIGTERM), and refuses one with env when the worker holds no master key', async () => {
-    const { client, id } = await setUp({ workerKeys: false });
+  it('times a command out (SIGTERM), and refuses one with env when the worker holds no master key', async ({ onTestFinished }) => {
+    const { client, id } = await setUp(onTestFinished, { workerKeys: false });
     const started = Date.now();
     expect(await client.exec(lease(id), { providerLeaseId: id, command: 'sleep 30', timeoutMs: 300 })).toMatchObject({ timedOut: true, cancelled: false, exitCode: 143 });
     expect(Date.now() - started).toBeLessThan(5_000);
@@ -95,8 +100,8 @@ describe('exec: commands in a sandbox', () => {
     await expect(client.exec(lease(id), { providerLeaseId: 'not-a-sandbox', command: 'true' })).rejects.toBeInstanceOf(ExecError);
   });
 
-  it('seed 000: a command that ignores its cancel for a while, a release with cancelActiveWork and a resume at once: the stop reaches the cloud only after the command exited, and no one sees an error', async () => {
-    const { bed, fake, client, id } = await setUp();
+  it('seed 000: a command that ignores its cancel for a while, a release with cancelActiveWork and a resume at once: the stop reaches the cloud only after the command exited, and no one sees an error', async ({ onTestFinished }) => {
+    const { bed, fake, client, id } = await setUp(onTestFinished);
     const exec = client.exec(lease(id), { providerLeaseId: id, command: "trap '' TERM; sleep 1.5; echo finished", ttlMs: 3_000 });
     await readUntil(async () => fake.toolbox.alive(id) === 1, 5_000, 'the command running');
     const release = await client.enqueue('release', lease(id), { providerLeaseId: id, resourceDisposition: 'stop_and_retain', cancelActiveWork: true });
@@ -119,9 +124,9 @@ describe('exec: commands in a sandbox', () => {
   });
 });
 
-describe('exec over the HTTP API', () => {
-  it("answers how the command ended; another company's token finds nothing; refused with 409 lease_closing while a stop is queued", async () => {
-    const { bed, client, id, keys } = await setUp();
+describe.concurrent('exec over the HTTP API', () => {
+  it("answers how the command ended; another company's token finds nothing; refused with 409 lease_closing while a stop is queued", async ({ onTestFinished }) => {
+    const { bed, client, id, keys } = await setUp(onTestFinished);
     const api = await startTestApi(bed, undefined, { masterKeys: keys });
     try {
       const exec = (token: string, company: string, body: unknown) =>
@@ -144,26 +149,26 @@ describe('exec over the HTTP API', () => {
   });
 });
 
-describe('exec, as an independent attack tried it (helper-5)', () => {
-  it("refuses a sandbox that is not the path lease's own (it would run outside that lease's gate)", async () => {
-    const { client, id } = await setUp();
+describe.concurrent('exec, as an independent attack tried it (helper-5)', () => {
+  it("refuses a sandbox that is not the path lease's own (it would run outside that lease's gate)", async ({ onTestFinished }) => {
+    const { client, id } = await setUp(onTestFinished);
     await expect(client.exec(lease('phantom'), { providerLeaseId: id, command: 'true' })).rejects.toMatchObject({ code: 'not_the_lease_sandbox' });
     // By the id its acquire ran under, the lease is the same one: allowed.
     expect(await client.exec(lease('run'), { providerLeaseId: id, command: 'echo same' })).toMatchObject({ exitCode: 0, stdout: 'same\n' });
   });
 
-  it('a command that waited for a worker past its ttlMs never runs (its gate may have let a stop through)', async () => {
-    const { client, id } = await setUp({ env: { LEASE_OPS_EXEC_CONCURRENCY: '1' } });
+  it('a command that waited for a worker past its ttlMs never runs (its gate may have let a stop through)', async ({ onTestFinished }) => {
+    const { client, fake, id } = await setUp(onTestFinished, { env: { LEASE_OPS_EXEC_CONCURRENCY: '1' } });
     const marker = join(mkdtempSync(join(tmpdir(), 'lease-ops-exec-')), 'ran');
     const busy = client.exec(lease(id), { providerLeaseId: id, command: 'sleep 2.5' });
-    await readUntil(async () => fake!.toolbox.alive(id) === 1, 5_000, 'the first command running');
+    await readUntil(async () => fake.toolbox.alive(id) === 1, 5_000, 'the first command running');
     await expect(client.exec(lease(id), { providerLeaseId: id, command: `echo ran > ${marker}`, ttlMs: 1_000 })).rejects.toMatchObject({ code: 'activity_lapsed' });
     expect(existsSync(marker)).toBe(false);
     expect(await busy).toMatchObject({ exitCode: 0 });
   });
 
-  it('caps output at 1 MiB a stream, says how much was cut, and keeps no output in Redis after the answer (nor in the event stream)', async () => {
-    const { bed, client, id } = await setUp();
+  it('caps output at 1 MiB a stream, says how much was cut, and keeps no output in Redis after the answer (nor in the event stream)', async ({ onTestFinished }) => {
+    const { bed, client, id } = await setUp(onTestFinished);
     const flood = await client.exec(lease(id), { providerLeaseId: id, command: "head -c 3000000 /dev/zero | tr '\\0' a; echo marker-out-123 >&2" });
     expect(flood.stdout.length).toBeLessThan(MAX_EXEC_OUTPUT_CHARS + 100);
     expect(flood.stdout).toMatch(/\[lease-ops: \d+ more characters cut\]$/);
@@ -176,8 +181,8 @@ describe('exec, as an independent attack tried it (helper-5)', () => {
     await expect(client.exec(lease(id), { providerLeaseId: id, command: 'true', env: { TOKEN: 'secret\u0000' } })).rejects.toMatchObject({ code: 'invalid_request' });
   });
 
-  it('a caller that hangs up cancels its command', async () => {
-    const { bed, fake, id, keys } = await setUp();
+  it('a caller that hangs up cancels its command', async ({ onTestFinished }) => {
+    const { bed, fake, id, keys } = await setUp(onTestFinished);
     const api = await startTestApi(bed, undefined, { masterKeys: keys });
     try {
       const hangUp = new AbortController();
@@ -191,25 +196,27 @@ describe('exec, as an independent attack tried it (helper-5)', () => {
     }
   });
 
-  it("an API closing with a command running answers it 503 client_closed at its 2 s cut, and the command is cancelled (helper-38: cut unanswered, and the command ran on)", { timeout: 20_000 }, async () => {
-    const { bed, fake, id } = await setUp();
+  it("an API closing with a command running answers it 503 client_closed at its 2 s cut, and the command is cancelled (helper-38: cut unanswered, and the command ran on)", { timeout: 20_000 }, async ({ onTestFinished }) => {
+    const { bed, fake, id } = await setUp(onTestFinished);
     const config = loadConfig({ REDIS_URL: bed.config.REDIS_URL, LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX, LEASE_OPS_QUEUE: bed.config.LEASE_OPS_QUEUE, LEASE_OPS_API_PORT: '0', LEASE_OPS_API_TOKENS: JSON.stringify([{ token: TOKENS.co, companyId: 'co' }]) });
     const server = await startApiServer(config, createLogger({ level: 'silent' }));
     const call = fetch(`${server.url}/v1/leases/daytona/co/env/${id}/exec`, { method: 'POST', headers: { authorization: `Bearer ${TOKENS.co}`, 'content-type': 'application/json' }, body: JSON.stringify({ providerLeaseId: id, command: 'sleep 20' }) });
-    await readUntil(async () => fake!.toolbox.alive(id) === 1, 5_000, 'the command running');
+    await readUntil(async () => fake.toolbox.alive(id) === 1, 5_000, 'the command running');
     const closing = server.close();
     const res = await call;
     expect(res.status).toBe(503);
     expect(res.headers.get('connection')).toBe('close');
     expect(((await res.json()) as { error: { code: string } }).error.code).toBe('client_closed');
     await closing;
-    await readUntil(async () => fake!.toolbox.alive(id) === 0, 5_000, 'the command cancelled');
+    await readUntil(async () => fake.toolbox.alive(id) === 0, 5_000, 'the command cancelled');
   });
 
-  it("an API closing with a command running while Redis takes no writes answers 502 exec_cut, not a 503 to retry: it could not cancel the command (helper-39: told client_closed, and the command ran to its end)", { timeout: 30_000 }, async () => {
+  it("an API closing with a command running while Redis takes no writes answers 502 exec_cut, not a 503 to retry: it could not cancel the command (helper-39: told client_closed, and the command ran to its end)", { timeout: 30_000 }, async ({ onTestFinished }) => {
     const redis = await RedisProcess.start();
+    let close: (() => Promise<void>) | undefined;
     try {
-      const { bed, fake, id } = await setUp({ env: { REDIS_URL: redis.url } });
+      const { bed, fake, id, ...opened } = await setUp(onTestFinished, { env: { REDIS_URL: redis.url } });
+      close = opened.close;
       const config = loadConfig({ REDIS_URL: redis.url, LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX, LEASE_OPS_QUEUE: bed.config.LEASE_OPS_QUEUE, LEASE_OPS_API_PORT: '0', LEASE_OPS_API_TOKENS: JSON.stringify([{ token: TOKENS.co, companyId: 'co' }]) });
       const server = await startApiServer(config, createLogger({ level: 'silent' }));
       const call = fetch(`${server.url}/v1/leases/daytona/co/env/${id}/exec`, { method: 'POST', headers: { authorization: `Bearer ${TOKENS.co}`, 'content-type': 'application/json' }, body: JSON.stringify({ providerLeaseId: id, command: 'sleep 20' }) });
@@ -222,17 +229,14 @@ describe('exec, as an independent attack tried it (helper-5)', () => {
       expect([res.status, body.error.code, res.headers.get('connection')]).toEqual([502, 'exec_cut', 'close']);
       await closing;
     } finally {
-      // Closed here, while their Redis still runs (afterEach would find it gone).
-      await client?.close();
-      await fake?.close(); // its command ends, so the worker's close does not wait for it
-      await bed?.close();
-      client = bed = fake = undefined;
+      // Closed here, while their Redis still runs (at the test's end it would be gone).
+      await close?.();
       await redis.stop();
     }
   });
 
-  it('the simulated cloud kills what a stopped sandbox still runs (a command that ignores SIGTERM does not outlive the stop)', async () => {
-    const { client, fake, id } = await setUp();
+  it('the simulated cloud kills what a stopped sandbox still runs (a command that ignores SIGTERM does not outlive the stop)', async ({ onTestFinished }) => {
+    const { client, fake, id } = await setUp(onTestFinished);
     const exec = client.exec(lease(id), { providerLeaseId: id, command: "trap '' TERM; sleep 30", timeoutMs: 60_000 });
     await readUntil(async () => fake.toolbox.alive(id) === 1, 5_000, 'the command running');
     // Straight at the cloud, as a stop lease-ops did not gate would (another control plane, say).
