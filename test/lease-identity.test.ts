@@ -10,7 +10,7 @@ import { PermanentError } from '../src/providers/errors.ts';
 import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
 import { OperatorActions } from '../src/queues/operator-actions.ts';
 import { ProviderRegistry } from '../src/providers/registry.ts';
-import { gate, lease, readUntil, TestBed } from './helpers/env.ts';
+import { bedFor, gate, lease, readUntil, TestBed, type Finished } from './helpers/env.ts';
 
 let bed: TestBed | undefined;
 let client: LeaseOpsClient | undefined;
@@ -240,12 +240,8 @@ function ownIdProvider(made: string[], destroyed: string[], held: { promise: Pro
 }
 const own = (leaseId: string): LeaseIdentity => ({ provider: 'own-id', companyId: 'co', environmentId: 'env', leaseId });
 
-describe('one lease identity, attacked (helper-2)', () => {
-  let fake: DaytonaFake | undefined;
-  afterEach(async () => {
-    await fake?.close();
-    fake = undefined;
-  });
+// The tests mostly wait (on backoffs, slow creates and sweeps), each with a bed, cloud and worker of its own: they run at once.
+describe.concurrent('one lease identity, attacked (helper-2)', () => {
   const daytonaLease = (leaseId: string) => ({ provider: 'daytona', companyId: 'co', environmentId: 'env', leaseId });
   /** The sandbox an acquire that completed handed out. */
   const sandboxMadeBy = async (bed: TestBed, jobId: string) => ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
@@ -257,16 +253,18 @@ describe('one lease identity, attacked (helper-2)', () => {
     return { job, sandbox: await sandboxMadeBy(bed, job.jobId) };
   };
 
-  async function daytonaBed(timings: Partial<{ create: number; start: number; stop: number; destroy: number }> = {}, settings: Record<string, string> = {}) {
-    bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '600', ...settings });
-    fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 10, stop: 10, forceStop: 0, destroy: 10, ...timings } });
+  /** A bed with a worker on a Daytona fake, closed when the test ends (the bed and its worker first, then the cloud). */
+  async function daytonaBed(finished: Finished, timings: Partial<{ create: number; start: number; stop: number; destroy: number }> = {}, settings: Record<string, string> = {}) {
+    const fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 10, stop: 10, forceStop: 0, destroy: 10, ...timings } });
+    finished(() => fake.close());
+    const bed = await bedFor(finished, { LEASE_OPS_KEEP_COMPLETED_S: '600', ...settings });
     const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
     await bed.startWorker(createDaytonaProvider({ name: 'daytona', apiUrl: await fake.listen(), apiKey: 'k', rateLimits: unpaced }));
     return { bed, fake };
   }
 
-  it('a sandbox id learnt while its acquire still runs (its timeline shows it) already names the acquire\'s lane', async () => {
-    const { bed, fake } = await daytonaBed({ create: 800 });
+  it('a sandbox id learnt while its acquire still runs (its timeline shows it) already names the acquire\'s lane', async ({ onTestFinished }) => {
+    const { bed, fake } = await daytonaBed(onTestFinished, { create: 800 });
     const acquired = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-early'), params: { runId: 'run-early' } });
     const inspector = new Inspector(bed.ops, new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX), { stuckStoppingMs: 30_000, blockedAfterMs: 60_000 });
     const seen = await readUntil(async () => (await inspector.timeline(daytonaLease('run-early'))).events.find((e) => e.kind === 'observed' && e.sandbox)?.sandbox, 10_000, 'the sandbox id on the timeline');
@@ -278,8 +276,8 @@ describe('one lease identity, attacked (helper-2)', () => {
     expect((await inspector.lease(daytonaLease(seen))).laneId).toBe(acquired.laneId);
   });
 
-  it('a lease whose acquire handed out a live sandbox is not acquired again (lease_has_sandbox); once it is destroyed, it may be', async () => {
-    const { bed } = await daytonaBed();
+  it('a lease whose acquire handed out a live sandbox is not acquired again (lease_has_sandbox); once it is destroyed, it may be', async ({ onTestFinished }) => {
+    const { bed } = await daytonaBed(onTestFinished);
     const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-twice'), params: { runId: 'run-twice' }, idempotencyKey: 'k-twice' });
     await bed.waitForAll([first.jobId]);
     const sandbox = ((await bed.ops.queue.getJob(first.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
@@ -294,8 +292,8 @@ describe('one lease identity, attacked (helper-2)', () => {
     expect((await bed.waitForAll([anew.jobId])).get(anew.jobId)).toBe('completed');
   }, 30_000);
 
-  it("a destroyed sandbox's id acts on nothing of its lease's next sandbox, and cannot point the lease back at itself (the attack on issue 26)", async () => {
-    const { bed, fake } = await daytonaBed();
+  it("a destroyed sandbox's id acts on nothing of its lease's next sandbox, and cannot point the lease back at itself (the attack on issue 26)", async ({ onTestFinished }) => {
+    const { bed, fake } = await daytonaBed(onTestFinished);
     const sandboxOf = (jobId: string) => sandboxMadeBy(bed, jobId);
     const { job: first, sandbox: s1 } = await acquiredOnce(bed, 'run-swap');
     // A resume of the first sandbox that failed (out of time in a paused lane), for a rerun below.
@@ -323,8 +321,8 @@ describe('one lease identity, attacked (helper-2)', () => {
     expect((await bed.waitForAll([stop.jobId])).get(stop.jobId)).toBe('completed');
   }, 30_000);
 
-  it("an operation on the old sandbox accepted behind the lease's next acquire does nothing at its turn: no second live sandbox (the fifth attack on issue 26)", async () => {
-    const { bed, fake } = await daytonaBed();
+  it("an operation on the old sandbox accepted behind the lease's next acquire does nothing at its turn: no second live sandbox (the fifth attack on issue 26)", async ({ onTestFinished }) => {
+    const { bed, fake } = await daytonaBed(onTestFinished);
     const sandboxOf = (jobId: string) => sandboxMadeBy(bed, jobId);
     const { job: first, sandbox: s1 } = await acquiredOnce(bed, 'run-late');
     const destroyed = await bed.ops.enqueue({ op: 'destroy', lease: daytonaLease('run-late'), params: { providerLeaseId: s1 } });
@@ -345,10 +343,10 @@ describe('one lease identity, attacked (helper-2)', () => {
     await expect(bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-late'), params: { runId: 'run-late-3' } })).rejects.toBeInstanceOf(LeaseHasSandboxError);
   }, 30_000);
 
-  it("the late clean-up of an acquire an operator removed, run after the lease's next acquire, leaves the lease its sandbox (the sixth attack on issue 26)", async () => {
+  it("the late clean-up of an acquire an operator removed, run after the lease's next acquire, leaves the lease its sandbox (the sixth attack on issue 26)", async ({ onTestFinished }) => {
     // Backoffs of seconds: the first acquire stays delayed long enough to be seen so on a busy
     // machine, and no wait for a push inside an attempt (it holds the attempt active).
-    const { bed, fake } = await daytonaBed({}, { LEASE_OPS_SWEEP_INTERVAL_MS: '300', LEASE_OPS_SWEEP_STALE_MS: '0', LEASE_OPS_WATCHDOG: 'false', LEASE_OPS_BACKOFF_BASE_MS: '1500', LEASE_OPS_BACKOFF_CAP_MS: '1500', LEASE_OPS_SETTLE_WAIT_MS: '0' });
+    const { bed, fake } = await daytonaBed(onTestFinished, {}, { LEASE_OPS_SWEEP_INTERVAL_MS: '300', LEASE_OPS_SWEEP_STALE_MS: '0', LEASE_OPS_WATCHDOG: 'false', LEASE_OPS_BACKOFF_BASE_MS: '1500', LEASE_OPS_BACKOFF_CAP_MS: '1500', LEASE_OPS_SETTLE_WAIT_MS: '0' });
     // The first sandbox is creating for 5 s: its acquire backs off (1.5 s at a time) meanwhile.
     // (A slow start did not do it: a sandbox is created started, and on a busy machine its
     // 10 ms create had passed by the first read, so the acquire completed and never backed off.)
@@ -373,8 +371,8 @@ describe('one lease identity, attacked (helper-2)', () => {
     await expect(bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-rm'), params: { runId: 'run-rm-3' } })).rejects.toBeInstanceOf(LeaseHasSandboxError);
   }, 60_000);
 
-  it('two acquires of one lease accepted while the first still runs (other keys): the second makes nothing and fails with lease_has_sandbox', async () => {
-    const { bed, fake } = await daytonaBed({ create: 400 });
+  it('two acquires of one lease accepted while the first still runs (other keys): the second makes nothing and fails with lease_has_sandbox', async ({ onTestFinished }) => {
+    const { bed, fake } = await daytonaBed(onTestFinished, { create: 400 });
     const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-two'), params: { runId: 'run-two' }, idempotencyKey: 'k-a' });
     const second = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-two'), params: { runId: 'run-two' }, idempotencyKey: 'k-b' });
     const ended = await bed.waitForAll([first.jobId, second.jobId], 20_000);
@@ -384,8 +382,8 @@ describe('one lease identity, attacked (helper-2)', () => {
     expect([...fake.sandboxes.values()].filter((sb) => sb.labels['lease-ops/run'] === 'run-two')).toHaveLength(1);
   });
 
-  it('a provider whose sandboxes take their lease\'s own id: a second acquire accepted while the first ran fails with lease_has_sandbox and destroys nothing, a third is refused at enqueue, and after a destroy the lease is acquired again (helper-20, helper-21)', async () => {
-    bed = await TestBed.create();
+  it('a provider whose sandboxes take their lease\'s own id: a second acquire accepted while the first ran fails with lease_has_sandbox and destroys nothing, a third is refused at enqueue, and after a destroy the lease is acquired again (helper-20, helper-21)', async ({ onTestFinished }) => {
+    const bed = await bedFor(onTestFinished);
     const made: string[] = [];
     const destroyed: string[] = [];
     const held = gate();
@@ -416,8 +414,8 @@ describe('one lease identity, attacked (helper-2)', () => {
     expect(made).toEqual([first.jobId, again.jobId]);
   });
 
-  it('an acquire refused after a retry (its first attempt ended before its provider) queues a clean-up that leaves the lease\'s live sandbox alone (helper-22)', async () => {
-    bed = await TestBed.create();
+  it('an acquire refused after a retry (its first attempt ended before its provider) queues a clean-up that leaves the lease\'s live sandbox alone (helper-22)', async ({ onTestFinished }) => {
+    const bed = await bedFor(onTestFinished);
     const made: string[] = [];
     const destroyed: string[] = [];
     const held = gate();
@@ -436,7 +434,7 @@ describe('one lease identity, attacked (helper-2)', () => {
     expect({ reason: refused.failedReason?.split(':')[0], attempts: refused.attemptsMade }).toEqual({ reason: 'lease_has_sandbox', attempts: 2 });
     // Its clean-up ran, found the lease's sandbox by the id they share, and left it alone.
     const cleanUp = await readUntil(async () => {
-      const jobs = await bed!.ops.queue.getJobs(['completed', 'failed']);
+      const jobs = await bed.ops.queue.getJobs(['completed', 'failed']);
       return jobs.find((j) => j?.name === 'abandon-acquire');
     }, 10_000, 'the clean-up to end');
     expect(cleanUp.returnvalue).toEqual({ providerLeaseId: null, state: 'none' });
@@ -444,10 +442,10 @@ describe('one lease identity, attacked (helper-2)', () => {
     expect((await new LeaseRecords(bed.redis, bed.config.LEASE_OPS_PREFIX).get(await bed.ops.laneOf(own('spared'))))?.kind).toBe('running');
   });
 
-  it('an acquire enqueued under a sandbox id (its lease destroyed) runs in the lease\'s lane, and cancelled, its clean-up runs there too', async () => {
+  it('an acquire enqueued under a sandbox id (its lease destroyed) runs in the lease\'s lane, and cancelled, its clean-up runs there too', async ({ onTestFinished }) => {
     // The second acquire backs off for 3 s: the cancel below must find it delayed (with the
     // default 250 ms, a loaded machine's cancel came after its retry had begun: helper-26).
-    const { bed, fake } = await daytonaBed({ create: 600 }, { LEASE_OPS_BACKOFF_BASE_MS: '3000', LEASE_OPS_BACKOFF_CAP_MS: '3000' });
+    const { bed, fake } = await daytonaBed(onTestFinished, { create: 600 }, { LEASE_OPS_BACKOFF_BASE_MS: '3000', LEASE_OPS_BACKOFF_CAP_MS: '3000' });
     const first = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-again'), params: { runId: 'run-again' } });
     await bed.waitForAll([first.jobId], 20_000);
     const s1 = ((await bed.ops.queue.getJob(first.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
@@ -461,8 +459,8 @@ describe('one lease identity, attacked (helper-2)', () => {
     await readUntil(async () => made().every((sb) => fake.stateOf(sb.id) === 'gone'), 15_000, 'the clean-up in the lease\'s lane');
   });
 
-  it("an acquire under an old sandbox's id names the lease it joined: its operations by that id are accepted (the seventh attack on issue 26)", async () => {
-    const { bed, fake } = await daytonaBed();
+  it("an acquire under an old sandbox's id names the lease it joined: its operations by that id are accepted (the seventh attack on issue 26)", async ({ onTestFinished }) => {
+    const { bed, fake } = await daytonaBed(onTestFinished);
     const sandboxOf = (jobId: string) => sandboxMadeBy(bed, jobId);
     const { job: first, sandbox: s1 } = await acquiredOnce(bed, 'run-reuse');
     const destroyed = await bed.ops.enqueue({ op: 'destroy', lease: daytonaLease(s1), params: { providerLeaseId: s1 } });
@@ -477,15 +475,16 @@ describe('one lease identity, attacked (helper-2)', () => {
     await expect(bed.ops.enqueue({ op: 'resume', lease: daytonaLease(s1), params: { providerLeaseId: s1 } })).rejects.toThrow(`its sandbox is ${s2}`);
   }, 30_000);
 
-  it('a sandbox\'s name of its lease is renewed by use: a look-up after most of its week has gone gives it a week again', async () => {
-    const { bed } = await daytonaBed();
+  it('a sandbox\'s name of its lease is renewed by use: a look-up after most of its week has gone gives it a week again', async ({ onTestFinished }) => {
+    const { bed } = await daytonaBed(onTestFinished);
     const acquired = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('run-ttl'), params: { runId: 'run-ttl' } });
     await bed.waitForAll([acquired.jobId]);
     const sandbox = ((await bed.ops.queue.getJob(acquired.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
     const key = bed.ops.lanes.aliasKey(laneIdOf(daytonaLease(sandbox)));
     await bed.redis.pexpire(key, 60_000);
     // A process that has not met the name yet looks it up.
-    client = new LeaseOpsClient(bed.config);
+    const client = new LeaseOpsClient(bed.config);
+    onTestFinished(() => client.close());
     expect((await client.getLease(daytonaLease(sandbox))).laneId).toBe(acquired.laneId);
     expect(await bed.redis.pttl(key)).toBeGreaterThan(6 * 24 * 3_600_000);
   });
