@@ -1,5 +1,5 @@
 import { fileURLToPath } from 'node:url';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { loadConfig } from '../../src/config.ts';
 import { DaytonaFake } from '../../src/fakes/daytona-fake.ts';
 import { laneIdOf, type LeaseIdentity } from '../../src/lease.ts';
@@ -7,7 +7,7 @@ import { LeaseRecords } from '../../src/queues/lease-records.ts';
 import { createDaytonaProvider } from '../../src/providers/daytona/index.ts';
 import { OperationsQueue } from '../../src/queues/operations-queue.ts';
 import { createRedis } from '../../src/queues/redis.ts';
-import { gate, lease, QUICK_RECOVERY, readUntil, TestBed, workerEnv } from '../helpers/env.ts';
+import { gate, lease, QUICK_RECOVERY, readUntil, TestBed, workerEnv, type Finished } from '../helpers/env.ts';
 import { createRecordingProvider } from '../helpers/recording-provider.ts';
 import { TcpProxy } from '../helpers/tcp-proxy.ts';
 import { WorkerProcess } from '../helpers/worker-process.ts';
@@ -19,25 +19,30 @@ const SKEWED_CLOCK = fileURLToPath(new URL('../helpers/skewed-clock.mjs', import
 const daytonaLease = (leaseId: string): LeaseIdentity => ({ provider: 'daytona', companyId: 'co', environmentId: 'env', leaseId });
 const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
 
-const cleanups: (() => Promise<unknown> | void)[] = [];
-afterEach(async () => {
-  for (const clean of cleanups.splice(0).reverse()) await clean();
-});
+type Cleanups = (() => Promise<unknown> | void)[];
+/** What a test opened, closed when it ends, the last opened first: tests with a list each run at once. */
+function cleanupsFor(finished: Finished): Cleanups {
+  const cleanups: Cleanups = [];
+  finished(async () => {
+    for (const clean of cleanups.splice(0).reverse()) await clean();
+  });
+  return cleanups;
+}
 
-async function cloud(timings: Partial<{ create: number; start: number; stop: number; forceStop: number; destroy: number }> = {}): Promise<{ fake: DaytonaFake; url: string }> {
+async function cloud(cleanups: Cleanups, timings: Partial<{ create: number; start: number; stop: number; forceStop: number; destroy: number }> = {}): Promise<{ fake: DaytonaFake; url: string }> {
   const fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 10, stop: 10, forceStop: 0, destroy: 10, ...timings } });
   const url = await fake.listen();
   cleanups.push(() => fake.close());
   return { fake, url };
 }
 
-async function bedWith(overrides: Record<string, string> = {}): Promise<TestBed> {
+async function bedWith(cleanups: Cleanups, overrides: Record<string, string> = {}): Promise<TestBed> {
   const bed = await TestBed.create(overrides);
   cleanups.push(() => bed.close());
   return bed;
 }
 
-function worker(bed: TestBed, url: string, env: Record<string, string> = {}): WorkerProcess {
+function worker(cleanups: Cleanups, bed: TestBed, url: string, env: Record<string, string> = {}): WorkerProcess {
   const w = new WorkerProcess(workerEnv(bed, { ...QUICK_RECOVERY, LEASE_OPS_PROVIDERS: 'daytona', DAYTONA_API_URL: url, DAYTONA_API_KEY: 'k', ...env }));
   cleanups.push(async () => {
     w.child.kill('SIGCONT');
@@ -46,12 +51,13 @@ function worker(bed: TestBed, url: string, env: Record<string, string> = {}): Wo
   return w;
 }
 
-describe('a stale attempt never cleans up after an acquire that its successor completed', () => {
-  it('frozen past its lock and its deadline, it wakes after the re-run handed the sandbox out: the sandbox stays', async () => {
-    const bed = await bedWith({ LEASE_OPS_KEEP_COMPLETED_S: '0' });
-    const { fake, url } = await cloud();
+describe.concurrent('a stale attempt never cleans up after an acquire that its successor completed', () => {
+  it('frozen past its lock and its deadline, it wakes after the re-run handed the sandbox out: the sandbox stays', async ({ onTestFinished }) => {
+    const cleanups = cleanupsFor(onTestFinished);
+    const bed = await bedWith(cleanups, { LEASE_OPS_KEEP_COMPLETED_S: '0' });
+    const { fake, url } = await cloud(cleanups);
     const env = { LEASE_OPS_KEEP_COMPLETED_S: '0' };
-    const frozen = worker(bed, url, { ...env, LEASE_OPS_FAULT_POINTS: 'after-lane-acquire=pause*1' });
+    const frozen = worker(cleanups, bed, url, { ...env, LEASE_OPS_FAULT_POINTS: 'after-lane-acquire=pause*1' });
     await frozen.ready;
     // The acquire's own end (any other job's, such as a clean-up's, is not the re-run's): its
     // deadline must leave the successor time to start and complete it, and under load 6 s did
@@ -68,7 +74,7 @@ describe('a stale attempt never cleans up after an acquire that its successor co
     const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('handed-out'), params: { runId: 'r' }, deadlineMs: DEADLINE_MS });
     acquireId = jobId;
     await frozen.waitForLog('fault point after-lane-acquire: pause');
-    worker(bed, url, env); // the successor
+    worker(cleanups, bed, url, env); // the successor
     const { providerLeaseId } = await completed; // the re-run; BullMQ removes the job as it completes
     // The acquire's deadline passing.
     await new Promise((r) => setTimeout(r, Math.max(0, startedAt + DEADLINE_MS + 500 - Date.now())));
@@ -81,15 +87,16 @@ describe('a stale attempt never cleans up after an acquire that its successor co
   });
 });
 
-describe('an acquire frozen after its provider call wakes after its re-run completed', () => {
-  it('it notes nothing on the lease, says so, and the sandbox the re-run handed out stays the lease\'s', async () => {
-    const bed = await bedWith({ LEASE_OPS_KEEP_COMPLETED_S: '600' });
-    const { fake, url } = await cloud();
-    const frozen = worker(bed, url, { LEASE_OPS_FAULT_POINTS: 'after-provider-call=pause*1' });
+describe.concurrent('an acquire frozen after its provider call wakes after its re-run completed', () => {
+  it('it notes nothing on the lease, says so, and the sandbox the re-run handed out stays the lease\'s', async ({ onTestFinished }) => {
+    const cleanups = cleanupsFor(onTestFinished);
+    const bed = await bedWith(cleanups, { LEASE_OPS_KEEP_COMPLETED_S: '600' });
+    const { fake, url } = await cloud(cleanups);
+    const frozen = worker(cleanups, bed, url, { LEASE_OPS_FAULT_POINTS: 'after-provider-call=pause*1' });
     await frozen.ready;
     const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('frozen-after-call'), params: { runId: 'r' } });
     await frozen.waitForLog('fault point after-provider-call: pause');
-    worker(bed, url); // the successor re-runs it once the frozen one's lock lapsed
+    worker(cleanups, bed, url); // the successor re-runs it once the frozen one's lock lapsed
     expect((await bed.waitForAll([jobId], 20_000)).get(jobId)).toBe('completed');
     const sandbox = ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
     frozen.child.kill('SIGCONT');
@@ -100,14 +107,15 @@ describe('an acquire frozen after its provider call wakes after its re-run compl
   });
 });
 
-describe('a lane push whose reply is lost (the link cut after Redis ran it): the client sends it again, and the job is in its lane once', () => {
+describe.concurrent('a lane push whose reply is lost (the link cut after Redis ran it): the client sends it again, and the job is in its lane once', () => {
   const pushes = [
     { op: 'resume' as const, key: undefined },
     { op: 'stop' as const, key: undefined },
     { op: 'resume' as const, key: 'K' },
   ];
-  it.for(pushes)('%o', async ({ op, key }) => {
-    const bed = await bedWith();
+  it.for(pushes)('%o', async ({ op, key }, { onTestFinished }) => {
+    const cleanups = cleanupsFor(onTestFinished);
+    const bed = await bedWith(cleanups);
     const proxy = await TcpProxy.start(Number(new URL(bed.config.REDIS_URL).port || 6379));
     cleanups.push(() => proxy.close());
     const ops = new OperationsQueue(createRedis(proxy.url), bed.config);
@@ -125,8 +133,9 @@ describe('a lane push whose reply is lost (the link cut after Redis ran it): the
     const accepted = (await bed.ops.history.read(enqueued.laneId)).filter((e) => e.kind === 'accepted');
     expect(accepted.map((e) => e.jobId)).toEqual([enqueued.jobId]);
   });
-  it.for([{ key: undefined }, { key: 'K2' }])('a stop absorbed by the identical stop queued before it, %o: absorbed once, answered coalesced (helper-30)', async ({ key }) => {
-    const bed = await bedWith();
+  it.for([{ key: undefined }, { key: 'K2' }])('a stop absorbed by the identical stop queued before it, %o: absorbed once, answered coalesced (helper-30)', async ({ key }, { onTestFinished }) => {
+    const cleanups = cleanupsFor(onTestFinished);
+    const bed = await bedWith(cleanups);
     const proxy = await TcpProxy.start(Number(new URL(bed.config.REDIS_URL).port || 6379));
     cleanups.push(() => proxy.close());
     const ops = new OperationsQueue(createRedis(proxy.url), bed.config);
@@ -143,9 +152,10 @@ describe('a lane push whose reply is lost (the link cut after Redis ran it): the
   });
 });
 
-describe('two requests with one idempotency key put their job into its lane once', () => {
-  it('a retry while the first request is slow between its key and its job: one resume, run once, before the stop accepted after it', async () => {
-    const bed = await bedWith();
+describe.concurrent('two requests with one idempotency key put their job into its lane once', () => {
+  it('a retry while the first request is slow between its key and its job: one resume, run once, before the stop accepted after it', async ({ onTestFinished }) => {
+    const cleanups = cleanupsFor(onTestFinished);
+    const bed = await bedWith(cleanups);
     const slow = new OperationsQueue(createRedis(bed.config.REDIS_URL), bed.config);
     cleanups.push(() => slow.close());
     // The first request pauses between storing its key and storing its job (a GC pause, a slow link).
@@ -172,9 +182,10 @@ describe('two requests with one idempotency key put their job into its lane once
   });
 });
 
-describe('a force-stop that absorbs a queued stop keeps both callers\' times', () => {
-  it('one with an earlier deadline than the stop\'s is queued on its own, fails at its deadline, and the stop is unharmed', async () => {
-    const bed = await bedWith();
+describe.concurrent('a force-stop that absorbs a queued stop keeps both callers\' times', () => {
+  it('one with an earlier deadline than the stop\'s is queued on its own, fails at its deadline, and the stop is unharmed', async ({ onTestFinished }) => {
+    const cleanups = cleanupsFor(onTestFinished);
+    const bed = await bedWith(cleanups);
     const held = gate();
     await bed.startWorker(createRecordingProvider({ behaviour: async ({ op }) => (op === 'resume' ? (await held.promise, 'ok' as const) : ('ok' as const)) }).provider);
     cleanups.push(() => held.open());
@@ -191,9 +202,10 @@ describe('a force-stop that absorbs a queued stop keeps both callers\' times', (
   });
 });
 
-describe('an idempotent force-stop that absorbed a stop is accepted in the same step', () => {
-  it('its enqueue cut short right after (the key never marked by a separate write): the retry gets the same job, no second force-stop', async () => {
-    const bed = await bedWith();
+describe.concurrent('an idempotent force-stop that absorbed a stop is accepted in the same step', () => {
+  it('its enqueue cut short right after (the key never marked by a separate write): the retry gets the same job, no second force-stop', async ({ onTestFinished }) => {
+    const cleanups = cleanupsFor(onTestFinished);
+    const bed = await bedWith(cleanups);
     // A paused lane keeps the stop parked at its head, where a force-stop absorbs it.
     const laneId = await bed.ops.laneOf(lease('cut'));
     await bed.ops.lanes.pause(laneId, 'test', Date.now(), lease('cut'));
@@ -213,29 +225,31 @@ describe('an idempotent force-stop that absorbed a stop is accepted in the same 
   });
 });
 
-describe('replicas whose clocks differ agree on how long a sandbox has been stopping', () => {
-  it('a stop recorded by a replica 20 s behind is not forced early by one with the right clock', async () => {
-    const bed = await bedWith();
-    const { fake, url } = await cloud({ stop: 2_500 });
+describe.concurrent('replicas whose clocks differ agree on how long a sandbox has been stopping', () => {
+  it('a stop recorded by a replica 20 s behind is not forced early by one with the right clock', async ({ onTestFinished }) => {
+    const cleanups = cleanupsFor(onTestFinished);
+    const bed = await bedWith(cleanups);
+    const { fake, url } = await cloud(cleanups, { stop: 2_500 });
     const settings = { LEASE_OPS_STUCK_STOPPING_MS: '4000', LEASE_OPS_WATCHDOG_INTERVAL_MS: '200' };
-    const behind = worker(bed, url, { ...settings, NODE_OPTIONS: `--import ${SKEWED_CLOCK}`, CLOCK_SKEW_MS: '-20000' });
+    const behind = worker(cleanups, bed, url, { ...settings, NODE_OPTIONS: `--import ${SKEWED_CLOCK}`, CLOCK_SKEW_MS: '-20000' });
     await behind.ready;
     const acquired = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('skew'), params: { runId: 'skew' } });
     await bed.waitForAll([acquired.jobId]);
     const id = ((await bed.ops.queue.getJob(acquired.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
     const stop = await bed.ops.enqueue({ op: 'stop', lease: daytonaLease(id), params: { providerLeaseId: id } });
     await readUntil(async () => (await bed.redis.hget(`${bed.config.LEASE_OPS_PREFIX}:lease:${stop.laneId}`, 'providerState')) === 'stopping', 5_000, 'the stop seen stopping');
-    const rightClock = worker(bed, url, settings);
+    const rightClock = worker(cleanups, bed, url, settings);
     await rightClock.ready;
     expect((await bed.waitForAll([stop.jobId], 10_000)).get(stop.jobId)).toBe('completed');
     expect(fake.calls.filter((c) => c.sandboxId === id && c.query.includes('force=true'))).toEqual([]);
   });
 });
 
-describe('a request that may still be running at the cloud keeps the lane a while', () => {
-  it('a read that times out at its operation\'s deadline: the next operation\'s calls wait, and none overlaps it', async () => {
-    const bed = await bedWith({ LEASE_OPS_INFLIGHT_GRACE_MS: '2000' });
-    const { fake, url } = await cloud();
+describe.concurrent('a request that may still be running at the cloud keeps the lane a while', () => {
+  it('a read that times out at its operation\'s deadline: the next operation\'s calls wait, and none overlaps it', async ({ onTestFinished }) => {
+    const cleanups = cleanupsFor(onTestFinished);
+    const bed = await bedWith(cleanups, { LEASE_OPS_INFLIGHT_GRACE_MS: '2000' });
+    const { fake, url } = await cloud(cleanups);
     await bed.startWorker(createDaytonaProvider({ apiUrl: url, apiKey: 'k', rateLimits: unpaced }));
     const acquired = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('slow-cloud'), params: { runId: 'slow' } });
     await bed.waitForAll([acquired.jobId]);
@@ -252,7 +266,7 @@ describe('a request that may still be running at the cloud keeps the lane a whil
   });
 });
 
-describe('the stall bound the README states', () => {
+describe.concurrent('the stall bound the README states', () => {
   it('a crashed worker\'s job runs again within LEASE_OPS_LOCK_MS + 2 x LEASE_OPS_STALLED_INTERVAL_MS: 40 s by default', () => {
     const defaults = loadConfig({});
     expect(defaults.LEASE_OPS_LOCK_MS + 2 * defaults.LEASE_OPS_STALLED_INTERVAL_MS).toBe(40_000);
