@@ -271,7 +271,9 @@ describe.concurrent('lease lifecycles through the plugin hooks, with paperclip\'
   });
 });
 
-describe('in-process: the plugin on the typed client of a lease-ops in the host\'s own process', () => {
+// This and the next two blocks run beside the lifecycles above (seed 001 waits 30 s for a
+// stuck stop to be forced): each works on leases of its own. The worker kill below runs alone.
+describe.concurrent('in-process: the plugin on the typed client of a lease-ops in the host\'s own process', () => {
   it('runs the same lifecycle with no URL and no token', { timeout: 30_000 }, async () => {
     const client = new LeaseOpsClient(bed.config);
     try {
@@ -289,7 +291,7 @@ describe('in-process: the plugin on the typed client of a lease-ops in the host\
   });
 });
 
-describe('activity gates across processes', () => {
+describe.concurrent('activity gates across processes', () => {
   it('an activity begun over the API holds a release run by a worker process; a holder process SIGKILLed, the release goes on at its TTL', { timeout: 60_000 }, async ({ onTestFinished }) => {
     const env = environment('acme', 'gates', 'daytona');
     const { providerLeaseId: id } = await env.acquire('run-gates');
@@ -328,19 +330,7 @@ describe('activity gates across processes', () => {
   });
 });
 
-describe('faults a host meets', () => {
-  it('the workers SIGKILLed while an acquire hook waits (its create at the cloud): the hook still returns one running sandbox', { timeout: 60_000 }, async () => {
-    const env = environment('acme', 'killed', 'daytona');
-    const hook = env.acquire('run-killed');
-    await readUntil(async () => daytona.calls.some((c) => c.method === 'POST' && c.path === '/sandbox' && (c.body as { labels?: Record<string, string> })?.labels?.['lease-ops/run'] === 'run-killed'), 10_000, 'the create');
-    // Every worker that could hold the acquire dies; new ones take it over once its lock lapses.
-    await Promise.all(workers.splice(0).map((w) => w.kill()));
-    await Promise.all([startWorker().ready, startWorker().ready]);
-    const lease = await hook;
-    expect(daytona.stateOf(lease.providerLeaseId!)).toBe('started');
-    expect([...daytona.sandboxes.values()].filter((sb) => sb.labels['lease-ops/run'] === 'run-killed')).toHaveLength(1);
-  });
-
+describe.concurrent('faults a host meets', () => {
   it('an acquire hook the host gives up on (its hookTimeoutMs) cancels the acquire: the sandbox it made is destroyed, and no other is made', { timeout: 60_000 }, async () => {
     // The hook gives up while the sandbox boots: 3 s leaves the acquire time to reach the cloud
     // on a loaded machine (with 1.5 s, a CI run's cancel once came before it started, and nothing
@@ -375,5 +365,20 @@ describe('faults a host meets', () => {
     const wrongToken = environment('acme', 'bad', 'simulated', { token: tokenOf('globex') });
     await expect(wrongToken.acquire('run-bad')).rejects.toThrow(/^lease-ops: lease_not_found: /);
     await expect(environment('acme', 'bad', 'simulated').acquire('run-bad', { requestedExpiresAt: 'tomorrow' })).rejects.toThrow(/^lease-ops: invalid_request: .*requestedExpiresAt/s);
+  });
+});
+
+// Alone, after the rest: it kills every worker the others' hooks run on.
+describe('faults a host meets: the workers die', () => {
+  it('the workers SIGKILLed while an acquire hook waits (its create at the cloud): the hook still returns one running sandbox', { timeout: 60_000 }, async () => {
+    const env = environment('acme', 'killed', 'daytona');
+    const hook = env.acquire('run-killed');
+    await readUntil(async () => daytona.calls.some((c) => c.method === 'POST' && c.path === '/sandbox' && (c.body as { labels?: Record<string, string> })?.labels?.['lease-ops/run'] === 'run-killed'), 10_000, 'the create');
+    // Every worker that could hold the acquire dies; new ones take it over once its lock lapses.
+    await Promise.all(workers.splice(0).map((w) => w.kill()));
+    await Promise.all([startWorker().ready, startWorker().ready]);
+    const lease = await hook;
+    expect(daytona.stateOf(lease.providerLeaseId!)).toBe('started');
+    expect([...daytona.sandboxes.values()].filter((sb) => sb.labels['lease-ops/run'] === 'run-killed')).toHaveLength(1);
   });
 });
