@@ -3,7 +3,7 @@ import { watch } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { fileURLToPath } from 'node:url';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { createLogger } from '../src/logger.ts';
 import { ProviderRegistry } from '../src/providers/registry.ts';
 import type { LeaseProvider, OperationContext } from '../src/providers/types.ts';
@@ -311,21 +311,19 @@ describe.concurrent('a graceful close while Redis fails', () => {
   });
 });
 
-describe('LeaseWorker.close() in a process that lives on (lease-ops as a library)', () => {
-  let bed: TestBed | undefined;
-  let server: RedisProcess | undefined;
-  afterEach(async () => {
-    server?.resume();
-    await bed?.close();
-    bed = undefined;
-    await server?.stop();
-    server = undefined;
-  });
+// Each test has a redis-server and a bed of its own, closed when it ends (Redis resumed first,
+// then the bed, then its server): they run at once, beside the blocks above.
+describe.concurrent('LeaseWorker.close() in a process that lives on (lease-ops as a library)', () => {
+  async function ownRedis(finished: Finished, prefix: string): Promise<{ server: RedisProcess; b: TestBed }> {
+    const server = await serverFor(finished);
+    const b = await bedFor(finished, { REDIS_URL: server.url, LEASE_OPS_PREFIX: prefix });
+    finished(() => server.resume());
+    return { server, b };
+  }
 
-  it('a close that does not wait (Redis away at the signal) tells the calls in flight to stop: their signals abort, their fences refuse', async () => {
+  it('a close that does not wait (Redis away at the signal) tells the calls in flight to stop: their signals abort, their fences refuse', async ({ onTestFinished }) => {
     // The close returned and the call ran on: once its lock lapsed, a successor ran the job beside it.
-    server = await RedisProcess.start();
-    const b = (bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-close-inproc}' }));
+    const { server, b } = await ownRedis(onTestFinished, '{lo-close-inproc}');
     const { provider, started, finish } = heldProvider();
     const w = await b.startWorker(provider);
     await b.ops.enqueue({ op: 'stop', lease: lease('i'), params: { providerLeaseId: 'i' } });
@@ -337,13 +335,12 @@ describe('LeaseWorker.close() in a process that lives on (lease-ops as a library
     finish.open();
   });
 
-  it('a close that does not wait leaves no connection behind: none of BullMQ\'s own connects again once its fetch loop ends', async () => {
+  it('a close that does not wait leaves no connection behind: none of BullMQ\'s own connects again once its fetch loop ends', async ({ onTestFinished }) => {
     // BullMQ's blocking fetch, timed out while Redis stood still, reconnected after the close
     // (BullMQ's reconnect does not look whether its connection was closed meanwhile): the
     // process kept a connection, and with Redis gone it printed an ioredis error per retry.
-    server = await RedisProcess.start();
     const prefix = '{lo-close-left}';
-    const b = (bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_PREFIX: prefix }));
+    const { server, b } = await ownRedis(onTestFinished, prefix);
     const { provider, started, finish } = heldProvider();
     const clientNames = async () =>
       ((await b.redis.call('CLIENT', 'LIST')) as string)
@@ -369,12 +366,11 @@ describe('LeaseWorker.close() in a process that lives on (lease-ops as a library
     expect(await clientNames()).toEqual(before);
   });
 
-  it('a close that does not wait starts nothing more: the next job of a lane, handed over by a completion Redis answers late, never reaches its provider there', async () => {
+  it('a close that does not wait starts nothing more: the next job of a lane, handed over by a completion Redis answers late, never reaches its provider there', async ({ onTestFinished }) => {
     // Found by an attack (helper-31): the completion of the operation before it, sent while
     // Redis stood still, fetched the next one once Redis answered during the close; it ran
     // unstopped, past its lock, beside its re-run on another worker.
-    server = await RedisProcess.start();
-    const b = (bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-close-late}' }));
+    const { server, b } = await ownRedis(onTestFinished, '{lo-close-late}');
     const { provider, started: firstStarted, finish: firstFinish } = heldProvider();
     const secondStarted = gate();
     // Not even called (helper-32: a reply over the closing socket still handed it over, and
@@ -386,7 +382,7 @@ describe('LeaseWorker.close() in a process that lives on (lease-ops as a library
     void secondStarted.promise.then(() => (secondRan = true));
     // Redis answers again while the close waits for the providers to close.
     provider.close = async () => {
-      server!.resume();
+      server.resume();
       await Promise.race([secondStarted.promise, readUntil(async () => !bullmq.worker.isRunning(), 20_000, 'BullMQ\'s fetch loop to end')]);
     };
     await b.ops.enqueue({ op: 'stop', lease: lease('n'), params: { providerLeaseId: 'n' } });
@@ -398,11 +394,10 @@ describe('LeaseWorker.close() in a process that lives on (lease-ops as a library
     expect(secondRan).toBe(false);
   });
 
-  it('a job handed over after a close that did not wait does not start there: its provider is not called', async () => {
+  it('a job handed over after a close that did not wait does not start there: its provider is not called', async ({ onTestFinished }) => {
     // helper-32: a completion answered over the closing connection handed one over after the
     // close returned, and the provider (closed by then) was called, its fence refusing.
-    server = await RedisProcess.start();
-    const b = (bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-close-after}' }));
+    const { server, b } = await ownRedis(onTestFinished, '{lo-close-after}');
     const { provider } = createRecordingProvider();
     const entered: string[] = [];
     onCall(provider, 'stop', (ctx) => entered.push(ctx.jobId));
@@ -418,12 +413,11 @@ describe('LeaseWorker.close() in a process that lives on (lease-ops as a library
     expect(entered).toEqual([]);
   });
 
-  it('an attempt whose lane step is answered only after a close that did not wait does not call its provider', async () => {
+  it('an attempt whose lane step is answered only after a close that did not wait does not call its provider', async ({ onTestFinished }) => {
     // helper-33: the lane's answer to a retry's start came over the closing connection once
     // Redis was back; the attempt, abandoned as soon as it was tracked, still called its
     // provider (closed by then), whose fence refused.
-    server = await RedisProcess.start();
-    const b = (bed = await TestBed.create({ REDIS_URL: server.url, LEASE_OPS_PREFIX: '{lo-close-step}' }));
+    const { server, b } = await ownRedis(onTestFinished, '{lo-close-step}');
     const { provider } = createRecordingProvider({ behaviour: ({ ctx }) => (ctx.attempt === 1 ? 'settling' : 'ok') });
     const entered: number[] = [];
     onCall(provider, 'stop', (ctx) => entered.push(ctx.attempt));
@@ -452,8 +446,8 @@ describe('LeaseWorker.close() in a process that lives on (lease-ops as a library
     expect(entered).toEqual([1]);
   });
 
-  it('closed while it starts: nothing more starts, and no timer outlives the close', async () => {
-    const b = (bed = await TestBed.create());
+  it('closed while it starts: nothing more starts, and no timer outlives the close', async ({ onTestFinished }) => {
+    const b = await bedFor(onTestFinished);
     const w = new LeaseWorker(b.config, new ProviderRegistry([createRecordingProvider().provider]), createLogger({ level: 'silent' }));
     const ops = (w as unknown as { ops: OperationsQueue }).ops;
     const announce = ops.announceProviders.bind(ops);
