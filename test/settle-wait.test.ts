@@ -12,8 +12,8 @@ import { createLogger } from '../src/logger.ts';
 import { LeaseRecords } from '../src/queues/lease-records.ts';
 import { startTestApi } from './helpers/api-server.ts';
 import { cli } from './helpers/cli.ts';
-import { QUICK_RECOVERY, readUntil, TestBed, workerEnv } from './helpers/env.ts';
-import { killAll, WorkerProcess } from './helpers/worker-process.ts';
+import { bedFor, QUICK_RECOVERY, readUntil, TestBed, workerEnv } from './helpers/env.ts';
+import { killAll, WorkerProcess, workerFor } from './helpers/worker-process.ts';
 
 // Settle waits: an attempt that meets a sandbox in transition waits, holding its lane, for
 // Daytona's notification gateway to push the sandbox's next state, and goes on at once.
@@ -137,22 +137,23 @@ describe('settle waits on Daytona pushes', () => {
   });
 });
 
-describe('settle waits: crashes at the wait', () => {
-  const daytonaEnv = (apiUrl: string, extra: Record<string, string> = {}) =>
-    workerEnv(bed!, { ...QUICK_RECOVERY, LEASE_OPS_PROVIDERS: 'daytona', DAYTONA_API_URL: apiUrl, DAYTONA_API_KEY: KEY, DAYTONA_ORGANIZATION_ID: ORG, ...extra });
+// This block and the next: worker processes killed or frozen, each test with a cloud, a bed and
+// workers of its own, closed when it ends (the workers, the bed, then the cloud): they run at once.
+describe.concurrent('settle waits: crashes at the wait', () => {
+  const daytonaEnv = (bed: TestBed, apiUrl: string, extra: Record<string, string> = {}) =>
+    workerEnv(bed, { ...QUICK_RECOVERY, LEASE_OPS_PROVIDERS: 'daytona', DAYTONA_API_URL: apiUrl, DAYTONA_API_KEY: KEY, DAYTONA_ORGANIZATION_ID: ORG, ...extra });
 
-  it('a worker killed while its acquire waits: the successor finds the sandbox by name, makes no second one, and completes', { timeout: 60_000 }, async () => {
-    fake = new DaytonaFake({ apiKey: KEY, organizationId: ORG, notifications: true, timings: { create: 1_500, start: 50, stop: 50, destroy: 50 } });
+  it('a worker killed while its acquire waits: the successor finds the sandbox by name, makes no second one, and completes', { timeout: 60_000 }, async ({ onTestFinished }) => {
+    const fake = new DaytonaFake({ apiKey: KEY, organizationId: ORG, notifications: true, timings: { create: 1_500, start: 50, stop: 50, destroy: 50 } });
+    onTestFinished(() => fake.close());
     const apiUrl = await fake.listen();
-    bed = await TestBed.create();
-    const first = new WorkerProcess(daytonaEnv(apiUrl, { LEASE_OPS_FAULT_POINTS: 'settle-wait=kill*1' }));
-    workers.push(first);
+    const bed = await bedFor(onTestFinished);
+    const first = workerFor(onTestFinished, daytonaEnv(bed, apiUrl, { LEASE_OPS_FAULT_POINTS: 'settle-wait=kill*1' }));
     await first.ready;
     const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: identity('killed'), params: { runId: 'r6' } });
     await first.waitForLog('fault point settle-wait: kill');
     await first.exited;
-    const second = new WorkerProcess(daytonaEnv(apiUrl));
-    workers.push(second);
+    const second = workerFor(onTestFinished, daytonaEnv(bed, apiUrl));
     await second.ready;
     expect((await bed.waitForAll([jobId])).get(jobId)).toBe('completed');
     expect(fake.ids()).toHaveLength(1);
@@ -161,10 +162,11 @@ describe('settle waits: crashes at the wait', () => {
     expect(sandbox).toBe(fake.ids()[0]);
   });
 
-  it('a worker frozen at the wait past its lock: its successor completes the resume, and the frozen attempt, thawed, sends nothing', { timeout: 60_000 }, async () => {
-    fake = new DaytonaFake({ apiKey: KEY, organizationId: ORG, notifications: true, timings: { create: 50, start: 1_500, stop: 50, destroy: 50 } });
+  it('a worker frozen at the wait past its lock: its successor completes the resume, and the frozen attempt, thawed, sends nothing', { timeout: 60_000 }, async ({ onTestFinished }) => {
+    const fake = new DaytonaFake({ apiKey: KEY, organizationId: ORG, notifications: true, timings: { create: 50, start: 1_500, stop: 50, destroy: 50 } });
+    onTestFinished(() => fake.close());
     const apiUrl = await fake.listen();
-    bed = await TestBed.create();
+    const bed = await bedFor(onTestFinished);
     const setup = await bed.startWorker(createDaytonaProvider({ apiUrl, apiKey: KEY, organizationId: ORG, rateLimits: unpaced }));
     const acquire = await bed.ops.enqueue({ op: 'acquire', lease: identity('frozen'), params: { runId: 'r7' } });
     await bed.waitForAll([acquire.jobId]);
@@ -173,16 +175,14 @@ describe('settle waits: crashes at the wait', () => {
     await bed.waitForAll([stop.jobId]);
     await setup.close();
 
-    const first = new WorkerProcess(daytonaEnv(apiUrl, { LEASE_OPS_FAULT_POINTS: 'settle-wait=pause*1' }));
-    workers.push(first);
+    const first = workerFor(onTestFinished, daytonaEnv(bed, apiUrl, { LEASE_OPS_FAULT_POINTS: 'settle-wait=pause*1' }));
     await first.ready;
     const resume = await bed.ops.enqueue({ op: 'resume', lease: identity(sandbox), params: { providerLeaseId: sandbox, leaseMetadata: {} } });
     await first.waitForLog('fault point settle-wait: pause');
     const firstAttempt = fake.calls.filter((c) => c.attempt?.startsWith(`${resume.jobId}:`)).map((c) => c.attempt)[0]!;
     const firstCalls = fake.calls.filter((c) => c.attempt === firstAttempt).length;
 
-    const second = new WorkerProcess(daytonaEnv(apiUrl));
-    workers.push(second);
+    const second = workerFor(onTestFinished, daytonaEnv(bed, apiUrl));
     await second.ready;
     expect((await bed.waitForAll([resume.jobId])).get(resume.jobId)).toBe('completed');
     expect(fake.stateOf(sandbox)).toBe('started');
@@ -197,26 +197,25 @@ describe('settle waits: crashes at the wait', () => {
   });
 });
 
-describe('an attempt that lost its turn writes nothing to the lease\'s record', () => {
-  it('frozen after its stop\'s provider call past its lock, thawed after its successor and a resume: the record still says running (helper-20)', { timeout: 60_000 }, async () => {
-    fake = new DaytonaFake({ apiKey: KEY, organizationId: ORG, notifications: true, timings: { create: 50, start: 50, stop: 50, destroy: 50 } });
+describe.concurrent('an attempt that lost its turn writes nothing to the lease\'s record', () => {
+  it('frozen after its stop\'s provider call past its lock, thawed after its successor and a resume: the record still says running (helper-20)', { timeout: 60_000 }, async ({ onTestFinished }) => {
+    const fake = new DaytonaFake({ apiKey: KEY, organizationId: ORG, notifications: true, timings: { create: 50, start: 50, stop: 50, destroy: 50 } });
+    onTestFinished(() => fake.close());
     const apiUrl = await fake.listen();
-    bed = await TestBed.create();
+    const bed = await bedFor(onTestFinished);
     const env = (extra: Record<string, string> = {}) =>
-      workerEnv(bed!, { ...QUICK_RECOVERY, LEASE_OPS_PROVIDERS: 'daytona', DAYTONA_API_URL: apiUrl, DAYTONA_API_KEY: KEY, DAYTONA_ORGANIZATION_ID: ORG, ...extra });
+      workerEnv(bed, { ...QUICK_RECOVERY, LEASE_OPS_PROVIDERS: 'daytona', DAYTONA_API_URL: apiUrl, DAYTONA_API_KEY: KEY, DAYTONA_ORGANIZATION_ID: ORG, ...extra });
     const setup = await bed.startWorker(createDaytonaProvider({ apiUrl, apiKey: KEY, organizationId: ORG, rateLimits: unpaced }));
     const acquire = await bed.ops.enqueue({ op: 'acquire', lease: identity('late'), params: { runId: 'r-late' } });
     await bed.waitForAll([acquire.jobId]);
     const sandbox = ((await bed.ops.queue.getJob(acquire.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
     await setup.close();
 
-    const first = new WorkerProcess(env({ LEASE_OPS_FAULT_POINTS: 'after-provider-call=pause*1' }));
-    workers.push(first);
+    const first = workerFor(onTestFinished, env({ LEASE_OPS_FAULT_POINTS: 'after-provider-call=pause*1' }));
     await first.ready;
     const stop = await bed.ops.enqueue({ op: 'stop', lease: identity('late'), params: { providerLeaseId: sandbox } });
     await first.waitForLog('fault point after-provider-call: pause');
-    const second = new WorkerProcess(env());
-    workers.push(second);
+    const second = workerFor(onTestFinished, env());
     await second.ready;
     expect((await bed.waitForAll([stop.jobId])).get(stop.jobId)).toBe('completed');
     const resume = await bed.ops.enqueue({ op: 'resume', lease: identity('late'), params: { providerLeaseId: sandbox, leaseMetadata: {} } });
