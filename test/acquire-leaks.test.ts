@@ -49,7 +49,9 @@ const SUBJECTS: Record<string, () => Promise<Subject>> = {
 };
 
 for (const [name, make] of Object.entries(SUBJECTS)) {
-  describe(`acquire never leaks a sandbox: ${name}`, () => {
+  // Every block of this file runs beside the others (each has its own cloud fake and bed); the
+  // tests of a block that share one run in order.
+  describe.concurrent(`acquire never leaks a sandbox: ${name}`, () => {
     let s: Subject;
     let bed: TestBed;
     let seq = 0;
@@ -74,7 +76,7 @@ for (const [name, make] of Object.entries(SUBJECTS)) {
       ['create answers 504 after the sandbox was made', { kind: 'status', status: 504 }],
       ['create answers later than the client waits', { kind: 'slow', delayMs: 1_200 }],
     ];
-    it.each(FAULTS)('%s: a later attempt adopts the sandbox, and it is the only one', async (_what, fault) => {
+    it.sequential.each(FAULTS)('%s: a later attempt adopts the sandbox, and it is the only one', async (_what, fault) => {
       const before = new Set(s.live());
       s.fake.failNextCreate(fault);
       const { jobId } = await acquire();
@@ -96,7 +98,7 @@ for (const [name, make] of Object.entries(SUBJECTS)) {
       return (await resultOf(cleanUps[0]!.id!)).returnvalue as { providerLeaseId: string | null; state: string };
     };
 
-    it('an acquire that fails for good has the sandbox it made destroyed through its lane, even while it is still being created', async () => {
+    it.sequential('an acquire that fails for good has the sandbox it made destroyed through its lane, even while it is still being created', async () => {
       const before = new Set(s.live());
       // The sandbox takes longer to come up than the acquire may take (Daytona refuses to
       // delete it until then: the clean-up waits it out).
@@ -108,7 +110,7 @@ for (const [name, make] of Object.entries(SUBJECTS)) {
       expect(s.live().filter((id) => !before.has(id))).toEqual([]);
     });
 
-    it('a cloud outage across the acquire\'s deadline: the clean-up waits for the cloud and destroys what was made', async () => {
+    it.sequential('a cloud outage across the acquire\'s deadline: the clean-up waits for the cloud and destroys what was made', async () => {
       const before = new Set(s.live());
       s.fake.failNextCreate({ kind: 'slow-boot', bootMs: 1_000 });
       const arrived = s.fake.nextRequest('POST', s.createPath);
@@ -205,7 +207,7 @@ describe.concurrent('acquire never leaks a sandbox when its worker is killed rig
   }
 });
 
-describe('the clean-up after a failed acquire never touches a lease, and is not lost', () => {
+describe.concurrent('the clean-up after a failed acquire never touches a lease, and is not lost', () => {
   let fake: DaytonaFake;
   let bed: TestBed;
   let provider: LeaseProvider;
@@ -213,7 +215,7 @@ describe('the clean-up after a failed acquire never touches a lease, and is not 
   beforeAll(async () => {
     fake = new DaytonaFake({ apiKey: 'k', timings: { create: 50, start: 20, stop: 20, forceStop: 0, destroy: 10 } });
     provider = createDaytonaProvider({ apiUrl: await fake.listen(), apiKey: 'k', timeoutMs: 2_000 });
-    bed = await TestBed.create({ LEASE_OPS_SWEEP_INTERVAL_MS: '200' });
+    bed = await TestBed.create({ LEASE_OPS_SWEEP_INTERVAL_MS: '200', LEASE_OPS_INFLIGHT_GRACE_MS: '1000' });
     worker = await bed.startWorker(provider);
   });
   afterAll(async () => {
@@ -223,7 +225,7 @@ describe('the clean-up after a failed acquire never touches a lease, and is not 
   const identity = (leaseId: string) => ({ provider: provider.name, companyId: 'co', environmentId: 'env', leaseId });
   const cleanUps = async () => (await bed.ops.queue.getJobs(['waiting', 'delayed', 'active', 'completed', 'failed'])).filter((j) => j.name === 'abandon-acquire');
 
-  it('a clean-up queued for an acquire that then completed after all (a crash between the two) leaves its sandbox alone', async () => {
+  it.sequential('a clean-up queued for an acquire that then completed after all (a crash between the two) leaves its sandbox alone', async () => {
     const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: identity('completed-anyway'), params: { runId: 'r' } });
     expect((await bed.waitForAll([jobId])).get(jobId)).toBe('completed');
     const sandbox = ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
@@ -234,7 +236,7 @@ describe('the clean-up after a failed acquire never touches a lease, and is not 
     expect(fake.stateOf(sandbox)).toBe('started');
   });
 
-  it('a clean-up is not failed by the stall limit (its workers dying is no reason to leave the sandbox): its deadline bounds it', async () => {
+  it.sequential('a clean-up is not failed by the stall limit (its workers dying is no reason to leave the sandbox): its deadline bounds it', async () => {
     // A sandbox a failed acquire left, and its clean-up queued while no worker runs.
     const running = worker;
     await running.close();
@@ -253,7 +255,7 @@ describe('the clean-up after a failed acquire never touches a lease, and is not 
     expect((await bed.ops.queue.getJob(cleanUp.jobId))!.returnvalue).toEqual({ providerLeaseId: left, state: 'destroyed' });
   });
 
-  it('an acquire an operator removed while it backed off still gets its sandbox cleaned up', async () => {
+  it.sequential('an acquire an operator removed while it backed off still gets its sandbox cleaned up', async () => {
     const before = new Set(fake.ids());
     fake.failNextCreate({ kind: 'slow-boot', bootMs: 60_000 }); // it stays creating: the acquire keeps backing off
     const arrived = fake.nextRequest('POST', /^\/sandbox$/);
@@ -270,7 +272,7 @@ describe('the clean-up after a failed acquire never touches a lease, and is not 
     expect(fake.ids().filter((id) => !before.has(id))).toEqual([]);
   });
 
-  it('a request is never sent after its operation\'s deadline, and none outlives it', async () => {
+  it.sequential('a request is never sent after its operation\'s deadline, and none outlives it', async () => {
     const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: identity('slow-api'), params: { runId: 'r' } });
     await bed.waitForAll([jobId]);
     const sandbox = ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
@@ -283,8 +285,8 @@ describe('the clean-up after a failed acquire never touches a lease, and is not 
     expect((await bed.waitForAll([stop.jobId], 12_000)).get(stop.jobId)).toBe('failed');
     fake.http.off('request', onRequest);
     // The request in flight is cut at the deadline, and the failure waits only
-    // LEASE_OPS_INFLIGHT_GRACE_MS (5 s) more, as the cloud may still act on it.
-    expect(Date.now() - started).toBeLessThan(1_500 + 5_000 + 2_500);
+    // LEASE_OPS_INFLIGHT_GRACE_MS (1 s here; 5 s by default) more, as the cloud may still act on it.
+    expect(Date.now() - started).toBeLessThan(1_500 + 1_000 + 2_500);
     expect(arrivals.length).toBeGreaterThan(0);
     expect(arrivals.filter((at) => at > started + 1_500)).toEqual([]);
     expect((await bed.ops.queue.getJob(stop.jobId))!.failedReason).toMatch(/^deadline_exceeded: /);
@@ -292,7 +294,7 @@ describe('the clean-up after a failed acquire never touches a lease, and is not 
   });
 });
 
-describe('an acquire that BullMQ removes as it completes is never taken for one that vanished', () => {
+describe.concurrent('an acquire that BullMQ removes as it completes is never taken for one that vanished', () => {
   let fake: DaytonaFake;
   let bed: TestBed;
   beforeAll(async () => {
