@@ -272,7 +272,8 @@ describe.concurrent('lease lifecycles through the plugin hooks, with paperclip\'
 });
 
 // This and the next two blocks run beside the lifecycles above (seed 001 waits 30 s for a
-// stuck stop to be forced): each works on leases of its own. The worker kill below runs alone.
+// stuck stop to be forced): each works on leases and sandboxes of its own. The tests that
+// act on the whole cloud or every worker run alone, last.
 describe.concurrent('in-process: the plugin on the typed client of a lease-ops in the host\'s own process', () => {
   it('runs the same lifecycle with no URL and no token', { timeout: 30_000 }, async () => {
     const client = new LeaseOpsClient(bed.config);
@@ -331,6 +332,25 @@ describe.concurrent('activity gates across processes', () => {
 });
 
 describe.concurrent('faults a host meets', () => {
+  it('a hook whose lease-ops is down fails within its timeout with a message the host can show', async () => {
+    const env = environment('acme', 'down', 'simulated', { leaseOpsUrl: 'http://127.0.0.1:9', hookTimeoutMs: 2_000 });
+    const started = Date.now();
+    await expect(env.acquire('run-down')).rejects.toThrow(/^lease-ops: unreachable: lease-ops at http:\/\/127\.0\.0\.1:9 did not answer/);
+    expect(Date.now() - started).toBeLessThan(4_000);
+    expect((await env.harness.probe(env.base)).ok).toBe(false);
+  });
+
+  it('bad input reaches the host as a distinct code: an unknown provider, a token of another company, a malformed expiry', async () => {
+    await expect(environment('acme', 'bad', 'daytonna').acquire('run-bad')).rejects.toThrow(/^lease-ops: unknown_provider: /);
+    const wrongToken = environment('acme', 'bad', 'simulated', { token: tokenOf('globex') });
+    await expect(wrongToken.acquire('run-bad')).rejects.toThrow(/^lease-ops: lease_not_found: /);
+    await expect(environment('acme', 'bad', 'simulated').acquire('run-bad', { requestedExpiresAt: 'tomorrow' })).rejects.toThrow(/^lease-ops: invalid_request: .*requestedExpiresAt/s);
+  });
+});
+
+// Alone, after the rest: the first makes the next create at the Daytona fake slow (another
+// test's create would take it), the second kills every worker the others' hooks run on.
+describe('faults a host meets, alone', () => {
   it('an acquire hook the host gives up on (its hookTimeoutMs) cancels the acquire: the sandbox it made is destroyed, and no other is made', { timeout: 60_000 }, async () => {
     // The hook gives up while the sandbox boots: 3 s leaves the acquire time to reach the cloud
     // on a loaded machine (with 1.5 s, a CI run's cancel once came before it started, and nothing
@@ -352,24 +372,6 @@ describe.concurrent('faults a host meets', () => {
     expect(made()).toHaveLength(2);
   });
 
-  it('a hook whose lease-ops is down fails within its timeout with a message the host can show', async () => {
-    const env = environment('acme', 'down', 'simulated', { leaseOpsUrl: 'http://127.0.0.1:9', hookTimeoutMs: 2_000 });
-    const started = Date.now();
-    await expect(env.acquire('run-down')).rejects.toThrow(/^lease-ops: unreachable: lease-ops at http:\/\/127\.0\.0\.1:9 did not answer/);
-    expect(Date.now() - started).toBeLessThan(4_000);
-    expect((await env.harness.probe(env.base)).ok).toBe(false);
-  });
-
-  it('bad input reaches the host as a distinct code: an unknown provider, a token of another company, a malformed expiry', async () => {
-    await expect(environment('acme', 'bad', 'daytonna').acquire('run-bad')).rejects.toThrow(/^lease-ops: unknown_provider: /);
-    const wrongToken = environment('acme', 'bad', 'simulated', { token: tokenOf('globex') });
-    await expect(wrongToken.acquire('run-bad')).rejects.toThrow(/^lease-ops: lease_not_found: /);
-    await expect(environment('acme', 'bad', 'simulated').acquire('run-bad', { requestedExpiresAt: 'tomorrow' })).rejects.toThrow(/^lease-ops: invalid_request: .*requestedExpiresAt/s);
-  });
-});
-
-// Alone, after the rest: it kills every worker the others' hooks run on.
-describe('faults a host meets: the workers die', () => {
   it('the workers SIGKILLed while an acquire hook waits (its create at the cloud): the hook still returns one running sandbox', { timeout: 60_000 }, async () => {
     const env = environment('acme', 'killed', 'daytona');
     const hook = env.acquire('run-killed');
