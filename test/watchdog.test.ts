@@ -11,7 +11,9 @@ import { WorkerProcess } from './helpers/worker-process.ts';
 const STUCK_MS = 1_000;
 const SCAN_MS = 300;
 
-describe('settling, deadlines and the stuck-stop watchdog, through the lane, with worker processes and the fakes', () => {
+// (b) to (e) run at once, each on sandboxes of its own (they mostly wait on backoffs and
+// settling); (a), a latency bound, and (f), a count of what needs attention, run alone.
+describe.concurrent('settling, deadlines and the stuck-stop watchdog, through the lane, with worker processes and the fakes', () => {
   let bed: TestBed;
   let fake: DaytonaFake;
   let createos: CreateosFake;
@@ -59,7 +61,7 @@ describe('settling, deadlines and the stuck-stop watchdog, through the lane, wit
     return { resumeMs: Date.now() - enqueuedAt, states: new Map([...states].map(([k, v]) => [k === stop.jobId ? 'stop' : 'resume', v])) };
   }
 
-  it('(a) a stop stuck in stopping is forced once, and the resume queued behind it completes within threshold + scan + 2 s', async () => {
+  it.sequential('(a) a stop stuck in stopping is forced once, and the resume queued behind it completes within threshold + scan + 2 s', async () => {
     const id = await startedSandbox('wd-a');
     fake.control(id, { stuckStoppingMs: 120_000 }); // a process that ignores SIGTERM
     const { resumeMs, states } = await stopThenResume(id);
@@ -161,7 +163,7 @@ describe('settling, deadlines and the stuck-stop watchdog, through the lane, wit
     expect(createos.statusOf(id)).toBe('running');
   });
 
-  it('(f) a sandbox stuck on its way to paused shows as stuck in attention and metrics, though CreateOS cannot force it', async () => {
+  it.sequential('(f) a sandbox stuck on its way to paused shows as stuck in attention and metrics, though CreateOS cannot force it', async () => {
     const identityOf = (leaseId: string): LeaseIdentity => ({ provider: 'createos', companyId: 'co', environmentId: 'env', leaseId });
     const acquire = await bed.ops.enqueue({ op: 'acquire', lease: identityOf('f-new'), params: { runId: 'f' } });
     await bed.waitForAll([acquire.jobId]);
