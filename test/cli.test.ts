@@ -6,13 +6,14 @@ import { createInterface } from 'node:readline';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freePort } from '../src/redis-server.ts';
 import { BIN, cli } from './helpers/cli.ts';
-import { TestBed, workerEnv } from './helpers/env.ts';
+import { REDIS_URL, TestBed, workerEnv } from './helpers/env.ts';
 import { WorkerProcess } from './helpers/worker-process.ts';
 
 const TOKEN = 'cli-test-token-0123456789';
 
 
-describe('the lease-ops commands', () => {
+// The commands' tests run in order on one bed; the demo, on keys of its own, runs beside them.
+describe.concurrent('the lease-ops commands', () => {
   let bed: TestBed;
   let env: Record<string, string>;
   let api: ChildProcess | null = null;
@@ -31,7 +32,7 @@ describe('the lease-ops commands', () => {
     await bed?.close();
   });
 
-  it('`api` refuses to start without tokens, naming the variable', async () => {
+  it.sequential('`api` refuses to start without tokens, naming the variable', async () => {
     const r = await cli(['api'], { ...env, LEASE_OPS_API_TOKENS: '' });
     expect(r.code).toBe(2);
     expect(r.stderr).toContain('LEASE_OPS_API_TOKENS');
@@ -40,7 +41,7 @@ describe('the lease-ops commands', () => {
     expect(weak.stderr).toMatch(/LEASE_OPS_API_TOKENS.*at least 16/);
   });
 
-  it('`api` is not ready without workers, and ready once a worker runs', async () => {
+  it.sequential('`api` is not ready without workers, and ready once a worker runs', async () => {
     api = spawn(process.execPath, [BIN, 'api'], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'inherit'] });
     apiUrl = await new Promise<string>((resolve, reject) => {
       createInterface({ input: api!.stdout! }).on('line', (line) => {
@@ -64,7 +65,7 @@ describe('the lease-ops commands', () => {
     expect((await fetch(`http://127.0.0.1:${metricsPort}/readyz`)).status).toBe(200);
   });
 
-  it('`enqueue --wait` runs an operation to its end; bad input exits 2 and names the field', async () => {
+  it.sequential('`enqueue --wait` runs an operation to its end; bad input exits 2 and names the field', async () => {
     const lease = ['--provider', 'simulated', '--company', 'cli-co', '--environment', 'cli-env', '--lease', 'cli-lease'];
     const ok = await cli(['enqueue', 'acquire', ...lease, '--params', '{"runId":"cli"}', '--wait', '20000'], env);
     expect(ok.code).toBe(0);
@@ -86,7 +87,7 @@ describe('the lease-ops commands', () => {
     expect(apiMetrics).not.toContain('bullmq_job_completed_total');
   });
 
-  it('`enqueue --wait --json` of an operation that fails exits 1 with one JSON document naming its error', async () => {
+  it.sequential('`enqueue --wait --json` of an operation that fails exits 1 with one JSON document naming its error', async () => {
     const lease = ['--provider', 'simulated', '--company', 'cli-co', '--environment', 'cli-env', '--lease', 'cli-fails'];
     // The simulated cloud sizes sandboxes by its snapshot: refused for good before anything is created.
     const params = JSON.stringify({ runId: 'cli', resources: { cpu: 4 } });
@@ -95,7 +96,7 @@ describe('the lease-ops commands', () => {
     expect(JSON.parse(failed.stdout)).toMatchObject({ operation: { op: 'acquire', state: 'failed', error: { code: 'resources_unsupported' } } });
   });
 
-  it('`status` shows the queue or one lease, and refuses half a lease', async () => {
+  it.sequential('`status` shows the queue or one lease, and refuses half a lease', async () => {
     const queue = await cli(['status', '--json'], env);
     expect(queue.code).toBe(0);
     expect((JSON.parse(queue.stdout) as { counts: { completed: number } }).counts.completed).toBeGreaterThanOrEqual(1);
@@ -108,9 +109,19 @@ describe('the lease-ops commands', () => {
     expect(half.stderr).toContain('--lease');
   });
 
+  it.sequential('every command has --help', async () => {
+    for (const command of ['start', 'worker', 'api', 'enqueue', 'status', 'demo', 'bench', 'simulated-cloud']) {
+      const r = await cli([command, '--help'], env);
+      expect({ command, code: r.code }).toEqual({ command, code: 0 });
+      expect(r.stdout).toContain(`Usage: lease-ops ${command}`);
+    }
+  });
+});
+
+describe.concurrent('the lease-ops demo', () => {
   it('`demo --quick` prints the incident as a timeline and writes both runs as an HTML page', { timeout: 60_000 }, async () => {
     const out = join(mkdtempSync(join(tmpdir(), 'lease-ops-demo-')), 'incident.html');
-    const r = await cli(['demo', '--quick', '--out', out], env, 45_000);
+    const r = await cli(['demo', '--quick', '--out', out], { REDIS_URL, LEASE_OPS_LOG_LEVEL: 'warn' }, 45_000);
     expect({ code: r.code, stdout: r.stdout, stderr: r.stderr.slice(-2_000) }).toMatchObject({ code: 0 });
     // With the watchdog: the force-stop's row with its mark; without: the resume fails at its deadline.
     // The lease's one lane holds its acquire too: the rows start when it was acquired.
@@ -124,13 +135,5 @@ describe('the lease-ops commands', () => {
     expect(html.match(/<svg /g)).toHaveLength(2);
     expect(html).toContain('data-op="force-stop"');
     expect(html).toContain('class="mark-stuck"');
-  });
-
-  it('every command has --help', async () => {
-    for (const command of ['start', 'worker', 'api', 'enqueue', 'status', 'demo', 'bench', 'simulated-cloud']) {
-      const r = await cli([command, '--help'], env);
-      expect({ command, code: r.code }).toEqual({ command, code: 0 });
-      expect(r.stdout).toContain(`Usage: lease-ops ${command}`);
-    }
   });
 });
