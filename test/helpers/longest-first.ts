@@ -7,34 +7,33 @@ import { BaseSequencer, type TestSpecification } from 'vitest/node';
  * they start first, so none of them starts last and keeps the run going alone at its end. A
  * clean clone has no timings of its own for vitest to sort by. The stuck-stop default's one
  * test mostly waits (30 s of a stop budget): it starts beside the two that keep the CPU busy.
- * The rest follow, largest first.
+ * Below those, a file that mostly waits (fencing, pacing) follows one that keeps the CPU busy
+ * (partitioned, bounded-recovery), so that fewer of the busy ones run at once. The rest follow,
+ * largest first.
  */
 const LONGEST = [
   'redis:test/lane-model.test.ts',
   'redis:test/chaos.test.ts',
   'redis:test/stuck-stop-default.test.ts',
   'redis:test/paperclip-plugin.test.ts',
-  'redis:test/worker-process.test.ts',
   'redis:test/quick-start.test.ts',
   'cluster:test/partitioned.test.ts',
-  'redis:test/package.test.ts',
-  'redis:test/attack/nothing-lost.test.ts',
-  'redis:test/attack/bounded-recovery.test.ts',
-  'redis:test/acquire-leaks.test.ts',
-  'redis:test/cli.test.ts',
-  'redis:test/walk-threads.test.ts',
-  'redis:test/partitioned.test.ts',
-  'redis:test/settle-wait.test.ts',
   'cluster:test/fencing.test.ts',
+  'redis:test/partitioned.test.ts',
   'redis:test/fencing.test.ts',
+  'redis:test/attack/bounded-recovery.test.ts',
   'redis:test/pacing.test.ts',
-  'redis:test/attack/security.test.ts',
-  'redis:test/lease-identity.test.ts',
-  'redis:test/providers.contract.test.ts',
-  'redis:test/nothing-silent.test.ts',
+  'redis:test/walk-threads.test.ts',
+  'redis:test/worker-process.test.ts',
+  'redis:test/package.test.ts',
+  'redis:test/neighbours.test.ts',
+  'redis:test/settle-wait.test.ts',
+  'redis:test/attack/stuck-stops.test.ts',
   'redis:test/provider-instances-processes.test.ts',
-  'redis:test/pages.test.ts',
-  'redis:test/failover.test.ts',
+  'redis:test/cli.test.ts',
+  'redis:test/attack/security.test.ts',
+  'redis:test/acquire-leaks.test.ts',
+  'redis:test/attack/third-attack.test.ts',
 ];
 
 export default class LongestFirst extends BaseSequencer {
