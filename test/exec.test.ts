@@ -212,27 +212,21 @@ describe.concurrent('exec, as an independent attack tried it (helper-5)', () => 
   });
 
   it("an API closing with a command running while Redis takes no writes answers 502 exec_cut, not a 503 to retry: it could not cancel the command (helper-39: told client_closed, and the command ran to its end)", { timeout: 30_000 }, async ({ onTestFinished }) => {
+    // Stopped last, once the test's bed, cloud and worker closed (onTestFinished runs the last given first).
     const redis = await RedisProcess.start();
-    let close: (() => Promise<void>) | undefined;
-    try {
-      const { bed, fake, id, ...opened } = await setUp(onTestFinished, { env: { REDIS_URL: redis.url } });
-      close = opened.close;
-      const config = loadConfig({ REDIS_URL: redis.url, LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX, LEASE_OPS_QUEUE: bed.config.LEASE_OPS_QUEUE, LEASE_OPS_API_PORT: '0', LEASE_OPS_API_TOKENS: JSON.stringify([{ token: TOKENS.co, companyId: 'co' }]) });
-      const server = await startApiServer(config, createLogger({ level: 'silent' }));
-      const call = fetch(`${server.url}/v1/leases/daytona/co/env/${id}/exec`, { method: 'POST', headers: { authorization: `Bearer ${TOKENS.co}`, 'content-type': 'application/json' }, body: JSON.stringify({ providerLeaseId: id, command: 'sleep 20' }) });
-      await readUntil(async () => fake.toolbox.alive(id) === 1, 5_000, 'the command running');
-      const closing = server.close();
-      // Redis takes no writes past the close's 2 s cut: the activity's end cannot land.
-      await bed.redis.client('PAUSE', 3_500, 'WRITE');
-      const res = await call;
-      const body = (await res.json()) as { error: { code: string } };
-      expect([res.status, body.error.code, res.headers.get('connection')]).toEqual([502, 'exec_cut', 'close']);
-      await closing;
-    } finally {
-      // Closed here, while their Redis still runs (at the test's end it would be gone).
-      await close?.();
-      await redis.stop();
-    }
+    onTestFinished(() => redis.stop());
+    const { bed, fake, id } = await setUp(onTestFinished, { env: { REDIS_URL: redis.url } });
+    const config = loadConfig({ REDIS_URL: redis.url, LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX, LEASE_OPS_QUEUE: bed.config.LEASE_OPS_QUEUE, LEASE_OPS_API_PORT: '0', LEASE_OPS_API_TOKENS: JSON.stringify([{ token: TOKENS.co, companyId: 'co' }]) });
+    const server = await startApiServer(config, createLogger({ level: 'silent' }));
+    const call = fetch(`${server.url}/v1/leases/daytona/co/env/${id}/exec`, { method: 'POST', headers: { authorization: `Bearer ${TOKENS.co}`, 'content-type': 'application/json' }, body: JSON.stringify({ providerLeaseId: id, command: 'sleep 20' }) });
+    await readUntil(async () => fake.toolbox.alive(id) === 1, 5_000, 'the command running');
+    const closing = server.close();
+    // Redis takes no writes past the close's 2 s cut: the activity's end cannot land.
+    await bed.redis.client('PAUSE', 3_500, 'WRITE');
+    const res = await call;
+    const body = (await res.json()) as { error: { code: string } };
+    expect([res.status, body.error.code, res.headers.get('connection')]).toEqual([502, 'exec_cut', 'close']);
+    await closing;
   });
 
   it('the simulated cloud kills what a stopped sandbox still runs (a command that ignores SIGTERM does not outlive the stop)', async ({ onTestFinished }) => {

@@ -12,14 +12,6 @@ import { OperatorActions } from '../src/queues/operator-actions.ts';
 import { ProviderRegistry } from '../src/providers/registry.ts';
 import { bedFor, gate, lease, readUntil, TestBed, type Finished } from './helpers/env.ts';
 
-let bed: TestBed | undefined;
-let client: LeaseOpsClient | undefined;
-afterEach(async () => {
-  await client?.close();
-  client = undefined;
-  await bed?.close();
-  bed = undefined;
-});
 
 type Call = { sandbox: string; jobId: string; op: string; start: number; end: number };
 
@@ -56,6 +48,15 @@ function sandboxCloud(opts: { holdAcquire?: Promise<void>; holdStop?: Promise<vo
 const named = (l: LeaseIdentity, sandbox: string) => ({ providerLeaseId: sandbox });
 
 describe('one lease identity from acquire to destroy', () => {
+  // This block's tests run in order and share these; the attacked tests below keep their own.
+  let bed: TestBed | undefined;
+  let client: LeaseOpsClient | undefined;
+  afterEach(async () => {
+    await client?.close();
+    client = undefined;
+    await bed?.close();
+    bed = undefined;
+  });
   it('an operation by the acquire id and one by the sandbox id, enqueued together, run one at a time in accepted order in one lane', async () => {
     bed = await TestBed.create({ LEASE_OPS_CONCURRENCY: '10' });
     const { provider, calls } = sandboxCloud();

@@ -25,6 +25,8 @@ const KEY = 'settle-key';
 const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
 const identity = (leaseId: string): LeaseIdentity => ({ provider: 'daytona', companyId: 'co', environmentId: 'env', leaseId });
 
+// For the blocks that run in order (and attemptsOf, requestsOf below): the blocks whose tests
+// run at once keep their own bed, cloud and workers.
 let bed: TestBed | undefined;
 let fake: DaytonaFake | undefined;
 const workers: WorkerProcess[] = [];
