@@ -1,7 +1,12 @@
 import type { Reporter, TestModule } from 'vitest/node';
 
+/** How many of the slowest files the summary names. */
+const SLOWEST = 8;
+
 /**
- * Ends the run with one plain line, `N passed, N failed, N skipped`, that any CI can read.
+ * Ends the run with the files that took longest (their tests' and hooks' time, by project), so
+ * a change that slows the loop shows where, then one plain line, `N passed, N failed, N
+ * skipped`, that any CI can read.
  */
 export default class SummaryReporter implements Reporter {
   onTestRunEnd(testModules: ReadonlyArray<TestModule>): void {
@@ -16,6 +21,11 @@ export default class SummaryReporter implements Reporter {
         else skipped++;
       }
     }
+    const slowest = [...testModules]
+      .map((mod) => ({ name: `${mod.project.name}:${mod.relativeModuleId}`, ms: mod.diagnostic().duration }))
+      .sort((a, b) => b.ms - a.ms)
+      .slice(0, SLOWEST);
+    if (slowest.length > 1) process.stdout.write(`\nslowest files:\n${slowest.map((f) => `  ${(f.ms / 1000).toFixed(1).padStart(6)} s  ${f.name}`).join('\n')}\n`);
     process.stdout.write(`\n${passed} passed, ${failed} failed, ${skipped} skipped\n`);
   }
 }
