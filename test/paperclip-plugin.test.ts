@@ -272,8 +272,8 @@ describe.concurrent('lease lifecycles through the plugin hooks, with paperclip\'
 });
 
 // This and the next two blocks run beside the lifecycles above (seed 001 waits 30 s for a
-// stuck stop to be forced): each works on leases and sandboxes of its own. The tests that
-// act on the whole cloud or every worker run alone, last.
+// stuck stop to be forced): each works on leases and sandboxes of its own (a fault at the shared
+// cloud is aimed at its own run's create). The worker kill runs alone, last.
 describe.concurrent('in-process: the plugin on the typed client of a lease-ops in the host\'s own process', () => {
   it('runs the same lifecycle with no URL and no token', { timeout: 30_000 }, async () => {
     const client = new LeaseOpsClient(bed.config);
@@ -332,6 +332,28 @@ describe.concurrent('activity gates across processes', () => {
 });
 
 describe.concurrent('faults a host meets', () => {
+  it('an acquire hook the host gives up on (its hookTimeoutMs) cancels the acquire: the sandbox it made is destroyed, and no other is made', { timeout: 60_000 }, async () => {
+    // The hook gives up while the sandbox boots: 3 s leaves the acquire time to reach the cloud
+    // on a loaded machine (with 1.5 s, a CI run's cancel once came before it started, and nothing
+    // was made to clean up), and the boot outlasts it.
+    // The acquire's own share of a hook's time is hookTimeoutMs - min(3 s, hookTimeoutMs / 4) - 1 s
+    // (driver.ts: ABANDON_MS, ANSWER_MARGIN_MS): 1.25 s of 3 s, 5 s of 8 s.
+    const env = environment('acme', 'abandoned', 'daytona', { hookTimeoutMs: 8_000 });
+    // Its own create only: the lifecycles beside it create sandboxes on the same fake.
+    daytona.failNextCreate({ kind: 'slow-boot', bootMs: 10_000 }, (body) => (body as { labels?: Record<string, string> }).labels?.['lease-ops/run'] === 'run-abandoned');
+    const started = Date.now();
+    await expect(env.acquire('run-abandoned')).rejects.toThrow(/^lease-ops: hook_timeout: /);
+    // Within the hook's own time, its cancel included.
+    expect(Date.now() - started).toBeLessThan(8_500);
+    const made = () => [...daytona.sandboxes.values()].filter((sb) => sb.labels['lease-ops/run'] === 'run-abandoned');
+    expect(made()).toHaveLength(1);
+    await readUntil(async () => made().length === 1 && made().every((sb) => daytona.stateOf(sb.id) === 'gone'), 30_000, 'the clean-up destroying the sandbox');
+    // The host asks again for the run: a new acquire, a new sandbox (the cancelled one is not joined).
+    const again = await environment('acme', 'abandoned', 'daytona').acquire('run-abandoned');
+    expect(daytona.stateOf(again.providerLeaseId!)).toBe('started');
+    expect(made()).toHaveLength(2);
+  });
+
   it('a hook whose lease-ops is down fails within its timeout with a message the host can show', async () => {
     const env = environment('acme', 'down', 'simulated', { leaseOpsUrl: 'http://127.0.0.1:9', hookTimeoutMs: 2_000 });
     const started = Date.now();
@@ -348,30 +370,8 @@ describe.concurrent('faults a host meets', () => {
   });
 });
 
-// Alone, after the rest: the first makes the next create at the Daytona fake slow (another
-// test's create would take it), the second kills every worker the others' hooks run on.
-describe('faults a host meets, alone', () => {
-  it('an acquire hook the host gives up on (its hookTimeoutMs) cancels the acquire: the sandbox it made is destroyed, and no other is made', { timeout: 60_000 }, async () => {
-    // The hook gives up while the sandbox boots: 3 s leaves the acquire time to reach the cloud
-    // on a loaded machine (with 1.5 s, a CI run's cancel once came before it started, and nothing
-    // was made to clean up), and the boot outlasts it.
-    // The acquire's own share of a hook's time is hookTimeoutMs - min(3 s, hookTimeoutMs / 4) - 1 s
-    // (driver.ts: ABANDON_MS, ANSWER_MARGIN_MS): 1.25 s of 3 s, 5 s of 8 s.
-    const env = environment('acme', 'abandoned', 'daytona', { hookTimeoutMs: 8_000 });
-    daytona.failNextCreate({ kind: 'slow-boot', bootMs: 10_000 });
-    const started = Date.now();
-    await expect(env.acquire('run-abandoned')).rejects.toThrow(/^lease-ops: hook_timeout: /);
-    // Within the hook's own time, its cancel included.
-    expect(Date.now() - started).toBeLessThan(8_500);
-    const made = () => [...daytona.sandboxes.values()].filter((sb) => sb.labels['lease-ops/run'] === 'run-abandoned');
-    expect(made()).toHaveLength(1);
-    await readUntil(async () => made().length === 1 && made().every((sb) => daytona.stateOf(sb.id) === 'gone'), 30_000, 'the clean-up destroying the sandbox');
-    // The host asks again for the run: a new acquire, a new sandbox (the cancelled one is not joined).
-    const again = await environment('acme', 'abandoned', 'daytona').acquire('run-abandoned');
-    expect(daytona.stateOf(again.providerLeaseId!)).toBe('started');
-    expect(made()).toHaveLength(2);
-  });
-
+// Alone, after the rest: it kills every worker the others' hooks run on.
+describe('faults a host meets: the workers die', () => {
   it('the workers SIGKILLed while an acquire hook waits (its create at the cloud): the hook still returns one running sandbox', { timeout: 60_000 }, async () => {
     const env = environment('acme', 'killed', 'daytona');
     const hook = env.acquire('run-killed');

@@ -185,7 +185,7 @@ export class CreateosFake extends ApiFake {
     if (retryAfter) return none(this.err(429, 'rate limit exceeded', { 'retry-after': String(retryAfter) }));
 
     if (method === 'POST' && path === '/v1/sandboxes') {
-      const fault = this.takeCreateFault();
+      const fault = this.takeCreateFault(body);
       const created = this.create(body, fault?.kind === 'slow-boot' ? fault.bootMs : this.timings.create);
       return { reply: applyCreateFault(fault, created.reply), sandboxId: created.sandboxId };
     }

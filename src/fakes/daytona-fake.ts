@@ -435,7 +435,7 @@ export class DaytonaFake extends ApiFake {
     if (limited) return none(limited);
 
     if (method === 'POST' && path === '/sandbox') {
-      const fault = this.takeCreateFault();
+      const fault = this.takeCreateFault(body);
       const created = this.create(req, body, fault?.kind === 'slow-boot' ? fault.bootMs : this.timings.create);
       return { reply: applyCreateFault(fault, created.reply), sandboxId: created.sandboxId };
     }

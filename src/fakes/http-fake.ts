@@ -241,7 +241,7 @@ export class WindowLimit {
 /** What the provider fakes share: a real HTTP server, its call log, and timed transitions. */
 export abstract class ApiFake {
   readonly http: HttpFake;
-  private readonly createFaults: CreateFault[] = [];
+  private readonly createFaults: { fault: CreateFault; forCreate: ((body: unknown) => boolean) | undefined }[] = [];
 
   constructor(route: FakeRoute) {
     this.http = new HttpFake(route);
@@ -259,9 +259,12 @@ export abstract class ApiFake {
     return this.http.close();
   }
 
-  /** The next create makes its sandbox as usual, then answers with this fault. */
-  failNextCreate(fault: CreateFault): void {
-    this.createFaults.push(fault);
+  /**
+   * The next create makes its sandbox as usual, then answers with this fault; with `forCreate`,
+   * the next create whose request body it accepts (one run's, say: tests that share a fake).
+   */
+  failNextCreate(fault: CreateFault, forCreate?: (body: unknown) => boolean): void {
+    this.createFaults.push({ fault, forCreate });
   }
 
   /** Resolves when a request with this method whose path matches arrives (before it is answered). */
@@ -276,8 +279,9 @@ export abstract class ApiFake {
     });
   }
 
-  protected takeCreateFault(): CreateFault | undefined {
-    return this.createFaults.shift();
+  protected takeCreateFault(body: unknown): CreateFault | undefined {
+    const i = this.createFaults.findIndex((f) => !f.forCreate || f.forCreate(body));
+    return i === -1 ? undefined : this.createFaults.splice(i, 1)[0]!.fault;
   }
 
   /** Ends a transition that is due. Returns true when one ended. */
