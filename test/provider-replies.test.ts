@@ -43,6 +43,15 @@ describe('the Daytona fake answers as Daytona does', () => {
     expect(shapeOf(read)).toEqual(shapeOf(fixture('daytona-sandbox.get.json')));
   });
 
+  it('takes a create fault aimed at one create (by its body) on that create only: tests that share the fake aim theirs at their own runs', async () => {
+    const create = (name: string, run: string) => fetch(`${url}/sandbox`, { method: 'POST', headers: { ...auth, 'content-type': 'application/json' }, body: JSON.stringify({ name, labels: { 'lease-ops/run': run } }) });
+    fake.failNextCreate({ kind: 'status', status: 504 }, (body) => (body as { labels?: Record<string, string> }).labels?.['lease-ops/run'] === 'run-b');
+    expect((await create('aimed-a', 'run-a')).status).toBe(200);
+    expect((await create('aimed-b', 'run-b')).status).toBe(504);
+    // Taken once: the run's next create is answered as usual.
+    expect((await create('aimed-b2', 'run-b')).status).toBe(200);
+  });
+
   it('answers the error body of its newer filter, and 404 once destroyed', async () => {
     const missing = await fetch(`${url}/sandbox/nope`, { headers: auth });
     expect(missing.status).toBe(404);
