@@ -50,6 +50,22 @@ describe('the Daytona fake answers as Daytona does', () => {
     expect((await create('aimed-b', 'run-b')).status).toBe(504);
     // Taken once: the run's next create is answered as usual.
     expect((await create('aimed-b2', 'run-b')).status).toBe(200);
+    // A matcher that throws on a body it did not expect matches nothing (helper-50: a create
+    // with no body got a 400 from the fake), and the aimed fault waits for its own create.
+    const aimedAt = (run: string) => (body: unknown) => (body as { labels: Record<string, string> }).labels['lease-ops/run'] === run;
+    fake.failNextCreate({ kind: 'status', status: 504 }, aimedAt('run-c'));
+    fake.failNextCreate({ kind: 'status', status: 503 });
+    expect((await fetch(`${url}/sandbox`, { method: 'POST', headers: auth })).status).toBe(503);
+    expect((await create('aimed-c', 'run-c')).status).toBe(504);
+    // The fault aimed at a create goes to it before one aimed at none that was queued first.
+    fake.failNextCreate({ kind: 'status', status: 503 });
+    fake.failNextCreate({ kind: 'status', status: 504 }, aimedAt('run-e'));
+    expect((await create('aimed-e', 'run-e')).status).toBe(504);
+    expect((await create('aimed-f', 'run-f')).status).toBe(503);
+    // A create refused before it made a sandbox (its name taken) leaves the fault for the next.
+    fake.failNextCreate({ kind: 'status', status: 504 }, aimedAt('run-d'));
+    expect((await create('aimed-a', 'run-d')).status).toBe(409);
+    expect((await create('aimed-d', 'run-d')).status).toBe(504);
   });
 
   it('answers the error body of its newer filter, and 404 once destroyed', async () => {

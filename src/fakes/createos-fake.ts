@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { seededRandom } from './seeded-random.ts';
-import { ApiFake, applyCreateFault, WindowLimit, type FakeReply, type FakeRequest, type Transitioning } from './http-fake.ts';
+import { ApiFake, WindowLimit, type FakeReply, type FakeRequest, type Transitioning } from './http-fake.ts';
 
 /** CreateOS' statuses (SDK 0.7.1 `SandboxStatus`); `destroyed` and `failed` are terminal. */
 export const CREATEOS_STATUSES = ['creating', 'running', 'pausing', 'paused', 'resuming', 'forking', 'error', 'destroying', 'destroyed', 'failed'] as const;
@@ -185,9 +185,7 @@ export class CreateosFake extends ApiFake {
     if (retryAfter) return none(this.err(429, 'rate limit exceeded', { 'retry-after': String(retryAfter) }));
 
     if (method === 'POST' && path === '/v1/sandboxes') {
-      const fault = this.takeCreateFault(body);
-      const created = this.create(body, fault?.kind === 'slow-boot' ? fault.bootMs : this.timings.create);
-      return { reply: applyCreateFault(fault, created.reply), sandboxId: created.sandboxId };
+      return this.createWithFault(body, (bootMs) => this.create(body, bootMs ?? this.timings.create));
     }
     if (method === 'GET' && path === '/v1/sandboxes') return none(this.list(req.query));
     const m = /^\/v1\/sandboxes\/([^/]+)(?:\/(pause|resume))?$/.exec(path);

@@ -2,7 +2,7 @@ import { randomUUID } from 'node:crypto';
 import type { Server as SocketServer } from 'socket.io';
 import { DaytonaToolbox } from './daytona-toolbox.ts';
 import { seededRandom } from './seeded-random.ts';
-import { ApiFake, applyCreateFault, WindowLimit, type FakeReply, type FakeRequest, type Transitioning } from './http-fake.ts';
+import { ApiFake, WindowLimit, type FakeReply, type FakeRequest, type Transitioning } from './http-fake.ts';
 
 /**
  * Daytona's sandbox states (its OpenAPI `SandboxState`, @daytona/api-client 0.218.0). The
@@ -435,9 +435,7 @@ export class DaytonaFake extends ApiFake {
     if (limited) return none(limited);
 
     if (method === 'POST' && path === '/sandbox') {
-      const fault = this.takeCreateFault(body);
-      const created = this.create(req, body, fault?.kind === 'slow-boot' ? fault.bootMs : this.timings.create);
-      return { reply: applyCreateFault(fault, created.reply), sandboxId: created.sandboxId };
+      return this.createWithFault(body, (bootMs) => this.create(req, body, bootMs ?? this.timings.create));
     }
     if (method === 'GET' && path === '/sandbox') return none(this.list(query));
     // The toolbox: its address per sandbox, then the daemon's routes under it. Its calls are

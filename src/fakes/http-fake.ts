@@ -279,9 +279,27 @@ export abstract class ApiFake {
     });
   }
 
-  protected takeCreateFault(body: unknown): CreateFault | undefined {
-    const i = this.createFaults.findIndex((f) => !f.forCreate || f.forCreate(body));
-    return i === -1 ? undefined : this.createFaults.splice(i, 1)[0]!.fault;
+  /**
+   * A create with the fault meant for it: the first aimed at this create, else the first aimed
+   * at none (a matcher that throws, on a body it did not expect, matches nothing). The fault is
+   * used up only when `create` made a sandbox: a create refused before (a name taken, a bad
+   * size) answers as usual and leaves it for the next.
+   */
+  protected createWithFault(body: unknown, create: (bootMs: number | undefined) => { reply: FakeReply; sandboxId: string | null }): { reply: FakeReply; sandboxId: string | null } {
+    const aimedHere = (f: { forCreate: ((body: unknown) => boolean) | undefined }) => {
+      try {
+        return f.forCreate?.(body) === true;
+      } catch {
+        return false;
+      }
+    };
+    let i = this.createFaults.findIndex(aimedHere);
+    if (i === -1) i = this.createFaults.findIndex((f) => !f.forCreate);
+    const fault = i === -1 ? undefined : this.createFaults[i]!.fault;
+    const created = create(fault?.kind === 'slow-boot' ? fault.bootMs : undefined);
+    if (created.sandboxId === null) return created;
+    if (i !== -1) this.createFaults.splice(i, 1);
+    return { reply: applyCreateFault(fault, created.reply), sandboxId: created.sandboxId };
   }
 
   /** Ends a transition that is due. Returns true when one ended. */
