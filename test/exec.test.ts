@@ -18,7 +18,7 @@ import { startApiServer } from '../src/api/server.ts';
 import { loadConfig } from '../src/config.ts';
 import { createLogger } from '../src/logger.ts';
 import { readUntil, TestBed, type Finished } from './helpers/env.ts';
-import { RedisProcess } from './helpers/redis-process.ts';
+import { serverFor } from './helpers/redis-process.ts';
 
 // Issue 25 part 2: commands in a sandbox, bracketed by an activity gate, on the simulated
 // cloud's toolbox (real processes). Seed 000 with a command that ignores its cancel for a while.
@@ -213,8 +213,7 @@ describe.concurrent('exec, as an independent attack tried it (helper-5)', () => 
 
   it("an API closing with a command running while Redis takes no writes answers 502 exec_cut, not a 503 to retry: it could not cancel the command (helper-39: told client_closed, and the command ran to its end)", { timeout: 30_000 }, async ({ onTestFinished }) => {
     // Stopped last, once the test's bed, cloud and worker closed (onTestFinished runs the last given first).
-    const redis = await RedisProcess.start();
-    onTestFinished(() => redis.stop());
+    const redis = await serverFor(onTestFinished);
     const { bed, fake, id } = await setUp(onTestFinished, { env: { REDIS_URL: redis.url } });
     const config = loadConfig({ REDIS_URL: redis.url, LEASE_OPS_PREFIX: bed.config.LEASE_OPS_PREFIX, LEASE_OPS_QUEUE: bed.config.LEASE_OPS_QUEUE, LEASE_OPS_API_PORT: '0', LEASE_OPS_API_TOKENS: JSON.stringify([{ token: TOKENS.co, companyId: 'co' }]) });
     const server = await startApiServer(config, createLogger({ level: 'silent' }));

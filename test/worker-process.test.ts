@@ -12,22 +12,15 @@ import { LeaseWorker } from '../src/queues/worker.ts';
 import { bedFor, dirFor, type Finished, gate, lease, readUntil, REDIS_URL, TestBed, workerEnv } from './helpers/env.ts';
 import { readCallFile } from './helpers/invariants.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
-import { RedisProcess } from './helpers/redis-process.ts';
+import { RedisProcess, serverFor } from './helpers/redis-process.ts';
 import { TcpProxy } from './helpers/tcp-proxy.ts';
 import { WorkerProcess, workerFor } from './helpers/worker-process.ts';
 
 const PROVIDER = fileURLToPath(new URL('./helpers/recording-provider.ts', import.meta.url));
 const BIN = fileURLToPath(new URL('../bin/lease-ops.js', import.meta.url));
 
-// The tests of the first two blocks run at once (most of their time is spent waiting on a
-// process, a lock period or an outage): each closes what it opened when it ends.
-
-/** A redis-server of the test's own, stopped when the test ends. */
-async function serverFor(finished: Finished): Promise<RedisProcess> {
-  const server = await RedisProcess.start();
-  finished(() => server.stop());
-  return server;
-}
+// The tests of every block run at once (most of their time is spent waiting on a process, a
+// lock period or an outage): each closes what it opened when it ends.
 
 /** The exit code of a worker that was sent SIGTERM, or 'late' (and then it is killed). */
 async function exitCodeWithin(worker: WorkerProcess, ms: number): Promise<number | null | 'late'> {

@@ -7,10 +7,10 @@ import { LeaseRecords } from '../../src/queues/lease-records.ts';
 import { createDaytonaProvider } from '../../src/providers/daytona/index.ts';
 import { OperationsQueue } from '../../src/queues/operations-queue.ts';
 import { createRedis } from '../../src/queues/redis.ts';
-import { gate, lease, QUICK_RECOVERY, readUntil, TestBed, workerEnv, type Finished } from '../helpers/env.ts';
+import { bedFor, gate, lease, QUICK_RECOVERY, readUntil, TestBed, workerEnv, type Finished } from '../helpers/env.ts';
 import { createRecordingProvider } from '../helpers/recording-provider.ts';
 import { TcpProxy } from '../helpers/tcp-proxy.ts';
-import { WorkerProcess } from '../helpers/worker-process.ts';
+import { type WorkerProcess, workerFor } from '../helpers/worker-process.ts';
 
 // What the second, independent attack on issue 11's changes found (docs/design.md lists it),
 // each as the attack ran it, against real processes, a real Redis and the cloud fake.
@@ -19,45 +19,25 @@ const SKEWED_CLOCK = fileURLToPath(new URL('../helpers/skewed-clock.mjs', import
 const daytonaLease = (leaseId: string): LeaseIdentity => ({ provider: 'daytona', companyId: 'co', environmentId: 'env', leaseId });
 const unpaced = { 'sandbox-create': null, 'sandbox-lifecycle': null, authenticated: null };
 
-type Cleanups = (() => Promise<unknown> | void)[];
-/** What a test opened, closed when it ends, the last opened first: tests with a list each run at once. */
-function cleanupsFor(finished: Finished): Cleanups {
-  const cleanups: Cleanups = [];
-  finished(async () => {
-    for (const clean of cleanups.splice(0).reverse()) await clean();
-  });
-  return cleanups;
-}
-
-async function cloud(cleanups: Cleanups, timings: Partial<{ create: number; start: number; stop: number; forceStop: number; destroy: number }> = {}): Promise<{ fake: DaytonaFake; url: string }> {
+/** A Daytona fake, closed when the test ends (tests with their own run at once). */
+async function cloud(finished: Finished, timings: Partial<{ create: number; start: number; stop: number; forceStop: number; destroy: number }> = {}): Promise<{ fake: DaytonaFake; url: string }> {
   const fake = new DaytonaFake({ apiKey: 'k', timings: { create: 10, start: 10, stop: 10, forceStop: 0, destroy: 10, ...timings } });
   const url = await fake.listen();
-  cleanups.push(() => fake.close());
+  finished(() => fake.close());
   return { fake, url };
 }
 
-async function bedWith(cleanups: Cleanups, overrides: Record<string, string> = {}): Promise<TestBed> {
-  const bed = await TestBed.create(overrides);
-  cleanups.push(() => bed.close());
-  return bed;
-}
-
-function worker(cleanups: Cleanups, bed: TestBed, url: string, env: Record<string, string> = {}): WorkerProcess {
-  const w = new WorkerProcess(workerEnv(bed, { ...QUICK_RECOVERY, LEASE_OPS_PROVIDERS: 'daytona', DAYTONA_API_URL: url, DAYTONA_API_KEY: 'k', ...env }));
-  cleanups.push(async () => {
-    w.child.kill('SIGCONT');
-    await w.kill();
-  });
-  return w;
+/** A worker process on that fake, killed (paused or not) when the test ends. */
+function worker(finished: Finished, bed: TestBed, url: string, env: Record<string, string> = {}): WorkerProcess {
+  return workerFor(finished, workerEnv(bed, { ...QUICK_RECOVERY, LEASE_OPS_PROVIDERS: 'daytona', DAYTONA_API_URL: url, DAYTONA_API_KEY: 'k', ...env }));
 }
 
 describe.concurrent('a stale attempt never cleans up after an acquire that its successor completed', () => {
   it('frozen past its lock and its deadline, it wakes after the re-run handed the sandbox out: the sandbox stays', async ({ onTestFinished }) => {
-    const cleanups = cleanupsFor(onTestFinished);
-    const bed = await bedWith(cleanups, { LEASE_OPS_KEEP_COMPLETED_S: '0' });
-    const { fake, url } = await cloud(cleanups);
+    const bed = await bedFor(onTestFinished, { LEASE_OPS_KEEP_COMPLETED_S: '0' });
+    const { fake, url } = await cloud(onTestFinished);
     const env = { LEASE_OPS_KEEP_COMPLETED_S: '0' };
-    const frozen = worker(cleanups, bed, url, { ...env, LEASE_OPS_FAULT_POINTS: 'after-lane-acquire=pause*1' });
+    const frozen = worker(onTestFinished, bed, url, { ...env, LEASE_OPS_FAULT_POINTS: 'after-lane-acquire=pause*1' });
     await frozen.ready;
     // The acquire's own end (any other job's, such as a clean-up's, is not the re-run's): its
     // deadline must leave the successor time to start and complete it, and under load 6 s did
@@ -74,7 +54,7 @@ describe.concurrent('a stale attempt never cleans up after an acquire that its s
     const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('handed-out'), params: { runId: 'r' }, deadlineMs: DEADLINE_MS });
     acquireId = jobId;
     await frozen.waitForLog('fault point after-lane-acquire: pause');
-    worker(cleanups, bed, url, env); // the successor
+    worker(onTestFinished, bed, url, env); // the successor
     const { providerLeaseId } = await completed; // the re-run; BullMQ removes the job as it completes
     // The acquire's deadline passing.
     await new Promise((r) => setTimeout(r, Math.max(0, startedAt + DEADLINE_MS + 500 - Date.now())));
@@ -89,14 +69,13 @@ describe.concurrent('a stale attempt never cleans up after an acquire that its s
 
 describe.concurrent('an acquire frozen after its provider call wakes after its re-run completed', () => {
   it('it notes nothing on the lease, says so, and the sandbox the re-run handed out stays the lease\'s', async ({ onTestFinished }) => {
-    const cleanups = cleanupsFor(onTestFinished);
-    const bed = await bedWith(cleanups, { LEASE_OPS_KEEP_COMPLETED_S: '600' });
-    const { fake, url } = await cloud(cleanups);
-    const frozen = worker(cleanups, bed, url, { LEASE_OPS_FAULT_POINTS: 'after-provider-call=pause*1' });
+    const bed = await bedFor(onTestFinished, { LEASE_OPS_KEEP_COMPLETED_S: '600' });
+    const { fake, url } = await cloud(onTestFinished);
+    const frozen = worker(onTestFinished, bed, url, { LEASE_OPS_FAULT_POINTS: 'after-provider-call=pause*1' });
     await frozen.ready;
     const { jobId } = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('frozen-after-call'), params: { runId: 'r' } });
     await frozen.waitForLog('fault point after-provider-call: pause');
-    worker(cleanups, bed, url); // the successor re-runs it once the frozen one's lock lapsed
+    worker(onTestFinished, bed, url); // the successor re-runs it once the frozen one's lock lapsed
     expect((await bed.waitForAll([jobId], 20_000)).get(jobId)).toBe('completed');
     const sandbox = ((await bed.ops.queue.getJob(jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
     frozen.child.kill('SIGCONT');
@@ -114,12 +93,11 @@ describe.concurrent('a lane push whose reply is lost (the link cut after Redis r
     { op: 'resume' as const, key: 'K' },
   ];
   it.for(pushes)('%o', async ({ op, key }, { onTestFinished }) => {
-    const cleanups = cleanupsFor(onTestFinished);
-    const bed = await bedWith(cleanups);
+    const bed = await bedFor(onTestFinished);
     const proxy = await TcpProxy.start(Number(new URL(bed.config.REDIS_URL).port || 6379));
-    cleanups.push(() => proxy.close());
+    onTestFinished(() => proxy.close());
     const ops = new OperationsQueue(createRedis(proxy.url), bed.config);
-    cleanups.push(() => ops.close());
+    onTestFinished(() => ops.close());
     const companyId = `lost-reply-${op}-${key ?? 'nokey'}`;
     const identity: LeaseIdentity = { provider: 'test', companyId, environmentId: 'env', leaseId: 'sb-1' };
     // The push's arguments hold its position ('tail') and then the lease's company.
@@ -134,12 +112,11 @@ describe.concurrent('a lane push whose reply is lost (the link cut after Redis r
     expect(accepted.map((e) => e.jobId)).toEqual([enqueued.jobId]);
   });
   it.for([{ key: undefined }, { key: 'K2' }])('a stop absorbed by the identical stop queued before it, %o: absorbed once, answered coalesced (helper-30)', async ({ key }, { onTestFinished }) => {
-    const cleanups = cleanupsFor(onTestFinished);
-    const bed = await bedWith(cleanups);
+    const bed = await bedFor(onTestFinished);
     const proxy = await TcpProxy.start(Number(new URL(bed.config.REDIS_URL).port || 6379));
-    cleanups.push(() => proxy.close());
+    onTestFinished(() => proxy.close());
     const ops = new OperationsQueue(createRedis(proxy.url), bed.config);
-    cleanups.push(() => ops.close());
+    onTestFinished(() => ops.close());
     const companyId = `absorb-lost-${key ?? 'nokey'}`;
     const identity: LeaseIdentity = { provider: 'test', companyId, environmentId: 'env', leaseId: 'sb-1' };
     await bed.ops.enqueue({ op: 'resume', lease: identity, params: { providerLeaseId: 'sb-1', leaseMetadata: {} } });
@@ -154,10 +131,9 @@ describe.concurrent('a lane push whose reply is lost (the link cut after Redis r
 
 describe.concurrent('two requests with one idempotency key put their job into its lane once', () => {
   it('a retry while the first request is slow between its key and its job: one resume, run once, before the stop accepted after it', async ({ onTestFinished }) => {
-    const cleanups = cleanupsFor(onTestFinished);
-    const bed = await bedWith(cleanups);
+    const bed = await bedFor(onTestFinished);
     const slow = new OperationsQueue(createRedis(bed.config.REDIS_URL), bed.config);
-    cleanups.push(() => slow.close());
+    onTestFinished(() => slow.close());
     // The first request pauses between storing its key and storing its job (a GC pause, a slow link).
     const add = slow.queue.add.bind(slow.queue);
     const paused = gate();
@@ -184,11 +160,10 @@ describe.concurrent('two requests with one idempotency key put their job into it
 
 describe.concurrent('a force-stop that absorbs a queued stop keeps both callers\' times', () => {
   it('one with an earlier deadline than the stop\'s is queued on its own, fails at its deadline, and the stop is unharmed', async ({ onTestFinished }) => {
-    const cleanups = cleanupsFor(onTestFinished);
-    const bed = await bedWith(cleanups);
+    const bed = await bedFor(onTestFinished);
     const held = gate();
     await bed.startWorker(createRecordingProvider({ behaviour: async ({ op }) => (op === 'resume' ? (await held.promise, 'ok' as const) : ('ok' as const)) }).provider);
-    cleanups.push(() => held.open());
+    onTestFinished(() => held.open());
     const resume = await bed.ops.enqueue({ op: 'resume', lease: lease('absorb'), params: { providerLeaseId: 'absorb' } });
     await readUntil(async () => (await bed.ops.queue.getJobState(resume.jobId)) === 'active', 5_000, 'the resume running');
     const stop = await bed.ops.enqueue({ op: 'stop', lease: lease('absorb'), params: { providerLeaseId: 'absorb' } });
@@ -204,8 +179,7 @@ describe.concurrent('a force-stop that absorbs a queued stop keeps both callers\
 
 describe.concurrent('an idempotent force-stop that absorbed a stop is accepted in the same step', () => {
   it('its enqueue cut short right after (the key never marked by a separate write): the retry gets the same job, no second force-stop', async ({ onTestFinished }) => {
-    const cleanups = cleanupsFor(onTestFinished);
-    const bed = await bedWith(cleanups);
+    const bed = await bedFor(onTestFinished);
     // A paused lane keeps the stop parked at its head, where a force-stop absorbs it.
     const laneId = await bed.ops.laneOf(lease('cut'));
     await bed.ops.lanes.pause(laneId, 'test', Date.now(), lease('cut'));
@@ -213,7 +187,7 @@ describe.concurrent('an idempotent force-stop that absorbed a stop is accepted i
     // A producer whose connection is lost for any write it sends after the lane step.
     const connection = createRedis(bed.config.REDIS_URL);
     const cut = new OperationsQueue(connection, bed.config);
-    cleanups.push(() => cut.close());
+    onTestFinished(() => cut.close());
     const set = connection.set.bind(connection) as (...args: unknown[]) => Promise<unknown>;
     (connection as unknown as { set: (...args: unknown[]) => Promise<unknown> }).set = (...args: unknown[]) => (args.includes('KEEPTTL') ? Promise.reject(new Error('connection lost')) : set(...args));
     const request = { op: 'force-stop' as const, lease: lease('cut'), params: { providerLeaseId: 'cut' }, idempotencyKey: 'F' };
@@ -227,18 +201,17 @@ describe.concurrent('an idempotent force-stop that absorbed a stop is accepted i
 
 describe.concurrent('replicas whose clocks differ agree on how long a sandbox has been stopping', () => {
   it('a stop recorded by a replica 20 s behind is not forced early by one with the right clock', async ({ onTestFinished }) => {
-    const cleanups = cleanupsFor(onTestFinished);
-    const bed = await bedWith(cleanups);
-    const { fake, url } = await cloud(cleanups, { stop: 2_500 });
+    const bed = await bedFor(onTestFinished);
+    const { fake, url } = await cloud(onTestFinished, { stop: 2_500 });
     const settings = { LEASE_OPS_STUCK_STOPPING_MS: '4000', LEASE_OPS_WATCHDOG_INTERVAL_MS: '200' };
-    const behind = worker(cleanups, bed, url, { ...settings, NODE_OPTIONS: `--import ${SKEWED_CLOCK}`, CLOCK_SKEW_MS: '-20000' });
+    const behind = worker(onTestFinished, bed, url, { ...settings, NODE_OPTIONS: `--import ${SKEWED_CLOCK}`, CLOCK_SKEW_MS: '-20000' });
     await behind.ready;
     const acquired = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('skew'), params: { runId: 'skew' } });
     await bed.waitForAll([acquired.jobId]);
     const id = ((await bed.ops.queue.getJob(acquired.jobId))!.returnvalue as { providerLeaseId: string }).providerLeaseId;
     const stop = await bed.ops.enqueue({ op: 'stop', lease: daytonaLease(id), params: { providerLeaseId: id } });
     await readUntil(async () => (await bed.redis.hget(`${bed.config.LEASE_OPS_PREFIX}:lease:${stop.laneId}`, 'providerState')) === 'stopping', 5_000, 'the stop seen stopping');
-    const rightClock = worker(cleanups, bed, url, settings);
+    const rightClock = worker(onTestFinished, bed, url, settings);
     await rightClock.ready;
     expect((await bed.waitForAll([stop.jobId], 10_000)).get(stop.jobId)).toBe('completed');
     expect(fake.calls.filter((c) => c.sandboxId === id && c.query.includes('force=true'))).toEqual([]);
@@ -247,9 +220,8 @@ describe.concurrent('replicas whose clocks differ agree on how long a sandbox ha
 
 describe.concurrent('a request that may still be running at the cloud keeps the lane a while', () => {
   it('a read that times out at its operation\'s deadline: the next operation\'s calls wait, and none overlaps it', async ({ onTestFinished }) => {
-    const cleanups = cleanupsFor(onTestFinished);
-    const bed = await bedWith(cleanups, { LEASE_OPS_INFLIGHT_GRACE_MS: '2000' });
-    const { fake, url } = await cloud(cleanups);
+    const bed = await bedFor(onTestFinished, { LEASE_OPS_INFLIGHT_GRACE_MS: '2000' });
+    const { fake, url } = await cloud(onTestFinished);
     await bed.startWorker(createDaytonaProvider({ apiUrl: url, apiKey: 'k', rateLimits: unpaced }));
     const acquired = await bed.ops.enqueue({ op: 'acquire', lease: daytonaLease('slow-cloud'), params: { runId: 'slow' } });
     await bed.waitForAll([acquired.jobId]);

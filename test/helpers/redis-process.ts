@@ -73,3 +73,10 @@ export class RedisProcess {
     rmSync(this.dir, { recursive: true, force: true });
   }
 }
+
+/** A redis-server of the test's own, stopped when the test ends (pass the test context's onTestFinished). */
+export async function serverFor(finished: (close: () => Promise<void>) => void): Promise<RedisProcess> {
+  const server = await RedisProcess.start();
+  finished(() => server.stop());
+  return server;
+}
