@@ -112,7 +112,7 @@ export interface WaitUsage {
 
 export function queueMetrics(
   client: LeaseOpsClient,
-  opts: { bullmqTotals: boolean; waits?: WaitUsage; rates?: { readonly refused: number }; turns?: { usage(): { inProgress: number; waiting: number } }; connections?: { readonly size: number; readonly evicted: number; readonly overPipelined: number }; walks?: { readonly commandsByCompany: ReadonlyMap<string, number> } },
+  opts: { bullmqTotals: boolean; waits?: WaitUsage; rates?: { readonly refused: number }; turns?: { usage(): { inProgress: number; waiting: number } }; connections?: { readonly size: number; readonly evicted: number; readonly overPipelined: number }; walks?: { readonly commandsByCompany: ReadonlyMap<string, number>; readonly walksByThread: { readonly foreground: number; readonly background: number } } },
 ): () => Promise<string> {
   enableProcessMetrics();
   const queueRegistry = new Registry();
@@ -153,9 +153,19 @@ export function queueMetrics(
     labelNames: ['company'] as const,
     registers: [queueRegistry],
   });
+  const walksByThread = new Gauge({
+    name: 'lease_ops_api_walks_total',
+    help: "Walks (attention, timelines) sent to the API's walk threads, by thread: background ones run at the lowest CPU priority and take the walks of companies with a heavy walk (over 2,000 Redis commands) in the last minute",
+    labelNames: ['thread'] as const,
+    registers: [queueRegistry],
+  });
   return async () => {
     if (opts.rates) rateLimited.set(opts.rates.refused);
-    if (opts.walks) for (const [company, commands] of opts.walks.commandsByCompany) walkCommands.set({ company }, commands);
+    if (opts.walks) {
+      for (const [company, commands] of opts.walks.commandsByCompany) walkCommands.set({ company }, commands);
+      walksByThread.set({ thread: 'foreground' }, opts.walks.walksByThread.foreground);
+      walksByThread.set({ thread: 'background' }, opts.walks.walksByThread.background);
+    }
     if (opts.connections) {
       connections.set(opts.connections.size);
       closedConnections.set({ reason: 'evicted' }, opts.connections.evicted);

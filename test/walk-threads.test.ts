@@ -1,7 +1,9 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
+import { readdirSync, readFileSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { BACKGROUND_WALK_NICE, HEAVY_WALK_COMMANDS } from '../src/api/walks.ts';
 import { BIN } from './helpers/cli.ts';
 import { TestBed } from './helpers/env.ts';
 
@@ -163,6 +165,35 @@ describe('walks run beside the API, not in it (issue 27)', () => {
     expect(Number(aNext.headers.get('retry-after'))).toBeGreaterThanOrEqual(2);
     // B keeps its rate: four more in a row (its burst is 10).
     for (let i = 0; i < 4; i++) expect((await attention(B)).status).toBe(200);
+  });
+
+  it(`sends the walks of a company whose walk sent more than ${HEAVY_WALK_COMMANDS.toLocaleString('en-US')} Redis commands to the background thread, at the lowest CPU priority, and another company's to a foreground one`, async () => {
+    // A's walk reads 3,000 entries of A's index (and takes them out: none has a reason); the
+    // rates are raised so that A's heavy walk is not refused its next.
+    const api = await startApi('2', { LEASE_OPS_FAULT_POINTS: '', LEASE_OPS_API_COMPANY_RATES: JSON.stringify({ walk: { perSecond: 1_000, burst: 1_000 } }) });
+    const key = `${bed.config.LEASE_OPS_PREFIX}:attention:scope`;
+    for (let i = 0; i < 3_000; i += 500) await bed.redis.zadd(key, ...Array.from({ length: 500 }, (_, k) => [0, `a\nenv\nheavy-${i + k}`]).flat());
+    const attention = async (token: string) => expect((await fetch(`${api.base}/v1/attention`, { headers: bearer(token) })).status).toBe(200);
+    const walks = async () => {
+      const text = await (await fetch(`${api.base}/metrics`)).text();
+      const of = (thread: string) => Number(new RegExp(`^lease_ops_api_walks_total\\{thread="${thread}"\\} (\\S+)$`, 'm').exec(text)?.[1]);
+      expect(text).toContain(`over ${HEAVY_WALK_COMMANDS.toLocaleString('en-US')} Redis commands`);
+      return { foreground: of('foreground'), background: of('background') };
+    };
+    await attention(B);
+    expect(await walks()).toEqual({ foreground: 1, background: 0 });
+    // A's first walk: nothing is known of A's walks yet, so a foreground thread takes it.
+    await attention(A);
+    expect(await walks()).toEqual({ foreground: 2, background: 0 });
+    // It sent some 9,000 commands: A's next walk goes to the background thread, B's still not.
+    await attention(A);
+    expect(await walks()).toEqual({ foreground: 2, background: 1 });
+    await attention(B);
+    expect(await walks()).toEqual({ foreground: 3, background: 1 });
+    // Of the API's threads, the background walk thread alone runs at nice 19 (Linux, per thread).
+    const nices = readdirSync(`/proc/${api.process.pid}/task`).map((task) => Number(readFileSync(`/proc/${api.process.pid}/task/${task}/stat`, 'utf8').split(') ')[1]!.split(' ')[16]));
+    expect(nices.filter((nice) => nice === BACKGROUND_WALK_NICE)).toHaveLength(1);
+    expect(nices.filter((nice) => nice !== 0 && nice !== BACKGROUND_WALK_NICE)).toEqual([]);
   });
 
   it("without walk threads (LEASE_OPS_API_WALK_THREADS=0), A's walk holds B's read behind it", async () => {

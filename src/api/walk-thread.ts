@@ -1,4 +1,5 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
+import { setPriority } from 'node:os';
 import { parentPort, workerData } from 'node:worker_threads';
 import { Redis } from 'ioredis';
 import { LeaseOpsClient } from '../client.ts';
@@ -24,8 +25,13 @@ Redis.prototype.sendCommand = function countedSendCommand(this: Redis, ...args: 
   return sendCommand.apply(this, args);
 };
 
+const { config, nice } = workerData as { config: Config; nice: number };
+// A background thread (WalkThreads): the lowest CPU priority for this thread alone, which Linux
+// sets per thread (elsewhere setpriority would take the whole API down with it, so not there).
+if (nice && process.platform === 'linux') setPriority(0, nice);
+
 /** A walk thread of the API (see WalkThreads): its own client and Redis connections, no provider keys. */
-const client = new LeaseOpsClient((workerData as { config: Config }).config, { failFast: true, masterKeys: null });
+const client = new LeaseOpsClient(config, { failFast: true, masterKeys: null });
 const walks = walksInProcess(client);
 
 parentPort!.on('message', (request: WalkAsk & { id: number }) => {

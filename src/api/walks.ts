@@ -28,6 +28,16 @@ export interface Walks {
 /** Walks of one company that may wait for its turn in the threads; past them, 429 `company_walks_full`. */
 export const WALKS_WAITING_PER_COMPANY = 4;
 
+/**
+ * A walk that sent more Redis commands than this (a company's attention over some 600 leases
+ * or more) makes its company's walks heavy for HEAVY_WALKS_FOR_MS: they run in the background
+ * threads from its next one on.
+ */
+export const HEAVY_WALK_COMMANDS = 2_000;
+const HEAVY_WALKS_FOR_MS = 60_000;
+/** The nice value of a background walk thread (Linux: per thread): the lowest CPU priority. */
+export const BACKGROUND_WALK_NICE = 19;
+
 /** Walks in the caller's event loop (tests, embedded use, LEASE_OPS_API_WALK_THREADS=0). */
 export function walksInProcess(client: LeaseOpsClient): Walks {
   return {
@@ -67,9 +77,20 @@ interface Pending {
  * wait their turn, in order: CompanyTurns with one turn), and a walk goes to the thread with
  * the fewest in hand: with two threads or more, one company's walks leave a thread free for
  * everyone else's.
+ *
+ * With two threads or more, the last half (rounded down) are background threads, at the lowest
+ * CPU priority where the OS sets it per thread (Linux). A company whose walk sent more than
+ * HEAVY_WALK_COMMANDS walks there only, for a minute; the others' walks go to any thread, a
+ * foreground one first. On a small machine a heavy walk holds a core for 100 ms or more, and
+ * another company's short walk that met it took about twice as long (issue 27's walks); in the
+ * background thread it gives way to everything else, B's walk among them.
  */
 export class WalkThreads implements Walks {
-  private readonly threads: { worker: Worker; inHand: Map<number, Pending> }[] = [];
+  private readonly threads: { worker: Worker; inHand: Map<number, Pending>; background: boolean }[] = [];
+  /** Until when each company's walks are heavy (ms); the admin's under ''. */
+  private readonly heavyUntil = new Map<string, number>();
+  /** Walks sent to each kind of thread (for /metrics). */
+  readonly walksByThread = { foreground: 0, background: 0 };
   private readonly turns = new CompanyTurns(1, WALKS_WAITING_PER_COMPANY);
   /** An admin's walks share one turn (an operator's, few) and are not held to the line's length. */
   private readonly adminTurns = new CompanyTurns(1, Number.POSITIVE_INFINITY);
@@ -92,13 +113,19 @@ export class WalkThreads implements Walks {
     private readonly charge?: (companyId: string, commands: number) => void,
   ) {}
 
+  /** Threads from this index on are background ones. */
+  private get firstBackground(): number {
+    return this.count - Math.floor(this.count / 2);
+  }
+
   private start(index: number): Worker {
     const fromSources = import.meta.url.endsWith('.ts');
     const file = new URL(fromSources ? './walk-thread.ts' : './walk-thread.js', import.meta.url);
+    const workerData = { config: this.config, nice: index >= this.firstBackground ? BACKGROUND_WALK_NICE : 0 };
     // From the sources (the tests), the thread registers tsx's loader first, as `--import tsx` would.
     const worker = fromSources
-      ? new Worker(`import('tsx/esm/api').then(({ register }) => { register(); return import(${JSON.stringify(file.href)}); });`, { eval: true, workerData: { config: this.config } })
-      : new Worker(file, { workerData: { config: this.config } });
+      ? new Worker(`import('tsx/esm/api').then(({ register }) => { register(); return import(${JSON.stringify(file.href)}); });`, { eval: true, workerData })
+      : new Worker(file, { workerData });
     worker.unref();
     worker.on('message', (reply: WalkReply) => this.settle(index, reply));
     worker.on('error', (err) => this.log?.error({ err }, 'a walk thread failed; a new one takes its place'));
@@ -158,8 +185,12 @@ export class WalkThreads implements Walks {
 
   private send(pending: Pending): void {
     // Started at the first walk: an API that is never asked for one loads no thread.
-    while (this.threads.length < this.count) this.threads.push({ worker: this.start(this.threads.length), inHand: new Map() });
-    const thread = this.threads.reduce((least, t) => (t.inHand.size < least.inHand.size ? t : least));
+    while (this.threads.length < this.count) this.threads.push({ worker: this.start(this.threads.length), inHand: new Map(), background: this.threads.length >= this.firstBackground });
+    const heavy = (this.heavyUntil.get(pending.companyId ?? '') ?? 0) > Date.now();
+    const candidates = heavy && this.threads.some((t) => t.background) ? this.threads.filter((t) => t.background) : this.threads;
+    // The fewest in hand; among equals the first, a foreground thread before a background one.
+    const thread = candidates.reduce((least, t) => (t.inHand.size < least.inHand.size ? t : least));
+    this.walksByThread[thread.background ? 'background' : 'foreground']++;
     const id = this.nextId++;
     thread.inHand.set(id, pending);
     thread.worker.postMessage({ ...pending.request, id });
@@ -170,11 +201,19 @@ export class WalkThreads implements Walks {
     const pending = thread.inHand.get(reply.id);
     if (!pending) return;
     thread.inHand.delete(reply.id);
+    if (reply.commands > HEAVY_WALK_COMMANDS) this.markHeavy(pending.companyId ?? '');
     if (pending.companyId !== null) {
       this.commandsByCompany.set(pending.companyId, (this.commandsByCompany.get(pending.companyId) ?? 0) + reply.commands);
       this.charge?.(pending.companyId, reply.commands);
     }
     this.finish(pending, () => ('error' in reply ? pending.reject(rebuiltError(reply.error)) : pending.resolve(reply.value)));
+  }
+
+  private markHeavy(key: string): void {
+    const now = Date.now();
+    // One entry per company that walked heavily in the last minute: the lapsed go as it grows.
+    if (this.heavyUntil.size >= 1_000) for (const [k, until] of this.heavyUntil) if (until <= now) this.heavyUntil.delete(k);
+    this.heavyUntil.set(key, now + HEAVY_WALKS_FOR_MS);
   }
 
   /** Settles a walk, then gives its company's turn to the next of its line, if one waits. */
