@@ -14,6 +14,12 @@ import { pool, startWorkers, stopWorkers, workersCpuUs } from './bench.ts';
  * budget while company B's enqueue, read, attention and operation end to end are measured,
  * against B alone in the same run. The API runs as its own process (`lease-ops api`), with
  * two worker processes, as a deployment would.
+ *
+ * Each attack is measured in windows that take turns: B alone (A quiet), then B while A
+ * attacks, NB_WINDOWS times, and each side's samples are pooled. B alone is so measured in the
+ * same state as the attack (what earlier attacks left, Redis' memory, the processes' warmth)
+ * and at the same time: one window of B alone before every attack moved its p99 by up to 1.5x
+ * from the next (issue 27's notes), as wide as the target.
  */
 
 const BIN = fileURLToPath(new URL('../bin/lease-ops.js', import.meta.url));
@@ -24,8 +30,9 @@ const ADMIN = `bench-admin-${randomBytes(8).toString('hex')}`;
 type Latencies = Record<'enqueue' | 'read' | 'attention' | 'endToEnd', { p50: number; p99: number }>;
 interface Attack {
   name: string;
-  /** B's latencies (ms) while A attacks, and each p99 over B's baseline. */
+  /** B's latencies (ms) while A attacks, B's in the windows of B alone between, and each p99 over B alone's. */
   b: Latencies;
+  bAlone: Latencies;
   ratioP99: Record<keyof Latencies, number>;
   /** B's requests refused (should be none), by measure and status. */
   bRefused: Record<string, number>;
@@ -47,13 +54,38 @@ const A_BYTES_BUDGET = Number(process.env.NB_A_BYTES ?? 4 * 1024 * 1024);
 const quantile = (sorted: number[], q: number) => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? NaN;
 const round = (n: number) => Math.round(n * 100) / 100;
 
-export async function runNeighbours(opts: { json: boolean; quick: boolean; out: string }): Promise<{ aClientNice: number; baseline: Latencies; baselineCpuMsPerS: Attack['cpuMsPerS']; baselineApiLoopDelayMs: Attack['apiLoopDelayMs']; attacks: Attack[]; baselineAgain: Latencies; baselineAgainRatioP99: Attack['ratioP99'] }> {
+type Times = Record<keyof Latencies, number[]>;
+const noTimes = (): Times => ({ enqueue: [], read: [], attention: [], endToEnd: [] });
+const addTimes = (into: Times, from: Times) => {
+  for (const k of Object.keys(into) as (keyof Latencies)[]) into[k].push(...from[k]);
+};
+function latencies(times: Times): Latencies {
+  const out = {} as Latencies;
+  for (const [what, list] of Object.entries(times) as [keyof Latencies, number[]][]) {
+    const sorted = [...list].sort((x, y) => x - y);
+    out[what] = { p50: round(quantile(sorted, 0.5)), p99: round(quantile(sorted, 0.99)) };
+  }
+  return out;
+}
+
+export async function runNeighbours(opts: { json: boolean; quick: boolean; out: string }): Promise<{
+  aClientNice: number;
+  windows: number;
+  baseline: Latencies;
+  baselineCpuMsPerS: Attack['cpuMsPerS'];
+  baselineApiLoopDelayMs: Attack['apiLoopDelayMs'];
+  attacks: Attack[];
+  aloneSpreadP99: Attack['ratioP99'];
+}> {
   const prefix = `{lo-nb-${randomBytes(3).toString('hex')}}`;
   const config = loadConfig({ ...process.env, LEASE_OPS_PREFIX: prefix });
   const redis = createRedis(config.REDIS_URL);
   // p99 of 300 is its third-slowest: fewer, and one stray sample (a GC, the OS) decides it.
   // NB_SAMPLES and NB_ONLY (parts of attacks' names, split by |): for comparing attacks across changes.
   const samples = Number(process.env.NB_SAMPLES ?? (opts.quick ? 40 : 300));
+  // Windows of B alone and of B under attack, taking turns: `samples` on each side in all.
+  const windows = Math.max(1, Number(process.env.NB_WINDOWS ?? (opts.quick ? 1 : 3)));
+  const perWindow = Math.ceil(samples / windows);
   const failedLeases = opts.quick ? 600 : 3_000;
   const workers = await startWorkers('lanes', config);
   workers.forEach((w) => w.send('go'));
@@ -84,21 +116,16 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
   const post = (token: string, path: string, body?: unknown, extra: Record<string, string> = {}) =>
     fetch(`${base}${path}`, { method: 'POST', headers: { ...headers(token), ...extra }, ...(body === undefined ? {} : { body: JSON.stringify(body) }) });
 
-  /** B's four measures, `samples` each, one after another, from B's own process (neighbour-b.ts). */
+  /** B's four measures, `n` samples each, one after another, from B's own process (neighbour-b.ts). */
   const bClient = fork(fileURLToPath(new URL('./neighbour-b.ts', import.meta.url)), [], { env: { ...process.env, NB_BASE: base, NB_TOKEN: B }, execArgv: ['--import', 'tsx'] });
   await once(bClient, 'message');
   let bRefused: Record<string, number> = {};
-  const measureB = async (): Promise<Latencies> => {
+  const measureB = async (n: number): Promise<Times> => {
     const answer = once(bClient, 'message');
-    bClient.send({ samples });
-    const [{ times, refused }] = (await answer) as [{ times: Record<keyof Latencies, number[]>; refused: Record<string, number> }];
-    for (const [what, n] of Object.entries(refused)) bRefused[what] = (bRefused[what] ?? 0) + n;
-    const out = {} as Latencies;
-    for (const [what, list] of Object.entries(times) as [keyof Latencies, number[]][]) {
-      const sorted = [...list].sort((x, y) => x - y);
-      out[what] = { p50: round(quantile(sorted, 0.5)), p99: round(quantile(sorted, 0.99)) };
-    }
-    return out;
+    bClient.send({ samples: n });
+    const [{ times, refused }] = (await answer) as [{ times: Times; refused: Record<string, number> }];
+    for (const [what, count] of Object.entries(refused)) bRefused[what] = (bRefused[what] ?? 0) + count;
+    return times;
   };
   /** A process's CPU time so far (ms), from /proc (Linux). */
   const processCpuMs = (pid: number) => {
@@ -114,11 +141,20 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
     return (usage.user + usage.system) / 1000;
   };
   const cpuNow = async () => ({ at: performance.now(), api: processCpuMs(api.pid!), workers: (await workersCpuUs(workers as ChildProcess[])) / 1000, redis: await redisCpuMs(), aClient: ownCpuMs() });
-  const cpuSince = async (from: Awaited<ReturnType<typeof cpuNow>>) => {
+  type CpuSpent = Omit<Awaited<ReturnType<typeof cpuNow>>, 'at'> & { seconds: number };
+  const noCpu = (): CpuSpent => ({ seconds: 0, api: 0, workers: 0, redis: 0, aClient: 0 });
+  /** Adds what each part spent since `from` to `into`. */
+  const cpuSince = async (from: Awaited<ReturnType<typeof cpuNow>>, into: CpuSpent) => {
     const to = await cpuNow();
-    const s = (to.at - from.at) / 1000;
-    return { api: Math.round((to.api - from.api) / s), workers: Math.round((to.workers - from.workers) / s), redis: Math.round((to.redis - from.redis) / s), aClient: Math.round((to.aClient - from.aClient) / s) };
+    into.seconds += (to.at - from.at) / 1000;
+    for (const part of ['api', 'workers', 'redis', 'aClient'] as const) into[part] += to[part] - from[part];
   };
+  const perSecond = (spent: CpuSpent): Attack['cpuMsPerS'] => ({
+    api: Math.round(spent.api / spent.seconds),
+    workers: Math.round(spent.workers / spent.seconds),
+    redis: Math.round(spent.redis / spent.seconds),
+    aClient: Math.round(spent.aClient / spent.seconds),
+  });
   /** The API's event-loop delay since the last call (prom-client resets it at each scrape). */
   const apiLoopDelay = async () => {
     const text = await (await fetch(`${base}/metrics`, { headers: headers(ADMIN) })).text();
@@ -138,26 +174,52 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
   };
   const codeOf = async (res: Response) => (res.status >= 400 ? (((await res.json().catch(() => ({}))) as { error?: { code?: string } }).error?.code ?? '') : (await res.arrayBuffer(), undefined));
 
-  /** Runs `attack` (A's load) while B is measured; A's answers tallied by the attack itself. */
-  const underAttack = async (name: string, baseline: Latencies, setUp: () => Promise<void>, attack: (signal: AbortSignal, a: Record<string, number>) => Promise<void>): Promise<Attack> => {
+  /** What B alone saw and cost, over every attack's windows of B alone. */
+  const aloneTimes = noTimes();
+  const aloneCpu = noCpu();
+  const aloneLoopDelay = { p99: 0, max: 0 };
+  /** B measured over `n` samples, with what the parts spent and the API's loop delay meanwhile added up. */
+  const window = async (n: number, cpu: CpuSpent, loopDelay: { p99: number; max: number }): Promise<Times> => {
+    const cpuFrom = await cpuNow();
+    await apiLoopDelay();
+    const times = await measureB(n);
+    await cpuSince(cpuFrom, cpu);
+    const delay = await apiLoopDelay();
+    loopDelay.p99 = Math.max(loopDelay.p99, delay.p99);
+    loopDelay.max = Math.max(loopDelay.max, delay.max);
+    return times;
+  };
+
+  /**
+   * Measures B in windows that take turns, B alone and then B while `attack` (A's load, its
+   * answers tallied by the attack itself) runs, stopped at the end of each of its windows.
+   * An attack keeps its place between its windows (what it has done, in its own closure).
+   */
+  const underAttack = async (name: string, setUp: () => Promise<void>, attack: (signal: AbortSignal, a: Record<string, number>) => Promise<void>): Promise<Attack> => {
     if (process.env.NB_ONLY && !process.env.NB_ONLY.split('|').some((part) => name.includes(part))) return { name, skipped: true } as unknown as Attack;
     await setUp();
     const a: Record<string, number> = {};
-    const stop = new AbortController();
-    // Each of A's fetches listens on it until undici lets go (at a GC): thousands, no leak.
-    setMaxListeners(0, stop.signal);
     const before = await memory();
     bRefused = {};
-    const cpuFrom = await cpuNow();
-    await apiLoopDelay();
-    const load = attack(stop.signal, a);
-    const b = await measureB();
-    const cpuMsPerS = await cpuSince(cpuFrom);
-    const apiLoopDelayMs = await apiLoopDelay();
-    stop.abort();
-    await load.catch(() => undefined);
-    const ratioP99 = Object.fromEntries((Object.keys(b) as (keyof Latencies)[]).map((k) => [k, round(b[k].p99 / baseline[k].p99)])) as Attack['ratioP99'];
-    return { name, b, ratioP99, bRefused, a, cpuMsPerS, apiLoopDelayMs, redisGrowth: (await memory()) - before };
+    const alone = noTimes();
+    const attacked = noTimes();
+    const cpu = noCpu();
+    const apiLoopDelayMs = { p99: 0, max: 0 };
+    for (let w = 0; w < windows; w++) {
+      addTimes(alone, await window(perWindow, aloneCpu, aloneLoopDelay));
+      const stop = new AbortController();
+      // Each of A's fetches listens on it until undici lets go (at a GC): thousands, no leak.
+      setMaxListeners(0, stop.signal);
+      const load = attack(stop.signal, a);
+      addTimes(attacked, await window(perWindow, cpu, apiLoopDelayMs));
+      stop.abort();
+      await load.catch(() => undefined);
+    }
+    addTimes(aloneTimes, alone);
+    const b = latencies(attacked);
+    const bAlone = latencies(alone);
+    const ratioP99 = Object.fromEntries((Object.keys(b) as (keyof Latencies)[]).map((k) => [k, round(b[k].p99 / bAlone[k].p99)])) as Attack['ratioP99'];
+    return { name, b, bAlone, ratioP99, bRefused, a, cpuMsPerS: perSecond(cpu), apiLoopDelayMs, redisGrowth: (await memory()) - before };
   };
 
   // A's client runs here, in the bench's own thread, and stands for a tenant's machine
@@ -169,13 +231,8 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
   if (aNice) setPriority(aNice);
 
   try {
-    // Warm up, then B alone.
-    await measureB();
-    const baselineCpuFrom = await cpuNow();
-    await apiLoopDelay();
-    const baseline = await measureB();
-    const baselineCpuMsPerS = await cpuSince(baselineCpuFrom);
-    const baselineApiLoopDelayMs = await apiLoopDelay();
+    // Warm up (not counted).
+    await measureB(perWindow);
     const attacks: Attack[] = [];
 
     // 1. Long polls: A holds twice its budget of waits on an operation that waits in a paused lane.
@@ -183,7 +240,6 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
     attacks.push(
       await underAttack(
         'long polls (waits)',
-        baseline,
         async () => {
           await post(A, '/v1/leases/noop/a/env/held/pause');
           heldJob = ((await (await post(A, '/v1/leases/noop/a/env/held/operations', { op: 'stop', params: { providerLeaseId: 'held' } })).json()) as { jobId: string }).jobId;
@@ -206,7 +262,6 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
     attacks.push(
       await underAttack(
         `attention walks (${failedLeases} failed leases of A)`,
-        baseline,
         async () => {
           await pool(
             Array.from({ length: failedLeases }, (_, i) => i),
@@ -241,13 +296,13 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
 
     // 3. Filling Redis: failing operations with 16 KiB of metadata, as fast as A can.
     const metadata = { blob: 'x'.repeat(16_000) };
+    let filled = 0;
     attacks.push(
-      await underAttack('filling Redis (16 KiB metadata)', baseline, async () => undefined, async (signal, a) => {
-        let i = 0;
+      await underAttack('filling Redis (16 KiB metadata)', async () => undefined, async (signal, a) => {
         await Promise.all(
           Array.from({ length: 20 }, async () => {
             while (!signal.aborted) {
-              const n = i++;
+              const n = filled++;
               const res = await post(A, `/v1/leases/noop/a/env/fail-fill-${n % 500}/operations`, { op: 'resume', params: { providerLeaseId: `fail-fill-${n % 500}`, leaseMetadata: metadata } }).catch(() => null);
               if (!res) return;
               tally(a, res, await codeOf(res));
@@ -261,15 +316,16 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
     const overview = (await (await fetch(`${base}/v1/overview`, { headers: headers(ADMIN) })).json()) as { bytesByCompany: Record<string, number> };
     if (!('skipped' in attacks.at(-1)!)) attacks.at(-1)!.aBytes = { held: overview.bytesByCompany.a ?? 0, budget: A_BYTES_BUDGET };
 
-    // 4. Reruns: A runs its failed operations again as fast as it can.
+    // 4. Reruns: A runs its failed operations again as fast as it can (each of the first
+    // 1,000 failed when the attack began, once: a window goes on where the last stopped).
+    let failed: string[] = [];
+    let rerun = 0;
     attacks.push(
-      await underAttack('reruns', baseline, async () => undefined, async (signal, a) => {
-        const failed = await redis.zrange(`${prefix}:ops:failed`, 0, 999);
-        let i = 0;
+      await underAttack('reruns', async () => void (failed = await redis.zrange(`${prefix}:ops:failed`, 0, 999)), async (signal, a) => {
         await Promise.all(
           Array.from({ length: 20 }, async () => {
-            while (!signal.aborted && i < failed.length) {
-              const res = await post(A, `/v1/operations/${encodeURIComponent(failed[i++]!)}/rerun`).catch(() => null);
+            while (!signal.aborted && rerun < failed.length) {
+              const res = await post(A, `/v1/operations/${encodeURIComponent(failed[rerun++]!)}/rerun`).catch(() => null);
               if (!res) return;
               tally(a, res, await codeOf(res));
               await backOff(res, signal);
@@ -280,13 +336,13 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
     );
 
     // 5. Pauses: A pauses leases nobody uses, thousands of them.
+    let paused = 0;
     attacks.push(
-      await underAttack('pause flood', baseline, async () => undefined, async (signal, a) => {
-        let i = 0;
+      await underAttack('pause flood', async () => undefined, async (signal, a) => {
         await Promise.all(
           Array.from({ length: 20 }, async () => {
-            while (!signal.aborted && i < 5_000) {
-              const res = await post(A, `/v1/leases/noop/a/env/idle-${i++}/pause`).catch(() => null);
+            while (!signal.aborted && paused < 5_000) {
+              const res = await post(A, `/v1/leases/noop/a/env/idle-${paused++}/pause`).catch(() => null);
               if (!res) return;
               tally(a, res, await codeOf(res));
               await backOff(res, signal);
@@ -296,22 +352,27 @@ export async function runNeighbours(opts: { json: boolean; quick: boolean; out: 
       }),
     );
 
-    // B alone again, after every attack: how far B's own p99 moves between two quiet windows
-    // of the same run (the noise a ratio above is read against).
-    const baselineAgain = await measureB();
-    const baselineAgainRatioP99 = Object.fromEntries((Object.keys(baseline) as (keyof Latencies)[]).map((k) => [k, round(baselineAgain[k].p99 / baseline[k].p99)])) as Attack['ratioP99'];
-    const figures = { aClientNice: aNice, baseline, baselineCpuMsPerS, baselineApiLoopDelayMs, attacks: attacks.filter((attack) => !('skipped' in attack)), baselineAgain, baselineAgainRatioP99 };
+    const ran = attacks.filter((attack) => !('skipped' in attack));
+    // How far B alone's p99 moved between the attacks' windows of B alone in this run (the
+    // largest over the smallest): the noise a ratio above is read against.
+    const aloneSpreadP99 = Object.fromEntries(
+      (['enqueue', 'read', 'attention', 'endToEnd'] as const).map((k) => {
+        const p99s = ran.map((attack) => attack.bAlone[k].p99);
+        return [k, round(Math.max(...p99s) / Math.min(...p99s))];
+      }),
+    ) as Attack['ratioP99'];
+    const figures = { aClientNice: aNice, windows, baseline: latencies(aloneTimes), baselineCpuMsPerS: perSecond(aloneCpu), baselineApiLoopDelayMs: aloneLoopDelay, attacks: ran, aloneSpreadP99 };
     mkdirSync(opts.out, { recursive: true });
     writeFileSync(join(opts.out, 'neighbours.json'), `${JSON.stringify(figures, null, 2)}\n`);
     if (opts.json) process.stdout.write(`${JSON.stringify(figures)}\n`);
     else {
       const row = (l: Latencies) => (Object.keys(l) as (keyof Latencies)[]).map((k) => `${k} ${l[k].p50}/${l[k].p99}`).join('  ');
-      process.stdout.write(`A's client at nice ${aNice} (NB_A_NICE)\n`);
-      process.stdout.write(`B alone (p50/p99 ms):  ${row(baseline)}\n  CPU ms/s API / workers / Redis: ${JSON.stringify(baselineCpuMsPerS)}  API loop delay ms: ${JSON.stringify(baselineApiLoopDelayMs)}\n`);
+      process.stdout.write(`A's client at nice ${aNice} (NB_A_NICE); ${windows} windows of B alone and ${windows} of B under attack, taking turns, ${perWindow} samples each (NB_WINDOWS, NB_SAMPLES)\n`);
+      process.stdout.write(`B alone, all windows (p50/p99 ms):  ${row(figures.baseline)}\n  CPU ms/s API / workers / Redis: ${JSON.stringify(figures.baselineCpuMsPerS)}  API loop delay ms: ${JSON.stringify(figures.baselineApiLoopDelayMs)}\n`);
       for (const attack of figures.attacks) {
-        process.stdout.write(`${attack.name}:\n  B: ${row(attack.b)}\n  B p99 over alone: ${JSON.stringify(attack.ratioP99)}  B refused: ${JSON.stringify(attack.bRefused)}\n  CPU ms/s: ${JSON.stringify(attack.cpuMsPerS)}  API loop delay ms: ${JSON.stringify(attack.apiLoopDelayMs)}\n  A got: ${JSON.stringify(attack.a)}  Redis grew ${(attack.redisGrowth / 1024 / 1024).toFixed(1)} MB${attack.aBytes ? `; A counted ${(attack.aBytes.held / 1024 / 1024).toFixed(1)} of its ${(attack.aBytes.budget / 1024 / 1024).toFixed(1)} MB` : ''}\n`);
+        process.stdout.write(`${attack.name}:\n  B alone: ${row(attack.bAlone)}\n  B:       ${row(attack.b)}\n  B p99 over alone: ${JSON.stringify(attack.ratioP99)}  B refused: ${JSON.stringify(attack.bRefused)}\n  CPU ms/s: ${JSON.stringify(attack.cpuMsPerS)}  API loop delay ms: ${JSON.stringify(attack.apiLoopDelayMs)}\n  A got: ${JSON.stringify(attack.a)}  Redis grew ${(attack.redisGrowth / 1024 / 1024).toFixed(1)} MB${attack.aBytes ? `; A counted ${(attack.aBytes.held / 1024 / 1024).toFixed(1)} of its ${(attack.aBytes.budget / 1024 / 1024).toFixed(1)} MB` : ''}\n`);
       }
-      process.stdout.write(`B alone again (p50/p99 ms):  ${row(baselineAgain)}\n  B's p99 again over alone: ${JSON.stringify(baselineAgainRatioP99)}\n`);
+      process.stdout.write(`B alone's p99, largest over smallest of the attacks' windows: ${JSON.stringify(figures.aloneSpreadP99)}\n`);
     }
     return figures;
   } finally {
