@@ -155,7 +155,7 @@ export function queueMetrics(
   });
   const walksByThread = new Gauge({
     name: 'lease_ops_api_walks_total',
-    help: "Walks (attention, timelines) sent to the API's walk threads, by thread: background ones run at the lowest CPU priority and take the walks of companies with a heavy walk (over 2,000 Redis commands) in the last minute",
+    help: "Walks (attention, timelines, the overview, their pages) sent to the API's walk threads, by thread: background ones run at nice 10 and take only the walks of a company and kind that sent over 2,000 Redis commands in one walk in the last 10 minutes, foreground ones all others",
     labelNames: ['thread'] as const,
     registers: [queueRegistry],
   });

@@ -98,26 +98,51 @@ describe('walks run beside the API, not in it (issue 27)', () => {
     return Promise.race([x.then(() => 'x' as const), y.then(() => 'y' as const)]);
   }
 
-  it("answers B's read and B's walk while A's walk holds a thread, and runs A's next walk only after its first", async () => {
-    const api = await startApi('2');
+  /** 3,000 entries of A's attention index, none with a reason: A's walk reads them all (some 9,000 commands) and takes them out. */
+  async function heavyAttentionOfA(name: string): Promise<void> {
+    const key = `${bed.config.LEASE_OPS_PREFIX}:attention:scope`;
+    for (let i = 0; i < 3_000; i += 500) await bed.redis.zadd(key, ...Array.from({ length: 500 }, (_, k) => [0, `a\nenv\n${name}-${i + k}`]).flat());
+  }
+
+  /** The API's walks so far, by kind of thread (/metrics). */
+  async function walksByThread(api: Api): Promise<{ foreground: number; background: number }> {
+    const text = await (await fetch(`${api.base}/metrics`)).text();
+    const of = (thread: string) => Number(new RegExp(`^lease_ops_api_walks_total\\{thread="${thread}"\\} (\\S+)$`, 'm').exec(text)?.[1]);
+    return { foreground: of('foreground'), background: of('background') };
+  }
+
+  /** Raised so that a heavy walk of A's is not refused A's next (9,000 commands are 18 tokens). */
+  const RATES = JSON.stringify({ walk: { perSecond: 1_000, burst: 1_000 } });
+
+  it("answers B's read while A's first heavy walk holds a thread, and B's walk while A's next ones hold the background thread, one at a time", async () => {
+    const api = await startApi('2', { LEASE_OPS_API_COMPANY_RATES: RATES });
+    await heavyAttentionOfA('holds');
     const attention = (token: string) => fetch(`${api.base}/v1/attention`, { headers: bearer(token) });
     const stalled = api.stalled();
     const aFirst = attention(A);
     await stalled;
-    // A's walk holds its thread for 3 s: B's read and B's walk (in the other thread) answer first.
+    // A's first walk holds its thread (a foreground one: A's cost is not known yet) for 3 s:
+    // B's read answers first. B's walk goes to a foreground thread too, never the background one.
     const bRead = fetch(`${api.base}/v1/leases/noop/b/env/l1`, { headers: bearer(B) });
     expect(await first(aFirst, bRead)).toBe('y');
     expect((await bRead).status).toBe(200);
-    const bStalled = api.stalled();
-    const aSecond = attention(A);
-    const bWalk = attention(B);
-    // B's walk went to the other thread (its first walk: it stalls there too, then answers).
-    await bStalled;
-    expect((await bWalk).status).toBe(200);
+    const bFirst = attention(B);
     expect((await aFirst).status).toBe(200);
+    expect((await bFirst).status).toBe(200);
+    // A's walks are heavy now: the next goes to the background thread, which stalls too, and
+    // the one after it waits its turn; B's walk, in the foreground meanwhile, answers first.
+    const bgStalled = api.stalled();
+    const aSecond = attention(A);
+    const aThird = attention(A);
+    await bgStalled;
+    const bWalk = attention(B);
+    expect(await first(aSecond, bWalk)).toBe('y');
+    expect((await bWalk).status).toBe(200);
     expect((await aSecond).status).toBe(200);
-    // A's second walk waited for its first, and ran in the thread that had stalled already: no third stall.
+    expect((await aThird).status).toBe(200);
+    // One stall per thread: A's third walk ran in the background thread after A's second.
     expect(api.stalls).toBe(2);
+    expect(await walksByThread(api)).toEqual({ foreground: 3, background: 2 });
   });
 
   it("runs the admin's overview (every company's first attention items) in a thread too: B's read answers while it stalls", async () => {
@@ -137,8 +162,7 @@ describe('walks run beside the API, not in it (issue 27)', () => {
     // No stalls here: A's walk costs what it reads, 3,000 entries of A's attention index
     // (three reads each; none has a reason any more, so this walk also takes them out).
     const api = await startApi('1', { LEASE_OPS_FAULT_POINTS: '' });
-    const key = `${bed.config.LEASE_OPS_PREFIX}:attention:scope`;
-    for (let i = 0; i < 3_000; i += 500) await bed.redis.zadd(key, ...Array.from({ length: 500 }, (_, k) => [0, `a\nenv\nlane-${i + k}`]).flat());
+    await heavyAttentionOfA('lane');
     const attention = (token: string) => fetch(`${api.base}/v1/attention`, { headers: bearer(token) });
     const commands = async () => {
       const text = await (await fetch(`${api.base}/metrics`)).text();
@@ -167,33 +191,37 @@ describe('walks run beside the API, not in it (issue 27)', () => {
     for (let i = 0; i < 4; i++) expect((await attention(B)).status).toBe(200);
   });
 
-  it(`sends the walks of a company whose walk sent more than ${HEAVY_WALK_COMMANDS.toLocaleString('en-US')} Redis commands to the background thread, at the lowest CPU priority, and another company's to a foreground one`, async () => {
-    // A's walk reads 3,000 entries of A's index (and takes them out: none has a reason); the
-    // rates are raised so that A's heavy walk is not refused its next.
-    const api = await startApi('2', { LEASE_OPS_FAULT_POINTS: '', LEASE_OPS_API_COMPANY_RATES: JSON.stringify({ walk: { perSecond: 1_000, burst: 1_000 } }) });
-    const key = `${bed.config.LEASE_OPS_PREFIX}:attention:scope`;
-    for (let i = 0; i < 3_000; i += 500) await bed.redis.zadd(key, ...Array.from({ length: 500 }, (_, k) => [0, `a\nenv\nheavy-${i + k}`]).flat());
+  it(`sends the walks of a company whose walk sent more than ${HEAVY_WALK_COMMANDS.toLocaleString('en-US')} Redis commands to the background thread, at nice ${BACKGROUND_WALK_NICE}, and another company's to the foreground one`, async () => {
+    const api = await startApi('2', { LEASE_OPS_FAULT_POINTS: '', LEASE_OPS_API_COMPANY_RATES: RATES });
     const attention = async (token: string) => expect((await fetch(`${api.base}/v1/attention`, { headers: bearer(token) })).status).toBe(200);
-    const walks = async () => {
-      const text = await (await fetch(`${api.base}/metrics`)).text();
-      const of = (thread: string) => Number(new RegExp(`^lease_ops_api_walks_total\\{thread="${thread}"\\} (\\S+)$`, 'm').exec(text)?.[1]);
-      expect(text).toContain(`over ${HEAVY_WALK_COMMANDS.toLocaleString('en-US')} Redis commands`);
-      return { foreground: of('foreground'), background: of('background') };
-    };
+    expect(await (await fetch(`${api.base}/metrics`)).text()).toContain(`over ${HEAVY_WALK_COMMANDS.toLocaleString('en-US')} Redis commands`);
     await attention(B);
-    expect(await walks()).toEqual({ foreground: 1, background: 0 });
-    // A's first walk: nothing is known of A's walks yet, so a foreground thread takes it.
+    expect(await walksByThread(api)).toEqual({ foreground: 1, background: 0 });
+    // A's first walk: nothing is known of A's walks yet, so the foreground thread takes it.
+    await heavyAttentionOfA('first');
     await attention(A);
-    expect(await walks()).toEqual({ foreground: 2, background: 0 });
-    // It sent some 9,000 commands: A's next walk goes to the background thread, B's still not.
+    expect(await walksByThread(api)).toEqual({ foreground: 2, background: 0 });
+    // The API's threads by nice value, with the CPU time each has spent (clock ticks).
+    const threads = () =>
+      readdirSync(`/proc/${api.process.pid}/task`).map((task) => {
+        const fields = readFileSync(`/proc/${api.process.pid}/task/${task}/stat`, 'utf8').split(') ')[1]!.split(' ');
+        return { task, nice: Number(fields[16]), cpu: Number(fields[11]) + Number(fields[12]) };
+      });
+    const before = threads();
+    // It sent some 9,000 commands: A's next walk, as heavy, goes to the background thread and
+    // spends its CPU there, in the one thread of the API at nice 10 (Linux sets it per thread).
+    await heavyAttentionOfA('second');
     await attention(A);
-    expect(await walks()).toEqual({ foreground: 2, background: 1 });
+    expect(await walksByThread(api)).toEqual({ foreground: 2, background: 1 });
+    const after = threads();
+    const niced = after.filter((t) => t.nice === BACKGROUND_WALK_NICE);
+    expect(niced).toHaveLength(1);
+    expect(after.filter((t) => t.nice !== 0 && t.nice !== BACKGROUND_WALK_NICE)).toEqual([]);
+    const spent = (task: string) => after.find((t) => t.task === task)!.cpu - (before.find((t) => t.task === task)?.cpu ?? 0);
+    const busiest = after.reduce((most, t) => (spent(t.task) > spent(most.task) ? t : most));
+    expect(busiest.task).toBe(niced[0]!.task);
     await attention(B);
-    expect(await walks()).toEqual({ foreground: 3, background: 1 });
-    // Of the API's threads, the background walk thread alone runs at nice 19 (Linux, per thread).
-    const nices = readdirSync(`/proc/${api.process.pid}/task`).map((task) => Number(readFileSync(`/proc/${api.process.pid}/task/${task}/stat`, 'utf8').split(') ')[1]!.split(' ')[16]));
-    expect(nices.filter((nice) => nice === BACKGROUND_WALK_NICE)).toHaveLength(1);
-    expect(nices.filter((nice) => nice !== 0 && nice !== BACKGROUND_WALK_NICE)).toEqual([]);
+    expect(await walksByThread(api)).toEqual({ foreground: 3, background: 1 });
   });
 
   it("without walk threads (LEASE_OPS_API_WALK_THREADS=0), A's walk holds B's read behind it", async () => {

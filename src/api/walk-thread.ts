@@ -26,7 +26,7 @@ Redis.prototype.sendCommand = function countedSendCommand(this: Redis, ...args: 
 };
 
 const { config, nice } = workerData as { config: Config; nice: number };
-// A background thread (WalkThreads): the lowest CPU priority for this thread alone, which Linux
+// A background thread (WalkThreads): a lower CPU priority for this thread alone, which Linux
 // sets per thread (elsewhere setpriority would take the whole API down with it, so not there).
 if (nice && process.platform === 'linux') setPriority(0, nice);
 

@@ -30,13 +30,18 @@ export const WALKS_WAITING_PER_COMPANY = 4;
 
 /**
  * A walk that sent more Redis commands than this (a company's attention over some 600 leases
- * or more) makes its company's walks heavy for HEAVY_WALKS_FOR_MS: they run in the background
- * threads from its next one on.
+ * or more) makes its company's walks of that kind heavy for HEAVY_WALKS_FOR_MS: they run in the
+ * background threads from its next one on. Ten minutes, so that a company walking its long
+ * list every few minutes stays there (helper-51: with one minute, a poller at 61 s never got there).
  */
 export const HEAVY_WALK_COMMANDS = 2_000;
-const HEAVY_WALKS_FOR_MS = 60_000;
-/** The nice value of a background walk thread (Linux: per thread): the lowest CPU priority. */
-export const BACKGROUND_WALK_NICE = 19;
+const HEAVY_WALKS_FOR_MS = 10 * 60_000;
+/**
+ * The nice value of a background walk thread (Linux: per thread). Not 19: a heavy walk that
+ * takes 100 ms took 3-8 s at nice 19 beside two busy processes (helper-51); at 10 it gets
+ * about a tenth of a core they contend for.
+ */
+export const BACKGROUND_WALK_NICE = 10;
 
 /** Walks in the caller's event loop (tests, embedded use, LEASE_OPS_API_WALK_THREADS=0). */
 export function walksInProcess(client: LeaseOpsClient): Walks {
@@ -78,16 +83,19 @@ interface Pending {
  * the fewest in hand: with two threads or more, one company's walks leave a thread free for
  * everyone else's.
  *
- * With two threads or more, the last half (rounded down) are background threads, at the lowest
- * CPU priority where the OS sets it per thread (Linux). A company whose walk sent more than
- * HEAVY_WALK_COMMANDS walks there only, for a minute; the others' walks go to any thread, a
- * foreground one first. On a small machine a heavy walk holds a core for 100 ms or more, and
- * another company's short walk that met it took about twice as long (issue 27's walks); in the
- * background thread it gives way to everything else, B's walk among them.
+ * With two threads or more, the last half (rounded down) are background threads, at a lower
+ * CPU priority where the OS sets it per thread (Linux). A company whose walk of one kind (its
+ * attention, a timeline, the overview) sent more than HEAVY_WALK_COMMANDS walks that kind
+ * there, and only there, for ten minutes; every other walk goes to a foreground thread (the one
+ * with the fewest in hand), never beside a heavy one. On a small machine a heavy walk holds a
+ * core for 100 ms or more, and another company's short walk that met it took about twice as
+ * long (issue 27's walks); in a background thread it gives way to everything else. A
+ * company's first heavy walk in ten minutes runs in a foreground thread: its cost is known
+ * when it ends.
  */
 export class WalkThreads implements Walks {
   private readonly threads: { worker: Worker; inHand: Map<number, Pending>; background: boolean }[] = [];
-  /** Until when each company's walks are heavy (ms); the admin's under ''. */
+  /** Until when walks are heavy (ms), by company (the admin's: '') and kind of walk: heavyKey. */
   private readonly heavyUntil = new Map<string, number>();
   /** Walks sent to each kind of thread (for /metrics). */
   readonly walksByThread = { foreground: 0, background: 0 };
@@ -186,9 +194,9 @@ export class WalkThreads implements Walks {
   private send(pending: Pending): void {
     // Started at the first walk: an API that is never asked for one loads no thread.
     while (this.threads.length < this.count) this.threads.push({ worker: this.start(this.threads.length), inHand: new Map(), background: this.threads.length >= this.firstBackground });
-    const heavy = (this.heavyUntil.get(pending.companyId ?? '') ?? 0) > Date.now();
-    const candidates = heavy && this.threads.some((t) => t.background) ? this.threads.filter((t) => t.background) : this.threads;
-    // The fewest in hand; among equals the first, a foreground thread before a background one.
+    const heavy = (this.heavyUntil.get(heavyKey(pending)) ?? 0) > Date.now();
+    // With no background thread (one thread in all) every walk goes to the one there is.
+    const candidates = this.threads.some((t) => t.background) ? this.threads.filter((t) => t.background === heavy) : this.threads;
     const thread = candidates.reduce((least, t) => (t.inHand.size < least.inHand.size ? t : least));
     this.walksByThread[thread.background ? 'background' : 'foreground']++;
     const id = this.nextId++;
@@ -201,7 +209,7 @@ export class WalkThreads implements Walks {
     const pending = thread.inHand.get(reply.id);
     if (!pending) return;
     thread.inHand.delete(reply.id);
-    if (reply.commands > HEAVY_WALK_COMMANDS) this.markHeavy(pending.companyId ?? '');
+    if (reply.commands > HEAVY_WALK_COMMANDS) this.markHeavy(heavyKey(pending));
     if (pending.companyId !== null) {
       this.commandsByCompany.set(pending.companyId, (this.commandsByCompany.get(pending.companyId) ?? 0) + reply.commands);
       this.charge?.(pending.companyId, reply.commands);
@@ -211,7 +219,7 @@ export class WalkThreads implements Walks {
 
   private markHeavy(key: string): void {
     const now = Date.now();
-    // One entry per company that walked heavily in the last minute: the lapsed go as it grows.
+    // One entry per company and kind that walked heavily lately: the lapsed go as it grows.
     if (this.heavyUntil.size >= 1_000) for (const [k, until] of this.heavyUntil) if (until <= now) this.heavyUntil.delete(k);
     this.heavyUntil.set(key, now + HEAVY_WALKS_FOR_MS);
   }
@@ -230,6 +238,9 @@ export class WalkThreads implements Walks {
     await Promise.all(this.threads.map((t) => t.worker.terminate()));
   }
 }
+
+/** What a walk's weight is kept under: its company (the admin's: '') and its kind. */
+const heavyKey = (pending: Pending) => `${pending.companyId ?? ''}\n${pending.request.kind}`;
 
 /** A walk that could not run (its thread died, the API closes, its caller left): 503, try again. */
 const walkUnavailable = (why: string) => new HttpError(503, 'walk_unavailable', `the walk did not run: ${why}; retry`, { retryAfterS: 1 });
