@@ -30,6 +30,21 @@ export async function probeRedis(url: string, timeoutMs = 1_500): Promise<'answe
   }
 }
 
+/** The process id of the Redis answering at the URL (INFO server), or null when none answers. */
+async function answeringPid(url: string, timeoutMs: number): Promise<number | null> {
+  const client = new Redis(url, { lazyConnect: true, connectTimeout: timeoutMs, maxRetriesPerRequest: 0, retryStrategy: () => null });
+  client.on('error', () => undefined);
+  try {
+    await client.connect();
+    const pid = /^process_id:(\d+)/m.exec(await client.info('server'))?.[1];
+    return pid ? Number(pid) : null;
+  } catch {
+    return null;
+  } finally {
+    client.disconnect();
+  }
+}
+
 /** A TCP port on the loopback interface that nothing listens on right now. */
 export async function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
@@ -58,13 +73,27 @@ export interface PrivateRedis {
 /**
  * Starts a throwaway redis-server on a free loopback port (no persistence), for the
  * all-in-one `start` when no Redis answers. Returns null when redis-server is not installed.
+ * `choosePort` is for tests.
  */
-export async function startPrivateRedis(): Promise<PrivateRedis | null> {
+export async function startPrivateRedis(choosePort: () => Promise<number> = freePort): Promise<PrivateRedis | null> {
   if (spawnSync('redis-server', ['--version']).status !== 0) return null;
-  const port = await freePort();
+  // A port found free may be taken before the server binds it; it then exits, and whatever
+  // took the port may be another Redis that answers: the next port is tried instead.
+  for (let attempt = 1; ; attempt++) {
+    const started = await startOn(await choosePort());
+    if (started !== 'port-taken') return started;
+    if (attempt >= 3) throw new Error('redis-server could not bind a free loopback port (three tries)');
+  }
+}
+
+async function startOn(port: number): Promise<PrivateRedis | 'port-taken'> {
   const dir = mkdtempSync(join(tmpdir(), 'lease-ops-redis-'));
   const child = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir], {
     stdio: 'ignore',
+  });
+  let exited = false;
+  child.once('exit', () => {
+    exited = true;
   });
   const url = `redis://127.0.0.1:${port}`;
   let stopped = false;
@@ -81,7 +110,13 @@ export async function startPrivateRedis(): Promise<PrivateRedis | null> {
   process.once('exit', stop);
   livePrivateRedis.add(stop);
   for (let i = 0; i < 50; i++) {
-    if (await redisAnswers(url, 200)) return { url, stop };
+    const pid = await answeringPid(url, 200);
+    if (pid === child.pid) return { url, stop };
+    // Gone, or another server answers there: not ours.
+    if (exited || pid !== null) {
+      stop();
+      return 'port-taken';
+    }
     await new Promise((r) => setTimeout(r, 100));
   }
   stop();

@@ -6,6 +6,12 @@ import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { freePort } from '../../src/redis-server.ts';
 
+class PortTakenError extends Error {
+  constructor(port: number) {
+    super(`redis-server on ${port} exited: a port it binds is taken`);
+  }
+}
+
 /**
  * A redis-server of a test's own, on another port than the shared one, with its data in a
  * temporary directory: it can be crashed, paused and restarted without touching anyone else.
@@ -25,9 +31,19 @@ export class RedisProcess {
 
   /** Starts one; `args` are redis-server options, e.g. ['--appendonly', 'yes', '--appendfsync', 'always']. */
   static async start(args: string[] = [], port?: number): Promise<RedisProcess> {
-    const redis = new RedisProcess(port ?? (await freePort()), args);
-    await redis.run();
-    return redis;
+    for (let attempt = 1; ; attempt++) {
+      const redis = new RedisProcess(port ?? (await freePort()), args);
+      try {
+        await redis.run();
+        return redis;
+      } catch (err) {
+        rmSync(redis.dir, { recursive: true, force: true });
+        // A port found free may be taken before the server binds it (by another test's server
+        // or connection; a cluster node also binds the port 10,000 above it, which freePort
+        // never looked at): another port then (a CI run met a cluster node exiting so).
+        if (port !== undefined || attempt >= 5 || !(err instanceof PortTakenError)) throw err;
+      }
+    }
   }
 
   /** Resolves when the server logs that it accepts connections (after loading its AOF). */
@@ -36,11 +52,14 @@ export class RedisProcess {
       stdio: ['ignore', 'pipe', 'inherit'],
     });
     this.child = child;
+    let portTaken = false;
     await new Promise<void>((resolve, reject) => {
       createInterface({ input: child.stdout! }).on('line', (line) => {
         if (line.includes('Ready to accept connections')) resolve();
+        if (line.includes('Address already in use')) portTaken = true;
       });
-      child.once('exit', (code) => reject(new Error(`redis-server on ${this.port} exited (${code})`)));
+      // 'close', not 'exit': the line that says why it stopped may still be on its way then.
+      child.once('close', (code) => reject(portTaken ? new PortTakenError(this.port) : new Error(`redis-server on ${this.port} exited (${code})`)));
     });
   }
 
