@@ -18,16 +18,26 @@ export class RedisCluster {
    */
   static async start(masters = 3, opts: { replicas?: 0 | 1; persistence?: string[] } = {}): Promise<RedisCluster> {
     const replicas = opts.replicas ?? 0;
-    const nodes = await Promise.all(
+    const started = await Promise.allSettled(
       Array.from({ length: masters * (1 + replicas) }, () =>
         RedisProcess.start(['--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf', '--cluster-node-timeout', '2000', ...(opts.persistence ?? ['--appendonly', 'no'])]),
       ),
     );
-    const cluster = new RedisCluster(nodes);
-    await promisify(execFile)('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`), '--cluster-replicas', String(replicas), '--cluster-yes']);
-    await cluster.untilHealthy();
-    if (replicas) await cluster.untilReplicasInSync();
-    return cluster;
+    const nodes = started.flatMap((s) => (s.status === 'fulfilled' ? [s.value] : []));
+    // Nodes that did start are stopped when the cluster does not come up: left running, they
+    // would keep the test process from exiting.
+    try {
+      const failed = started.find((s) => s.status === 'rejected');
+      if (failed) throw failed.reason;
+      const cluster = new RedisCluster(nodes);
+      await promisify(execFile)('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`), '--cluster-replicas', String(replicas), '--cluster-yes']);
+      await cluster.untilHealthy();
+      if (replicas) await cluster.untilReplicasInSync();
+      return cluster;
+    } catch (err) {
+      await Promise.all(nodes.map((n) => n.stop()));
+      throw err;
+    }
   }
 
   /** The node serving a slot as master now, and a replica of it. */
