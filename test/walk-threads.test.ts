@@ -2,10 +2,10 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { readdirSync, readFileSync } from 'node:fs';
 import { createInterface } from 'node:readline';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { BACKGROUND_WALK_NICE, HEAVY_WALK_COMMANDS } from '../src/api/walks.ts';
 import { BIN } from './helpers/cli.ts';
-import { TestBed } from './helpers/env.ts';
+import { bedFor, type Finished, TestBed } from './helpers/env.ts';
 
 // Issue 27 item 3: one company's attention walks held every other company's requests behind
 // them (B's enqueue p99 7-23x with A walking 600 failed leases). `lease-ops api` runs walks in
@@ -19,6 +19,7 @@ const ADMIN = 'walks-admin-token-0123456789';
 const bearer = (token: string) => ({ authorization: `Bearer ${token}` });
 
 interface Api {
+  bed: TestBed;
   base: string;
   process: ChildProcess;
   /** The stderr lines saying a walk stalled, so far. */
@@ -28,25 +29,12 @@ interface Api {
   logged: (match: (line: Record<string, unknown>) => boolean) => Promise<void>;
 }
 
-describe('walks run beside the API, not in it (issue 27)', () => {
-  let bed: TestBed;
-  const apis: Api[] = [];
-
-  beforeAll(async () => {
-    bed = await TestBed.create({});
-  });
-
-  afterAll(async () => {
-    for (const api of apis) {
-      if (api.process.exitCode === null) {
-        api.process.kill('SIGTERM');
-        await once(api.process, 'exit');
-      }
-    }
-    await bed?.close();
-  });
-
-  async function startApi(walkThreads: string, env: Record<string, string> = {}): Promise<Api> {
+// Each test has its own bed and API process, and they run at once: each mostly waits on a
+// stall of 3 s.
+describe.concurrent('walks run beside the API, not in it (issue 27)', () => {
+  /** An API process of the test's own, on a bed of its own, both stopped when the test ends. */
+  async function startApi(finished: Finished, walkThreads: string, env: Record<string, string> = {}): Promise<Api> {
+    const bed = await bedFor(finished);
     const child = spawn(process.execPath, [BIN, 'api'], {
       env: {
         ...process.env,
@@ -64,7 +52,13 @@ describe('walks run beside the API, not in it (issue 27)', () => {
     });
     const waiters: (() => void)[] = [];
     const logWaiters: { match: (line: Record<string, unknown>) => boolean; resolve: () => void }[] = [];
+    finished(async () => {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      child.kill('SIGTERM');
+      await once(child, 'exit');
+    });
     const api: Api = {
+      bed,
       base: '',
       process: child,
       stalls: 0,
@@ -89,7 +83,6 @@ describe('walks run beside the API, not in it (issue 27)', () => {
       });
       child.once('exit', (code) => reject(new Error(`the API exited (${code})`)));
     });
-    apis.push(api);
     return api;
   }
 
@@ -99,7 +92,7 @@ describe('walks run beside the API, not in it (issue 27)', () => {
   }
 
   /** 3,000 entries of A's attention index, none with a reason: A's walk reads them all (some 9,000 commands) and takes them out. */
-  async function heavyAttentionOfA(name: string): Promise<void> {
+  async function heavyAttentionOfA({ bed }: Api, name: string): Promise<void> {
     const key = `${bed.config.LEASE_OPS_PREFIX}:attention:scope`;
     for (let i = 0; i < 3_000; i += 500) await bed.redis.zadd(key, ...Array.from({ length: 500 }, (_, k) => [0, `a\nenv\n${name}-${i + k}`]).flat());
   }
@@ -114,9 +107,9 @@ describe('walks run beside the API, not in it (issue 27)', () => {
   /** Raised so that a heavy walk of A's is not refused A's next (9,000 commands are 18 tokens). */
   const RATES = JSON.stringify({ walk: { perSecond: 1_000, burst: 1_000 } });
 
-  it("answers B's read while A's first heavy walk holds a thread, and B's walk while A's next ones hold the background thread, one at a time", async () => {
-    const api = await startApi('2', { LEASE_OPS_API_COMPANY_RATES: RATES });
-    await heavyAttentionOfA('holds');
+  it("answers B's read while A's first heavy walk holds a thread, and B's walk while A's next ones hold the background thread, one at a time", async ({ onTestFinished }) => {
+    const api = await startApi(onTestFinished, '2', { LEASE_OPS_API_COMPANY_RATES: RATES });
+    await heavyAttentionOfA(api, 'holds');
     const attention = (token: string) => fetch(`${api.base}/v1/attention`, { headers: bearer(token) });
     const stalled = api.stalled();
     const aFirst = attention(A);
@@ -145,8 +138,8 @@ describe('walks run beside the API, not in it (issue 27)', () => {
     expect(await walksByThread(api)).toEqual({ foreground: 3, background: 2 });
   });
 
-  it("runs the admin's overview (every company's first attention items) in a thread too: B's read answers while it stalls", async () => {
-    const api = await startApi('1');
+  it("runs the admin's overview (every company's first attention items) in a thread too: B's read answers while it stalls", async ({ onTestFinished }) => {
+    const api = await startApi(onTestFinished, '1');
     const stalled = api.stalled();
     const overview = fetch(`${api.base}/v1/overview`, { headers: bearer(ADMIN) });
     await stalled;
@@ -158,11 +151,11 @@ describe('walks run beside the API, not in it (issue 27)', () => {
     expect(Array.isArray(body.attention)).toBe(true);
   });
 
-  it("counts a walk's Redis commands against its company's walk rate, each walk its own: A's long walk holds A's next, B's short one beside it is charged only its own", async () => {
+  it("counts a walk's Redis commands against its company's walk rate, each walk its own: A's long walk holds A's next, B's short one beside it is charged only its own", async ({ onTestFinished }) => {
     // No stalls here: A's walk costs what it reads, 3,000 entries of A's attention index
     // (three reads each; none has a reason any more, so this walk also takes them out).
-    const api = await startApi('1', { LEASE_OPS_FAULT_POINTS: '' });
-    await heavyAttentionOfA('lane');
+    const api = await startApi(onTestFinished, '1', { LEASE_OPS_FAULT_POINTS: '' });
+    await heavyAttentionOfA(api, 'lane');
     const attention = (token: string) => fetch(`${api.base}/v1/attention`, { headers: bearer(token) });
     const commands = async () => {
       const text = await (await fetch(`${api.base}/metrics`)).text();
@@ -191,14 +184,14 @@ describe('walks run beside the API, not in it (issue 27)', () => {
     for (let i = 0; i < 4; i++) expect((await attention(B)).status).toBe(200);
   });
 
-  it(`sends the walks of a company whose walk sent more than ${HEAVY_WALK_COMMANDS.toLocaleString('en-US')} Redis commands to the background thread, at nice ${BACKGROUND_WALK_NICE}, and another company's to the foreground one`, async () => {
-    const api = await startApi('2', { LEASE_OPS_FAULT_POINTS: '', LEASE_OPS_API_COMPANY_RATES: RATES });
+  it(`sends the walks of a company whose walk sent more than ${HEAVY_WALK_COMMANDS.toLocaleString('en-US')} Redis commands to the background thread, at nice ${BACKGROUND_WALK_NICE}, and another company's to the foreground one`, async ({ onTestFinished }) => {
+    const api = await startApi(onTestFinished, '2', { LEASE_OPS_FAULT_POINTS: '', LEASE_OPS_API_COMPANY_RATES: RATES });
     const attention = async (token: string) => expect((await fetch(`${api.base}/v1/attention`, { headers: bearer(token) })).status).toBe(200);
     expect(await (await fetch(`${api.base}/metrics`)).text()).toContain(`over ${HEAVY_WALK_COMMANDS.toLocaleString('en-US')} Redis commands`);
     await attention(B);
     expect(await walksByThread(api)).toEqual({ foreground: 1, background: 0 });
     // A's first walk: nothing is known of A's walks yet, so the foreground thread takes it.
-    await heavyAttentionOfA('first');
+    await heavyAttentionOfA(api, 'first');
     await attention(A);
     expect(await walksByThread(api)).toEqual({ foreground: 2, background: 0 });
     // The API's threads by nice value, with the CPU time each has spent (clock ticks).
@@ -210,7 +203,7 @@ describe('walks run beside the API, not in it (issue 27)', () => {
     const before = threads();
     // It sent some 9,000 commands: A's next walk, as heavy, goes to the background thread and
     // spends its CPU there, in the one thread of the API at nice 10 (Linux sets it per thread).
-    await heavyAttentionOfA('second');
+    await heavyAttentionOfA(api, 'second');
     await attention(A);
     expect(await walksByThread(api)).toEqual({ foreground: 2, background: 1 });
     const after = threads();
@@ -224,8 +217,8 @@ describe('walks run beside the API, not in it (issue 27)', () => {
     expect(await walksByThread(api)).toEqual({ foreground: 3, background: 1 });
   });
 
-  it("without walk threads (LEASE_OPS_API_WALK_THREADS=0), A's walk holds B's read behind it", async () => {
-    const api = await startApi('0');
+  it("without walk threads (LEASE_OPS_API_WALK_THREADS=0), A's walk holds B's read behind it", async ({ onTestFinished }) => {
+    const api = await startApi(onTestFinished, '0');
     const stalled = api.stalled();
     const aWalk = fetch(`${api.base}/v1/attention`, { headers: bearer(A) });
     await stalled;
@@ -234,8 +227,8 @@ describe('walks run beside the API, not in it (issue 27)', () => {
     expect((await bRead).status).toBe(200);
   });
 
-  it("holds a company's requests past its turns (LEASE_OPS_API_REQUESTS_PER_COMPANY) in line, not another company's", async () => {
-    const api = await startApi('2', { LEASE_OPS_API_REQUESTS_PER_COMPANY: '1' });
+  it("holds a company's requests past its turns (LEASE_OPS_API_REQUESTS_PER_COMPANY) in line, not another company's", async ({ onTestFinished }) => {
+    const api = await startApi(onTestFinished, '2', { LEASE_OPS_API_REQUESTS_PER_COMPANY: '1' });
     const stalled = api.stalled();
     // A's walk holds A's one turn while its thread stalls.
     const aWalk = fetch(`${api.base}/v1/attention`, { headers: bearer(A) });
@@ -250,9 +243,9 @@ describe('walks run beside the API, not in it (issue 27)', () => {
     expect((await bRead).status).toBe(200);
   });
 
-  it("keeps a company's walks waiting for their turn to 4 (429 company_walks_full past them), and drops one whose caller hung up", async () => {
+  it("keeps a company's walks waiting for their turn to 4 (429 company_walks_full past them), and drops one whose caller hung up", async ({ onTestFinished }) => {
     // No turns of requests here: they alone would keep A's walks in line to 3.
-    const api = await startApi('2', { LEASE_OPS_API_REQUESTS_PER_COMPANY: '0' });
+    const api = await startApi(onTestFinished, '2', { LEASE_OPS_API_REQUESTS_PER_COMPANY: '0' });
     const attention = (signal?: AbortSignal) => fetch(`${api.base}/v1/attention`, { headers: bearer(A), ...(signal ? { signal } : {}) });
     const stalled = api.stalled();
     const running = attention();
