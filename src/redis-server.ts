@@ -1,8 +1,9 @@
 import { spawn, spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, realpathSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { createInterface } from 'node:readline';
 import { Redis } from 'ioredis';
 import { ConfigError } from './config.ts';
 import { isClusterUrl } from './queues/redis.ts';
@@ -15,7 +16,8 @@ export async function redisAnswers(url: string, timeoutMs = 1_500): Promise<bool
 
 /** Whether a Redis answers at the URL, refuses its credentials, or is not there. */
 export async function probeRedis(url: string, timeoutMs = 1_500): Promise<'answers' | 'refuses-credentials' | 'absent'> {
-  const client = new Redis(url, { lazyConnect: true, connectTimeout: timeoutMs, maxRetriesPerRequest: 0, retryStrategy: () => null });
+  // commandTimeout too: a listener that accepts and never answers would hold the probe for ever (helper-52).
+  const client = new Redis(url, { lazyConnect: true, connectTimeout: timeoutMs, commandTimeout: timeoutMs, maxRetriesPerRequest: 0, retryStrategy: () => null });
   // A refused AUTH comes as an error event; connect() then rejects with "Connection is closed".
   let lastError: unknown;
   client.on('error', (err: unknown) => (lastError = err));
@@ -30,16 +32,23 @@ export async function probeRedis(url: string, timeoutMs = 1_500): Promise<'answe
   }
 }
 
-/** The process id of the Redis answering at the URL (INFO server), or null when none answers. */
-async function answeringPid(url: string, timeoutMs: number): Promise<number | null> {
-  const client = new Redis(url, { lazyConnect: true, connectTimeout: timeoutMs, maxRetriesPerRequest: 0, retryStrategy: () => null });
+/**
+ * The working directory of the Redis answering at the URL (CONFIG GET dir), '' when something
+ * answers that does not say (another server, a Redis that refuses), null when nothing answers.
+ */
+async function answeringDir(url: string, timeoutMs: number): Promise<string | null> {
+  const client = new Redis(url, { lazyConnect: true, connectTimeout: timeoutMs, commandTimeout: timeoutMs, maxRetriesPerRequest: 0, retryStrategy: () => null, enableReadyCheck: false });
   client.on('error', () => undefined);
   try {
     await client.connect();
-    const pid = /^process_id:(\d+)/m.exec(await client.info('server'))?.[1];
-    return pid ? Number(pid) : null;
   } catch {
     return null;
+  }
+  try {
+    const reply = (await client.config('GET', 'dir')) as string[];
+    return reply[1] ?? '';
+  } catch {
+    return '';
   } finally {
     client.disconnect();
   }
@@ -88,9 +97,22 @@ export async function startPrivateRedis(choosePort: () => Promise<number> = free
 
 async function startOn(port: number): Promise<PrivateRedis | 'port-taken'> {
   const dir = mkdtempSync(join(tmpdir(), 'lease-ops-redis-'));
+  // Ours is the server that runs in this directory (Redis reports it resolved): a pid would
+  // not tell, where redis-server on the PATH is a wrapper that starts it (helper-52).
+  const ownDir = realpathSync(dir);
+  // In a process group of its own, killed whole: a wrapper's server goes with it.
   const child = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir], {
-    stdio: 'ignore',
+    stdio: ['ignore', 'pipe', 'pipe'],
+    detached: true,
   });
+  /** Its last lines, for an error that says why it stopped. */
+  const said: string[] = [];
+  for (const stream of [child.stdout, child.stderr]) {
+    createInterface({ input: stream }).on('line', (line) => {
+      said.push(line);
+      if (said.length > 5) said.shift();
+    });
+  }
   let exited = false;
   child.once('exit', () => {
     exited = true;
@@ -101,21 +123,30 @@ async function startOn(port: number): Promise<PrivateRedis | 'port-taken'> {
     if (stopped) return;
     stopped = true;
     livePrivateRedis.delete(stop);
+    process.removeListener('exit', stop);
     // Nothing in it is kept (no persistence): killed, it is gone at once, even if this
     // process exits right after.
-    child.kill('SIGKILL');
+    try {
+      if (child.pid !== undefined) process.kill(-child.pid, 'SIGKILL');
+    } catch {
+      child.kill('SIGKILL');
+    }
     rmSync(dir, { recursive: true, force: true });
   };
   // On every way out the process sees (an error, process.exit, the end): not left running.
   process.once('exit', stop);
   livePrivateRedis.add(stop);
   for (let i = 0; i < 50; i++) {
-    const pid = await answeringPid(url, 200);
-    if (pid === child.pid) return { url, stop };
-    // Gone, or another server answers there: not ours.
-    if (exited || pid !== null) {
+    const answering = await answeringDir(url, 200);
+    if (answering === ownDir) return { url, stop };
+    // Another server answers there, or ours stopped because the port was taken: another port.
+    if (answering !== null || (exited && said.some((line) => line.includes('Address already in use')))) {
       stop();
       return 'port-taken';
+    }
+    if (exited) {
+      stop();
+      throw new Error(`redis-server stopped before it answered on ${url}: ${said.join(' | ') || 'it said nothing'}`);
     }
     await new Promise((r) => setTimeout(r, 100));
   }

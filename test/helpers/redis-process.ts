@@ -44,8 +44,9 @@ export class RedisProcess {
         rmSync(redis.dir, { recursive: true, force: true });
         // A port found free may be taken before the server binds it (by another test's server
         // or connection; a cluster node's bus port, which freePort never looked at): another
-        // port then (a CI run met a cluster node exiting at its start).
-        if (port !== undefined || attempt >= 5) throw err;
+        // port then (a CI run met a cluster node exiting at its start). Any other reason is
+        // the test's to see, with what the server said.
+        if (port !== undefined || attempt >= 5 || !(err instanceof PortTakenError)) throw err;
       }
     }
   }
@@ -57,13 +58,16 @@ export class RedisProcess {
     });
     this.child = child;
     let portTaken = false;
+    const said: string[] = [];
     await new Promise<void>((resolve, reject) => {
       createInterface({ input: child.stdout! }).on('line', (line) => {
         if (line.includes('Ready to accept connections')) resolve();
         if (line.includes('Address already in use')) portTaken = true;
+        said.push(line);
+        if (said.length > 3) said.shift();
       });
       // 'close', not 'exit': the line that says why it stopped may still be on its way then.
-      child.once('close', (code) => reject(portTaken ? new PortTakenError(this.port) : new Error(`redis-server on ${this.port} exited (${code})`)));
+      child.once('close', (code) => reject(portTaken ? new PortTakenError(this.port) : new Error(`redis-server on ${this.port} exited (${code}): ${said.join(' | ')}`)));
     });
   }
 
