@@ -74,7 +74,15 @@ describe("the README's quick start, in a fresh copy of the repository", () => {
   let child: ChildProcess | null = null;
 
   afterAll(async () => {
-    if (child?.pid && child.exitCode === null) process.kill(-child.pid, 'SIGKILL');
+    // Still running only if it neither exited nor was ended by a signal (bash, killed by the
+    // test's SIGTERM, has no exit code: its group was gone and this kill failed, ESRCH, in a CI run).
+    if (child?.pid && child.exitCode === null && child.signalCode === null) {
+      try {
+        process.kill(-child.pid, 'SIGKILL');
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'ESRCH') throw err;
+      }
+    }
     if (dir) rmSync(dir, { recursive: true, force: true });
     const redis = createRedis(REDIS_URL);
     for (const key of await scanKeys(redis, `${prefix}*`)) await redis.unlink(key);
