@@ -3,8 +3,8 @@ import { chmodSync, writeFileSync } from 'node:fs';
 import { createServer, type Socket } from 'node:net';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
-import { describe, expect, it } from 'vitest';
-import { freePort, startPrivateRedis } from '../src/redis-server.ts';
+import { afterEach, describe, expect, it } from 'vitest';
+import { freePort, startPrivateRedis, stopPrivateRedis } from '../src/redis-server.ts';
 import { dirFor } from './helpers/env.ts';
 import { serverFor } from './helpers/redis-process.ts';
 
@@ -40,6 +40,9 @@ const runId = async (url: string) => {
 };
 
 describe.sequential('the private Redis of `lease-ops start`', () => {
+  // Whatever a test started is stopped when it ends, even one still starting when it failed.
+  afterEach(() => stopPrivateRedis());
+
   it('starts on another port when another Redis took the one it found free, and never uses that one', async ({ onTestFinished }) => {
     const other = await serverFor(onTestFinished);
     const ports = [other.port];
