@@ -6,6 +6,7 @@ import { setPriority } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { loadConfig } from '../src/config.ts';
+import { seededRandom } from '../src/fakes/seeded-random.ts';
 import { createRedis } from '../src/queues/redis.ts';
 import { pool, startWorkers, stopWorkers, workersCpuUs } from './bench.ts';
 
@@ -74,20 +75,9 @@ function latencies(times: Times): Latencies {
   return out;
 }
 
-/** A seeded generator (mulberry32): the intervals come out the same for the same samples. */
-function seededRandom(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /** The 5th and 95th percentiles of p99(attacked) / p99(alone) over 1,000 bootstrap resamplings. */
 function ratioInterval(attacked: number[], alone: number[]): [number, number] {
+  // Seeded: the intervals come out the same for the same samples.
   const random = seededRandom(27);
   const p99Of = (list: number[]) => quantile(Array.from(list, () => list[Math.floor(random() * list.length)]!).sort((x, y) => x - y), 0.99);
   const ratios = Array.from({ length: 1_000 }, () => p99Of(attacked) / p99Of(alone)).sort((x, y) => x - y);
