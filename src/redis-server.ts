@@ -113,8 +113,9 @@ async function startOn(port: number): Promise<PrivateRedis | 'port-taken'> {
       if (said.length > 5) said.shift();
     });
   }
+  // 'close', not 'exit': the line that says why it stopped may still be on its way at its exit.
   let exited = false;
-  child.once('exit', () => {
+  child.once('close', () => {
     exited = true;
   });
   const url = `redis://127.0.0.1:${port}`;
