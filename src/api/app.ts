@@ -7,7 +7,7 @@ import { CompanyTurns } from './company-turns.ts';
 import { RefusalLog } from './refusal-log.ts';
 import { requestLog, requestLogger } from './request-log.ts';
 import { walksInProcess, type Walks } from './walks.ts';
-import { CompanyRateLimiter, costOfBody, DEFAULT_COMPANY_RATES, type RequestClass } from './company-rates.ts';
+import { CompanyRateLimiter, costOfBody, DEFAULT_COMPANY_RATES, RETRY_SPREAD_S, type RequestClass } from './company-rates.ts';
 import { actionPage, attentionPage, PAGE_CSP, timelinePage, timelinePath } from './pages.ts';
 import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import { ExpressAdapter } from '@bull-board/express';
@@ -253,6 +253,22 @@ async function repairEveryLane(ops: LeaseOpsClient['ops'], log: Logger): Promise
 }
 const FORGET_AT_ONCE = 20;
 
+/** The class of a request for its company's rate: a change, a walk over many records, or a read. */
+function classOf(method: string, path: string, onPages: boolean): RequestClass {
+  if (method !== 'GET' && method !== 'HEAD') return 'write';
+  // Express matches routes whatever their case: so does the class (`/v1/ATTENTION` is a walk).
+  const lower = path.toLowerCase();
+  return /\/(attention|timeline|overview)\/?$/.test(lower) || (onPages && /^\/leases\//.test(lower)) ? 'walk' : 'read';
+}
+
+const REQUESTS_FULL = {
+  code: 'company_requests_full',
+  message: 'the company already has its requests in progress and its line of waiting ones full (LEASE_OPS_API_REQUESTS_PER_COMPANY, four times as many may wait): retry',
+};
+
+/** 1 s and up to RETRY_SPREAD_S more at random: a company's requests refused together do not come back together. */
+const spreadRetryAfterS = () => 1 + Math.floor(Math.random() * (RETRY_SPREAD_S + 1));
+
 /**
  * Query parameters the API and the board read: their values are logged. Any other
  * parameter's value is masked in the request log, whatever its name (a token sent as `?t=`).
@@ -287,11 +303,8 @@ export function createApiApp(deps: ApiDeps): express.Express {
    */
   const rated = (req: Request, res: Response, next: NextFunction): void => {
     const principal = res.locals.principal as Principal | undefined;
-    if (!principal || principal.admin || principal.companyId === undefined) return next();
-    // Express matches routes whatever their case: so does the class (`/v1/ATTENTION` is a walk).
-    const path = req.path.toLowerCase();
-    const kind: RequestClass = req.method !== 'GET' && req.method !== 'HEAD' ? 'write' : /\/(attention|timeline|overview)\/?$/.test(path) || (/^\/leases\//.test(path) && req.baseUrl.toLowerCase() === '/ui') ? 'walk' : 'read';
-    res.locals.rateGiveBack = rates.take(principal.companyId, kind, kind === 'write' ? costOfBody(req.headers) : 1);
+    if (res.locals.admitted === true || !principal || principal.admin || principal.companyId === undefined) return next();
+    res.locals.rateGiveBack = rates.take(principal.companyId, classOf(req.method, req.path, req.baseUrl.toLowerCase() === '/ui'), req.method !== 'GET' && req.method !== 'HEAD' ? costOfBody(req.headers) : 1);
     next();
   };
   const turns = deps.turns ?? new CompanyTurns(deps.config.LEASE_OPS_API_REQUESTS_PER_COMPANY ?? 4);
@@ -302,13 +315,21 @@ export function createApiApp(deps: ApiDeps): express.Express {
    */
   const turned = (req: Request, res: Response, next: NextFunction): void => {
     const principal = res.locals.principal as Principal | undefined;
-    if (!principal || principal.admin || principal.companyId === undefined) return next();
-    const turn = turns.take(principal.companyId, () => (req.socket.destroyed ? turn?.done() : next()));
-    if (!turn) {
+    if (res.locals.admitted === true || !principal || principal.admin || principal.companyId === undefined) return next();
+    if (!takeTurn(req, res, principal.companyId, next)) {
       // Refused before anything was done: the rate's tokens are not spent (a full line is not a request worked on).
       (res.locals.rateGiveBack as (() => void) | undefined)?.();
-      throw new HttpError(429, 'company_requests_full', 'the company already has its requests in progress and its line of waiting ones full (LEASE_OPS_API_REQUESTS_PER_COMPANY, four times as many may wait): retry', { retryAfterS: 1 });
+      throw new HttpError(429, REQUESTS_FULL.code, REQUESTS_FULL.message, { retryAfterS: spreadRetryAfterS() });
     }
+  };
+  /**
+   * Takes a turn of `companyId` for this request: `go` runs once it has one (never inside this
+   * call). False when the company's line is full. The turn goes back when the answer is
+   * complete, the request starts to wait for an operation, or the caller hangs up.
+   */
+  const takeTurn = (req: Request, res: Response, companyId: string, go: () => void): boolean => {
+    const turn = turns.take(companyId, () => (req.socket.destroyed ? turn?.done() : go()));
+    if (!turn) return false;
     const { done } = turn;
     // The socket's close too: a pipelined request whose answer waits behind another's never
     // gets its response's close when the caller hangs up (helper-16: a company lost its turns).
@@ -332,6 +353,50 @@ export function createApiApp(deps: ApiDeps): express.Express {
       return end(...args);
     }) as typeof res.end;
     res.once('close', finish);
+    return true;
+  };
+  /**
+   * A scoped token's /v1 request is rated and waits for its company's turn first of all, and
+   * a refusal there is written at once (issue 27: 200 long polls a company sent at once went
+   * through the request log, the router and the error handler, 0.7-1 ms of the API each, and
+   * held another company's read 85-234 ms behind them). The /v1 router rates and turns the
+   * requests this does not recognise (another form of URL, say) as before.
+   */
+  const admitFirst = (req: Request, res: Response, next: NextFunction): void => {
+    const url = req.url;
+    const query = url.indexOf('?');
+    const path = (query < 0 ? url : url.slice(0, query)).toLowerCase();
+    // The /v1 router's requests only: not its OPTIONS (refused before its authentication) nor the document (served before it).
+    if ((path !== '/v1' && !path.startsWith('/v1/')) || req.method === 'OPTIONS' || /^\/v1\/openapi\.json\/?$/.test(path)) return next();
+    // The same check as the /v1 router's (which makes it again): Bearer only.
+    const principal = auth.authenticate(req.headers.authorization, { basic: false });
+    if (!principal || principal.admin || principal.companyId === undefined) return next();
+    const companyId = principal.companyId;
+    let giveBack: () => void;
+    try {
+      giveBack = rates.take(companyId, classOf(req.method, path.slice(3), false), req.method !== 'GET' && req.method !== 'HEAD' ? costOfBody(req.headers) : 1);
+    } catch (err) {
+      if (!(err instanceof HttpError)) throw err;
+      return refuseAtOnce(res, companyId, err.code, err.message, err.opts.retryAfterS ?? 1);
+    }
+    res.locals.admitted = true;
+    res.locals.rateGiveBack = giveBack;
+    if (takeTurn(req, res, companyId, next)) return;
+    res.locals.admitted = false;
+    giveBack();
+    refuseAtOnce(res, companyId, REQUESTS_FULL.code, REQUESTS_FULL.message, spreadRetryAfterS());
+  };
+  /** A company's request refused at its budget, answered as the error handler would, without it. */
+  const refuseAtOnce = (res: Response, companyId: string, code: string, message: string, retryAfterS: number): void => {
+    refusals.note(companyId, code);
+    const body = JSON.stringify({ error: { code, message } });
+    res.writeHead(429, {
+      'content-type': 'application/json; charset=utf-8',
+      'content-length': Buffer.byteLength(body),
+      'retry-after': String(retryAfterS),
+      ...(client.isClosed ? { connection: 'close' } : {}),
+    });
+    res.end(body);
   };
   /** A request about to wait for an operation gives its company's turn back meanwhile. */
   const givesTurnBack = (res: Response) => (res.locals.turnDone as (() => void) | undefined)?.();
@@ -341,6 +406,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
   const app = express();
   app.disable('x-powered-by');
   app.set('query parser', 'simple');
+  app.use(admitFirst);
   app.use(
     requestLog(log, {
       // Probes and scrapes are frequent and tell nothing; keep them out of the log.
