@@ -24,6 +24,24 @@ import { RedisMonitor, type MonitoredCommand } from './helpers/monitor.ts';
 
 const A = 'neighbour-a-token-0123456789';
 const B = 'neighbour-b-token-0123456789';
+
+/**
+ * One request on a connection of its own, sent as written (a `#fragment` too, which fetch
+ * drops), with `Connection: close`: its status, headers and body.
+ */
+async function rawRequest(base: string, token: string, requestLine: string): Promise<{ status: number; headers: Record<string, string>; body: string }> {
+  const { port } = new URL(base);
+  const socket = connect(Number(port), '127.0.0.1');
+  await once(socket, 'connect');
+  socket.write(`${requestLine}\r\nHost: x\r\nAuthorization: Bearer ${token}\r\nConnection: close\r\n\r\n`);
+  let text = '';
+  socket.on('data', (chunk: Buffer) => (text += chunk.toString()));
+  await once(socket, 'close');
+  const [head, body = ''] = text.split('\r\n\r\n');
+  const [statusLine, ...lines] = head!.split('\r\n');
+  const headers = Object.fromEntries(lines.map((line) => [line.slice(0, line.indexOf(':')).toLowerCase(), line.slice(line.indexOf(':') + 1).trim()]));
+  return { status: Number(statusLine!.split(' ')[1]), headers, body };
+}
 /** A's token, B's, and a token of B's prod environment. */
 const A_B_AND_B_PROD = JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }, { token: `${B}-prod`, companyId: 'b', environmentIds: ['prod'] }]);
 
@@ -252,28 +270,14 @@ describe("noisy neighbours: a company's turns (LEASE_OPS_API_REQUESTS_PER_COMPAN
     socket.destroy();
     for (const res of await Promise.all(inLine)) expect(res.status).toBe(200);
   });
-  /** One request on a connection of its own, as written (`Connection: close`): its status, headers and body. */
-  async function rawRequest(requestLine: string): Promise<{ status: number; headers: Record<string, string>; body: string }> {
-    const { port } = new URL(api.base);
-    const socket = connect(Number(port), '127.0.0.1');
-    await once(socket, 'connect');
-    socket.write(`${requestLine}\r\nHost: x\r\nAuthorization: Bearer ${A}\r\nConnection: close\r\n\r\n`);
-    let text = '';
-    socket.on('data', (chunk: Buffer) => (text += chunk.toString()));
-    await once(socket, 'close');
-    const [head, body = ''] = text.split('\r\n\r\n');
-    const [statusLine, ...lines] = head!.split('\r\n');
-    const headers = Object.fromEntries(lines.map((line) => [line.slice(0, line.indexOf(':')).toLowerCase(), line.slice(line.indexOf(':') + 1).trim()]));
-    return { status: Number(statusLine!.split(' ')[1]), headers, body };
-  }
-
   it('refuses a full line with one answer whatever the form of the URL (rated and turned first, or by the /v1 router), its Retry-After spread over 1-3 s', async () => {
     const socket = await pipelinedHolder();
     const inLine = Array.from({ length: 4 }, () => fetch(`${api.base}/v1/leases/recording/a/env/l1`, { headers: bearer(A) }));
     await until(async () => (await usage()).waiting === 4, "A's four in line");
-    // The usual form is refused first of all; a URL in absolute form is left to the /v1 router, which refuses it as before.
+    // Every form of the same path Express routes to /v1 (absolute form, a fragment, capitals): the same refusal.
+    const forms = ['/v1/leases/recording/a/env/l1', 'http://x/v1/leases/recording/a/env/l1', '/v1/leases/recording/a/env/l1#x', '/V1/leases/recording/a/env/l1'];
     const answers = [];
-    for (let i = 0; i < 8; i++) answers.push(await rawRequest(`GET ${i % 2 ? 'http://x' : ''}/v1/leases/recording/a/env/l1 HTTP/1.1`));
+    for (let i = 0; i < 8; i++) answers.push(await rawRequest(api.base, A, `GET ${forms[i % forms.length]} HTTP/1.1`));
     for (const answer of answers) {
       expect(answer.status).toBe(429);
       expect(JSON.parse(answer.body)).toEqual(JSON.parse(answers[0]!.body));
@@ -319,8 +323,9 @@ describe("noisy neighbours: a request refused for a full line keeps its company'
       const after = [];
       for (let i = 0; i < 3; i++) after.push((await fetch(`${api.base}/v1/leases/recording/a/env/l1`, { headers: { authorization: `Bearer ${A}` } })).status);
       expect(after).toEqual([200, 200, 429]);
-      // The document is served before /v1's budgets: its rate spent, the company still reads it.
+      // The document is served before /v1's budgets: its rate spent, the company still reads it, in any form of its URL.
       expect((await fetch(`${api.base}/v1/openapi.json`, { headers: { authorization: `Bearer ${A}` } })).status).toBe(200);
+      for (const form of ['/v1/openapi.json#x', '/V1/OPENAPI.JSON', '/v1/openapi.json/']) expect((await rawRequest(api.base, A, `GET ${form} HTTP/1.1`)).status).toBe(200);
     } finally {
       socket.destroy();
       await api.close();
@@ -931,13 +936,18 @@ describe("noisy neighbours: a company's request rates", () => {
     for (const path of ['/v1/ATTENTION', '/v1/Attention/', '/ui/Attention', '/v1/leases/recording/a/env/l/TIMELINE', '/UI/leases/recording/a/env/l']) {
       expect([path, (await get(A, path)).status]).toEqual([path, 429]);
     }
+    // A walk's class is read off the path Express routes on: a fragment (which fetch drops) or
+    // an absolute-form target does not make a walk a read (helper-53: /v1/attention#x was one).
+    for (const target of ['/v1/attention#x', '/v1/leases/recording/a/env/l/timeline#x', 'http://x/v1/attention']) {
+      expect([target, (await rawRequest(api.base, A, `GET ${target} HTTP/1.1`)).status]).toEqual([target, 429]);
+    }
     // Reads are a class of their own: A still reads its lease.
     expect((await get(A, '/v1/leases/recording/a/env/l')).status).toBe(200);
     // B is not A; an admin is not limited.
     expect((await get(B, '/v1/attention')).status).toBe(200);
     for (let i = 0; i < 6; i++) expect((await get(ADMIN, '/v1/attention')).status).toBe(200);
     // The refusals are counted on /metrics.
-    expect(await (await fetch(`${api.base}/metrics`)).text()).toMatch(/^lease_ops_api_rate_limited_total 7$/m);
+    expect(await (await fetch(`${api.base}/metrics`)).text()).toMatch(/^lease_ops_api_rate_limited_total 10$/m);
   });
 });
 
@@ -1117,6 +1127,50 @@ describe("noisy neighbours: a company's refusals in the log", () => {
       await fetch(`${api.base}/v1/leases/recording/a/env/l`, { headers: { authorization: 'Bearer not-a-token-0123456789' } });
       expect(lines.filter((l) => (l.res as { statusCode?: number } | undefined)?.statusCode === 401)).toHaveLength(1);
     } finally {
+      await api.close();
+      await bed.close();
+    }
+  });
+
+  it("logs a request that waited in its company's line with the time it waited, and one whose caller hung up there as aborted (helper-53)", async () => {
+    const lines: Record<string, unknown>[] = [];
+    const log = createLogger({ level: 'info', destination: { write: (t: string) => void lines.push(JSON.parse(t) as Record<string, unknown>) } });
+    const bed = await TestBed.create({ LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }]), LEASE_OPS_API_REQUESTS_PER_COMPANY: '1' });
+    const api = await startTestApi(bed, log);
+    const { port } = new URL(api.base);
+    const sockets: Socket[] = [];
+    const open = async (text: string) => {
+      const socket = connect(Number(port), '127.0.0.1');
+      socket.on('error', () => undefined);
+      sockets.push(socket);
+      await once(socket, 'connect');
+      socket.write(text);
+      return socket;
+    };
+    const waiting = async () => Number(/^lease_ops_api_requests\{state="waiting"\} (\d+)$/m.exec(await (await fetch(`${api.base}/metrics`)).text())?.[1]);
+    const lineFor = async (url: string) => {
+      for (const deadline = Date.now() + 10_000; Date.now() < deadline; await new Promise((r) => setTimeout(r, 20))) {
+        const line = lines.find((l) => (l.req as { url?: string } | undefined)?.url === url);
+        if (line) return line;
+      }
+      throw new Error(`no line for ${url}`);
+    };
+    try {
+      // A change whose body never comes holds A's one turn.
+      const holder = await open(`POST /v1/leases/recording/a/env/l1/operations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${A}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{`);
+      const leaving = await open(`GET /v1/leases/recording/a/env/leaving HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${A}\r\n\r\n`);
+      await open(`GET /v1/leases/recording/a/env/staying HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${A}\r\n\r\n`);
+      while ((await waiting()) !== 2) await new Promise((r) => setImmediate(r));
+      leaving.destroy();
+      expect(await lineFor('/v1/leases/recording/a/env/leaving')).toMatchObject({ msg: 'request aborted' });
+      await new Promise((r) => setTimeout(r, 300));
+      holder.destroy();
+      const stayed = await lineFor('/v1/leases/recording/a/env/staying');
+      expect(stayed).toMatchObject({ msg: 'request completed' });
+      // Its time counts from its arrival, its 300 ms and more in line included.
+      expect(stayed.responseTime as number).toBeGreaterThanOrEqual(300);
+    } finally {
+      for (const socket of sockets) socket.destroy();
       await api.close();
       await bed.close();
     }

@@ -356,16 +356,16 @@ export function createApiApp(deps: ApiDeps): express.Express {
     return true;
   };
   /**
-   * A scoped token's /v1 request is rated and waits for its company's turn first of all, and
-   * a refusal there is written at once (issue 27: 200 long polls a company sent at once went
-   * through the request log, the router and the error handler, 0.7-1 ms of the API each, and
-   * held another company's read 85-234 ms behind them). The /v1 router rates and turns the
-   * requests this does not recognise (another form of URL, say) as before.
+   * A scoped token's /v1 request is rated and waits for its company's turn before the router
+   * sees it, and a refusal there is written at once (issue 27: 200 long polls a company sent at once went
+   * through the router and the error handler, 0.7-1 ms of the API each, and held another
+   * company's read 85-234 ms behind them). The /v1 router rates and turns what this does not
+   * take (a request without a company's Bearer token) as before.
    */
   const admitFirst = (req: Request, res: Response, next: NextFunction): void => {
-    const url = req.url;
-    const query = url.indexOf('?');
-    const path = (query < 0 ? url : url.slice(0, query)).toLowerCase();
+    // The path Express routes on (no query, no fragment, an absolute-form target's path):
+    // a class read off another would let `/v1/attention#x` pass as a read (helper-53).
+    const path = req.path.toLowerCase();
     // The /v1 router's requests only: not its OPTIONS (refused before its authentication) nor the document (served before it).
     if ((path !== '/v1' && !path.startsWith('/v1/')) || req.method === 'OPTIONS' || /^\/v1\/openapi\.json\/?$/.test(path)) return next();
     // The same check as the /v1 router's (which makes it again): Bearer only.
@@ -377,18 +377,22 @@ export function createApiApp(deps: ApiDeps): express.Express {
       giveBack = rates.take(companyId, classOf(req.method, path.slice(3), false), req.method !== 'GET' && req.method !== 'HEAD' ? costOfBody(req.headers) : 1);
     } catch (err) {
       if (!(err instanceof HttpError)) throw err;
-      return refuseAtOnce(res, companyId, err.code, err.message, err.opts.retryAfterS ?? 1);
+      return refuseAtOnce(res, principal, err.code, err.message, err.opts.retryAfterS ?? 1);
     }
     res.locals.admitted = true;
     res.locals.rateGiveBack = giveBack;
     if (takeTurn(req, res, companyId, next)) return;
     res.locals.admitted = false;
     giveBack();
-    refuseAtOnce(res, companyId, REQUESTS_FULL.code, REQUESTS_FULL.message, spreadRetryAfterS());
+    refuseAtOnce(res, principal, REQUESTS_FULL.code, REQUESTS_FULL.message, spreadRetryAfterS());
   };
-  /** A company's request refused at its budget, answered as the error handler would, without it. */
-  const refuseAtOnce = (res: Response, companyId: string, code: string, message: string, retryAfterS: number): void => {
-    refusals.note(companyId, code);
+  /**
+   * A company's request refused at its budget, answered as the error handler would, without
+   * it. The request log (before this) counts it as it counts the handler's refusals.
+   */
+  const refuseAtOnce = (res: Response, principal: Principal, code: string, message: string, retryAfterS: number): void => {
+    res.locals.principal = principal;
+    res.locals.errorCode = code;
     const body = JSON.stringify({ error: { code, message } });
     res.writeHead(429, {
       'content-type': 'application/json; charset=utf-8',
@@ -406,7 +410,6 @@ export function createApiApp(deps: ApiDeps): express.Express {
   const app = express();
   app.disable('x-powered-by');
   app.set('query parser', 'simple');
-  app.use(admitFirst);
   app.use(
     requestLog(log, {
       // Probes and scrapes are frequent and tell nothing; keep them out of the log.
@@ -441,6 +444,9 @@ export function createApiApp(deps: ApiDeps): express.Express {
       errorMessage: (res) => (res.locals?.chosenAnswer === true ? `answered ${res.statusCode}` : 'request errored'),
     }),
   );
+  // After the request log: a request's line counts its time in its company's line, and one
+  // whose caller hung up there is logged as aborted (helper-53).
+  app.use(admitFirst);
 
   // Operations endpoints: no authentication, so probes and Prometheus can reach them.
   // The front door: the operator's pages (they ask for the token as a password).
