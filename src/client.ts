@@ -290,11 +290,23 @@ export class LeaseOpsClient {
     if (this.closed) throw new ClientClosedError(view.jobId);
     // Waits were ended (endWaits: the API closing): answered as a wait whose time ran out.
     if (this.waitsEnded) return view;
-    const partition = this.partitionOf(view.jobId);
-    const job = await this.call(() => Job.fromId(partition.ops.queue, view.jobId));
+    return this.waitForEndOf(view.jobId, waitMs);
+  }
+
+  /**
+   * Waits up to `waitMs` for operation `jobId` to end, without reading its view first (for a
+   * caller that saw it unfinished: a long poll's peek, an enqueue just accepted; one that
+   * ended meanwhile is found at once), and returns it as it is then; null if there is no such
+   * operation or it was removed meanwhile.
+   */
+  async waitForEndOf(jobId: string, waitMs: number): Promise<OperationView | null> {
+    if (this.closed) throw new ClientClosedError(jobId);
+    if (this.waitsEnded) return this.answerEnded(jobId);
+    const partition = this.partitionOf(jobId);
+    const job = await this.call(() => Job.fromId(partition.ops.queue, jobId));
     if (!job) return null;
     // Ended while it read the job: it opens nothing (helper-34: a stream opened after close() kept the process alive).
-    if (this.waitsEnded) return this.answerEnded(view);
+    if (this.waitsEnded) return this.answerEnded(jobId);
     const until = Date.now() + waitMs;
     let ended = true;
     try {
@@ -308,17 +320,17 @@ export class LeaseOpsClient {
       ended = !(err instanceof Error && WAIT_TIMED_OUT.test(err.message));
     }
     // Woken by endWaits() or close() (ClientPartition.wakeWaits), or ended meanwhile.
-    if (this.waitsEnded) return this.answerEnded(view);
-    if (!ended) return this.call(() => partition.inspector.operation(view.jobId));
+    if (this.waitsEnded) return this.answerEnded(jobId);
+    if (!ended) return this.call(() => partition.inspector.operation(jobId));
     // Every wait on this job woke on its one end event: they share one read of it, begun
     // after that event (helper-31: 100 polls on one job read its view 100 times at once).
     // Joined only until this turn of the event loop ends, by waits that woke on an end too.
     // Each joiner gets a copy of its own: a caller that changes its view changes no other's (helper-32).
-    const shared = this.readsAfterEnd.get(view.jobId);
+    const shared = this.readsAfterEnd.get(jobId);
     if (shared) return shared.then((read) => read && structuredClone(read));
-    const read = this.call(() => partition.inspector.operation(view.jobId));
-    this.readsAfterEnd.set(view.jobId, read);
-    setImmediate(() => this.readsAfterEnd.delete(view.jobId));
+    const read = this.call(() => partition.inspector.operation(jobId));
+    this.readsAfterEnd.set(jobId, read);
+    setImmediate(() => this.readsAfterEnd.delete(jobId));
     return read;
   }
 
@@ -328,9 +340,9 @@ export class LeaseOpsClient {
    * accepted, and a 503 would have a caller without an idempotency key enqueue it again). One
    * that close() ended has nothing to read on: ClientClosedError.
    */
-  private answerEnded(view: OperationView): Promise<OperationView | null> {
-    if (this.closed) return Promise.reject(new ClientClosedError(view.jobId));
-    return this.call(() => this.partitionOf(view.jobId).inspector.operation(view.jobId));
+  private answerEnded(jobId: string): Promise<OperationView | null> {
+    if (this.closed) return Promise.reject(new ClientClosedError(jobId));
+    return this.call(() => this.partitionOf(jobId).inspector.operation(jobId));
   }
 
   /** Waits for an operation to end, driven by BullMQ's event stream (no polling). */

@@ -1005,8 +1005,7 @@ describe('noisy neighbours: long polls begun together end apart', () => {
       const held: number[] = [];
       const client = api.client;
       const read = client.getOperation.bind(client);
-      client.waitForEnd = async (view, waitMs) => (held.push(waitMs), view);
-      client.getOperation = async (id, opts = {}) => (opts.waitMs ? (held.push(opts.waitMs), read(id)) : read(id));
+      client.waitForEndOf = async (id, waitMs) => (held.push(waitMs), read(id));
       for (let i = 0; i < 6; i++) expect((await fetch(`${api.base}/v1/operations/${encodeURIComponent(jobId)}?waitMs=20000`, { headers })).status).toBe(200);
       for (let i = 0; i < 6; i++) {
         const res = await fetch(`${lease}/operations`, { method: 'POST', headers: { ...headers, prefer: 'wait=20' }, body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 'held' } }) });
@@ -1027,6 +1026,39 @@ describe('noisy neighbours: long polls begun together end apart', () => {
 });
 
 describe('noisy neighbours: long polls on one operation that ends', () => {
+  it("reads a waiting operation's view once, when its wait ends, not before it too (a long poll, Prefer: wait)", async () => {
+    const bed = await TestBed.create({ LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }]) });
+    await bed.ops.announceProviders([{ name: 'recording', capabilities: { stop: true, pause: false, forceStop: true } }]);
+    const api = await startTestApi(bed);
+    try {
+      const headers = { authorization: `Bearer ${A}`, 'content-type': 'application/json' };
+      const lease = `${api.base}/v1/leases/recording/a/env/held`;
+      expect((await fetch(`${lease}/pause`, { method: 'POST', headers })).status).toBe(200);
+      const { jobId } = (await (await fetch(`${lease}/operations`, { method: 'POST', headers, body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 'held' } }) })).json()) as { jobId: string };
+      const reads: string[] = [];
+      for (const partition of api.client.partitions) {
+        const read = partition.inspector.operation.bind(partition.inspector);
+        partition.inspector.operation = async (id) => (reads.push(id), read(id));
+      }
+      const poll = await fetch(`${api.base}/v1/operations/${encodeURIComponent(jobId)}?waitMs=300`, { headers });
+      expect(poll.status).toBe(200);
+      expect(((await poll.json()) as { state: string }).state).toBe('paused');
+      expect(reads).toEqual([jobId]);
+      const preferred = await fetch(`${lease}/operations`, { method: 'POST', headers: { ...headers, prefer: 'wait=1' }, body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 'held' } }) });
+      expect(preferred.status).toBe(202);
+      const second = ((await preferred.json()) as { jobId: string }).jobId;
+      expect(reads).toEqual([jobId, second]);
+      // Its scope is still checked before it waits: B's poll of A's operation is not found at once.
+      const started = Date.now();
+      expect((await fetch(`${api.base}/v1/operations/${encodeURIComponent(jobId)}?waitMs=20000`, { headers: { authorization: `Bearer ${B}` } })).status).toBe(404);
+      expect(Date.now() - started).toBeLessThan(10_000);
+      expect(reads).toEqual([jobId, second]);
+    } finally {
+      await api.close();
+      await bed.close();
+    }
+  });
+
   it('answers every wait on an operation from one read of it after its end (helper-31: one read each, at once)', async () => {
     const bed = await TestBed.create({ LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }]), LEASE_OPS_API_MAX_WAITS_PER_COMPANY: '50', LEASE_OPS_API_MAX_WAITS: '50' });
     await bed.ops.announceProviders([{ name: 'recording', capabilities: { stop: true, pause: false, forceStop: true } }]);

@@ -625,8 +625,9 @@ export function createApiApp(deps: ApiDeps): express.Express {
       res.set('Preference-Applied', `wait=${Math.floor(wait / 1_000)}`);
       // Accepted already: a wait that fails (the API closing at its cut, Redis away) is answered
       // with the 202 receipt, never an error that would have a caller enqueue it again (helper-38).
+      // Just accepted: waited for without reading its view first (one that ended meanwhile is found at once).
       const view = await client
-        .getOperation(enqueued.jobId, { waitMs: waits.spread(wait) })
+        .waitForEndOf(enqueued.jobId, waits.spread(wait))
         .catch((err: unknown) => {
           lineOf(log, req).warn({ jobId: enqueued.jobId, err: err instanceof Error ? err.message : String(err) }, 'the wait of an accepted enqueue failed: answered with its receipt');
           return null;
@@ -738,31 +739,30 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const { jobId } = parse(OperationPathSchema, req.params, 'path');
     const { waitMs } = parse(WaitQuerySchema, req.query, 'query');
     const principal = res.locals.principal as Principal;
-    if (waitMs && waits.wouldRefuse(waiter(principal))) {
-      // A wait that would be refused is told so after one read of its job (its scope, whether
-      // it ended), not of its whole view: a company past its waits, asking again and again,
-      // costs the API and Redis little (issue 27: 100 such a second read 100 views).
-      const peek = await client.peekOperation(jobId);
-      if (!peek || !canSee(principal, peek.lease)) throw operationNotFound(jobId);
-      // Still full: refused (and counted); freed meanwhile, it goes on as any wait.
-      if (!peek.finished) waits.takeOrRefuse(waiter(principal))();
-    }
-    // Check the scope before waiting, so an out-of-scope id cannot be timed either.
-    const first = await client.getOperation(jobId);
-    if (!first || !canSee(principal, first.lease)) throw operationNotFound(jobId);
     const wait = Math.min(waitMs ?? 0, deps.config.LEASE_OPS_API_MAX_WAIT_MS);
-    const ended = first.state === 'completed' || first.state === 'failed';
-    let view: typeof first | null = first;
-    if (wait > 0 && !ended) {
-      // One that hung up while its operation was read has no one to wait for (and its close
-      // came before a listener could give the wait back).
-      if (hungUp(req)) return;
-      const release = waits.takeOrRefuse(waiter(principal));
-      givesTurnBack(res);
-      res.on('close', release);
-      view = await client.waitForEnd(first, waits.spread(wait)).finally(release);
+    if (wait > 0) {
+      // A wait reads one field pair of its job first (its scope, whether it ended), not its
+      // whole view: its scope is checked before it waits, so an out-of-scope id cannot be
+      // timed, and a company past its waits, asking again and again, costs the API and Redis
+      // little (issue 27: 100 such a second read 100 views).
+      const peek = await client.peekOperation(jobId);
+      if (peek && !canSee(principal, peek.lease)) throw operationNotFound(jobId);
+      // No such job (or one whose data names no lease), or one that ended: read, not waited for, below.
+      if (peek && !peek.finished) {
+        // One that hung up while its operation was read has no one to wait for (and its close
+        // came before a listener could give the wait back).
+        if (hungUp(req)) return;
+        const release = waits.takeOrRefuse(waiter(principal));
+        givesTurnBack(res);
+        res.on('close', release);
+        const view = await client.waitForEndOf(jobId, waits.spread(wait)).finally(release);
+        if (!view) throw operationNotFound(jobId);
+        res.json(view);
+        return;
+      }
     }
-    if (!view) throw operationNotFound(jobId);
+    const view = await client.getOperation(jobId);
+    if (!view || !canSee(principal, view.lease)) throw operationNotFound(jobId);
     res.json(view);
   });
 

@@ -44,11 +44,6 @@ export class WaitBudget {
     };
   }
 
-  /** Whether a wait of `company` would be refused now (nothing taken, nothing counted). */
-  wouldRefuse(company: string): boolean {
-    return (this.held.get(company) ?? 0) >= this.limits.perCompany || this.total >= this.limits.total;
-  }
-
   /** Like take, but a full budget is a 429 with its code (`company_waits_full`, `server_waits_full`). */
   takeOrRefuse(company: string): () => void {
     const taken = this.take(company);
