@@ -984,6 +984,15 @@ describe("noisy neighbours: a refused company's clients come back apart", () => 
   });
 });
 
+/** A's operation waiting in its paused lane (`held`), its lease's URL, and A's headers. */
+async function heldOperation(api: TestApi): Promise<{ headers: Record<string, string>; lease: string; jobId: string }> {
+  const headers = { authorization: `Bearer ${A}`, 'content-type': 'application/json' };
+  const lease = `${api.base}/v1/leases/recording/a/env/held`;
+  expect((await fetch(`${lease}/pause`, { method: 'POST', headers })).status).toBe(200);
+  const { jobId } = (await (await fetch(`${lease}/operations`, { method: 'POST', headers, body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 'held' } }) })).json()) as { jobId: string };
+  return { headers, lease, jobId };
+}
+
 describe('noisy neighbours: long polls begun together end apart', () => {
   it('holds a wait up to a tenth less than asked, at random', () => {
     const draws = [0, 0.5, 0.999];
@@ -997,10 +1006,7 @@ describe('noisy neighbours: long polls begun together end apart', () => {
     await bed.ops.announceProviders([{ name: 'recording', capabilities: { stop: true, pause: false, forceStop: true } }]);
     const api = await startTestApi(bed);
     try {
-      const headers = { authorization: `Bearer ${A}`, 'content-type': 'application/json' };
-      const lease = `${api.base}/v1/leases/recording/a/env/held`;
-      expect((await fetch(`${lease}/pause`, { method: 'POST', headers })).status).toBe(200);
-      const { jobId } = (await (await fetch(`${lease}/operations`, { method: 'POST', headers, body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 'held' } }) })).json()) as { jobId: string };
+      const { headers, lease, jobId } = await heldOperation(api);
       // What each wait is held for, answered at once (the waits' ends are not what is tested).
       const held: number[] = [];
       const client = api.client;
@@ -1031,10 +1037,7 @@ describe('noisy neighbours: long polls on one operation that ends', () => {
     await bed.ops.announceProviders([{ name: 'recording', capabilities: { stop: true, pause: false, forceStop: true } }]);
     const api = await startTestApi(bed);
     try {
-      const headers = { authorization: `Bearer ${A}`, 'content-type': 'application/json' };
-      const lease = `${api.base}/v1/leases/recording/a/env/held`;
-      expect((await fetch(`${lease}/pause`, { method: 'POST', headers })).status).toBe(200);
-      const { jobId } = (await (await fetch(`${lease}/operations`, { method: 'POST', headers, body: JSON.stringify({ op: 'stop', params: { providerLeaseId: 'held' } }) })).json()) as { jobId: string };
+      const { headers, lease, jobId } = await heldOperation(api);
       const reads: string[] = [];
       for (const partition of api.client.partitions) {
         const read = partition.inspector.operation.bind(partition.inspector);
