@@ -9,7 +9,7 @@ import { laneOfToken, MAX_ACTIVITY_TTL_MS, MIN_ACTIVITY_TTL_MS } from './queues/
 import { LeaseIdentitySchema, laneIdOf, laneIdOfJobId, type LeaseIdentity } from './lease.ts';
 import { partitionOfLane, partitionPrefixes } from './partitions.ts';
 import { claimPartitionLayout, heldPartitionCount, LayoutError } from './queues/layout.ts';
-import type { OperationName, OperationParams } from './operations.ts';
+import { OperationJobDataSchema, type OperationName, type OperationParams } from './operations.ts';
 import { OperatorActions, type AcknowledgeResult, type CancelResult, type PauseResult, type RerunResult } from './queues/operator-actions.ts';
 import { Inspector, type AttentionItem, type AttentionScope, type AttentionReason, type LeaseTimeline, type LeaseView, type OperationView, type QueueOverview, type QueueGauges } from './queues/inspect.ts';
 import { LeaseRecords } from './queues/lease-records.ts';
@@ -263,22 +263,23 @@ export class LeaseOpsClient {
   /**
    * An operation's lease and whether BullMQ finished it, from one read of its job: enough to
    * refuse a wait (the lease's scope, and that there is something to wait for) without
-   * reading its whole view. Null when there is no such job (or its data names no lease).
+   * reading its whole view. Null when there is no such job; its lease null when its data is
+   * not an operation's (read as its view reads it, so the two agree on whose it is).
    */
-  async peekOperation(jobId: string): Promise<{ lease: LeaseIdentity; finished: boolean } | null> {
+  async peekOperation(jobId: string): Promise<{ lease: LeaseIdentity | null; finished: boolean } | null> {
     const { ops } = this.partitionOf(jobId);
     // An id that names one of the queue's own keys (`events`, `id`, `failed`) is no job: not
     // found, as the view's read says (helper-23: Redis' WRONGTYPE answered 500).
     const [finishedOn, data] = await this.call(() => ops.connection.hmget(ops.queue.toKey(jobId), 'finishedOn', 'data').catch((err: unknown) => (err instanceof Error && err.message.startsWith('WRONGTYPE') ? [null, null] : Promise.reject(err))));
     if (data === null || data === undefined) return null;
-    let lease: unknown;
+    let parsed: unknown;
     try {
-      lease = (JSON.parse(data) as { lease?: unknown }).lease;
+      parsed = JSON.parse(data);
     } catch {
-      return null;
+      parsed = null;
     }
-    const parsed = LeaseIdentitySchema.safeParse(lease);
-    return parsed.success ? { lease: parsed.data, finished: finishedOn !== null } : null;
+    const operation = OperationJobDataSchema.safeParse(parsed);
+    return { lease: operation.success ? operation.data.lease : null, finished: finishedOn !== null };
   }
 
   /**

@@ -1032,6 +1032,41 @@ describe('noisy neighbours: long polls begun together end apart', () => {
 });
 
 describe('noisy neighbours: long polls on one operation that ends', () => {
+  it('decides a wait by what the view reads of its job (helper-54): data that is no operation is not found for its company, and an admin waits on it', async () => {
+    const ADMIN = 'neighbour-admin-token-0123456789';
+    const bed = await TestBed.create({ LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }, { token: ADMIN }]) });
+    await bed.ops.announceProviders([{ name: 'recording', capabilities: { stop: true, pause: false, forceStop: true } }]);
+    const api = await startTestApi(bed);
+    try {
+      const { headers, jobId } = await heldOperation(api);
+      const reads: string[] = [];
+      for (const partition of api.client.partitions) {
+        const read = partition.inspector.operation.bind(partition.inspector);
+        partition.inspector.operation = async (id) => (reads.push(id), read(id));
+      }
+      const poll = (token: string, id = jobId, waitMs = 300) => fetch(`${api.base}/v1/operations/${encodeURIComponent(id)}${waitMs ? `?waitMs=${waitMs}` : ''}`, { headers: { ...headers, authorization: `Bearer ${token}` } });
+      // No such job: not found after the one read another company's job takes, no view read.
+      expect((await poll(B, `${jobId.split('.')[0]}.nosuchjob`)).status).toBe(404);
+      expect((await poll(B)).status).toBe(404);
+      expect(reads).toEqual([]);
+      // Its data with a field no operation has (a newer version's, say): the view reads no lease in it.
+      const key = bed.ops.queue.toKey(jobId);
+      const data = JSON.parse((await bed.redis.hget(key, 'data'))!) as Record<string, unknown>;
+      await bed.redis.hset(key, 'data', JSON.stringify({ ...data, unknownField: 1 }));
+      expect((await poll(A, jobId, 0)).status).toBe(404);
+      expect((await poll(A)).status).toBe(404);
+      // The admin sees it, and waits on it as on any unfinished operation.
+      const started = Date.now();
+      const admin = await poll(ADMIN);
+      expect(admin.status).toBe(200);
+      expect(((await admin.json()) as { state: string; lease: unknown }).lease).toBeNull();
+      expect(Date.now() - started).toBeGreaterThanOrEqual(250);
+    } finally {
+      await api.close();
+      await bed.close();
+    }
+  });
+
   it("reads a waiting operation's view once, when its wait ends, not before it too (a long poll, Prefer: wait)", async () => {
     const bed = await TestBed.create({ LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }]) });
     await bed.ops.announceProviders([{ name: 'recording', capabilities: { stop: true, pause: false, forceStop: true } }]);

@@ -15,6 +15,7 @@ import type { Queue } from 'bullmq';
 import express, { type ErrorRequestHandler, type NextFunction, type Request, type Response } from 'express';
 import { z } from 'zod';
 import type { ClientPartition, LeaseOpsClient } from '../client.ts';
+import type { OperationView } from '../queues/inspect.ts';
 import { LayoutError } from '../queues/layout.ts';
 import type { Config } from '../config.ts';
 import {
@@ -740,29 +741,34 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const { waitMs } = parse(WaitQuerySchema, req.query, 'query');
     const principal = res.locals.principal as Principal;
     const wait = Math.min(waitMs ?? 0, deps.config.LEASE_OPS_API_MAX_WAIT_MS);
+    /** Waits (in the company's budget, its turn given back meanwhile) and answers with the operation as it is then. */
+    const waitAndAnswer = async (waitFor: (ms: number) => Promise<OperationView | null>): Promise<void> => {
+      // One that hung up while its operation was read has no one to wait for (and its close
+      // came before a listener could give the wait back).
+      if (hungUp(req)) return;
+      const release = waits.takeOrRefuse(waiter(principal));
+      givesTurnBack(res);
+      res.on('close', release);
+      const view = await waitFor(waits.spread(wait)).finally(release);
+      if (!view) throw operationNotFound(jobId);
+      res.json(view);
+    };
+    let peeked = false;
     if (wait > 0) {
-      // A wait reads one field pair of its job first (its scope, whether it ended), not its
-      // whole view: its scope is checked before it waits, so an out-of-scope id cannot be
-      // timed, and a company past its waits, asking again and again, costs the API and Redis
-      // little (issue 27: 100 such a second read 100 views).
+      // A wait reads two fields of its job first (its lease, whether it ended), not its whole
+      // view: its scope is checked before it waits, so an out-of-scope id cannot be timed, and
+      // a company past its waits, asking again and again, costs the API and Redis little
+      // (issue 27: 100 such a second read 100 views). No such job and another company's answer
+      // alike, after that one read (helper-54: a missing id took a view's read more).
       const peek = await client.peekOperation(jobId);
-      if (peek && !canSee(principal, peek.lease)) throw operationNotFound(jobId);
-      // No such job (or one whose data names no lease), or one that ended: read, not waited for, below.
-      if (peek && !peek.finished) {
-        // One that hung up while its operation was read has no one to wait for (and its close
-        // came before a listener could give the wait back).
-        if (hungUp(req)) return;
-        const release = waits.takeOrRefuse(waiter(principal));
-        givesTurnBack(res);
-        res.on('close', release);
-        const view = await client.waitForEndOf(jobId, waits.spread(wait)).finally(release);
-        if (!view) throw operationNotFound(jobId);
-        res.json(view);
-        return;
-      }
+      if (!peek || !canSee(principal, peek.lease)) throw operationNotFound(jobId);
+      if (peek.lease && !peek.finished) return waitAndAnswer((ms) => client.waitForEndOf(jobId, ms));
+      peeked = peek.lease !== null;
     }
     const view = await client.getOperation(jobId);
     if (!view || !canSee(principal, view.lease)) throw operationNotFound(jobId);
+    // An admin's wait on a job whose data names no lease (the peek could not tell): waited for from its view.
+    if (wait > 0 && !peeked && view.state !== 'completed' && view.state !== 'failed') return waitAndAnswer((ms) => client.waitForEnd(view, ms));
     res.json(view);
   });
 
