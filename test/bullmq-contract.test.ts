@@ -418,6 +418,14 @@ describe('BullMQ, as lease-ops relies on it', () => {
     expect(closings).toEqual(['the client closed']);
   });
 
+  it("says a job's removal on its event stream by its name (removed:<id>), which ends the waits lease-ops' event streams hold on it (openQueueEvents)", async () => {
+    const { queue, events } = await fresh('wait-removed');
+    const job = await queue.add('never-runs', {}, { jobId: 'never-runs', delay: 60_000 });
+    const removed = new Promise((resolve) => (events as unknown as NodeJS.EventEmitter).once('removed:never-runs', resolve));
+    await job.remove();
+    expect(await removed).toMatchObject({ jobId: 'never-runs' });
+  });
+
   it('names the states lease-ops maps: delayed, waiting, active, completed, failed, unknown', async () => {
     const { queue } = await fresh('states');
     expect(await queue.getJobState('no-such-job')).toBe('unknown');

@@ -1032,6 +1032,29 @@ describe('noisy neighbours: long polls begun together end apart', () => {
 });
 
 describe('noisy neighbours: long polls on one operation that ends', () => {
+  it('answers a wait on an operation removed meanwhile (an operator, in Bull Board) at once, not found, not when the wait runs out (helper-54)', async () => {
+    const bed = await TestBed.create({ LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }]) });
+    await bed.ops.announceProviders([{ name: 'recording', capabilities: { stop: true, pause: false, forceStop: true } }]);
+    const api = await startTestApi(bed);
+    try {
+      const { headers, jobId } = await heldOperation(api);
+      const started = Date.now();
+      const poll = fetch(`${api.base}/v1/operations/${encodeURIComponent(jobId)}?waitMs=20000`, { headers });
+      const waits = async () => Number(/^lease_ops_api_waits\{of="all"\} (\d+)$/m.exec(await (await fetch(`${api.base}/metrics`)).text())?.[1] ?? NaN);
+      while ((await waits()) !== 1) await new Promise((r) => setImmediate(r));
+      // Listening for its end (its wait is counted before it listens).
+      const queueEvents = await api.client.partitions[0]!.queueEvents();
+      while (queueEvents.listenerCount(`failed:${jobId}`) < 1) await new Promise((r) => setImmediate(r));
+      await bed.ops.queue.remove(jobId);
+      expect((await poll).status).toBe(404);
+      expect(Date.now() - started).toBeLessThan(10_000);
+      expect(await waits()).toBe(0);
+    } finally {
+      await api.close();
+      await bed.close();
+    }
+  });
+
   it('decides a wait by what the view reads of its job (helper-54): data that is no operation is not found for its company, and an admin waits on it', async () => {
     const ADMIN = 'neighbour-admin-token-0123456789';
     const bed = await TestBed.create({ LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }, { token: ADMIN }]) });
