@@ -315,7 +315,7 @@ export class LeaseOpsClient {
       // and a Redis that takes no new connection held one 2 s wait 10.6 s (helper-32).
       const events = await settledWithin(partition.queueEvents(), waitMs, this.closing.signal);
       if (events === null) ended = false;
-      else await job.waitUntilFinished(events, Math.max(1, until - Date.now()));
+      else await untilFinishedOrRemoved(job, jobId, events, Math.max(1, until - Date.now()));
     } catch (err) {
       // Timed out, or the job failed: either way the view below tells which.
       ended = !(err instanceof Error && WAIT_TIMED_OUT.test(err.message));
@@ -790,6 +790,28 @@ function withoutListenerLimit(controller: AbortController): AbortController {
 }
 
 /** What `promise` gives, or null when `ms` pass (or `signal` aborts) first. */
+/**
+ * BullMQ's wait for a job's end, or the job's removal (an operator, in Bull Board: BullMQ's
+ * wait hears only its completed and failed events, and ran out its time; helper-54): removed,
+ * it settles at once, and BullMQ's wait is left to end at its time or the client's closing,
+ * unheard. A bulk clean names no job (one `cleaned` event) and is not heard.
+ */
+async function untilFinishedOrRemoved(job: Job, jobId: string, events: QueueEvents, ttlMs: number): Promise<void> {
+  // BullMQ emits a job's own events by name (removed:<id>), which its typings do not list.
+  const emitter = events as unknown as NodeJS.EventEmitter;
+  const removedEvent = `removed:${jobId}`;
+  let onRemoved = (): void => undefined;
+  const removed = new Promise<void>((resolve) => (onRemoved = () => resolve()));
+  emitter.once(removedEvent, onRemoved);
+  const finished = job.waitUntilFinished(events, ttlMs);
+  try {
+    await Promise.race([finished, removed]);
+  } finally {
+    emitter.off(removedEvent, onRemoved);
+    finished.catch(() => undefined);
+  }
+}
+
 async function settledWithin<T>(promise: Promise<T>, ms: number, signal: AbortSignal): Promise<T | null> {
   let timer: NodeJS.Timeout | undefined;
   let onAbort: (() => void) | undefined;

@@ -1045,10 +1045,14 @@ describe('noisy neighbours: long polls on one operation that ends', () => {
       // Listening for its end (its wait is counted before it listens).
       const queueEvents = await api.client.partitions[0]!.queueEvents();
       while (queueEvents.listenerCount(`failed:${jobId}`) < 1) await new Promise((r) => setImmediate(r));
+      // The stream the client exports says what BullMQ said, and no more (helper-55: a removal was told as a failure).
+      const told: string[] = [];
+      for (const name of ['failed', 'removed']) (queueEvents as unknown as EventEmitter).on(`${name}:${jobId}`, () => told.push(name));
       await bed.ops.queue.remove(jobId);
       expect((await poll).status).toBe(404);
       expect(Date.now() - started).toBeLessThan(10_000);
       expect(await waits()).toBe(0);
+      expect(told).toEqual(['removed']);
     } finally {
       await api.close();
       await bed.close();

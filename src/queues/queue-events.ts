@@ -14,13 +14,6 @@ export async function openQueueEvents(redisUrl: string, queueName: string, prefi
   // Every waiting caller adds a listener; many concurrent waits are normal here.
   events.setMaxListeners(0);
   events.on('error', reportRedisError);
-  // A job removed while waited for (an operator, in Bull Board) ends its waits now, as a job's
-  // end whose job is gone, not when they run out: BullMQ's waits hear only its completed and
-  // failed events (helper-54: 404 only when the wait ran out).
-  const emitter = events as unknown as EventEmitter;
-  emitter.on('removed', ({ jobId }: { jobId?: string }) => {
-    if (jobId) emitter.emit(`failed:${jobId}`, { failedReason: 'removed while waited for' });
-  });
   await events.waitUntilReady();
   return { events, connection };
 }
