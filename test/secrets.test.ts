@@ -36,7 +36,9 @@ describe('credentials and tokens', () => {
       expect(ended.get(a.jobId)).toBe('failed');
       expect(ended.get(b.jobId)).toBe('failed');
       expect((await bed.ops.queue.getJob(a.jobId))?.failedReason).toMatch(/^unauthorized: /);
-      expect((await bed.ops.queue.getJob(b.jobId))?.failedReason).toBe('deadline_exceeded: last provider error: unreachable: the provider could not be reached (ECONNREFUSED)');
+      // Its deadline passes after a refused connection, or while a retry's request waits its turn
+      // to be sent (a busy machine: CI at 2026-12-07): either way unreachable, at its deadline.
+      expect((await bed.ops.queue.getJob(b.jobId))?.failedReason).toMatch(/^deadline_exceeded: (last provider error: unreachable: the provider could not be reached \(ECONNREFUSED\)|the deadline passed while a request waited to be sent \(unreachable: .*\))$/);
     } finally {
       await worker.close();
     }
