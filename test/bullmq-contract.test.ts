@@ -418,8 +418,15 @@ describe('BullMQ, as lease-ops relies on it', () => {
     expect(closings).toEqual(['the client closed']);
   });
 
-  it("says a job's removal on its event stream by its name (removed:<id>), which ends the waits lease-ops' event streams hold on it (openQueueEvents)", async () => {
-    const { queue, events } = await fresh('wait-removed');
+  it("says a job's removal on its event stream by its name (removed:<id>), which ends lease-ops' waits on it (LeaseOpsClient.waitForEndOf)", async () => {
+    const { queue } = await fresh('wait-removed');
+    // The stream as lease-ops opens it, from its end as it is now: BullMQ's default ('$') reads
+    // from where it ends when its first read starts, and lost the removal in a CI run.
+    const { events, connection } = await openQueueEvents(REDIS_URL, 'wait-removed', prefix);
+    closers.push(async () => {
+      await events.close();
+      connection.disconnect();
+    });
     const job = await queue.add('never-runs', {}, { jobId: 'never-runs', delay: 60_000 });
     const removed = new Promise((resolve) => (events as unknown as NodeJS.EventEmitter).once('removed:never-runs', resolve));
     await job.remove();
