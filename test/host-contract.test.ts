@@ -1,4 +1,5 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
+import { PROBE_REUSE_MS } from '../src/queues/provider-probes.ts';
 import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
 import { createDaytonaProvider } from '../src/providers/daytona/index.ts';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
@@ -144,13 +145,25 @@ describe('the providers a caller may use, and a probe of their credentials', () 
 
   it('a probe has a worker ask the service: accepted credentials are ok, refused ones say so, and the answer is shared for a while', async () => {
     const before = fake.calls.length;
-    const good = await get('/v1/providers/daytona?probe=true');
-    expect(good.body.probe).toMatchObject({ ok: true, code: 'ok' });
-    const bad = await get('/v1/providers/daytona-wrong-key?probe=true');
-    expect(bad.body.probe).toMatchObject({ ok: false, code: 'unauthorized' });
-    expect(JSON.stringify(bad.body)).not.toContain('not-the-key');
-    // Asked again at once: the same answer, no new request to the service.
-    const again = await get('/v1/providers/daytona?probe=true');
+    // The clock one second before a multiple of the reuse time, then two seconds on: the probes
+    // were shared per fixed 30 s slice, and an ask just after a slice's end ran a new one (a CI run).
+    const realNow = Date.now.bind(Date);
+    let offset = PROBE_REUSE_MS - (realNow() % PROBE_REUSE_MS) - 1_000;
+    const clock = vi.spyOn(Date, 'now').mockImplementation(() => realNow() + offset);
+    let good: Awaited<ReturnType<typeof get>>;
+    let again: Awaited<ReturnType<typeof get>>;
+    try {
+      good = await get('/v1/providers/daytona?probe=true');
+      expect(good.body.probe).toMatchObject({ ok: true, code: 'ok' });
+      const bad = await get('/v1/providers/daytona-wrong-key?probe=true');
+      expect(bad.body.probe).toMatchObject({ ok: false, code: 'unauthorized' });
+      expect(JSON.stringify(bad.body)).not.toContain('not-the-key');
+      // Asked again at once: the same answer, no new request to the service.
+      offset += 2_000;
+      again = await get('/v1/providers/daytona?probe=true');
+    } finally {
+      clock.mockRestore();
+    }
     expect(again.body.probe).toEqual(good.body.probe);
     const listCalls = fake.calls.slice(before).filter((c) => c.method === 'GET' && c.path === '/sandbox');
     expect(listCalls).toHaveLength(2);

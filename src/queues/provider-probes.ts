@@ -74,7 +74,10 @@ export async function runProbe(providers: ProviderRegistry, target: ProbeTarget,
 export class ProviderProbes {
   private readonly waited: WaitedQueue;
 
-  constructor(connection: RedisClient, settings: { REDIS_URL: string; LEASE_OPS_QUEUE: string; LEASE_OPS_PREFIX: string }) {
+  constructor(
+    private readonly connection: RedisClient,
+    private readonly settings: { REDIS_URL: string; LEASE_OPS_QUEUE: string; LEASE_OPS_PREFIX: string },
+  ) {
     this.waited = new WaitedQueue(connection, settings, `${settings.LEASE_OPS_QUEUE}-maintenance`, 'lease-ops-client-probes');
   }
 
@@ -84,7 +87,13 @@ export class ProviderProbes {
     const { queue, events } = await this.waited.open();
     // Shared for a while per provider (per instance); a draft's probe is its own.
     const subject = probe.draft ? `draft.${probe.draft}` : Buffer.from(JSON.stringify([name, probe.companyId ?? null, probe.environmentId ?? null])).toString('base64url');
-    const jobId = `${PROBE_JOB}.${subject}.${Math.floor(Date.now() / PROBE_REUSE_MS)}`;
+    // The probe of the last PROBE_REUSE_MS from its first ask, named under a key that lives as
+    // long: with the time cut in fixed slices, an ask just after a slice's end ran a new probe
+    // (a CI run: "asked again at once" got another answer).
+    const candidate = `${PROBE_JOB}.${subject}.${Date.now()}`;
+    const sharedKey = `${this.settings.LEASE_OPS_PREFIX}:probe-shared:${subject}`;
+    const taken = await this.connection.set(sharedKey, candidate, 'PX', PROBE_REUSE_MS, 'NX');
+    const jobId = taken === 'OK' ? candidate : ((await this.connection.get(sharedKey)) ?? candidate);
     await queue.add(PROBE_JOB, probe, { jobId, attempts: 1, removeOnComplete: { age: 120 }, removeOnFail: { age: 120 } });
     try {
       const result = ProbeSchema.safeParse(await this.waited.waitFor(jobId, events, timeoutMs));
