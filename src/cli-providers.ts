@@ -92,7 +92,7 @@ export async function runProviders(action: 'list' | 'show' | 'add' | 'update' | 
       const company = requireCompany(opts);
       if (action === 'show') {
         const instance = await instances.require(company, name!);
-        const probe = opts.probe ? await instances.probe(company, name!, instance.environmentIds?.[0]) : undefined;
+        const probe = opts.probe ? await instances.probe(company, name!, instance.environmentIds?.[0], instance.rev) : undefined;
         if (opts.json) out(JSON.stringify({ ...instance, ...(probe ? { probe } : {}) }));
         else show(instance, probe);
         return probe && !probe.ok ? EXIT.operationFailed : EXIT.ok;

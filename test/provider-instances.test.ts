@@ -231,6 +231,17 @@ describe('provider instances at run time, over the API', () => {
     expect((await call('GET', '/v1/providers/acme-mismatch', ACME)).status).toBe(404);
   });
 
+  it("probes a re-saved instance anew, not from its old credentials' probe of the last 30 s (helper-56)", async () => {
+    expect((await call('POST', '/v1/providers', ACME, daytona('acme-reprobe', KEY_A))).status).toBe(201);
+    expect((await call('GET', '/v1/providers/acme-reprobe?probe=true', ACME)).body.probe).toMatchObject({ ok: true, code: 'ok' });
+    // Its key changed (to one the service refuses), saved without a probe: the next probe asks the service with it.
+    const { rev } = (await call('GET', '/v1/providers/acme-reprobe', ACME)).body;
+    const saved = await call('PATCH', '/v1/providers/acme-reprobe?probe=false', ACME, { credentials: { apiKey: 'dtn_not_a_key' } }, { 'if-match': `"${rev}"` });
+    expect(saved.status, saved.text).toBe(200);
+    expect((await call('GET', '/v1/providers/acme-reprobe?probe=true', ACME)).body.probe).toMatchObject({ ok: false, code: 'unauthorized' });
+    expect((await call('DELETE', '/v1/providers/acme-reprobe', ACME, undefined, { 'if-match': `"${saved.body.rev}"` })).status).toBe(204);
+  });
+
   it('checks config per provider type when saved: 400 with the field path', async () => {
     const cases: [unknown, string][] = [
       [{ ...daytona('bad-1', KEY_A), config: { apiUrl: fakeUrl, snapshotz: 'x' } }, 'config'],

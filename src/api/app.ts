@@ -815,7 +815,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const instance = await client.instances.get(companyId, name);
     if (!instance || !seesInstance(principal, instance)) throw instanceNotFound(name);
     // Probed as a lease of one of its environments would use it.
-    res.json(probe === 'true' ? { ...withCapabilities(instance), probe: await client.instances.probe(companyId, name, instance.environmentIds?.[0]) } : withCapabilities(instance));
+    res.json(probe === 'true' ? { ...withCapabilities(instance), probe: await client.instances.probe(companyId, name, instance.environmentIds?.[0], instance.rev) } : withCapabilities(instance));
   });
   v1.patch('/providers/:name', jsonBody, async (req, res) => {
     const principal = res.locals.principal as Principal;

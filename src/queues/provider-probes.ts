@@ -25,6 +25,8 @@ export const ProbeTargetSchema = z.object({
   companyId: z.string().optional(),
   environmentId: z.string().optional(),
   draft: z.string().optional(),
+  /** A saved instance's revision when it was asked about: a re-saved instance is probed anew, not answered from its old credentials' probe (helper-56). */
+  rev: z.number().int().optional(),
 });
 export type ProbeTarget = z.infer<typeof ProbeTargetSchema>;
 
@@ -86,7 +88,7 @@ export class ProviderProbes {
     const name = probe.provider;
     const { queue, events } = await this.waited.open();
     // Shared for a while per provider (per instance); a draft's probe is its own.
-    const subject = probe.draft ? `draft.${probe.draft}` : Buffer.from(JSON.stringify([name, probe.companyId ?? null, probe.environmentId ?? null])).toString('base64url');
+    const subject = probe.draft ? `draft.${probe.draft}` : Buffer.from(JSON.stringify([name, probe.companyId ?? null, probe.environmentId ?? null, probe.rev ?? null])).toString('base64url');
     // The probe of the last PROBE_REUSE_MS from its first ask, named under a key that lives as
     // long: with the time cut in fixed slices, an ask just after a slice's end ran a new probe
     // (a CI run: "asked again at once" got another answer).

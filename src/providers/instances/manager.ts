@@ -107,8 +107,8 @@ export class ProviderInstances {
   }
 
   /** Has a worker probe an instance's saved credentials. */
-  probe(companyId: string, name: string, environmentId?: string): Promise<ProviderProbe> {
-    return this.deps.probe({ provider: name, companyId, ...(environmentId ? { environmentId } : {}) });
+  probe(companyId: string, name: string, environmentId?: string, rev?: number): Promise<ProviderProbe> {
+    return this.deps.probe({ provider: name, companyId, ...(environmentId ? { environmentId } : {}), ...(rev === undefined ? {} : { rev }) });
   }
 
   rewrapAll(): ReturnType<ProviderInstanceStore['rewrapAll']> {
