@@ -380,12 +380,13 @@ export function createApiApp(deps: ApiDeps): express.Express {
       if (!(err instanceof HttpError)) throw err;
       return refuseAtOnce(res, principal, err.code, err.message, err.opts.retryAfterS ?? 1);
     }
+    if (!takeTurn(req, res, companyId, next)) {
+      giveBack();
+      return refuseAtOnce(res, principal, REQUESTS_FULL.code, REQUESTS_FULL.message, spreadRetryAfterS());
+    }
+    // Before its turn comes (takeTurn runs `next` later, never inside the call).
     res.locals.admitted = true;
     res.locals.rateGiveBack = giveBack;
-    if (takeTurn(req, res, companyId, next)) return;
-    res.locals.admitted = false;
-    giveBack();
-    refuseAtOnce(res, principal, REQUESTS_FULL.code, REQUESTS_FULL.message, spreadRetryAfterS());
   };
   /**
    * A company's request refused at its budget, answered as the error handler would, without
