@@ -2,7 +2,7 @@ import { DelayedError, Job, Queue, QueueEvents, UnrecoverableError, Worker, type
 import { beforeAll, describe, expect, it } from 'vitest';
 import { BULLMQ_TESTED_RANGE, checkBullmqVersion } from '../src/queues/bullmq-version.ts';
 import { bullmqFetchingScripts, FETCHING_SCRIPTS, quietScript } from '../src/queues/quiet-fetch.ts';
-import { openQueueEvents, waitForJobEnd } from '../src/queues/queue-events.ts';
+import { openQueueEvents, WaitedQueue, waitForJobEnd } from '../src/queues/queue-events.ts';
 import { createRedis, keepCopies, type RedisClient } from '../src/queues/redis.ts';
 import { LOCK_RENEWAL_FAILED, REMOVED_END, SUPERSEDED_END } from '../src/queues/worker.ts';
 import { WAIT_TIMED_OUT } from '../src/client.ts';
@@ -66,6 +66,26 @@ describe('BullMQ, as lease-ops relies on it', () => {
     const waiting = waitForJobEnd(goneQueue, 'never', events, 600_000, stop.signal);
     stop.abort();
     expect(((await rejectionOf(waiting)) as Error).message).toMatch(/closing/);
+  });
+
+  it('holds any number of waits at once on a WaitedQueue (probes, execs) without a MaxListenersExceededWarning on its closing signal, and ends them all at its close', async () => {
+    const waited = new WaitedQueue(redis, { REDIS_URL, LEASE_OPS_PREFIX: prefix }, 'many-waits', 'lease-ops-test-waits');
+    const warnings: Error[] = [];
+    const onWarning = (w: Error) => warnings.push(w);
+    process.on('warning', onWarning);
+    try {
+      const { events } = await waited.open();
+      const waits = Array.from({ length: 25 }, (_, i) => rejectionOf(waited.waitFor(`never-${i}`, events, 600_000)));
+      await new Promise((resolve) => setImmediate(resolve));
+      await waited.close();
+      const ends = (await Promise.all(waits)) as Error[];
+      expect(ends.map((e) => e.message)).toEqual(Array.from({ length: 25 }, (_, i) => `the wait for job never-${i} ended: its queue is closing`));
+      // Node emits the warning on the next tick after the eleventh listener.
+      await new Promise((resolve) => setImmediate(resolve));
+      expect(warnings.filter((w) => w.name === 'MaxListenersExceededWarning').map((w) => w.message)).toEqual([]);
+    } finally {
+      process.off('warning', onWarning);
+    }
   });
 
   it("hands handleCompleted the job object its processor got, and fails the job (once, for good if unrecoverable) with what handleCompleted throws: how a refused completion of a cancelled acquire is ended (worker.ts)", async () => {

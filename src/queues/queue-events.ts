@@ -1,4 +1,4 @@
-import type { EventEmitter } from 'node:events';
+import { setMaxListeners, type EventEmitter } from 'node:events';
 import { Job, Queue, QueueEvents } from 'bullmq';
 import { createRedis, reportRedisError, type RedisClient } from './redis.ts';
 
@@ -66,8 +66,12 @@ export function waitForJobEnd(queue: Queue, jobId: string, events: QueueEvents, 
 export class WaitedQueue {
   private queue: Queue | null = null;
   private events: Promise<{ events: QueueEvents; connection: RedisClient }> | null = null;
-  /** Aborted by close(): every wait for a job's end ends then. */
-  private readonly closing = new AbortController();
+  /** Aborted by close(): every wait for a job's end ends then (each listens on it while it waits, so no limit of 10). */
+  private readonly closing = (() => {
+    const controller = new AbortController();
+    setMaxListeners(0, controller.signal);
+    return controller;
+  })();
 
   constructor(
     private readonly connection: RedisClient,
