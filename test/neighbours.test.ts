@@ -172,6 +172,19 @@ describe('noisy neighbours: waiting requests (issue 27 item 2)', () => {
     for (const id of ['events', 'id', 'failed', 'stalled-check', 'meta']) {
       expect([id, (await fetch(`${api.base}/v1/operations/${id}?waitMs=1000`, { headers: bearer(A) })).status]).toEqual([id, 404]);
     }
+    // A job whose data is not an operation's (not JSON, or JSON of another shape: something
+    // else wrote it) is not found either, waited on or not: a 500 would say it exists.
+    const queue = api.client.ops.queue;
+    await connection.hset(queue.toKey('raw-not-json'), { name: 'acquire', data: '{not json', timestamp: '1' });
+    await connection.hset(queue.toKey('raw-other'), { name: 'acquire', data: '{"lease":7}', timestamp: '1' });
+    for (const id of ['raw-not-json', 'raw-other']) {
+      for (const query of ['', '?waitMs=1000']) {
+        expect([id, query, (await fetch(`${api.base}/v1/operations/${id}${query}`, { headers: bearer(A) })).status]).toEqual([id, query, 404]);
+      }
+      for (const action of ['cancel', 'rerun']) {
+        expect([id, action, (await fetch(`${api.base}/v1/operations/${id}/${action}`, { method: 'POST', headers: bearer(A) })).status]).toEqual([id, action, 404]);
+      }
+    }
     // An operation that ended needs no wait: answered, budget full or not.
     const worker = await bed.startWorker(createRecordingProvider().provider);
     try {
