@@ -362,14 +362,20 @@ export class LeaseOpsClient {
   async getLease(lease: LeaseIdentity): Promise<LeaseView> {
     const parsed = LeaseIdentitySchema.safeParse(lease);
     if (!parsed.success) throw InvalidRequestError.fromZod(parsed.error);
-    return this.call(async () => (await this.laneOf(parsed.data)).partition.inspector.lease(parsed.data));
+    return this.call(async () => {
+      const { laneId, partition } = await this.laneOf(parsed.data);
+      return partition.inspector.lease(parsed.data, undefined, laneId);
+    });
   }
 
   /** A lease's lane now, its recent events (accepted, attempts, what the provider said, backoffs, the watchdog) and their operations. */
   async getLeaseTimeline(lease: LeaseIdentity): Promise<LeaseTimeline> {
     const parsed = LeaseIdentitySchema.safeParse(lease);
     if (!parsed.success) throw InvalidRequestError.fromZod(parsed.error);
-    return this.walk(async () => (await this.laneOf(parsed.data)).partition.walker.timeline(parsed.data));
+    return this.walk(async () => {
+      const { laneId, partition } = await this.laneOf(parsed.data);
+      return partition.walker.timeline(parsed.data, undefined, laneId);
+    });
   }
 
   /**

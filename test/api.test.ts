@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { LeaseOpsClient } from '../src/client.ts';
 import type { LeaseView, OperationView } from '../src/queues/inspect.ts';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
-import { gate, scanKeys, TestBed } from './helpers/env.ts';
+import { gate, scanKeys, spyCommands, TestBed } from './helpers/env.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
 
 const ADMIN = 'admin-token-0123456789';
@@ -116,7 +116,18 @@ describe('HTTP API', () => {
       events.on('active', onActive);
     });
     if ((await client.getOperation(String(first.body.jobId)))?.state !== 'running') await active;
-    const during = await get<LeaseView>(path);
+    // The lease's name is resolved to its lane once per read (it was read twice, one after the other).
+    const { sent, restore } = spyCommands(client.ops.connection);
+    let during: Awaited<ReturnType<typeof get<LeaseView>>>;
+    try {
+      during = await get<LeaseView>(path);
+      expect(sent.filter((name) => name === 'getex')).toEqual(['getex']);
+      sent.length = 0;
+      expect((await client.getLeaseTimeline({ provider: 'recording', companyId: 'acme', environmentId: 'prod', leaseId })).executing?.jobId).toBe(first.body.jobId);
+      expect(sent.filter((name) => name === 'getex')).toEqual(['getex']);
+    } finally {
+      restore();
+    }
     expect(during.status).toBe(200);
     expect(during.body.executing?.jobId).toBe(first.body.jobId);
     expect(during.body.executing?.state).toBe('running');

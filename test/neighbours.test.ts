@@ -14,7 +14,7 @@ import { WaitBudget } from '../src/api/wait-budget.ts';
 import type { HttpError } from '../src/api/http-error.ts';
 import { ConnectionPool } from '../src/api/connections.ts';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
-import { TestBed, gate, readUntil } from './helpers/env.ts';
+import { TestBed, gate, readUntil, spyCommands } from './helpers/env.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
 import { RedisProcess } from './helpers/redis-process.ts';
 import { RedisMonitor, type MonitoredCommand } from './helpers/monitor.ts';
@@ -151,19 +151,14 @@ describe('noisy neighbours: waiting requests (issue 27 item 2)', () => {
     await until(async () => (await waitsHeld()).all === 5, "A's three waits held");
     // What the API sends Redis for A's refused wait: one read (of the job's lease and end), not a view.
     const connection = api.client.ops.connection;
-    const send = connection.sendCommand.bind(connection);
-    const sent: string[] = [];
-    connection.sendCommand = ((command: { name: string }) => {
-      sent.push(command.name);
-      return send(command as Parameters<typeof send>[0]);
-    }) as typeof connection.sendCommand;
+    const { sent, restore } = spyCommands(connection);
     try {
       const refused = await fetch(`${api.base}/v1/operations/${encodeURIComponent(aJob)}?waitMs=25000`, { headers: bearer(A) });
       expect(refused.status).toBe(429);
       expect(((await refused.json()) as { error: { code: string } }).error.code).toBe('company_waits_full');
       expect(sent).toEqual(['hmget']);
     } finally {
-      connection.sendCommand = send;
+      restore();
     }
     // Another company's id is not found, as without a budget (the server's is full: B is refused waits too).
     const notB = await fetch(`${api.base}/v1/operations/${encodeURIComponent(aJob)}?waitMs=25000`, { headers: bearer(B) });

@@ -593,7 +593,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
     // configured provider that is admin-only does not exist for a scoped token.
     const ops = client.partitionOf(lease).ops;
     const principal = res.locals.principal as Principal;
-    const announced = await ops.announcedProviders();
+    const announced = await ops.announcedProviders(lease.provider);
     const providers = announced.filter((name) => mayUseConfigured(principal, name));
     // A configured provider this token may not use does not exist for it, whatever else bears
     // its name (workers take a configured provider over a company's instance of that name).

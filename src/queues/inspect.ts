@@ -253,8 +253,9 @@ export class Inspector {
   }
 
   /** A lease's lane, by either of its names (the id its acquire was enqueued under, or its sandbox's). */
-  async lease(lease: LeaseIdentity, limit = 50): Promise<LeaseView> {
-    const laneId = await this.ops.laneOf(lease);
+  /** `resolved`: the lease's lane when the caller has resolved its name already (one read less). */
+  async lease(lease: LeaseIdentity, limit = 50, resolved?: string): Promise<LeaseView> {
+    const laneId = resolved ?? (await this.ops.laneOf(lease));
     // The stuck budget in the same round of reads, not one after it.
     const [lane, record, failure, paused, stoppingSince, now, budgetMs] = await Promise.all([
       this.ops.lanes.view(laneId),
@@ -303,9 +304,9 @@ export class Inspector {
    * A lease's story: its events (oldest first, about the last 200), its lane now, and a view
    * of each operation the events name (the newest `limit`; the rest BullMQ may have removed).
    */
-  async timeline(lease: LeaseIdentity, limit = 40): Promise<LeaseTimeline> {
-    const laneId = await this.ops.laneOf(lease);
-    const [now, events, entries, view] = await Promise.all([this.records.now(), this.ops.history.read(laneId), this.ops.history.entries(laneId), this.lease(lease)]);
+  async timeline(lease: LeaseIdentity, limit = 40, resolved?: string): Promise<LeaseTimeline> {
+    const laneId = resolved ?? (await this.ops.laneOf(lease));
+    const [now, events, entries, view] = await Promise.all([this.records.now(), this.ops.history.read(laneId), this.ops.history.entries(laneId), this.lease(lease, 50, laneId)]);
     // An attempt's start is kept with its end (see LeaseHistory); a running one's is its job's.
     const running = view.executing;
     if (running?.state === 'running' && running.startedAt !== null) {

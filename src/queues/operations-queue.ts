@@ -33,6 +33,8 @@ import type { ProviderCapabilities } from '../providers/types.ts';
  * short (in BullMQ, but never in a lane) waits before a worker fails it as an orphan.
  */
 export const PARK_MS = 24 * 3_600_000;
+/** How long a read of the announced providers answers for a name it holds (see announcedProviders). */
+export const ANNOUNCED_REUSE_MS = 5_000;
 
 /** BullMQ's custom backoff type: the processor decides the delay (see retry-policy.ts). */
 export const BACKOFF_TYPE = 'lease-ops';
@@ -429,9 +431,21 @@ export class OperationsQueue {
     return (await this.connection.exists(this.idempotencyKey(lease, key))) === 1;
   }
 
-  /** Provider names some worker has served: what the API accepts. */
-  async announcedProviders(): Promise<string[]> {
-    return this.connection.hkeys(this.providersKey);
+  /** The names of the last read of the announced providers, and when it was made. */
+  private announcedRead: { names: string[]; at: number } | null = null;
+
+  /**
+   * Provider names some worker has served: what the API accepts. Nothing takes a name out, so a
+   * read of the last ANNOUNCED_REUSE_MS that names `expected` answers for it (an enqueue of a
+   * served provider costs no read); a name it does not hold is read again (a worker may have
+   * announced it since).
+   */
+  async announcedProviders(expected?: string): Promise<string[]> {
+    const last = this.announcedRead;
+    if (expected !== undefined && last && Date.now() - last.at < ANNOUNCED_REUSE_MS && last.names.includes(expected)) return last.names;
+    const names = await this.connection.hkeys(this.providersKey);
+    this.announcedRead = { names, at: Date.now() };
+    return names;
   }
 
   async enqueueAbandon(lease: LeaseIdentity, acquireJobId: string, checkpoint: Record<string, unknown> | null): Promise<Enqueued> {

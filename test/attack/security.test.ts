@@ -18,7 +18,7 @@ import { freePort } from '../../src/redis-server.ts';
 import { redactQuery, withoutInfrastructure } from '../../src/secrets.ts';
 import { startTestApi } from '../helpers/api-server.ts';
 import { captureLog } from '../helpers/log-capture.ts';
-import { TestBed } from '../helpers/env.ts';
+import { spyCommands, TestBed } from '../helpers/env.ts';
 import { createRecordingProvider } from '../helpers/recording-provider.ts';
 
 const BIN = fileURLToPath(new URL('../../bin/lease-ops.js', import.meta.url));
@@ -368,6 +368,18 @@ describe('issue 12, scenario 12: a provider no worker serves is refused at enque
       expect(await refused.json()).toEqual({ error: { code: 'unknown_provider', message: 'no worker serves provider "daytonna", and company co has no provider instance of that name for environment env (served: recording)' } });
       expect(await bed.ops.queue.count()).toBe(0);
       expect((await post('recording')).status).toBe(202);
+      // A served provider's next enqueue does not read the announced ones again (nothing takes
+      // a name out); a name that read lacks is read again: one announced since is accepted at once.
+      const { sent, restore } = spyCommands(api.client.ops.connection);
+      try {
+        expect((await post('recording')).status).toBe(202);
+        expect(sent.filter((name) => name === 'hkeys')).toEqual([]);
+        await bed.ops.announceProviders([{ name: 'daytonna', capabilities: { stop: true, pause: false, forceStop: true } }]);
+        expect((await post('daytonna')).status).toBe(202);
+        expect(sent.filter((name) => name === 'hkeys')).toEqual(['hkeys']);
+      } finally {
+        restore();
+      }
     } finally {
       await api.close();
     }

@@ -274,3 +274,14 @@ export function dirFor(finished: Finished, name: string): string {
   finished(() => rmSync(dir, { recursive: true, force: true }));
   return dir;
 }
+
+/** Records the name of every command sent on `connection` until `restore` (what a request cost Redis). */
+export function spyCommands(connection: RedisClient): { sent: string[]; restore: () => void } {
+  const send = connection.sendCommand.bind(connection);
+  const sent: string[] = [];
+  connection.sendCommand = ((command: { name: string }) => {
+    sent.push(command.name);
+    return send(command as Parameters<typeof send>[0]);
+  }) as typeof connection.sendCommand;
+  return { sent, restore: () => void (connection.sendCommand = send) };
+}
