@@ -170,9 +170,9 @@ describe('noisy neighbours: waiting requests (issue 27 item 2)', () => {
     // A job whose data is not an operation's (not JSON, or JSON of another shape: something
     // else wrote it) is not found either, waited on or not: a 500 would say it exists.
     const queue = api.client.ops.queue;
-    await connection.hset(queue.toKey('raw-not-json'), { name: 'acquire', data: '{not json', timestamp: '1' });
-    await connection.hset(queue.toKey('raw-other'), { name: 'acquire', data: '{"lease":7}', timestamp: '1' });
-    for (const id of ['raw-not-json', 'raw-other']) {
+    await connection.hset(queue.toKey('rawNotJsonLaneId000000.rawNotJson000000001'), { name: 'acquire', data: '{not json', timestamp: '1' });
+    await connection.hset(queue.toKey('rawOtherShapeLane00000.rawOtherShape0000001'), { name: 'acquire', data: '{"lease":7}', timestamp: '1' });
+    for (const id of ['rawNotJsonLaneId000000.rawNotJson000000001', 'rawOtherShapeLane00000.rawOtherShape0000001']) {
       for (const query of ['', '?waitMs=1000']) {
         expect([id, query, (await fetch(`${api.base}/v1/operations/${id}${query}`, { headers: bearer(A) })).status]).toEqual([id, query, 404]);
       }

@@ -188,7 +188,9 @@ export class Inspector {
     // state with its new data, never "completed" without its result.
     const bullState = await this.ops.queue.getJobState(jobId);
     const [job, [outcomeText, parked], delayedScore, lanePause] = await Promise.all([
-      Job.fromId(this.ops.queue, jobId),
+      // A job whose data is not JSON is no operation (only a writer of Redis makes one): not
+      // found, as for a missing id, not a 500 that would tell another company it exists.
+      Job.fromId(this.ops.queue, jobId).catch((err: unknown) => (err instanceof SyntaxError ? undefined : Promise.reject(err))),
       this.ops.connection.hmget(this.ops.queue.toKey(jobId), 'lo:outcome', 'lo:parked'),
       this.ops.connection.zscore(this.ops.queue.toKey('delayed'), jobId),
       this.ops.lanes.pausedBy(laneId),
