@@ -11,7 +11,7 @@ import { partitionOfLane, partitionPrefixes } from './partitions.ts';
 import { claimPartitionLayout, heldPartitionCount, LayoutError } from './queues/layout.ts';
 import { OperationJobDataSchema, type OperationName, type OperationParams } from './operations.ts';
 import { OperatorActions, type AcknowledgeResult, type CancelResult, type PauseResult, type RerunResult } from './queues/operator-actions.ts';
-import { Inspector, type AttentionItem, type AttentionScope, type AttentionReason, type LeaseTimeline, type LeaseView, type OperationView, type QueueOverview, type QueueGauges } from './queues/inspect.ts';
+import { Inspector, jobOrNone, type AttentionItem, type AttentionScope, type AttentionReason, type LeaseTimeline, type LeaseView, type OperationView, type QueueOverview, type QueueGauges } from './queues/inspect.ts';
 import { LeaseRecords } from './queues/lease-records.ts';
 import { LaneNames } from './queues/lane-names.ts';
 import { enqueueRouted, OperationsQueue, type AnnouncedProvider, type Enqueued } from './queues/operations-queue.ts';
@@ -304,7 +304,7 @@ export class LeaseOpsClient {
     if (this.closed) throw new ClientClosedError(jobId);
     if (this.waitsEnded) return this.answerEnded(jobId);
     const partition = this.partitionOf(jobId);
-    const job = await this.call(() => Job.fromId(partition.ops.queue, jobId));
+    const job = await this.call(() => jobOrNone(partition.ops.queue, jobId));
     if (!job) return null;
     // Ended while it read the job: it opens nothing (helper-34: a stream opened after close() kept the process alive).
     if (this.waitsEnded) return this.answerEnded(jobId);
@@ -570,6 +570,12 @@ export class LeaseOpsClient {
     const lists = await this.walk(() => Promise.all(this.partitions.map((p) => p.walker.attention(offset + limit + 1, visible, scope))));
     const all = mergeByReason(lists);
     return { items: all.slice(offset, offset + limit), next: all.length > offset + limit ? offset + limit : null };
+  }
+
+  /** How many entries of the scope index a scoped attention walk reads, over all partitions: what the walk will cost, before it runs. */
+  async attentionEntries(scope: AttentionScope): Promise<number> {
+    const counts = await this.call(() => Promise.all(this.partitions.map((p) => p.inspector.scopeEntries(scope))));
+    return counts.reduce((sum, n) => sum + n, 0);
   }
 
   /** Leases needing attention, counted by reason (see Inspector.attentionCounts). */

@@ -172,14 +172,22 @@ describe('noisy neighbours: waiting requests (issue 27 item 2)', () => {
     const queue = api.client.ops.queue;
     await connection.hset(queue.toKey('rawNotJsonLaneId000000.rawNotJson000000001'), { name: 'acquire', data: '{not json', timestamp: '1' });
     await connection.hset(queue.toKey('rawOtherShapeLane00000.rawOtherShape0000001'), { name: 'acquire', data: '{"lease":7}', timestamp: '1' });
-    for (const id of ['rawNotJsonLaneId000000.rawNotJson000000001', 'rawOtherShapeLane00000.rawOtherShape0000001']) {
-      for (const query of ['', '?waitMs=1000']) {
+    // A key of another type under a job-shaped id (a running job's `<id>:lock`, helper-57: 500
+    // while that job ran, 404 once it ended), and A's own job whose options are not JSON.
+    await connection.set(queue.toKey('rawNotJsonLaneId000000.rawNotJson000000001:lock'), 'a-token');
+    const operation = { op: 'stop', params: { providerLeaseId: 'x' }, lease: { provider: 'recording', companyId: 'a', environmentId: 'env', leaseId: 'x' }, acceptedAt: 1, deadlineAt: Date.now() + 60_000 };
+    await connection.hset(queue.toKey('rawOptionsLaneId000000.rawOptions00000001'), { name: 'stop', data: JSON.stringify(operation), opts: '{not json', timestamp: '1' });
+    for (const id of ['rawNotJsonLaneId000000.rawNotJson000000001', 'rawOtherShapeLane00000.rawOtherShape0000001', 'rawNotJsonLaneId000000.rawNotJson000000001:lock', 'rawOptionsLaneId000000.rawOptions00000001']) {
+      // A's own job of the four is A's to wait on, and A's waits are full here: the wait itself is tried below.
+      for (const query of id.startsWith('rawOptions') ? [''] : ['', '?waitMs=1000']) {
         expect([id, query, (await fetch(`${api.base}/v1/operations/${id}${query}`, { headers: bearer(A) })).status]).toEqual([id, query, 404]);
       }
       for (const action of ['cancel', 'rerun']) {
         expect([id, action, (await fetch(`${api.base}/v1/operations/${id}/${action}`, { method: 'POST', headers: bearer(A) })).status]).toEqual([id, action, 404]);
       }
     }
+    // Its wait finds no job in it either (helper-57: 500 where a plain read said 404).
+    expect(await api.client.waitForEndOf('rawOptionsLaneId000000.rawOptions00000001', 100)).toBeNull();
     // An operation that ended needs no wait: answered, budget full or not.
     const worker = await bed.startWorker(createRecordingProvider().provider);
     try {

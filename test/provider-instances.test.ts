@@ -219,6 +219,18 @@ describe('provider instances at run time, over the API', () => {
     expect([tenantOp.status, tenantOp.body.error?.code]).toEqual([422, 'unknown_provider']);
     const adminOp = await enqueue(ADMIN, 'recording', 'acme', 'prod', 'r-1', { op: 'stop', params: { providerLeaseId: 'r-1' } });
     expect(adminOp.status, adminOp.text).toBe(200);
+    // With the workers' announcements gone (Redis lost its data), a name is taken as nothing tells
+    // a typo, but not one a company's token may not use as a configured provider and that is no
+    // instance of its company (helper-57: taken, and run with the operator's key).
+    const providersKey = `${bed.config.LEASE_OPS_PREFIX}:providers`;
+    const announced = await bed.redis.hgetall(providersKey);
+    await bed.redis.del(providersKey);
+    try {
+      const unannounced = await enqueue(ACME, 'daytona', 'acme', 'prod', 'r-2', { op: 'stop', params: { providerLeaseId: 'r-2' } });
+      expect([unannounced.status, unannounced.body.error?.code]).toEqual([422, 'unknown_provider']);
+    } finally {
+      await bed.redis.hset(providersKey, announced);
+    }
     // A save that a worker cannot open (the API seals with another master key) is refused.
     const otherKeyApi = await startTestApi(bed, undefined, { masterKeys: new MasterKeys(randomBytes(32)) });
     try {

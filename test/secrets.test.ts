@@ -31,7 +31,7 @@ describe('credentials and tokens', () => {
     try {
       const lease = (provider: string) => ({ provider, companyId: 'co', environmentId: 'env', leaseId: 'l' });
       const a = await bed.ops.enqueue({ op: 'acquire', lease: lease('refused'), params: { runId: 'r' } });
-      const b = await bed.ops.enqueue({ op: 'stop', lease: lease('unreachable'), params: { providerLeaseId: 'l' }, deadlineMs: 800 });
+      const b = await bed.ops.enqueue({ op: 'stop', lease: lease('unreachable'), params: { providerLeaseId: 'l' }, deadlineMs: 3_000 });
       const ended = await bed.waitForAll([a.jobId, b.jobId]);
       expect(ended.get(a.jobId)).toBe('failed');
       expect(ended.get(b.jobId)).toBe('failed');

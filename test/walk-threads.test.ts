@@ -107,35 +107,32 @@ describe.concurrent('walks run beside the API, not in it (issue 27)', () => {
   /** Raised so that a heavy walk of A's is not refused A's next (9,000 commands are 18 tokens). */
   const RATES = JSON.stringify({ walk: { perSecond: 1_000, burst: 1_000 } });
 
-  it("answers B's read while A's first heavy walk holds a thread, and B's walk while A's next ones hold the background thread, one at a time", async ({ onTestFinished }) => {
+  it("sends A's first attention walk over thousands of entries to the background thread (weighed before it runs): B's read and B's walk answer while it holds that thread, and A's next waits its turn", async ({ onTestFinished }) => {
     const api = await startApi(onTestFinished, '2', { LEASE_OPS_API_COMPANY_RATES: RATES });
-    await heavyAttentionOfA(api, 'holds');
     const attention = (token: string) => fetch(`${api.base}/v1/attention`, { headers: bearer(token) });
-    const stalled = api.stalled();
+    // B's first walk takes the foreground thread's one stall.
+    const fgStalled = api.stalled();
+    const bFirst = attention(B);
+    await fgStalled;
+    expect((await bFirst).status).toBe(200);
+    // A's first walk: A's 3,000 entries weigh it heavy before it runs, so the background thread
+    // takes it and stalls there (in the foreground thread, stalled already, it would answer at once).
+    await heavyAttentionOfA(api, 'holds');
+    const bgStalled = api.stalled();
     const aFirst = attention(A);
-    await stalled;
-    // A's first walk holds its thread (a foreground one: A's cost is not known yet) for 3 s:
-    // B's read answers first. B's walk goes to a foreground thread too, never the background one.
+    expect(await Promise.race([bgStalled.then(() => 'stalled'), aFirst.then(() => 'answered')])).toBe('stalled');
+    const aSecond = attention(A);
+    // Meanwhile B's read and B's walk (in the foreground thread) answer first.
     const bRead = fetch(`${api.base}/v1/leases/noop/b/env/l1`, { headers: bearer(B) });
     expect(await first(aFirst, bRead)).toBe('y');
     expect((await bRead).status).toBe(200);
-    const bFirst = attention(B);
-    expect((await aFirst).status).toBe(200);
-    expect((await bFirst).status).toBe(200);
-    // A's walks are heavy now: the next goes to the background thread, which stalls too, and
-    // the one after it waits its turn; B's walk, in the foreground meanwhile, answers first.
-    const bgStalled = api.stalled();
-    const aSecond = attention(A);
-    const aThird = attention(A);
-    await bgStalled;
     const bWalk = attention(B);
-    expect(await first(aSecond, bWalk)).toBe('y');
+    expect(await first(aFirst, bWalk)).toBe('y');
     expect((await bWalk).status).toBe(200);
+    expect((await aFirst).status).toBe(200);
     expect((await aSecond).status).toBe(200);
-    expect((await aThird).status).toBe(200);
-    // One stall per thread: A's third walk ran in the background thread after A's second.
     expect(api.stalls).toBe(2);
-    expect(await walksByThread(api)).toEqual({ foreground: 3, background: 2 });
+    expect(await walksByThread(api)).toEqual({ foreground: 2, background: 2 });
   });
 
   it("runs the admin's overview (every company's first attention items) in a thread too: B's read answers while it stalls", async ({ onTestFinished }) => {
@@ -190,10 +187,14 @@ describe.concurrent('walks run beside the API, not in it (issue 27)', () => {
     expect(await (await fetch(`${api.base}/metrics`)).text()).toContain(`over ${HEAVY_WALK_COMMANDS.toLocaleString('en-US')} Redis commands`);
     await attention(B);
     expect(await walksByThread(api)).toEqual({ foreground: 1, background: 0 });
-    // A's first walk: nothing is known of A's walks yet, so the foreground thread takes it.
-    await heavyAttentionOfA(api, 'first');
+    // A's first walk: no entries of A's scope index weigh it heavy, so the foreground thread
+    // takes it; but it reads 1,500 of A's operations past their deadline (two reads each, and
+    // none is there any more: it takes them out), and is learnt heavy when it ends.
+    const deadlines = `${api.bed.config.LEASE_OPS_PREFIX}:deadlines:a`;
+    await api.bed.redis.zadd(deadlines, ...Array.from({ length: 1_500 }, (_, i) => [1, `AAAAAAAAAAAAAAAAAAAAAA.gone${i}`]).flat());
     await attention(A);
     expect(await walksByThread(api)).toEqual({ foreground: 2, background: 0 });
+    expect(await api.bed.redis.zcard(deadlines)).toBe(0);
     // The API's threads by nice value, with the CPU time each has spent (clock ticks).
     const threads = () =>
       readdirSync(`/proc/${api.process.pid}/task`).map((task) => {
@@ -201,7 +202,7 @@ describe.concurrent('walks run beside the API, not in it (issue 27)', () => {
         return { task, nice: Number(fields[16]), cpu: Number(fields[11]) + Number(fields[12]) };
       });
     const before = threads();
-    // It sent some 9,000 commands: A's next walk, as heavy, goes to the background thread and
+    // It sent some 3,000 commands: A's next walk (over 3,000 entries now), as heavy, goes to the background thread and
     // spends its CPU there, in the one thread of the API at nice 10 (Linux sets it per thread).
     await heavyAttentionOfA(api, 'second');
     await attention(A);

@@ -603,7 +603,11 @@ export function createApiApp(deps: ApiDeps): express.Express {
     if (!providers.includes(lease.provider) && !(idempotencyKey !== undefined && (await ops.idempotencyKeyUsed(lease, idempotencyKey)))) {
       const instance = await client.instances.get(lease.companyId, lease.provider);
       const usable = instance !== null && (instance.environmentIds === null || instance.environmentIds.includes(lease.environmentId));
-      if (!usable && announced.length > 0) {
+      // With nothing announced (no worker started yet, or Redis lost its data) a name is taken,
+      // except from a scoped token a name it may not use as a configured provider: that one is
+      // its company's instance or nothing (helper-57: with the announcements gone, a tenant's
+      // enqueue of an admin-only provider was taken, and a worker ran it with the operator's key).
+      if (!usable && (announced.length > 0 || !mayUseConfigured(principal, lease.provider))) {
         throw new HttpError(422, 'unknown_provider', `no worker serves provider "${lease.provider}", and company ${lease.companyId} has no provider instance of that name for environment ${lease.environmentId}${providers.length > 0 ? ` (served: ${providers.sort().join(', ')})` : ''}`);
       }
     }

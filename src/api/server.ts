@@ -41,7 +41,7 @@ export async function startApiServer(config: Config, log: Logger): Promise<ApiSe
   const turns = new CompanyTurns(config.LEASE_OPS_API_REQUESTS_PER_COMPANY);
   const refusals = new RefusalLog(log);
   const connections = new ConnectionPool(config.LEASE_OPS_API_MAX_CONNECTIONS);
-  const walks = config.LEASE_OPS_API_WALK_THREADS > 0 ? new WalkThreads(config, config.LEASE_OPS_API_WALK_THREADS, log, (companyId, commands) => rates.chargeWalk(companyId, commands)) : undefined;
+  const walks = config.LEASE_OPS_API_WALK_THREADS > 0 ? new WalkThreads(config, config.LEASE_OPS_API_WALK_THREADS, log, (companyId, commands) => rates.chargeWalk(companyId, commands), (scope) => client.attentionEntries(scope)) : undefined;
   const app = createApiApp({
     config,
     client,

@@ -6,7 +6,7 @@ import { RedisUnavailableError } from '../errors.ts';
 import { faultPoint } from '../fault-points.ts';
 import { LayoutError } from '../queues/layout.ts';
 import type { LeaseIdentity } from '../lease.ts';
-import type { AttentionItem, LeaseTimeline, QueueOverview } from '../queues/inspect.ts';
+import type { AttentionItem, AttentionScope, LeaseTimeline, QueueOverview } from '../queues/inspect.ts';
 import { canSee, scopeOf, type Principal } from './auth.ts';
 import { CompanyTurns } from './company-turns.ts';
 import { HttpError } from './http-error.ts';
@@ -35,6 +35,12 @@ export const WALKS_WAITING_PER_COMPANY = 4;
  * list every few minutes stays there (helper-51: with one minute, a poller at 61 s never got there).
  */
 export const HEAVY_WALK_COMMANDS = 2_000;
+/**
+ * A company whose scope index holds more entries than this (about what a walk of HEAVY_WALK_COMMANDS
+ * reads, three reads an entry) walks its attention as heavy from its first walk: counted before
+ * it runs (one ZLEXCOUNT a partition), not learnt when it ends.
+ */
+export const HEAVY_ATTENTION_ENTRIES = 600;
 const HEAVY_WALKS_FOR_MS = 10 * 60_000;
 /**
  * The nice value of a background walk thread (Linux: per thread). Not 19: a heavy walk that
@@ -89,9 +95,10 @@ interface Pending {
  * there, and only there, for ten minutes; every other walk goes to a foreground thread (the one
  * with the fewest in hand), never beside a heavy one. On a small machine a heavy walk holds a
  * core for 100 ms or more, and another company's short walk that met it took about twice as
- * long (issue 27's walks); in a background thread it gives way to everything else. A
- * company's first heavy walk in ten minutes runs in a foreground thread: its cost is known
- * when it ends.
+ * long (issue 27's walks); in a background thread it gives way to everything else. A scoped
+ * attention walk is also weighed before it runs, by its company's entries of the scope index
+ * (HEAVY_ATTENTION_ENTRIES), so its first heavy one goes there too; a company's first heavy
+ * walk of another kind in ten minutes runs in a foreground thread: its cost is known when it ends.
  */
 export class WalkThreads implements Walks {
   private readonly threads: { worker: Worker; inHand: Map<number, Pending>; background: boolean }[] = [];
@@ -112,13 +119,16 @@ export class WalkThreads implements Walks {
 
   /**
    * `charge` is told what each company's walk cost (the Redis commands it sent): the API
-   * counts it against the company's walk rate (CompanyRateLimiter.chargeWalk).
+   * counts it against the company's walk rate (CompanyRateLimiter.chargeWalk). `attentionEntries`
+   * counts a scope's entries of the scope index (LeaseOpsClient.attentionEntries), so that a
+   * company's first heavy attention walk in ten minutes goes to the background threads too.
    */
   constructor(
     private readonly config: Config,
     private readonly count: number,
     private readonly log?: Logger,
     private readonly charge?: (companyId: string, commands: number) => void,
+    private readonly attentionEntries?: (scope: AttentionScope) => Promise<number>,
   ) {}
 
   /** Threads from this index on are background ones. */
@@ -170,7 +180,10 @@ export class WalkThreads implements Walks {
       // it (helper-15: 79 walks nobody waited for, Redis busy 18 s after the attack).
       const turn = (principal.admin ? this.adminTurns : this.turns).take(principal.companyId ?? '', () => {
         sent = true;
-        this.send(pending);
+        void this.weigh(pending, principal).then(() => {
+          // Closed while it was weighed: close() failed it already.
+          if (this.open.has(pending)) this.send(pending);
+        });
       });
       if (!turn) {
         reject(new HttpError(429, 'company_walks_full', `the company already has ${WALKS_WAITING_PER_COMPANY} walks waiting for their turn (attention, timelines): retry after one ends`, { retryAfterS: 1 }));
@@ -189,6 +202,18 @@ export class WalkThreads implements Walks {
         { once: true },
       );
     });
+  }
+
+  /**
+   * Marks a scoped attention walk heavy before it runs when its company's entries say it will be
+   * (HEAVY_ATTENTION_ENTRIES). A count that fails leaves it to be learnt when the walk ends.
+   */
+  private async weigh(pending: Pending, principal: Principal): Promise<void> {
+    const scope = scopeOf(principal);
+    if (pending.request.kind !== 'attentionPage' || !scope || !this.attentionEntries) return;
+    if ((this.heavyUntil.get(heavyKey(pending)) ?? 0) > Date.now()) return;
+    const entries = await this.attentionEntries(scope).catch(() => 0);
+    if (entries > HEAVY_ATTENTION_ENTRIES) this.markHeavy(heavyKey(pending));
   }
 
   private send(pending: Pending): void {

@@ -1,4 +1,4 @@
-import { Job } from 'bullmq';
+import { Job, type Queue } from 'bullmq';
 import { laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
 import { OperationJobDataSchema, type OperationName } from '../operations.ts';
 import { parseFailures, parsePause, pausedLease } from './lane.ts';
@@ -88,6 +88,22 @@ export interface AttentionScope {
   environmentIds?: readonly string[] | undefined;
 }
 
+/** Redis' answer to a read of a key of another type: an id naming a key that is no job's (`<id>:lock`, the queue's `events`). */
+const isWrongType = (err: unknown) => err instanceof Error && err.message.startsWith('WRONGTYPE');
+
+/**
+ * A job as BullMQ reads it, or undefined when there is none, or none that is a job: its hash
+ * holds what is not JSON (only a writer of Redis makes one), or its id names a key of another
+ * type. Not found, as for a missing id: a 500 would tell another company that the id exists.
+ */
+export function jobOrNone(queue: Queue, jobId: string): Promise<Job | undefined> {
+  return Job.fromId(queue, jobId).catch((err: unknown) => (err instanceof SyntaxError || isWrongType(err) ? undefined : Promise.reject(err)));
+}
+
+/** The scope index's entries of a scope begin with one of these (see indexScope in includes/lane.lua). */
+const scopePrefixes = (scope: AttentionScope) => (scope.environmentIds ? scope.environmentIds.map((env) => `${scope.companyId}\n${env}\n`) : [`${scope.companyId}\n`]);
+/** Where a prefix's entries end: the byte 0xff, above every byte of UTF-8 (a string "\xff" would be sent as C3 BF, below a name in Japanese). */
+const scopeRangeEnd = (prefix: string) => Buffer.concat([Buffer.from(`(${prefix}`), Buffer.from([0xff])]);
 const inScope = (owner: { companyId: string; environmentId: string }, scope: AttentionScope) =>
   owner.companyId === scope.companyId && (!scope.environmentIds || scope.environmentIds.includes(owner.environmentId));
 
@@ -187,14 +203,14 @@ export class Inspector {
     // The state first, then the job: a job that finishes in between then shows its old
     // state with its new data, never "completed" without its result.
     const bullState = await this.ops.queue.getJobState(jobId);
-    const [job, [outcomeText, parked], delayedScore, lanePause] = await Promise.all([
-      // A job whose data is not JSON is no operation (only a writer of Redis makes one): not
-      // found, as for a missing id, not a 500 that would tell another company it exists.
-      Job.fromId(this.ops.queue, jobId).catch((err: unknown) => (err instanceof SyntaxError ? undefined : Promise.reject(err))),
+    const reads = await Promise.all([
+      jobOrNone(this.ops.queue, jobId),
       this.ops.connection.hmget(this.ops.queue.toKey(jobId), 'lo:outcome', 'lo:parked'),
       this.ops.connection.zscore(this.ops.queue.toKey('delayed'), jobId),
       this.ops.lanes.pausedBy(laneId),
-    ]);
+    ]).catch((err: unknown) => (isWrongType(err) ? null : Promise.reject(err)));
+    if (!reads) return null;
+    const [job, [outcomeText, parked], delayedScore, lanePause] = reads;
     if (!job) return null;
     const parsed = OperationJobDataSchema.safeParse(job.data);
     const data = parsed.success ? parsed.data : null;
@@ -539,6 +555,12 @@ export class Inspector {
     return { laneId, lease, reason: 'paused', since, detail: `paused by ${by}: ${waiting}; unpause the lane to let them run` };
   }
 
+  /** How many entries a scoped walk of its attention reads from the scope index (what it will cost, before it runs). */
+  async scopeEntries(scope: AttentionScope): Promise<number> {
+    const counts = await Promise.all(scopePrefixes(scope).map((prefix) => this.ops.connection.zlexcount(this.ops.lanes.attentionScopeKey, `[${prefix}`, scopeRangeEnd(prefix))));
+    return counts.reduce((sum, n) => sum + n, 0);
+  }
+
   /**
    * A company's (or its environments') stuck, failed and paused leases, read from the scope
    * index (see indexScope in includes/lane.lua): what it costs grows with the company's own
@@ -546,7 +568,7 @@ export class Inspector {
    */
   private async scopedItems(scope: AttentionScope, limit: number, redisNow: number, stuckBudget: number): Promise<ReasonItem[]> {
     const key = this.ops.lanes.attentionScopeKey;
-    const prefixes = scope.environmentIds ? scope.environmentIds.map((env) => `${scope.companyId}\n${env}\n`) : [`${scope.companyId}\n`];
+    const prefixes = scopePrefixes(scope);
     // First what each lane has, three cheap reads a lane; then items (several reads each) only
     // for the first `limit` leases in the list's order: a company's long list costs its page.
     const stuck: { laneId: string; since: number }[] = [];
@@ -558,8 +580,7 @@ export class Inspector {
       // another replica, or after an acknowledgement), shifted an offset past live entries
       // (helper-23, helper-24: a page skipped for each page taken out; 1-4 live items missed).
       for (let from = `[${prefix}`; ; ) {
-        // The range ends at the byte 0xff, above every byte of UTF-8 (a string "\xff" would be sent as C3 BF, below a name in Japanese).
-        const members = await this.ops.connection.zrangebylex(key, from, Buffer.concat([Buffer.from(`(${prefix}`), Buffer.from([0xff])]), 'LIMIT', 0, ATTENTION_PAGE);
+        const members = await this.ops.connection.zrangebylex(key, from, scopeRangeEnd(prefix), 'LIMIT', 0, ATTENTION_PAGE);
         if (members.length === 0) break;
         const laneIds = members.map((m) => m.slice(m.lastIndexOf('\n') + 1));
         const pipeline = this.ops.connection.pipeline();

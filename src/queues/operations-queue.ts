@@ -435,16 +435,19 @@ export class OperationsQueue {
   private announcedRead: { names: string[]; at: number } | null = null;
 
   /**
-   * Provider names some worker has served: what the API accepts. Nothing takes a name out, so a
-   * read of the last ANNOUNCED_REUSE_MS that names `expected` answers for it (an enqueue of a
-   * served provider costs no read); a name it does not hold is read again (a worker may have
-   * announced it since).
+   * Provider names some worker has served: what the API accepts. A read of the last
+   * ANNOUNCED_REUSE_MS that names `expected` answers for it (an enqueue of a served provider
+   * costs no read); a name it does not hold is read again (a worker may have announced it since).
+   * Names go only with Redis' data (or an operator's DEL), and the workers announce theirs again
+   * within a sweep: an operation accepted meanwhile for a provider no worker serves any more
+   * waits for one within its deadline, as in a rolling change of LEASE_OPS_PROVIDERS.
    */
   async announcedProviders(expected?: string): Promise<string[]> {
     const last = this.announcedRead;
-    if (expected !== undefined && last && Date.now() - last.at < ANNOUNCED_REUSE_MS && last.names.includes(expected)) return last.names;
+    // The monotonic clock: a step of the wall clock neither stretches nor ends the reuse.
+    if (expected !== undefined && last && performance.now() - last.at < ANNOUNCED_REUSE_MS && last.names.includes(expected)) return last.names;
     const names = await this.connection.hkeys(this.providersKey);
-    this.announcedRead = { names, at: Date.now() };
+    this.announcedRead = { names, at: performance.now() };
     return names;
   }
 
