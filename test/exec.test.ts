@@ -18,6 +18,7 @@ import { startApiServer } from '../src/api/server.ts';
 import { loadConfig } from '../src/config.ts';
 import { createLogger } from '../src/logger.ts';
 import { readUntil, TestBed, type Finished } from './helpers/env.ts';
+import { createRecordingProvider } from './helpers/recording-provider.ts';
 import { serverFor } from './helpers/redis-process.ts';
 
 // Issue 25 part 2: commands in a sandbox, bracketed by an activity gate, on the simulated
@@ -89,6 +90,16 @@ describe.concurrent('exec: commands in a sandbox', () => {
     expect(seen).not.toContain(secret);
     expect(seen).not.toContain('piped in');
     expect(await running).toMatchObject({ exitCode: 0, stdout: `${secret}:piped in` });
+  });
+
+  it("with a second worker that serves another provider only, every command and every probe reaches a worker that serves its provider (helper-57: that worker answered a third of them unknown_provider)", async ({ onTestFinished }) => {
+    const { bed, client, id } = await setUp(onTestFinished);
+    await bed.startWorker(createRecordingProvider({ name: 'other' }).provider);
+    const ran = await Promise.all(Array.from({ length: 12 }, (_, i) => client.exec(lease(id), { providerLeaseId: id, command: 'echo', args: [String(i)] }).then((r) => r.stdout, (err: Error) => `${(err as { code?: string }).code ?? ''}: ${err.message}`)));
+    expect(ran).toEqual(Array.from({ length: 12 }, (_, i) => `${i}\n`));
+    // Probes of either worker's provider, each its own (a company of its own: not shared).
+    const probes = await Promise.all(Array.from({ length: 12 }, (_, i) => client.probeProvider({ provider: i % 2 ? 'daytona' : 'other', companyId: `probe-${i}` })));
+    expect(probes.map((p) => [p.ok, p.code])).toEqual(Array.from({ length: 12 }, (_, i) => [true, i % 2 ? 'ok' : 'nothing_to_check']));
   });
 
   it('times a command out (SIGTERM), and refuses one with env when the worker holds no master key', async ({ onTestFinished }) => {

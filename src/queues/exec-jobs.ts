@@ -1,4 +1,4 @@
-import type { Job } from 'bullmq';
+import { DelayedError, type Job } from 'bullmq';
 import { z } from 'zod';
 import { LeaseIdentitySchema, type LeaseIdentity } from '../lease.ts';
 import type { Logger } from '../logger.ts';
@@ -7,6 +7,7 @@ import type { ProviderRegistry } from '../providers/registry.ts';
 import { ProviderError } from '../providers/errors.ts';
 import type { ExecResult, OperationContext } from '../providers/types.ts';
 import type { Activities } from './activities.ts';
+import { passOnUnserved, PASS_ON_FOR_MS } from './pass-on.ts';
 import { WaitedQueue } from './queue-events.ts';
 import type { RedisClient } from './redis.ts';
 
@@ -137,20 +138,29 @@ export class ExecJobs {
  * activity. Never throws for the command's own outcome; a job is never run twice (a worker
  * that dies mid-command leaves it failed, not re-run: it may have run).
  */
-export async function runExec(job: Job, deps: { providers: ProviderRegistry; activities: Activities; keys: MasterKeys | null; log: Logger; redis: RedisClient; prefix: string }): Promise<{ stored: true }> {
-  const outcome = await runExecJob(job, deps);
+export async function runExec(job: Job, token: string | undefined, deps: { providers: ProviderRegistry; activities: Activities; keys: MasterKeys | null; log: Logger; redis: RedisClient; prefix: string }): Promise<{ stored: true }> {
+  const outcome = await runExecJob(job, token, deps);
   await deps.redis.set(outcomeKey(deps.prefix, job.id!), JSON.stringify(outcome), 'PX', OUTCOME_TTL_MS);
   return { stored: true };
 }
 
-async function runExecJob(job: Job, deps: { providers: ProviderRegistry; activities: Activities; keys: MasterKeys | null; log: Logger }): Promise<ExecOutcome> {
+async function runExecJob(job: Job, jobToken: string | undefined, deps: { providers: ProviderRegistry; activities: Activities; keys: MasterKeys | null; log: Logger }): Promise<ExecOutcome> {
   const parsed = ExecJobSchema.safeParse(job.data);
   if (!parsed.success) return { ok: false, code: 'invalid_job', message: 'an exec job this version cannot read' };
   const { lease, token, ttlMs, request } = parsed.data;
   const log = deps.log.child({ lease, job: job.id, op: 'exec' });
+  /** Gone back for another worker: its activity stays open for the worker that runs it. */
+  let passedOn = false;
   try {
     const resolved = await deps.providers.resolve(lease);
-    if (!('provider' in resolved)) return { ok: false, code: resolved.code, message: resolved.message };
+    if (!('provider' in resolved)) {
+      // Not served here (another replica may serve it): back for another worker, while its activity is open.
+      if (!resolved.forGood && (await passOnUnserved(job, jobToken, job.timestamp + Math.min(ttlMs, PASS_ON_FOR_MS)))) {
+        passedOn = true;
+        throw new DelayedError();
+      }
+      return { ok: false, code: resolved.code, message: resolved.message };
+    }
     const provider = resolved.provider;
     if (!provider.exec) return { ok: false, code: 'exec_unsupported', message: `${lease.provider} cannot run commands in its sandboxes` };
     let env: Record<string, string> | undefined;
@@ -211,7 +221,7 @@ async function runExecJob(job: Job, deps: { providers: ProviderRegistry; activit
       clearInterval(beat);
     }
   } finally {
-    await deps.activities.end(token).catch((err: unknown) => log.warn({ err }, 'could not end the exec\'s activity'));
+    if (!passedOn) await deps.activities.end(token).catch((err: unknown) => log.warn({ err }, 'could not end the exec\'s activity'));
   }
 }
 

@@ -36,7 +36,7 @@ const ProbeSchema = z.object({ ok: z.boolean(), code: z.string(), message: z.str
  * Runs a probe on a worker: one paced read with the provider's own credentials, outside any
  * lane (it touches no sandbox), bounded by its own deadline.
  */
-export async function runProbe(providers: ProviderRegistry, target: ProbeTarget, log: Logger): Promise<ProviderProbe> {
+export async function runProbe(providers: ProviderRegistry, target: ProbeTarget, log: Logger, notServedHere: () => Promise<void> = async () => undefined): Promise<ProviderProbe> {
   const at = Date.now();
   const name = target.provider;
   const resolved = target.draft
@@ -45,6 +45,8 @@ export async function runProbe(providers: ProviderRegistry, target: ProbeTarget,
       : ({ code: 'unknown_provider', message: 'this worker serves no saved provider instances', forGood: true } as const)
     : await providers.resolve({ provider: name, companyId: target.companyId ?? '', environmentId: target.environmentId ?? '' });
   if (!('provider' in resolved)) {
+    // Not served by this worker (another may serve it): it may go back for another to take.
+    if (!resolved.forGood) await notServedHere();
     // An unknown name stays unknown_provider; a deleted or unreadable instance says so.
     return { ok: false, code: resolved.code, message: resolved.code === 'unknown_provider' && !target.companyId ? `this worker serves no provider named "${name}"` : resolved.message, at };
   }
@@ -70,7 +72,8 @@ export async function runProbe(providers: ProviderRegistry, target: ProbeTarget,
 
 /**
  * Asks a worker to probe a provider (the maintenance queue of the deployment's first
- * partition; any replica serving the provider takes it) and waits for the answer. One probe
+ * partition; a replica that does not serve the provider passes it on for up to PASS_ON_FOR_MS)
+ * and waits for the answer. One probe
  * per provider per PROBE_REUSE_MS: concurrent and repeated asks share it (its job id).
  */
 export class ProviderProbes {

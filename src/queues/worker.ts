@@ -1,6 +1,6 @@
 import { setMaxListeners } from 'node:events';
 import { partitionOfLane } from '../partitions.ts';
-import { MetricsTime, Queue, UnrecoverableError, Worker, type Job, type WorkerOptions } from 'bullmq';
+import { DelayedError, MetricsTime, Queue, UnrecoverableError, Worker, type Job, type WorkerOptions } from 'bullmq';
 import { Redis } from 'ioredis';
 import type { Config } from '../config.ts';
 import { faultPoint } from '../fault-points.ts';
@@ -20,6 +20,7 @@ import { answerWithin, closeForGood, createRedis, keepCopies, isRedisUnavailable
 import { type BackoffSettings, DEFAULT_BACKOFF, RetryLaterError } from './retry-policy.ts';
 import { PROBE_JOB, ProbeTargetSchema, runProbe } from './provider-probes.ts';
 import { execQueueName, runExec } from './exec-jobs.ts';
+import { passOnUnserved, PASS_ON_FOR_MS } from './pass-on.ts';
 import { sweepLanes } from './sweep.ts';
 import { Watchdog } from './watchdog.ts';
 
@@ -309,7 +310,7 @@ export class LeaseWorker {
     }, log, (laneId) => (queueOf && !this.ownsLane(laneId) ? queueOf(laneId) : this.ops), this.ops.names);
     this.maintenanceWorker = new Worker(
       maintenanceName,
-      async (job) => {
+      async (job, token) => {
         switch (job.name) {
           case WATCHDOG_SCHEDULER_ID:
             return this.watchdog.scan();
@@ -319,7 +320,10 @@ export class LeaseWorker {
             {
             const target = ProbeTargetSchema.safeParse(job.data);
             if (!target.success) throw new UnrecoverableError('a probe job that names no provider');
-            return runProbe(this.providers, target.data, this.log);
+            return runProbe(this.providers, target.data, this.log, async () => {
+              // Not served here: back for another replica, for a while (see pass-on.ts).
+              if (await passOnUnserved(job, token, job.timestamp + PASS_ON_FOR_MS)) throw new DelayedError();
+            });
           }
           case SWEEP_SCHEDULER_ID: {
             const report = await sweepLanes(this.ops, settings.LEASE_OPS_SWEEP_STALE_MS, this.log);
@@ -359,7 +363,7 @@ export class LeaseWorker {
     // (stalled), since the command may have run; the caller is told so.
     this.execWorker = new Worker(
       execQueueName(settings.LEASE_OPS_QUEUE),
-      (job) => runExec(job, { providers: this.providers, activities: this.ops.activities, keys: this.providers.instances?.store.keys ?? null, log: this.log, redis: this.connection, prefix }),
+      (job, token) => runExec(job, token, { providers: this.providers, activities: this.ops.activities, keys: this.providers.instances?.store.keys ?? null, log: this.log, redis: this.connection, prefix }),
       {
         connection: connect('lease-ops-worker-exec'),
         prefix,
