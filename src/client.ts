@@ -476,6 +476,8 @@ export class LeaseOpsClient {
       }),
       {
         configuredNames: async () => (await this.providers()).map((p) => p.name),
+        // Each worker says its stuck budget right after its providers, at its start and every sweep.
+        workersAnnounced: async () => (await this.partitions[0]!.ops.announcedStuckBudget()) !== null,
         probe: (target) => this.probeProvider(target),
         call: (run) => this.call(run),
       },

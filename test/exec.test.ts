@@ -102,6 +102,15 @@ describe.concurrent('exec: commands in a sandbox', () => {
     expect(probes.map((p) => [p.ok, p.code])).toEqual(Array.from({ length: 12 }, (_, i) => [true, i % 2 ? 'ok' : 'nothing_to_check']));
   });
 
+  it('a command passed on by a worker that does not serve its provider waits for the one that does, busy past 3 s (helper-58: answered unknown_provider at 3 s)', async ({ onTestFinished }) => {
+    const { bed, client, id } = await setUp(onTestFinished, { env: { LEASE_OPS_EXEC_CONCURRENCY: '1' } });
+    await bed.startWorker(createRecordingProvider({ name: 'other' }).provider);
+    const busy = client.exec(lease(id), { providerLeaseId: id, command: 'sleep 4; echo slept' });
+    await readUntil(async () => (await bed.redis.keys(`${bed.config.LEASE_OPS_PREFIX}:${execQueueName(bed.config.LEASE_OPS_QUEUE)}:exec.*:lock`)).length > 0, 5_000, 'the first command running');
+    expect(await client.exec(lease(id), { providerLeaseId: id, command: 'echo', args: ['after'] })).toMatchObject({ exitCode: 0, stdout: 'after\n' });
+    expect(await busy).toMatchObject({ stdout: 'slept\n' });
+  });
+
   it('times a command out (SIGTERM), and refuses one with env when the worker holds no master key', async ({ onTestFinished }) => {
     const { client, id } = await setUp(onTestFinished, { workerKeys: false });
     const started = Date.now();
@@ -136,6 +145,24 @@ describe.concurrent('exec: commands in a sandbox', () => {
 });
 
 describe.concurrent('exec over the HTTP API', () => {
+  it("refuses an exec through a provider nobody serves, or one that is admin-only to a company's token (422 unknown_provider), as an enqueue is (helper-58: it went round the workers, and ran through the operator's provider)", async ({ onTestFinished }) => {
+    // Daytona is the operator's alone here: a company's token may use no configured provider.
+    const { bed, id, keys } = await setUp(onTestFinished, { env: { LEASE_OPS_SHARED_PROVIDERS: '' } });
+    const api = await startTestApi(bed, undefined, { masterKeys: keys });
+    try {
+      const exec = (provider: string) =>
+        fetch(`${api.base}/v1/leases/${provider}/co/env/${id}/exec`, { method: 'POST', headers: { authorization: `Bearer ${TOKENS.co}`, 'content-type': 'application/json' }, body: JSON.stringify({ providerLeaseId: id, command: 'id' }) });
+      for (const provider of ['daytona', 'nosuch']) {
+        const refused = await exec(provider);
+        expect([provider, refused.status, ((await refused.json()) as { error: { code: string } }).error.code]).toEqual([provider, 422, 'unknown_provider']);
+      }
+      // Nothing was queued for a worker.
+      expect(await bed.redis.keys(`${bed.config.LEASE_OPS_PREFIX}:${execQueueName(bed.config.LEASE_OPS_QUEUE)}:exec.*`)).toEqual([]);
+    } finally {
+      await api.close();
+    }
+  });
+
   it("answers how the command ended; another company's token finds nothing; refused with 409 lease_closing while a stop is queued", async ({ onTestFinished }) => {
     const { bed, client, id, keys } = await setUp(onTestFinished);
     const api = await startTestApi(bed, undefined, { masterKeys: keys });

@@ -223,13 +223,19 @@ describe('provider instances at run time, over the API', () => {
     // a typo, but not one a company's token may not use as a configured provider and that is no
     // instance of its company (helper-57: taken, and run with the operator's key).
     const providersKey = `${bed.config.LEASE_OPS_PREFIX}:providers`;
-    const announced = await bed.redis.hgetall(providersKey);
-    await bed.redis.del(providersKey);
+    const deploymentKey = `${bed.config.LEASE_OPS_PREFIX}:deployment`;
+    const [announced, deployment] = await Promise.all([bed.redis.hgetall(providersKey), bed.redis.hgetall(deploymentKey)]);
+    await bed.redis.del(providersKey, deploymentKey);
     try {
       const unannounced = await enqueue(ACME, 'daytona', 'acme', 'prod', 'r-2', { op: 'stop', params: { providerLeaseId: 'r-2' } });
       expect([unannounced.status, unannounced.body.error?.code]).toEqual([422, 'unknown_provider']);
+      // Nor is an instance saved then: its name cannot be checked against the workers' providers
+      // (helper-58: named like an admin-only one, its company's leases ran on the operator's key).
+      const saved = await call('POST', '/v1/providers?probe=false', ACME, daytona('acme-window', KEY_A));
+      expect([saved.status, saved.body.error?.code]).toEqual([503, 'providers_unannounced']);
     } finally {
       await bed.redis.hset(providersKey, announced);
+      await bed.redis.hset(deploymentKey, deployment);
     }
     // A save that a worker cannot open (the API seals with another master key) is refused.
     const otherKeyApi = await startTestApi(bed, undefined, { masterKeys: new MasterKeys(randomBytes(32)) });

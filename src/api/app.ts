@@ -33,7 +33,7 @@ import {
   ClientClosedError,
 } from '../errors.ts';
 import type { Logger } from '../logger.ts';
-import { laneIdOfJobId } from '../lease.ts';
+import { laneIdOfJobId, type LeaseIdentity } from '../lease.ts';
 import { isRedisUnavailable } from '../queues/redis.ts';
 import { OperatorActionRefusedError } from '../queues/operator-actions.ts';
 import { sweepEveryLane } from '../queues/sweep.ts';
@@ -561,6 +561,33 @@ export function createApiApp(deps: ApiDeps): express.Express {
   // LEASE_OPS_SHARED_PROVIDERS says), and its company's instances saved at run time.
   const sharedProviders = (deps.config.LEASE_OPS_SHARED_PROVIDERS ?? '*').split(',').map((s) => s.trim()).filter(Boolean);
   const mayUseConfigured = (principal: Principal, name: string) => principal.admin || sharedProviders.includes('*') || sharedProviders.includes(name);
+  /**
+   * Refuses (422 unknown_provider) a provider a principal cannot have its lease's work run by.
+   * A name no worker ever served is a typo, not a rollout: refused now, not failed later.
+   * Until some worker said what it serves (none started yet, or Redis lost its data) there is
+   * nothing to tell a typo by, and the name is taken, except from a scoped token a name it may
+   * not use as a configured provider: that one is its company's instance or nothing (helper-57:
+   * with the announcements gone, a tenant's enqueue of an admin-only provider was taken, and a
+   * worker ran it with the operator's key). A request repeated under its idempotency key gets
+   * its receipt whatever the workers say. A company's instance (saved at run time, for this
+   * environment) counts as served; a configured provider that is admin-only does not exist for
+   * a scoped token, whatever else bears its name (workers take a configured provider over a
+   * company's instance of that name).
+   */
+  const providerUsable = async (lease: LeaseIdentity, principal: Principal, idempotencyKey?: string): Promise<void> => {
+    const ops = client.partitionOf(lease).ops;
+    const announced = await ops.announcedProviders(lease.provider);
+    const providers = announced.filter((name) => mayUseConfigured(principal, name));
+    if (announced.includes(lease.provider) && !mayUseConfigured(principal, lease.provider)) {
+      throw new HttpError(422, 'unknown_provider', `no worker serves provider "${lease.provider}"${providers.length > 0 ? ` (served: ${providers.sort().join(', ')})` : ''}`);
+    }
+    if (providers.includes(lease.provider) || (idempotencyKey !== undefined && (await ops.idempotencyKeyUsed(lease, idempotencyKey)))) return;
+    const instance = await client.instances.get(lease.companyId, lease.provider);
+    const usable = instance !== null && (instance.environmentIds === null || instance.environmentIds.includes(lease.environmentId));
+    if (!usable && (announced.length > 0 || !mayUseConfigured(principal, lease.provider))) {
+      throw new HttpError(422, 'unknown_provider', `no worker serves provider "${lease.provider}", and company ${lease.companyId} has no provider instance of that name for environment ${lease.environmentId}${providers.length > 0 ? ` (served: ${providers.sort().join(', ')})` : ''}`);
+    }
+  };
   /** Whether a principal sees an instance: its company's, and (an environment-scoped token) only one bound to its environments. */
   const seesInstance = (principal: Principal, instance: Pick<InstanceView, 'companyId' | 'environmentIds'>) =>
     principal.admin ||
@@ -585,32 +612,8 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const body = parse(EnqueueBodySchema, req.body, 'body');
     const header = parse(IdempotencyHeaderSchema, { 'idempotency-key': req.get('idempotency-key') }, 'Idempotency-Key header');
     const idempotencyKey = body.idempotencyKey ?? header['idempotency-key'];
-    // A name no worker ever served is a typo, not a rollout: refused now, not failed later.
-    // Until some worker said what it serves (none started yet, or Redis lost its data) there
-    // is nothing to tell a typo by, and the request is taken; a request repeated under its
-    // idempotency key gets its receipt whatever the workers say.
-    // A company's instance (saved at run time, for this environment) counts as served; a
-    // configured provider that is admin-only does not exist for a scoped token.
-    const ops = client.partitionOf(lease).ops;
     const principal = res.locals.principal as Principal;
-    const announced = await ops.announcedProviders(lease.provider);
-    const providers = announced.filter((name) => mayUseConfigured(principal, name));
-    // A configured provider this token may not use does not exist for it, whatever else bears
-    // its name (workers take a configured provider over a company's instance of that name).
-    if (announced.includes(lease.provider) && !mayUseConfigured(principal, lease.provider)) {
-      throw new HttpError(422, 'unknown_provider', `no worker serves provider "${lease.provider}"${providers.length > 0 ? ` (served: ${providers.sort().join(', ')})` : ''}`);
-    }
-    if (!providers.includes(lease.provider) && !(idempotencyKey !== undefined && (await ops.idempotencyKeyUsed(lease, idempotencyKey)))) {
-      const instance = await client.instances.get(lease.companyId, lease.provider);
-      const usable = instance !== null && (instance.environmentIds === null || instance.environmentIds.includes(lease.environmentId));
-      // With nothing announced (no worker started yet, or Redis lost its data) a name is taken,
-      // except from a scoped token a name it may not use as a configured provider: that one is
-      // its company's instance or nothing (helper-57: with the announcements gone, a tenant's
-      // enqueue of an admin-only provider was taken, and a worker ran it with the operator's key).
-      if (!usable && (announced.length > 0 || !mayUseConfigured(principal, lease.provider))) {
-        throw new HttpError(422, 'unknown_provider', `no worker serves provider "${lease.provider}", and company ${lease.companyId} has no provider instance of that name for environment ${lease.environmentId}${providers.length > 0 ? ` (served: ${providers.sort().join(', ')})` : ''}`);
-      }
-    }
+    await providerUsable(lease, principal, idempotencyKey);
     const enqueued = await client.enqueue(body.op, lease, body.params, {
       ...(body.deadlineMs === undefined ? {} : { deadlineMs: body.deadlineMs }),
       // Keys are scoped to the lease's company and environment (the queue does it), which
@@ -660,6 +663,9 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const lease = parse(LeasePathSchema, req.params, 'path');
     if (!req.is('application/json')) throw new HttpError(415, 'unsupported_media_type', 'send the command as application/json');
     const body = parse(ExecBodySchema, req.body, 'body');
+    // As an enqueue is (helper-58: a tenant ran commands through an admin-only provider, and a
+    // name nobody serves went round the workers for 3 s).
+    await providerUsable(lease, res.locals.principal as Principal);
     // A caller that hangs up cancels the command (its activity ends; the worker sees it go).
     const gone = new AbortController();
     res.on('close', () => res.writableFinished || gone.abort());

@@ -7,7 +7,7 @@ import type { ProviderRegistry } from '../providers/registry.ts';
 import { ProviderError } from '../providers/errors.ts';
 import type { ExecResult, OperationContext } from '../providers/types.ts';
 import type { Activities } from './activities.ts';
-import { passOnUnserved, PASS_ON_FOR_MS } from './pass-on.ts';
+import { passOnUnserved } from './pass-on.ts';
 import { WaitedQueue } from './queue-events.ts';
 import type { RedisClient } from './redis.ts';
 
@@ -138,13 +138,22 @@ export class ExecJobs {
  * activity. Never throws for the command's own outcome; a job is never run twice (a worker
  * that dies mid-command leaves it failed, not re-run: it may have run).
  */
-export async function runExec(job: Job, token: string | undefined, deps: { providers: ProviderRegistry; activities: Activities; keys: MasterKeys | null; log: Logger; redis: RedisClient; prefix: string }): Promise<{ stored: true }> {
+export async function runExec(job: Job, token: string | undefined, deps: ExecDeps & { redis: RedisClient; prefix: string }): Promise<{ stored: true }> {
   const outcome = await runExecJob(job, token, deps);
   await deps.redis.set(outcomeKey(deps.prefix, job.id!), JSON.stringify(outcome), 'PX', OUTCOME_TTL_MS);
   return { stored: true };
 }
 
-async function runExecJob(job: Job, jobToken: string | undefined, deps: { providers: ProviderRegistry; activities: Activities; keys: MasterKeys | null; log: Logger }): Promise<ExecOutcome> {
+interface ExecDeps {
+  providers: ProviderRegistry;
+  activities: Activities;
+  keys: MasterKeys | null;
+  log: Logger;
+  /** Whether some worker has announced a provider (it may serve what this one does not). */
+  announced: (provider: string) => Promise<boolean>;
+}
+
+async function runExecJob(job: Job, jobToken: string | undefined, deps: ExecDeps): Promise<ExecOutcome> {
   const parsed = ExecJobSchema.safeParse(job.data);
   if (!parsed.success) return { ok: false, code: 'invalid_job', message: 'an exec job this version cannot read' };
   const { lease, token, ttlMs, request } = parsed.data;
@@ -155,7 +164,8 @@ async function runExecJob(job: Job, jobToken: string | undefined, deps: { provid
     const resolved = await deps.providers.resolve(lease);
     if (!('provider' in resolved)) {
       // Not served here (another replica may serve it): back for another worker, while its activity is open.
-      if (!resolved.forGood && (await passOnUnserved(job, jobToken, job.timestamp + Math.min(ttlMs, PASS_ON_FOR_MS)))) {
+      // Until its ttlMs: a command that waited for a worker longer does not run anyway.
+      if (!resolved.forGood && (await passOnUnserved(job, jobToken, job.timestamp + ttlMs, () => deps.announced(lease.provider)))) {
         passedOn = true;
         throw new DelayedError();
       }

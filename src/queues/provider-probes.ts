@@ -12,7 +12,7 @@ export const PROBE_JOB = 'probe';
 export const PROBE_REUSE_MS = 30_000;
 
 /** How long a probe may take at the service. */
-const PROBE_DEADLINE_MS = 10_000;
+export const PROBE_DEADLINE_MS = 10_000;
 
 export interface ProviderProbe extends ProbeResult {
   /** Epoch ms the worker asked the service. */
@@ -72,8 +72,8 @@ export async function runProbe(providers: ProviderRegistry, target: ProbeTarget,
 
 /**
  * Asks a worker to probe a provider (the maintenance queue of the deployment's first
- * partition; a replica that does not serve the provider passes it on for up to PASS_ON_FOR_MS)
- * and waits for the answer. One probe
+ * partition; a replica that does not serve an announced provider passes it on, within the
+ * probe's deadline: see pass-on.ts) and waits for the answer. One probe
  * per provider per PROBE_REUSE_MS: concurrent and repeated asks share it (its job id).
  */
 export class ProviderProbes {

@@ -18,9 +18,9 @@ import { defineQuietFetch, UNRELEASED_ACQUIRE } from './quiet-fetch.ts';
 import { BACKOFF_TYPE, OperationsQueue } from './operations-queue.ts';
 import { answerWithin, closeForGood, createRedis, keepCopies, isRedisUnavailable, pingWithin, reportRedisError, type RedisClient } from './redis.ts';
 import { type BackoffSettings, DEFAULT_BACKOFF, RetryLaterError } from './retry-policy.ts';
-import { PROBE_JOB, ProbeTargetSchema, runProbe } from './provider-probes.ts';
+import { PROBE_DEADLINE_MS, PROBE_JOB, ProbeTargetSchema, runProbe } from './provider-probes.ts';
 import { execQueueName, runExec } from './exec-jobs.ts';
-import { passOnUnserved, PASS_ON_FOR_MS } from './pass-on.ts';
+import { passOnUnserved } from './pass-on.ts';
 import { sweepLanes } from './sweep.ts';
 import { Watchdog } from './watchdog.ts';
 
@@ -322,7 +322,7 @@ export class LeaseWorker {
             if (!target.success) throw new UnrecoverableError('a probe job that names no provider');
             return runProbe(this.providers, target.data, this.log, async () => {
               // Not served here: back for another replica, for a while (see pass-on.ts).
-              if (await passOnUnserved(job, token, job.timestamp + PASS_ON_FOR_MS)) throw new DelayedError();
+              if (await passOnUnserved(job, token, job.timestamp + PROBE_DEADLINE_MS, () => this.announcedAnywhere(target.data.provider))) throw new DelayedError();
             });
           }
           case SWEEP_SCHEDULER_ID: {
@@ -363,7 +363,7 @@ export class LeaseWorker {
     // (stalled), since the command may have run; the caller is told so.
     this.execWorker = new Worker(
       execQueueName(settings.LEASE_OPS_QUEUE),
-      (job, token) => runExec(job, token, { providers: this.providers, activities: this.ops.activities, keys: this.providers.instances?.store.keys ?? null, log: this.log, redis: this.connection, prefix }),
+      (job, token) => runExec(job, token, { announced: (provider) => this.announcedAnywhere(provider), providers: this.providers, activities: this.ops.activities, keys: this.providers.instances?.store.keys ?? null, log: this.log, redis: this.connection, prefix }),
       {
         connection: connect('lease-ops-worker-exec'),
         prefix,
@@ -588,6 +588,11 @@ export class LeaseWorker {
    * release and BullMQ's completion of the same job (issued a few microtasks later) then
    * cost one socket write instead of two.
    */
+  /** Whether some worker has announced `provider` (what probes and execs this worker does not serve go on for). */
+  private async announcedAnywhere(provider: string): Promise<boolean> {
+    return (await this.ops.announcedProviders(provider)).includes(provider);
+  }
+
   private coalesceWrites(): void {
     // A cluster connection has one socket per node; corking is for the single-server case.
     const stream = this.workerConnection instanceof Redis ? this.workerConnection.stream : null;

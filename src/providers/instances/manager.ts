@@ -36,6 +36,8 @@ export class ProviderInstances {
     private readonly deps: {
       /** The names of the providers the workers' configuration holds (shared by every company). */
       configuredNames: () => Promise<string[]>;
+      /** Whether any worker has said what it serves since Redis last lost its data (it may serve no configured provider). */
+      workersAnnounced: () => Promise<boolean>;
       probe: (target: ProbeTarget) => Promise<ProviderProbe>;
       /** Runs a call once Redis answers (the client's fail-fast wrapper); as is if left out. */
       call?: <T>(run: () => Promise<T>) => Promise<T>;
@@ -54,7 +56,14 @@ export class ProviderInstances {
   private async createNow(body: unknown, opts: SaveOptions): Promise<{ instance: InstanceView; probe?: ProviderProbe }> {
     const input = this.store.parseCreate(body);
     if (input.companyId === undefined) throw new ProviderInstanceError('invalid_request', 400, 'a provider instance needs a companyId');
-    if ((BUILT_IN_PROVIDER_NAMES as readonly string[]).includes(input.name) || (await this.deps.configuredNames()).includes(input.name)) {
+    const configured = await this.deps.configuredNames();
+    // Nothing to check a name against (no worker said what it serves: none started, or Redis
+    // lost its data): an instance named like an admin-only provider of theirs would have its
+    // company's leases run by that provider, with the operator's key (helper-58).
+    if (configured.length === 0 && !(await this.deps.workersAnnounced())) {
+      throw new ProviderInstanceError('providers_unannounced', 503, 'no worker has said which providers it serves yet (none started, or Redis lost its data): an instance name cannot be checked against them; retry once a worker runs');
+    }
+    if ((BUILT_IN_PROVIDER_NAMES as readonly string[]).includes(input.name) || configured.includes(input.name)) {
       throw new ProviderInstanceError('provider_name_taken', 409, `"${input.name}" names a provider of the workers' configuration: choose another name`);
     }
     if ((await this.store.get(input.companyId, input.name)) !== null) {
