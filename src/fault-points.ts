@@ -10,7 +10,8 @@ import type { RedisClient } from './queues/redis.ts';
  *   kill         SIGKILL this process (after a line on stderr saying so)
  *   pause        SIGSTOP this process; the test sends SIGCONT
  *   redis-error  one real error reply from Redis (an unknown command on the given client)
- *   stall        block the event loop for 3 s (a long GC, a starved loop)
+ *   stall        block the event loop for 3 s, or `stall@<ms>` for that long (a long GC, a
+ *                starved loop); the thread sleeps meanwhile, so other processes keep the CPU
  *
  * Every hit writes `lease-ops fault point <name>: <action>` to stderr first, so a test can
  * wait for that line.
@@ -38,11 +39,11 @@ export type FaultPoint =
 
 type Action = 'kill' | 'pause' | 'redis-error' | 'stall';
 
-const configured = new Map<string, { action: Action; left: number }>();
+const configured = new Map<string, { action: Action; left: number; stallMs: number }>();
 for (const entry of (process.env.LEASE_OPS_FAULT_POINTS ?? '').split(',').map((s) => s.trim()).filter(Boolean)) {
-  const m = /^([a-z-]+)=(kill|pause|redis-error|stall)(?:\*(\d+))?$/.exec(entry);
-  if (!m) throw new Error(`LEASE_OPS_FAULT_POINTS: cannot read "${entry}" (expected point=kill|pause|redis-error|stall[*count])`);
-  configured.set(m[1]!, { action: m[2] as Action, left: m[3] ? Number(m[3]) : Number.POSITIVE_INFINITY });
+  const m = /^([a-z-]+)=(kill|pause|redis-error|stall)(?:@(\d+))?(?:\*(\d+))?$/.exec(entry);
+  if (!m) throw new Error(`LEASE_OPS_FAULT_POINTS: cannot read "${entry}" (expected point=kill|pause|redis-error|stall[@ms][*count])`);
+  configured.set(m[1]!, { action: m[2] as Action, left: m[4] ? Number(m[4]) : Number.POSITIVE_INFINITY, stallMs: m[3] ? Number(m[3]) : 3_000 });
 }
 
 /** True when any fault point is armed. */
@@ -68,13 +69,11 @@ export async function faultPoint(name: FaultPoint, redis?: RedisClient): Promise
     case 'pause':
       process.kill(process.pid, 'SIGSTOP');
       return;
-    case 'stall': {
-      const until = Date.now() + 3_000;
-      while (Date.now() < until) {
-        // Busy: nothing else in this process runs, lock renewals included.
-      }
+    case 'stall':
+      // Asleep: nothing else in this thread runs, lock renewals included, and it takes no CPU
+      // (a busy loop held a core of CI's two for each stall of the tests that run at once).
+      Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, point.stallMs);
       return;
-    }
     case 'redis-error':
       if (!redis) throw new Error(`fault point ${name} has no Redis client to fail`);
       await redis.call('LEASE-OPS-FAULT-POINT');

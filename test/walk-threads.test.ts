@@ -246,7 +246,9 @@ describe.concurrent('walks run beside the API, not in it (issue 27)', () => {
 
   it("keeps a company's walks waiting for their turn to 4 (429 company_walks_full past them), and drops one whose caller hung up", async ({ onTestFinished }) => {
     // No turns of requests here: they alone would keep A's walks in line to 3.
-    const api = await startApi(onTestFinished, '2', { LEASE_OPS_API_REQUESTS_PER_COMPANY: '0' });
+    // A stall of 10 s: the five requests below reach the line within it on a loaded machine too
+    // (a CI run sent them past the end of a 3 s one: the fifth found room).
+    const api = await startApi(onTestFinished, '2', { LEASE_OPS_API_REQUESTS_PER_COMPANY: '0', LEASE_OPS_FAULT_POINTS: 'walk=stall@10000*1' });
     const attention = (signal?: AbortSignal) => fetch(`${api.base}/v1/attention`, { headers: bearer(A), ...(signal ? { signal } : {}) });
     const stalled = api.stalled();
     const running = attention();
