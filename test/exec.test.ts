@@ -123,7 +123,7 @@ describe.concurrent('exec: commands in a sandbox', () => {
 
   it('seed 000: a command that ignores its cancel for a while, a release with cancelActiveWork and a resume at once: the stop reaches the cloud only after the command exited, and no one sees an error', async ({ onTestFinished }) => {
     const { bed, fake, client, id } = await setUp(onTestFinished);
-    const exec = client.exec(lease(id), { providerLeaseId: id, command: "trap '' TERM; sleep 1.5; echo finished", ttlMs: 3_000 });
+    const exec = client.exec(lease(id), { providerLeaseId: id, command: "trap '' TERM; sleep 4; echo finished", ttlMs: 3_000 });
     await readUntil(async () => fake.toolbox.alive(id) === 1, 5_000, 'the command running');
     const release = await client.enqueue('release', lease(id), { providerLeaseId: id, resourceDisposition: 'stop_and_retain', cancelActiveWork: true });
     const resume = await client.enqueue('resume', lease(id), { providerLeaseId: id });
@@ -131,7 +131,8 @@ describe.concurrent('exec: commands in a sandbox', () => {
     await expect(client.exec(lease(id), { providerLeaseId: id, command: 'true' })).rejects.toBeInstanceOf(LeaseClosingError);
     const result = await exec;
     // Asked to cancel, it ignored the SIGTERM and finished its work (the shell around it did
-    // not ignore it: the exit code is its 143).
+    // not ignore it: the exit code is its 143). It sleeps 4 s: the cancel reaches it within that
+    // on a loaded machine too (with 1.5 s a CI run saw it finish first: not cancelled).
     expect(result).toMatchObject({ cancelled: true, timedOut: false, stdout: 'finished\n' });
     const results = await bed.waitForAll([release.jobId, resume.jobId], 20_000);
     expect([...results.values()]).toEqual(['completed', 'completed']);

@@ -101,7 +101,8 @@ describe('scenario 7: a lane whose head an operator removes in Bull Board goes o
     const removedAt = Date.now();
     expect(await board.remove(api, ADMIN, bed.config.LEASE_OPS_QUEUE, head.jobId)).toBe(204);
     expect((await bed.waitForAll([next.jobId], 5_000)).get(next.jobId)).toBe('completed');
-    expect(Date.now() - removedAt).toBeLessThan(1_000);
+    // At once, not at the sweep (60 s here): 3 s is room for a loaded machine (a CI run took 1,001 ms).
+    expect(Date.now() - removedAt).toBeLessThan(3_000);
     // The removal is on the lease's timeline (appended without waiting: read until it lands).
     const removal = await readUntil(async () => (await bed.ops.history.read(head.laneId)).find((e) => e.kind === 'removed'), 5_000, 'the removal recorded');
     expect(removal).toMatchObject({ jobId: head.jobId, message: 'removed by an operator in Bull Board' });
