@@ -578,14 +578,15 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const ops = client.partitionOf(lease).ops;
     const announced = await ops.announcedProviders(lease.provider);
     const providers = announced.filter((name) => mayUseConfigured(principal, name));
+    const served = providers.length > 0 ? ` (served: ${providers.sort().join(', ')})` : '';
     if (announced.includes(lease.provider) && !mayUseConfigured(principal, lease.provider)) {
-      throw new HttpError(422, 'unknown_provider', `no worker serves provider "${lease.provider}"${providers.length > 0 ? ` (served: ${providers.sort().join(', ')})` : ''}`);
+      throw new HttpError(422, 'unknown_provider', `no worker serves provider "${lease.provider}"${served}`);
     }
     if (providers.includes(lease.provider) || (idempotencyKey !== undefined && (await ops.idempotencyKeyUsed(lease, idempotencyKey)))) return;
     const instance = await client.instances.get(lease.companyId, lease.provider);
     const usable = instance !== null && (instance.environmentIds === null || instance.environmentIds.includes(lease.environmentId));
     if (!usable && (announced.length > 0 || !mayUseConfigured(principal, lease.provider))) {
-      throw new HttpError(422, 'unknown_provider', `no worker serves provider "${lease.provider}", and company ${lease.companyId} has no provider instance of that name for environment ${lease.environmentId}${providers.length > 0 ? ` (served: ${providers.sort().join(', ')})` : ''}`);
+      throw new HttpError(422, 'unknown_provider', `no worker serves provider "${lease.provider}", and company ${lease.companyId} has no provider instance of that name for environment ${lease.environmentId}${served}`);
     }
   };
   /** Whether a principal sees an instance: its company's, and (an environment-scoped token) only one bound to its environments. */

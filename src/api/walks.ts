@@ -211,7 +211,7 @@ export class WalkThreads implements Walks {
   private async weigh(pending: Pending, principal: Principal): Promise<void> {
     const scope = scopeOf(principal);
     if (pending.request.kind !== 'attentionPage' || !scope || !this.attentionEntries) return;
-    if ((this.heavyUntil.get(heavyKey(pending)) ?? 0) > Date.now()) return;
+    if (this.isHeavy(pending)) return;
     const entries = await this.attentionEntries(scope).catch(() => 0);
     if (entries > HEAVY_ATTENTION_ENTRIES) this.markHeavy(heavyKey(pending));
   }
@@ -219,7 +219,7 @@ export class WalkThreads implements Walks {
   private send(pending: Pending): void {
     // Started at the first walk: an API that is never asked for one loads no thread.
     while (this.threads.length < this.count) this.threads.push({ worker: this.start(this.threads.length), inHand: new Map(), background: this.threads.length >= this.firstBackground });
-    const heavy = (this.heavyUntil.get(heavyKey(pending)) ?? 0) > Date.now();
+    const heavy = this.isHeavy(pending);
     // With no background thread (one thread in all) every walk goes to the one there is.
     const candidates = this.threads.some((t) => t.background) ? this.threads.filter((t) => t.background === heavy) : this.threads;
     const thread = candidates.reduce((least, t) => (t.inHand.size < least.inHand.size ? t : least));
@@ -240,6 +240,11 @@ export class WalkThreads implements Walks {
       this.charge?.(pending.companyId, reply.commands);
     }
     this.finish(pending, () => ('error' in reply ? pending.reject(rebuiltError(reply.error)) : pending.resolve(reply.value)));
+  }
+
+  /** Whether its company's walks of its kind are heavy now (see markHeavy). */
+  private isHeavy(pending: Pending): boolean {
+    return (this.heavyUntil.get(heavyKey(pending)) ?? 0) > Date.now();
   }
 
   private markHeavy(key: string): void {
