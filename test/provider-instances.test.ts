@@ -124,6 +124,8 @@ describe('provider instances at run time, over the API', () => {
   let keys: MasterKeys;
   let store: ProviderInstanceStore;
   let instances: InstanceProviders;
+  let registry: ProviderRegistry;
+  const recording = createRecordingProvider();
   const logs = captureLog();
 
   const call = async (method: string, path: string, token: string, body?: unknown, extra: Record<string, string> = {}) => {
@@ -169,7 +171,7 @@ describe('provider instances at run time, over the API', () => {
     keys = new MasterKeys(randomBytes(32));
     store = new ProviderInstanceStore(bed.redis, bed.config.LEASE_OPS_PREFIX, { keys, allowedApiUrls: [fakeUrl] });
     instances = new InstanceProviders(store, { rateLimiters: redisRateLimiters(bed.redis, bed.config.LEASE_OPS_PREFIX) }, [fakeUrl]);
-    const registry = new ProviderRegistry([createRecordingProvider().provider]);
+    registry = new ProviderRegistry([recording.provider]);
     registry.instances = instances;
     await bed.startWorkerWith(registry);
     api = await startTestApi(bed, logs.log, { masterKeys: keys });
@@ -247,6 +249,37 @@ describe('provider instances at run time, over the API', () => {
       await otherKeyApi.close();
     }
     expect((await call('GET', '/v1/providers/acme-mismatch', ACME)).status).toBe(404);
+  });
+
+  it("runs a company's leases on its own instance named like a provider the operator configured after it (helper-58)", async () => {
+    // Saved while no worker served "recording" (the API refuses the name now): written to the registry directly.
+    await store.create('acme', { name: 'recording', type: 'daytona', config: { apiUrl: fakeUrl, rateLimits: unpaced }, credentials: { apiKey: KEY_A } } as never, 'test');
+    try {
+      // What a worker does at start, and each minute after.
+      await registry.refreshShadowed();
+      expect(registry.shadowedNames()).toEqual(['recording']);
+      const usedA = fake.requestsByKey.get(KEY_A) ?? 0;
+      const recorded = recording.calls.length;
+      // The company's token may name it (it is its instance), and the work runs on it: its key, its sandbox.
+      const own = await enqueue(ACME, 'recording', 'acme', 'prod', 'shadow-1', { op: 'acquire', params: { runId: 'shadow-1' } });
+      expect(own.body, own.text).toMatchObject({ state: 'completed', result: { providerLeaseId: expect.any(String) } });
+      expect(fake.ids()).toContain(own.body.result.providerLeaseId);
+      expect(fake.requestsByKey.get(KEY_A)).toBeGreaterThan(usedA);
+      // An admin's operation on that company's lease runs on the instance too; on another company's, on the operator's provider.
+      const sandbox = own.body.result.providerLeaseId as string;
+      const adminStop = await enqueue(ADMIN, 'recording', 'acme', 'prod', 'shadow-1', { op: 'stop', params: { providerLeaseId: sandbox } });
+      expect(adminStop.body, adminStop.text).toMatchObject({ state: 'completed', result: { state: 'stopped' } });
+      const other = await enqueue(ADMIN, 'recording', 'globex', 'prod', 'shadow-2', { op: 'stop', params: { providerLeaseId: 'shadow-2' } });
+      expect(other.body, other.text).toMatchObject({ state: 'completed' });
+      expect([...new Set(recording.calls.slice(recorded).map((c) => c.leaseId))]).toEqual(['shadow-2']);
+      // For another company's token the admin-only name is still nothing.
+      const refused = await enqueue(GLOBEX, 'recording', 'globex', 'prod', 'shadow-3', { op: 'stop', params: { providerLeaseId: 'shadow-3' } });
+      expect([refused.status, refused.body.error?.code]).toEqual([422, 'unknown_provider']);
+    } finally {
+      await store.remove('acme', 'recording');
+      await registry.refreshShadowed();
+    }
+    expect(registry.shadowedNames()).toEqual([]);
   });
 
   it("probes a re-saved instance anew, not from its old credentials' probe of the last 30 s (helper-56)", async () => {

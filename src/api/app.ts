@@ -570,19 +570,18 @@ export function createApiApp(deps: ApiDeps): express.Express {
    * with the announcements gone, a tenant's enqueue of an admin-only provider was taken, and a
    * worker ran it with the operator's key). A request repeated under its idempotency key gets
    * its receipt whatever the workers say. A company's instance (saved at run time, for this
-   * environment) counts as served; a configured provider that is admin-only does not exist for
-   * a scoped token, whatever else bears its name (workers take a configured provider over a
-   * company's instance of that name).
+   * environment) counts as served, and is what workers run its leases with even where a
+   * configured provider bears its name (one saved before the operator configured that name);
+   * an admin-only configured provider does not exist for a scoped token.
    */
   const providerUsable = async (lease: LeaseIdentity, principal: Principal, idempotencyKey?: string): Promise<void> => {
     const ops = client.partitionOf(lease).ops;
     const announced = await ops.announcedProviders(lease.provider);
     const providers = announced.filter((name) => mayUseConfigured(principal, name));
     const served = providers.length > 0 ? ` (served: ${providers.sort().join(', ')})` : '';
-    if (announced.includes(lease.provider) && !mayUseConfigured(principal, lease.provider)) {
-      throw new HttpError(422, 'unknown_provider', `no worker serves provider "${lease.provider}"${served}`);
-    }
-    if (providers.includes(lease.provider) || (idempotencyKey !== undefined && (await ops.idempotencyKeyUsed(lease, idempotencyKey)))) return;
+    // An admin-only name is its company's instance or nothing, a repeated request's too.
+    const adminOnly = announced.includes(lease.provider) && !mayUseConfigured(principal, lease.provider);
+    if (!adminOnly && (providers.includes(lease.provider) || (idempotencyKey !== undefined && (await ops.idempotencyKeyUsed(lease, idempotencyKey))))) return;
     const instance = await client.instances.get(lease.companyId, lease.provider);
     const usable = instance !== null && (instance.environmentIds === null || instance.environmentIds.includes(lease.environmentId));
     if (!usable && (announced.length > 0 || !mayUseConfigured(principal, lease.provider))) {

@@ -16,6 +16,8 @@ export class ProviderRegistry {
   private readonly closers: (() => void | Promise<void>)[] = [];
   /** The instances saved at run time (the provider registry in Redis), if this worker serves them. */
   instances: InstanceProviders | null = null;
+  /** Configured names some company holds an instance of (refreshShadowed); one object for every view. */
+  private shadow = { names: new Set<string>() };
 
   constructor(
     providers: LeaseProvider[] = [],
@@ -29,18 +31,44 @@ export class ProviderRegistry {
   shared(): ProviderRegistry {
     const view = new ProviderRegistry([...this.byName.values()], false);
     view.instances = this.instances;
+    view.shadow = this.shadow;
     return view;
   }
 
   /**
-   * The provider of a lease: a configured one by its name, else the lease's company's
-   * instance of that name (read from Redis, built once per revision).
+   * The provider of a lease: its company's instance of that name if it holds one (read from
+   * Redis, built once per revision), else a configured one by its name.
    */
   async resolve(lease: Pick<LeaseIdentity, 'provider' | 'companyId' | 'environmentId'>): Promise<Resolution> {
     const configured = this.byName.get(lease.provider);
-    if (configured) return { provider: configured };
+    if (configured) {
+      // A company's own instance comes first for its leases: one saved before the operator
+      // configured a provider of its name (the API refuses such names after) must not hand the
+      // company's work to the operator's provider and key (helper-58). Only names some company
+      // holds cost the extra read.
+      if (this.instances && this.shadow.names.has(lease.provider)) {
+        const own = await this.instances.resolveHeld(lease.companyId, lease.environmentId, lease.provider);
+        if (own) return own;
+      }
+      return { provider: configured };
+    }
     if (this.instances) return this.instances.resolve(lease.companyId, lease.environmentId, lease.provider);
     return { code: 'unknown_provider', message: `no provider named "${lease.provider}" is configured on this worker`, forGood: false };
+  }
+
+  /**
+   * Reads which configured names some company holds an instance of. A worker does it at start
+   * (after saying what it serves, so an instance saved later is refused its name) and each sweep
+   * interval after (an instance whose save raced the announcement is seen within one).
+   */
+  async refreshShadowed(): Promise<void> {
+    if (!this.instances || this.byName.size === 0) return;
+    this.shadow.names = await this.instances.store.namesHeldAmong(this.names());
+  }
+
+  /** Configured names a company's instance comes before, for that company's leases. */
+  shadowedNames(): string[] {
+    return [...this.shadow.names];
   }
 
   add(provider: LeaseProvider): void {

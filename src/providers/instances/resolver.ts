@@ -37,14 +37,23 @@ export class InstanceProviders {
 
   /** The provider of a company's instance, for a lease in `environmentId`. */
   async resolve(companyId: string, environmentId: string, name: string): Promise<Resolution> {
+    return (
+      (await this.resolveHeld(companyId, environmentId, name)) ?? {
+        code: 'unknown_provider',
+        message: `no provider named "${name}" is configured on this worker, nor saved for company ${companyId}`,
+        forGood: false,
+      }
+    );
+  }
+
+  /** As resolve, but null when the company never held an instance of that name (nor deleted one lately). */
+  async resolveHeld(companyId: string, environmentId: string, name: string): Promise<Resolution | null> {
     const cacheKey = `${companyId}\0${name}`;
     const deleted = { code: 'provider_deleted', message: `the provider instance "${name}" of company ${companyId} was deleted`, forGood: true } as const;
     const rev = await this.store.rev(companyId, name);
     if (rev === null) {
       this.retire(cacheKey);
-      return (await this.store.wasDeleted(companyId, name))
-        ? deleted
-        : { code: 'unknown_provider', message: `no provider named "${name}" is configured on this worker, nor saved for company ${companyId}`, forGood: false };
+      return (await this.store.wasDeleted(companyId, name)) ? deleted : null;
     }
     let entry = this.built.get(cacheKey);
     if (entry?.rev !== rev) {

@@ -273,6 +273,26 @@ export class ProviderInstanceStore {
     return { instances, nextCursor: members.length === opts.limit ? members[members.length - 1]! : null };
   }
 
+  /**
+   * Which of `names` some company holds an instance of (read in pages of the index of every
+   * instance): a worker's configured providers that a company's instance shadows (registry.ts).
+   */
+  async namesHeldAmong(names: readonly string[]): Promise<Set<string>> {
+    const held = new Set<string>();
+    if (names.length === 0) return held;
+    const wanted = new Set(names);
+    const page = 1_000;
+    for (let from = '-'; ; ) {
+      const members = await this.redis.zrangebylex(this.allIndex, from, '+', 'LIMIT', 0, page);
+      for (const member of members) {
+        const name = splitMember(member)[1];
+        if (wanted.has(name)) held.add(name);
+      }
+      if (members.length < page) return held;
+      from = `(${members[members.length - 1]!}`;
+    }
+  }
+
   /** What a worker builds a provider from, or null when there is no such instance. */
   async record(companyId: string, name: string): Promise<InstanceRecord | 'unreadable' | null> {
     return this.recordAt(this.recordKey(companyId, name));
