@@ -5,6 +5,7 @@ import { Redis } from 'ioredis';
 import { LeaseOpsClient } from '../client.ts';
 import type { Config } from '../config.ts';
 import { RedisUnavailableError } from '../errors.ts';
+import { faultPoint } from '../fault-points.ts';
 import { LayoutError } from '../queues/layout.ts';
 import type { WalkAsk, WalkReply } from './walks.ts';
 import { walksInProcess } from './walks.ts';
@@ -21,8 +22,11 @@ const walkCommands = new AsyncLocalStorage<{ commands: number }>();
 const sendCommand = Redis.prototype.sendCommand;
 Redis.prototype.sendCommand = function countedSendCommand(this: Redis, ...args: Parameters<typeof sendCommand>) {
   const tally = walkCommands.getStore();
-  if (tally) tally.commands++;
-  return sendCommand.apply(this, args);
+  if (!tally) return sendCommand.apply(this, args);
+  tally.commands++;
+  const sent = sendCommand.apply(this, args);
+  void faultPoint('walk-command-sent');
+  return sent;
 };
 
 const { config, nice } = workerData as { config: Config; nice: number };
@@ -30,8 +34,19 @@ const { config, nice } = workerData as { config: Config; nice: number };
 // sets per thread (elsewhere setpriority would take the whole API down with it, so not there).
 if (nice && process.platform === 'linux') setPriority(0, nice);
 
+/**
+ * How long a background thread's Redis command may go unanswered before its walk fails (503).
+ * At nice 10 beside busy threads a reply can wait seconds to be read, while Redis answered at
+ * once: with the API's own 2 s a heavy walk failed on a loaded machine. A Redis that is down
+ * still fails a walk at once (no offline queue), and a hung one within this.
+ */
+const BACKGROUND_REDIS_TIMEOUT_MS = 20_000;
+
 /** A walk thread of the API (see WalkThreads): its own client and Redis connections, no provider keys. */
-const client = new LeaseOpsClient(config, { failFast: true, masterKeys: null });
+const client = new LeaseOpsClient(
+  nice ? { ...config, LEASE_OPS_REDIS_TIMEOUT_MS: Math.max(config.LEASE_OPS_REDIS_TIMEOUT_MS, BACKGROUND_REDIS_TIMEOUT_MS) } : config,
+  { failFast: true, masterKeys: null },
+);
 const walks = walksInProcess(client);
 
 parentPort!.on('message', (request: WalkAsk & { id: number }) => {
