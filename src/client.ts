@@ -315,7 +315,7 @@ export class LeaseOpsClient {
       // and a Redis that takes no new connection held one 2 s wait 10.6 s (helper-32).
       const events = await settledWithin(partition.queueEvents(), waitMs, this.closing.signal);
       if (events === null) ended = false;
-      else await untilFinishedOrRemoved(job, jobId, events, Math.max(1, until - Date.now()));
+      else await untilFinishedOrRemoved(job, jobId, events, Math.max(1, until - Date.now()), async () => (await partition.ops.connection.exists(partition.ops.queue.toKey(jobId))) === 1);
     } catch (err) {
       // Timed out, or the job failed: either way the view below tells which.
       ended = !(err instanceof Error && WAIT_TIMED_OUT.test(err.message));
@@ -803,28 +803,33 @@ function withoutListenerLimit(controller: AbortController): AbortController {
   return controller;
 }
 
-/** What `promise` gives, or null when `ms` pass (or `signal` aborts) first. */
 /**
  * BullMQ's wait for a job's end, or the job's removal (an operator, in Bull Board: BullMQ's
  * wait hears only its completed and failed events, and ran out its time; helper-54): removed,
  * it settles at once, and BullMQ's wait is left to end at its time or the client's closing,
- * unheard. A bulk clean names no job (one `cleaned` event) and is not heard.
+ * unheard. A bulk clean names no job (one `cleaned` event with a count): each wait then asks
+ * whether its own job is still there (one EXISTS), and settles if not.
  */
-async function untilFinishedOrRemoved(job: Job, jobId: string, events: QueueEvents, ttlMs: number): Promise<void> {
+async function untilFinishedOrRemoved(job: Job, jobId: string, events: QueueEvents, ttlMs: number, stillThere: () => Promise<boolean>): Promise<void> {
   // BullMQ emits a job's own events by name (removed:<id>), which its typings do not list.
   const emitter = events as unknown as NodeJS.EventEmitter;
   const removedEvent = `removed:${jobId}`;
   let onRemoved = (): void => undefined;
   const removed = new Promise<void>((resolve) => (onRemoved = () => resolve()));
+  const onCleaned = () => void stillThere().then((there) => there || onRemoved(), () => undefined);
   emitter.once(removedEvent, onRemoved);
+  emitter.on('cleaned', onCleaned);
   const finished = job.waitUntilFinished(events, ttlMs);
   try {
     await Promise.race([finished, removed]);
   } finally {
     emitter.off(removedEvent, onRemoved);
+    emitter.off('cleaned', onCleaned);
     finished.catch(() => undefined);
   }
 }
+
+/** What `promise` gives, or null when `ms` pass (or `signal` aborts) first. */
 
 async function settledWithin<T>(promise: Promise<T>, ms: number, signal: AbortSignal): Promise<T | null> {
   let timer: NodeJS.Timeout | undefined;

@@ -1075,6 +1075,27 @@ describe('noisy neighbours: long polls on one operation that ends', () => {
     }
   });
 
+  it("answers a wait on an operation a bulk clean removed (Bull Board's clean: one event that names no job) at once, not found", async () => {
+    const bed = await TestBed.create({ LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }]) });
+    await bed.ops.announceProviders([{ name: 'recording', capabilities: { stop: true, pause: false, forceStop: true } }]);
+    const api = await startTestApi(bed);
+    try {
+      const { headers, jobId } = await heldOperation(api);
+      const state = await (await bed.ops.queue.getJob(jobId))!.getState();
+      const started = Date.now();
+      const poll = fetch(`${api.base}/v1/operations/${encodeURIComponent(jobId)}?waitMs=20000`, { headers });
+      const queueEvents = await api.client.partitions[0]!.queueEvents();
+      while (queueEvents.listenerCount(`failed:${jobId}`) < 1) await new Promise((r) => setImmediate(r));
+      expect(await bed.ops.queue.clean(0, 1_000, state as 'delayed')).toContain(jobId);
+      expect((await poll).status).toBe(404);
+      expect(Date.now() - started).toBeLessThan(10_000);
+      expect(queueEvents.listenerCount('cleaned')).toBe(0);
+    } finally {
+      await api.close();
+      await bed.close();
+    }
+  });
+
   it('decides a wait by what the view reads of its job (helper-54): data that is no operation is not found for its company, and an admin waits on it', async () => {
     const ADMIN = 'neighbour-admin-token-0123456789';
     const bed = await TestBed.create({ LEASE_OPS_API_TOKENS: JSON.stringify([{ token: A, companyId: 'a' }, { token: B, companyId: 'b' }, { token: ADMIN }]) });
