@@ -1,7 +1,7 @@
 import type { RedisClient } from './queues/redis.ts';
 
 /**
- * Named steps in an attempt's life (and one in an enqueue, one in a change of the partition count, one in a worker's close, one at the end of an API walk, one after a walk thread's Redis command is sent, two in the watchdog's queueing of a force-stop) where the crash tests stop or
+ * Named steps in an attempt's life (and one in an enqueue, one in a change of the partition count, one in a worker's close, one at the end of an API walk, one after a walk thread's Redis command is sent, two in a probe's or exec's pass-on, two in the watchdog's queueing of a force-stop) where the crash tests stop or
  * break a process at exactly that step (test/attack/*): `LEASE_OPS_FAULT_POINTS="after-release=kill"`, several
  * comma separated, each optionally limited to its first N hits (`=kill*1`). Without that
  * variable every point is a no-op costing one boolean check. Not a setting for production.
@@ -35,6 +35,8 @@ export type FaultPoint =
   | 'partitions-after-copies'
   | 'walk'
   | 'walk-command-sent'
+  | 'pass-on-before-move'
+  | 'pass-on-moved'
   | 'watchdog-claimed'
   | 'watchdog-queued';
 

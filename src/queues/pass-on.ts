@@ -1,4 +1,5 @@
 import type { Job } from 'bullmq';
+import { faultPoint } from '../fault-points.ts';
 
 /** How long a probe or exec job goes back for when its worker does not serve its provider. */
 const PASS_ON_DELAY_MS = 100;
@@ -15,6 +16,8 @@ const PASS_ON_DELAY_MS = 100;
 export async function passOnUnserved(job: Job, token: string | undefined, until: number, announced: () => Promise<boolean>): Promise<boolean> {
   const now = Date.now();
   if (!token || now + PASS_ON_DELAY_MS >= until || !(await announced())) return false;
+  await faultPoint('pass-on-before-move');
   await job.moveToDelayed(now + PASS_ON_DELAY_MS, token);
+  await faultPoint('pass-on-moved');
   return true;
 }
