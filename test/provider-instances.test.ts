@@ -6,6 +6,7 @@ import { inspect } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ConfigError } from '../src/config.ts';
 import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
+import { ProviderInstances } from '../src/providers/instances/manager.ts';
 import { InstanceProviders } from '../src/providers/instances/resolver.ts';
 import { instanceAad, keyId, loadMasterKeys, MasterKeys, rewrap, seal, unseal, UnsealError, type Sealed } from '../src/providers/instances/sealing.ts';
 import { ProviderInstanceStore } from '../src/providers/instances/store.ts';
@@ -276,10 +277,73 @@ describe('provider instances at run time, over the API', () => {
       const refused = await enqueue(GLOBEX, 'recording', 'globex', 'prod', 'shadow-3', { op: 'stop', params: { providerLeaseId: 'shadow-3' } });
       expect([refused.status, refused.body.error?.code]).toEqual([422, 'unknown_provider']);
     } finally {
-      await store.remove('acme', 'recording');
+      await store.remove('acme', 'recording', undefined, { takeBack: true });
+    }
+  });
+
+  it("fails what was accepted for a company's instance named like a configured provider with provider_deleted once it is deleted, though a worker reads the names again; what is accepted after runs on the configured one (helper-59)", async () => {
+    const prefix = bed.config.LEASE_OPS_PREFIX;
+    await store.create('acme', { name: 'recording', type: 'daytona', config: { apiUrl: fakeUrl, rateLimits: unpaced }, credentials: { apiKey: KEY_A } } as never, 'test');
+    await registry.refreshShadowed();
+    const lease = { provider: 'recording', companyId: 'acme', environmentId: 'prod', leaseId: 'shadow-gone' };
+    // Accepted for the instance, held in a paused lane while the instance is deleted.
+    expect((await call('POST', `/v1/leases/recording/acme/prod/shadow-gone/pause`, ACME)).status).toBe(200);
+    const queued = await call('POST', '/v1/leases/recording/acme/prod/shadow-gone/operations', ACME, { op: 'stop', params: { providerLeaseId: 'shadow-gone' } });
+    expect(queued.status, queued.text).toBe(202);
+    expect((await call('DELETE', '/v1/providers/recording', ACME)).status).toBe(204);
+    // What a worker starting now, or its next minute, reads: the name stays shadowed by the tombstone.
+    await registry.refreshShadowed();
+    expect(registry.shadowedNames()).toEqual(['recording']);
+    const recorded = recording.calls.length;
+    expect((await call('POST', `/v1/leases/recording/acme/prod/shadow-gone/unpause`, ACME)).status).toBe(200);
+    const ended = await waitForEnd(api, ADMIN, queued.body.jobId);
+    expect(ended).toMatchObject({ state: 'failed', error: { code: 'provider_deleted' } });
+    // The company's rerun of it is an enqueue of an admin-only name it no longer holds.
+    const rerun = await call('POST', `/v1/operations/${encodeURIComponent(queued.body.jobId)}/rerun`, ACME);
+    expect([rerun.status, rerun.body.error?.code]).toEqual([422, 'unknown_provider']);
+    // An admin's operation accepted after the deletion runs on the configured provider.
+    const after = await enqueue(ADMIN, 'recording', 'acme', 'prod', 'shadow-after', { op: 'stop', params: { providerLeaseId: 'shadow-after' } });
+    expect(after.body, after.text).toMatchObject({ state: 'completed' });
+    expect([...new Set(recording.calls.slice(recorded).map((c) => c.leaseId))]).toEqual(['shadow-after']);
+    await bed.redis.del(`${prefix}:provider-instance-deleted:acme:recording`, `${prefix}:provider-instances-deleted`);
+    await registry.refreshShadowed();
+    expect(registry.shadowedNames()).toEqual([]);
+  });
+
+  it("runs a company's lease in an environment its instance is not for on the configured provider of that name, and reads the names past a member no save wrote (helper-59)", async () => {
+    const prefix = bed.config.LEASE_OPS_PREFIX;
+    await store.create('acme', { name: 'recording', type: 'daytona', environmentIds: ['prod'], config: { apiUrl: fakeUrl, rateLimits: unpaced }, credentials: { apiKey: KEY_A } } as never, 'test');
+    // A member whose company part is not percent-encoding: it stopped every worker's start.
+    await bed.redis.zadd(`${prefix}:provider-instances`, 0, '%E0%A4%A/recording');
+    try {
+      await registry.refreshShadowed();
+      expect(registry.shadowedNames()).toEqual(['recording']);
+      const recorded = recording.calls.length;
+      const dev = await enqueue(ADMIN, 'recording', 'acme', 'dev', 'shadow-dev', { op: 'stop', params: { providerLeaseId: 'shadow-dev' } });
+      expect(dev.body, dev.text).toMatchObject({ state: 'completed' });
+      expect([...new Set(recording.calls.slice(recorded).map((c) => c.leaseId))]).toEqual(['shadow-dev']);
+      // The company's token: the admin-only name is its instance in prod only.
+      const tenantDev = await enqueue(ACME, 'recording', 'acme', 'dev', 'shadow-dev-2', { op: 'stop', params: { providerLeaseId: 'shadow-dev-2' } });
+      expect([tenantDev.status, tenantDev.body.error?.code]).toEqual([422, 'unknown_provider']);
+    } finally {
+      await bed.redis.zrem(`${prefix}:provider-instances`, '%E0%A4%A/recording');
+      await store.remove('acme', 'recording', undefined, { takeBack: true });
       await registry.refreshShadowed();
     }
     expect(registry.shadowedNames()).toEqual([]);
+  });
+
+  it('takes back a save whose name a worker began to serve while it was probed, leaving no tombstone (helper-59)', async () => {
+    let reads = 0;
+    const manager = new ProviderInstances(store, {
+      // Not served when the save is checked; served when it has landed.
+      configuredNames: async () => (reads++ === 0 ? [] : ['late']),
+      workersAnnounced: async () => true,
+      probe: async () => ({ ok: true, code: 'ok', message: 'ok' }) as never,
+    });
+    await expect(manager.create({ ...daytona('late', KEY_A), companyId: 'acme' }, { probe: false })).rejects.toMatchObject({ code: 'provider_name_taken' });
+    expect(await store.get('acme', 'late')).toBeNull();
+    expect(await store.deletedAt('acme', 'late')).toBeNull();
   });
 
   it("probes a re-saved instance anew, not from its old credentials' probe of the last 30 s (helper-56)", async () => {

@@ -6,6 +6,7 @@ import { describe, expect, it } from 'vitest';
 import { BACKGROUND_WALK_NICE, HEAVY_WALK_COMMANDS } from '../src/api/walks.ts';
 import { BIN } from './helpers/cli.ts';
 import { bedFor, type Finished, TestBed } from './helpers/env.ts';
+import { serverFor } from './helpers/redis-process.ts';
 
 // Issue 27 item 3: one company's attention walks held every other company's requests behind
 // them (B's enqueue p99 7-23x with A walking 600 failed leases). `lease-ops api` runs walks in
@@ -35,8 +36,8 @@ interface Api {
 // stall of 3 s.
 describe.concurrent('walks run beside the API, not in it (issue 27)', () => {
   /** An API process of the test's own, on a bed of its own, both stopped when the test ends. */
-  async function startApi(finished: Finished, walkThreads: string, env: Record<string, string> = {}): Promise<Api> {
-    const bed = await bedFor(finished);
+  async function startApi(finished: Finished, walkThreads: string, env: Record<string, string> = {}, bedSettings?: Record<string, string>): Promise<Api> {
+    const bed = await bedFor(finished, bedSettings);
     const child = spawn(process.execPath, [BIN, 'api'], {
       env: {
         ...process.env,
@@ -161,6 +162,25 @@ describe.concurrent('walks run beside the API, not in it (issue 27)', () => {
     expect(res.status, await res.text()).toBe(200);
     expect(api.commandStalls).toBe(1);
     expect(await walksByThread(api)).toEqual({ foreground: 0, background: 1 });
+  });
+
+  it("fails a heavy company's walks in line at once after one that a hung Redis did not answer: its line is held one background timeout, not one a walk (helper-59)", async ({ onTestFinished }) => {
+    const server = await serverFor(onTestFinished);
+    const api = await startApi(onTestFinished, '2', { LEASE_OPS_FAULT_POINTS: '', LEASE_OPS_API_COMPANY_RATES: RATES }, { REDIS_URL: server.url });
+    const attention = async (token: string) => (await fetch(`${api.base}/v1/attention`, { headers: bearer(token) })).status;
+    // A's walks are heavy (weighed so while Redis answers): they go to the background thread.
+    await heavyAttentionOfA(api, 'hung');
+    expect(await attention(A)).toBe(200);
+    server.pause();
+    onTestFinished(() => server.resume());
+    const started = performance.now();
+    const walks = await Promise.all([0, 1, 2].map(async () => ({ status: await attention(A), at: performance.now() - started })));
+    server.resume();
+    expect(walks.map((w) => w.status)).toEqual([503, 503, 503]);
+    const times = walks.map((w) => w.at).sort((x, y) => x - y);
+    // The first waits out the background thread's Redis timeout (5 s); the two behind it do not wait theirs.
+    expect(times[2]! - times[0]!, JSON.stringify(times)).toBeLessThan(2_000);
+    expect(await walksByThread(api)).toEqual({ foreground: 0, background: 2 });
   });
 
   it("counts a walk's Redis commands against its company's walk rate, each walk its own: A's long walk holds A's next, B's short one beside it is charged only its own", async ({ onTestFinished }) => {

@@ -709,6 +709,7 @@ export function createApiApp(deps: ApiDeps): express.Express {
   const operationInScope = async (jobId: string, principal: Principal) => {
     const view = await client.getOperation(jobId);
     if (!view || !canSee(principal, view.lease)) throw operationNotFound(jobId);
+    return view.lease;
   };
   v1.post('/operations/:jobId/cancel', async (req, res) => {
     const { jobId } = parse(OperationPathSchema, req.params, 'path');
@@ -721,7 +722,10 @@ export function createApiApp(deps: ApiDeps): express.Express {
   v1.post('/operations/:jobId/rerun', async (req, res) => {
     const { jobId } = parse(OperationPathSchema, req.params, 'path');
     const principal = res.locals.principal as Principal;
-    await operationInScope(jobId, principal);
+    const lease = await operationInScope(jobId, principal);
+    // A rerun is accepted anew: its provider is checked as an enqueue's (helper-59: a tenant's
+    // rerun after its instance went ran on the operator's provider of that name).
+    if (lease) await providerUsable(lease, principal);
     const done = await client.rerunOperation(jobId, actor(principal), { override: principal.admin });
     if (!done) throw operationNotFound(jobId);
     const location = `/v1/operations/${encodeURIComponent(jobId)}`;

@@ -137,9 +137,9 @@ export function openApiDocument(version: string): ReturnType<typeof createDocume
       '/v1/operations/{jobId}/rerun': {
         post: {
           operationId: 'rerunOperation',
-          summary: 'Run a failed operation again: it joins its lane at the tail with its original time budget from now; recorded on its lease timeline',
+          summary: "Run a failed operation again: it joins its lane at the tail with its original time budget from now; recorded on its lease timeline. Its provider is checked as an enqueue's (422 unknown_provider)",
           requestParams: { path: OperationPathSchema },
-          responses: { '202': json(RerunResultSchema, 'queued again'), ...errors('400', '401', '404', '409', '429', '503'), ...NODE_ANSWERS },
+          responses: { '202': json(RerunResultSchema, 'queued again'), ...errors('400', '401', '404', '409', '422', '429', '503'), ...NODE_ANSWERS },
         },
       },
       '/v1/leases/{provider}/{companyId}/{environmentId}/{leaseId}/pause': {

@@ -38,9 +38,10 @@ if (nice && process.platform === 'linux') setPriority(0, nice);
  * How long a background thread's Redis command may go unanswered before its walk fails (503).
  * At nice 10 beside busy threads a reply can wait seconds to be read, while Redis answered at
  * once: with the API's own 2 s a heavy walk failed on a loaded machine. A Redis that is down
- * still fails a walk at once (no offline queue), and a hung one within this.
+ * still fails a walk at once (no offline queue), and a hung one within this; the walks in line
+ * behind it fail at once (WalkThreads). 20 s held a heavy company's requests 40 s (helper-59).
  */
-const BACKGROUND_REDIS_TIMEOUT_MS = 20_000;
+const BACKGROUND_REDIS_TIMEOUT_MS = 5_000;
 
 /** A walk thread of the API (see WalkThreads): its own client and Redis connections, no provider keys. */
 const client = new LeaseOpsClient(

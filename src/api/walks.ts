@@ -49,6 +49,9 @@ const HEAVY_WALKS_FOR_MS = 10 * 60_000;
  */
 export const BACKGROUND_WALK_NICE = 10;
 
+/** How long after a walk that Redis did not answer the next walk to get its turn fails at once. */
+const REDIS_FAILED_RECENTLY_MS = 1_000;
+
 /** Walks in the caller's event loop (tests, embedded use, LEASE_OPS_API_WALK_THREADS=0). */
 export function walksInProcess(client: LeaseOpsClient): Walks {
   return {
@@ -113,6 +116,13 @@ export class WalkThreads implements Walks {
   private readonly open = new Set<Pending>();
   private nextId = 1;
   private closed = false;
+  /**
+   * The last walk that Redis did not answer (monotonic ms, and its error): a walk whose turn
+   * comes within REDIS_FAILED_RECENTLY_MS of it fails the same way at once, rather than each
+   * of a company's walks in line waiting out a background thread's Redis timeout in turn
+   * (helper-59: a hung Redis held a heavy company's line, and its turns, 20 s a walk).
+   */
+  private redisFailed: { at: number; error: Extract<WalkReply, { error: unknown }>['error'] } | null = null;
 
   /** Redis commands each company's walks sent (for /metrics). */
   readonly commandsByCompany = new Map<string, number>();
@@ -180,6 +190,11 @@ export class WalkThreads implements Walks {
       // it (helper-15: 79 walks nobody waited for, Redis busy 18 s after the attack).
       const turn = (principal.admin ? this.adminTurns : this.turns).take(principal.companyId ?? '', () => {
         sent = true;
+        const failed = this.redisFailed;
+        if (failed && performance.now() - failed.at < REDIS_FAILED_RECENTLY_MS) {
+          this.finish(pending, () => reject(rebuiltError(failed.error)));
+          return;
+        }
         void this.weigh(pending, principal).then(() => {
           // Closed while it was weighed: close() failed it already.
           if (this.open.has(pending)) this.send(pending);
@@ -239,6 +254,7 @@ export class WalkThreads implements Walks {
       this.commandsByCompany.set(pending.companyId, (this.commandsByCompany.get(pending.companyId) ?? 0) + reply.commands);
       this.charge?.(pending.companyId, reply.commands);
     }
+    if ('error' in reply && reply.error.name === 'RedisUnavailableError') this.redisFailed = { at: performance.now(), error: reply.error };
     this.finish(pending, () => ('error' in reply ? pending.reject(rebuiltError(reply.error)) : pending.resolve(reply.value)));
   }
 

@@ -16,7 +16,7 @@ export class ProviderRegistry {
   private readonly closers: (() => void | Promise<void>)[] = [];
   /** The instances saved at run time (the provider registry in Redis), if this worker serves them. */
   instances: InstanceProviders | null = null;
-  /** Configured names some company holds an instance of (refreshShadowed); one object for every view. */
+  /** Configured names some company holds (or held in the last 30 days) an instance of (refreshShadowed); one object for every view. */
   private shadow = { names: new Set<string>() };
 
   constructor(
@@ -36,18 +36,20 @@ export class ProviderRegistry {
   }
 
   /**
-   * The provider of a lease: its company's instance of that name if it holds one (read from
-   * Redis, built once per revision), else a configured one by its name.
+   * The provider of a lease for an operation accepted at `acceptedAt`: its company's instance
+   * of that name if it holds one for the lease's environment (read from Redis, built once per
+   * revision), else a configured one by its name.
    */
-  async resolve(lease: Pick<LeaseIdentity, 'provider' | 'companyId' | 'environmentId'>): Promise<Resolution> {
+  async resolve(lease: Pick<LeaseIdentity, 'provider' | 'companyId' | 'environmentId'>, acceptedAt = Date.now()): Promise<Resolution> {
     const configured = this.byName.get(lease.provider);
     if (configured) {
       // A company's own instance comes first for its leases: one saved before the operator
       // configured a provider of its name (the API refuses such names after) must not hand the
-      // company's work to the operator's provider and key (helper-58). Only names some company
-      // holds cost the extra read.
+      // company's work to the operator's provider and key (helper-58), nor may its deletion
+      // hand over what was accepted for it (helper-59). Only names some company holds or held
+      // in the last 30 days cost the extra reads.
       if (this.instances && this.shadow.names.has(lease.provider)) {
-        const own = await this.instances.resolveHeld(lease.companyId, lease.environmentId, lease.provider);
+        const own = await this.instances.resolveOwn(lease.companyId, lease.environmentId, lease.provider, acceptedAt);
         if (own) return own;
       }
       return { provider: configured };
@@ -57,9 +59,9 @@ export class ProviderRegistry {
   }
 
   /**
-   * Reads which configured names some company holds an instance of. A worker does it at start
-   * (after saying what it serves, so an instance saved later is refused its name) and each sweep
-   * interval after (an instance whose save raced the announcement is seen within one).
+   * Reads which configured names some company holds (or held) an instance of. A worker does it
+   * at start, after saying what it serves: a save that lands later is taken back by the API
+   * (ProviderInstances), one that landed before is read here. And each minute after.
    */
   async refreshShadowed(): Promise<void> {
     if (!this.instances || this.byName.size === 0) return;

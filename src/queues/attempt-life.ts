@@ -156,7 +156,7 @@ export class AttemptLife {
     this.cancelLookSkipped = copied !== null && data.op === 'acquire';
     const log = () => (this.logger ??= this.deps.log.child({ leaseId: data.lease.leaseId, provider: data.lease.provider, jobId: this.jobId, op: data.op, attempt: this.job.attemptsMade + 1 }));
 
-    const resolved = await this.laneStep(() => this.deps.providers.resolve(data.lease));
+    const resolved = await this.laneStep(() => this.deps.providers.resolve(data.lease, data.acceptedAt));
     if (!('provider' in resolved)) {
       // Deleted, unreadable or not for this environment: that ends it. Not served here:
       // another replica may serve it (a rolling change of LEASE_OPS_PROVIDERS), so it is

@@ -161,7 +161,7 @@ async function runExecJob(job: Job, jobToken: string | undefined, deps: ExecDeps
   /** Gone back for another worker: its activity stays open for the worker that runs it. */
   let passedOn = false;
   try {
-    const resolved = await deps.providers.resolve(lease);
+    const resolved = await deps.providers.resolve(lease, job.timestamp);
     if (!('provider' in resolved)) {
       // Not served here (another replica may serve it): back for another worker, while its activity is open.
       // Until its ttlMs: a command that waited for a worker longer does not run anyway.

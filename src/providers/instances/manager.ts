@@ -64,13 +64,20 @@ export class ProviderInstances {
       throw new ProviderInstanceError('providers_unannounced', 503, 'no worker has said which providers it serves yet (none started, or Redis lost its data): an instance name cannot be checked against them; retry once a worker runs');
     }
     if ((BUILT_IN_PROVIDER_NAMES as readonly string[]).includes(input.name) || configured.includes(input.name)) {
-      throw new ProviderInstanceError('provider_name_taken', 409, `"${input.name}" names a provider of the workers' configuration: choose another name`);
+      throw nameTaken(input.name);
     }
     if ((await this.store.get(input.companyId, input.name)) !== null) {
       throw new ProviderInstanceError('provider_exists', 409, `company ${input.companyId} has a provider named "${input.name}" already: update it, or choose another name`);
     }
     const probe = opts.probe === false ? undefined : await this.probeDraft(input.companyId, input);
     const instance = await this.store.create(input.companyId, input, opts.by ?? 'client');
+    // A worker may have begun to serve the name meanwhile (the probe takes seconds): it read
+    // the instances it shadows after it said so, perhaps before this save landed (helper-59).
+    // Such a save is taken back, leaving no tombstone (nothing was accepted for it).
+    if ((await this.deps.configuredNames()).includes(input.name)) {
+      await this.store.remove(input.companyId, input.name, instance.rev, { takeBack: true }).catch(() => undefined);
+      throw nameTaken(input.name);
+    }
     return { instance, ...(probe ? { probe } : {}) };
   }
 
@@ -139,4 +146,8 @@ export class ProviderInstances {
       await this.store.dropDraft(draft).catch(() => undefined);
     }
   }
+}
+
+function nameTaken(name: string): ProviderInstanceError {
+  return new ProviderInstanceError('provider_name_taken', 409, `"${name}" names a provider of the workers' configuration: choose another name`);
 }
