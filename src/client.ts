@@ -53,6 +53,12 @@ export interface EnqueueOptions {
   deadlineMs?: number;
   /** The same key returns the same job for 24 h, however often the request is repeated. */
   idempotencyKey?: string;
+  /**
+   * Run it with the lease's company's provider instance of that name, never a configured
+   * provider of the same name (the API decides it for its callers). Default: a configured
+   * provider of the name first, else the company's instance.
+   */
+  companyInstance?: boolean;
 }
 
 /** Idempotency keys lease-ops' own requests use; refused from callers. */
@@ -492,7 +498,7 @@ export class LeaseOpsClient {
    * `cancelActiveWork` cancels it (the answer then says `cancelled`). Its env and stdin travel
    * sealed with the master key (needed for them). Fails with ExecError when it cannot run.
    */
-  async exec(lease: LeaseIdentity, request: ExecRequestInput, opts: { signal?: AbortSignal } = {}): Promise<ExecResult> {
+  async exec(lease: LeaseIdentity, request: ExecRequestInput, opts: { signal?: AbortSignal; companyInstance?: boolean } = {}): Promise<ExecResult> {
     const parsedLease = LeaseIdentitySchema.safeParse(lease);
     if (!parsedLease.success) throw InvalidRequestError.fromZod(parsedLease.error, 'lease');
     const parsed = ExecRequestSchema.safeParse(request);
@@ -513,7 +519,7 @@ export class LeaseOpsClient {
       jobs = new ExecJobs(this.connection, partition.settings, () => (this.opts.masterKeys === undefined ? loadMasterKeys() : this.opts.masterKeys));
       this.execJobs.set(partition.index, jobs);
     }
-    const outcome = await this.call(() => this.untilCut(jobs.run(parsedLease.data, begun.token, parsed.data, `exec.${randomUUID()}`))).catch(async (err: unknown) => {
+    const outcome = await this.call(() => this.untilCut(jobs.run(parsedLease.data, begun.token, parsed.data, `exec.${randomUUID()}`, opts.companyInstance === true))).catch(async (err: unknown) => {
       // Ended, the activity has the worker cancel the command (cut by closeNow, too: helper-38's ran on).
       const ending = partition.ops.activities.end(begun.token).then(
         () => true,

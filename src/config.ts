@@ -290,7 +290,7 @@ export function secretSetting(env: NodeJS.ProcessEnv, variable: string): string 
  * (helper-33: a queue named `deadlines` made company `meta`'s index BullMQ's meta hash, and its
  * enqueues failed half done). Families keyed by lane id or a hash cannot meet BullMQ's names.
  */
-export const QUEUE_NAMES_REFUSED: readonly string[] = ['bytes', 'bytes-order', 'deadlines', 'pace', 'provider-instance', 'provider-instance-deleted', 'provider-instances', 'provider-instances-deleted', 'reruns'];
+export const QUEUE_NAMES_REFUSED: readonly string[] = ['bytes', 'bytes-order', 'deadlines', 'pace', 'provider-instance', 'provider-instance-deleted', 'provider-instances', 'reruns'];
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const fromFiles: Record<string, string> = {};

@@ -137,6 +137,13 @@ const common = {
   acceptedAt: z.number().int().nonnegative(),
   /** Epoch ms after which no attempt starts and no retry is scheduled. */
   deadlineAt: z.number().int().nonnegative(),
+  /**
+   * Accepted for the lease's company's provider instance of that name: it runs with that
+   * instance or fails (provider_deleted when it is gone), never with a configured provider of
+   * the same name. Decided when accepted, so no later change of instances or configuration
+   * hands it to another provider. Absent: a configured provider of the name first.
+   */
+  instance: z.literal(true).optional(),
 };
 
 /**

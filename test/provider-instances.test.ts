@@ -6,7 +6,9 @@ import { inspect } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ConfigError } from '../src/config.ts';
 import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
+import { laneIdOf } from '../src/lease.ts';
 import { ProviderInstances } from '../src/providers/instances/manager.ts';
+import { leaseRecordKey } from '../src/queues/lease-records.ts';
 import { InstanceProviders } from '../src/providers/instances/resolver.ts';
 import { instanceAad, keyId, loadMasterKeys, MasterKeys, rewrap, seal, unseal, UnsealError, type Sealed } from '../src/providers/instances/sealing.ts';
 import { ProviderInstanceStore } from '../src/providers/instances/store.ts';
@@ -252,13 +254,10 @@ describe('provider instances at run time, over the API', () => {
     expect((await call('GET', '/v1/providers/acme-mismatch', ACME)).status).toBe(404);
   });
 
-  it("runs a company's leases on its own instance named like a provider the operator configured after it (helper-58)", async () => {
+  it("runs a company's leases on its own instance named like a provider the operator configured after it, its probes too; the lease's record says so for the watchdog (helper-58)", async () => {
     // Saved while no worker served "recording" (the API refuses the name now): written to the registry directly.
     await store.create('acme', { name: 'recording', type: 'daytona', config: { apiUrl: fakeUrl, rateLimits: unpaced }, credentials: { apiKey: KEY_A } } as never, 'test');
     try {
-      // What a worker does at start, and each minute after.
-      await registry.refreshShadowed();
-      expect(registry.shadowedNames()).toEqual(['recording']);
       const usedA = fake.requestsByKey.get(KEY_A) ?? 0;
       const recorded = recording.calls.length;
       // The company's token may name it (it is its instance), and the work runs on it: its key, its sandbox.
@@ -266,6 +265,8 @@ describe('provider instances at run time, over the API', () => {
       expect(own.body, own.text).toMatchObject({ state: 'completed', result: { providerLeaseId: expect.any(String) } });
       expect(fake.ids()).toContain(own.body.result.providerLeaseId);
       expect(fake.requestsByKey.get(KEY_A)).toBeGreaterThan(usedA);
+      // The watchdog's force-stops of this lease go where its operations went.
+      expect(await bed.redis.hget(leaseRecordKey(bed.config.LEASE_OPS_PREFIX, laneIdOf({ provider: 'recording', companyId: 'acme', environmentId: 'prod', leaseId: 'shadow-1' })), 'instance')).toBe('1');
       // An admin's operation on that company's lease runs on the instance too; on another company's, on the operator's provider.
       const sandbox = own.body.result.providerLeaseId as string;
       const adminStop = await enqueue(ADMIN, 'recording', 'acme', 'prod', 'shadow-1', { op: 'stop', params: { providerLeaseId: sandbox } });
@@ -273,51 +274,56 @@ describe('provider instances at run time, over the API', () => {
       const other = await enqueue(ADMIN, 'recording', 'globex', 'prod', 'shadow-2', { op: 'stop', params: { providerLeaseId: 'shadow-2' } });
       expect(other.body, other.text).toMatchObject({ state: 'completed' });
       expect([...new Set(recording.calls.slice(recorded).map((c) => c.leaseId))]).toEqual(['shadow-2']);
+      expect(await bed.redis.hget(leaseRecordKey(bed.config.LEASE_OPS_PREFIX, laneIdOf({ provider: 'recording', companyId: 'globex', environmentId: 'prod', leaseId: 'shadow-2' })), 'instance')).toBeNull();
       // For another company's token the admin-only name is still nothing.
       const refused = await enqueue(GLOBEX, 'recording', 'globex', 'prod', 'shadow-3', { op: 'stop', params: { providerLeaseId: 'shadow-3' } });
       expect([refused.status, refused.body.error?.code]).toEqual([422, 'unknown_provider']);
+      // The company's probe of its instance asks its service with its key, not the configured provider.
+      const probed = await call('GET', '/v1/providers/recording?probe=true', ACME);
+      expect(probed.body, probed.text).toMatchObject({ source: 'instance', probe: { ok: true, code: 'ok' } });
     } finally {
       await store.remove('acme', 'recording', undefined, { takeBack: true });
     }
   });
 
-  it("fails what was accepted for a company's instance named like a configured provider with provider_deleted once it is deleted, though a worker reads the names again; what is accepted after runs on the configured one (helper-59)", async () => {
-    const prefix = bed.config.LEASE_OPS_PREFIX;
+  it("fails what was accepted for a company's instance with provider_deleted once it is deleted, or not for its environment once narrowed, never on a configured provider of its name; what is accepted after runs there (helper-59, helper-60)", async () => {
     await store.create('acme', { name: 'recording', type: 'daytona', config: { apiUrl: fakeUrl, rateLimits: unpaced }, credentials: { apiKey: KEY_A } } as never, 'test');
-    await registry.refreshShadowed();
-    const lease = { provider: 'recording', companyId: 'acme', environmentId: 'prod', leaseId: 'shadow-gone' };
-    // Accepted for the instance, held in a paused lane while the instance is deleted.
-    expect((await call('POST', `/v1/leases/recording/acme/prod/shadow-gone/pause`, ACME)).status).toBe(200);
-    const queued = await call('POST', '/v1/leases/recording/acme/prod/shadow-gone/operations', ACME, { op: 'stop', params: { providerLeaseId: 'shadow-gone' } });
-    expect(queued.status, queued.text).toBe(202);
-    expect((await call('DELETE', '/v1/providers/recording', ACME)).status).toBe(204);
-    // What a worker starting now, or its next minute, reads: the name stays shadowed by the tombstone.
-    await registry.refreshShadowed();
-    expect(registry.shadowedNames()).toEqual(['recording']);
     const recorded = recording.calls.length;
-    expect((await call('POST', `/v1/leases/recording/acme/prod/shadow-gone/unpause`, ACME)).status).toBe(200);
-    const ended = await waitForEnd(api, ADMIN, queued.body.jobId);
-    expect(ended).toMatchObject({ state: 'failed', error: { code: 'provider_deleted' } });
+    // Accepted for the instance, held in paused lanes while the instance is narrowed, then deleted.
+    const held = async (leaseId: string) => {
+      expect((await call('POST', `/v1/leases/recording/acme/prod/${leaseId}/pause`, ACME)).status).toBe(200);
+      const queued = await call('POST', `/v1/leases/recording/acme/prod/${leaseId}/operations`, ACME, { op: 'stop', params: { providerLeaseId: leaseId } });
+      expect(queued.status, queued.text).toBe(202);
+      return queued.body.jobId as string;
+    };
+    const narrowed = await held('shadow-narrowed');
+    const current = await store.get('acme', 'recording');
+    await store.update('acme', 'recording', { environmentIds: ['elsewhere'] } as never, 'test', current!.rev);
+    expect((await call('POST', '/v1/leases/recording/acme/prod/shadow-narrowed/unpause', ACME)).status).toBe(200);
+    expect(await waitForEnd(api, ADMIN, narrowed)).toMatchObject({ state: 'failed', error: { code: 'unknown_provider' } });
+    await store.update('acme', 'recording', { environmentIds: null } as never, 'test');
+    const gone = await held('shadow-gone');
+    expect((await call('DELETE', '/v1/providers/recording', ACME)).status).toBe(204);
+    expect((await call('POST', '/v1/leases/recording/acme/prod/shadow-gone/unpause', ACME)).status).toBe(200);
+    expect(await waitForEnd(api, ADMIN, gone)).toMatchObject({ state: 'failed', error: { code: 'provider_deleted' } });
+    expect(recording.calls.length).toBe(recorded);
     // The company's rerun of it is an enqueue of an admin-only name it no longer holds.
-    const rerun = await call('POST', `/v1/operations/${encodeURIComponent(queued.body.jobId)}/rerun`, ACME);
+    const rerun = await call('POST', `/v1/operations/${encodeURIComponent(gone)}/rerun`, ACME);
     expect([rerun.status, rerun.body.error?.code]).toEqual([422, 'unknown_provider']);
+    // An admin's rerun keeps what it was accepted for: the instance, gone.
+    expect((await call('POST', `/v1/operations/${encodeURIComponent(gone)}/rerun`, ADMIN)).status).toBe(202);
+    expect(await waitForEnd(api, ADMIN, gone)).toMatchObject({ state: 'failed', error: { code: 'provider_deleted' } });
+    expect(recording.calls.length).toBe(recorded);
     // An admin's operation accepted after the deletion runs on the configured provider.
     const after = await enqueue(ADMIN, 'recording', 'acme', 'prod', 'shadow-after', { op: 'stop', params: { providerLeaseId: 'shadow-after' } });
     expect(after.body, after.text).toMatchObject({ state: 'completed' });
     expect([...new Set(recording.calls.slice(recorded).map((c) => c.leaseId))]).toEqual(['shadow-after']);
-    await bed.redis.del(`${prefix}:provider-instance-deleted:acme:recording`, `${prefix}:provider-instances-deleted`);
-    await registry.refreshShadowed();
-    expect(registry.shadowedNames()).toEqual([]);
+    await bed.redis.del(`${bed.config.LEASE_OPS_PREFIX}:provider-instance-deleted:acme:recording`);
   });
 
-  it("runs a company's lease in an environment its instance is not for on the configured provider of that name, and reads the names past a member no save wrote (helper-59)", async () => {
-    const prefix = bed.config.LEASE_OPS_PREFIX;
+  it("runs a company's lease in an environment its instance is not for on the configured provider of that name (helper-59)", async () => {
     await store.create('acme', { name: 'recording', type: 'daytona', environmentIds: ['prod'], config: { apiUrl: fakeUrl, rateLimits: unpaced }, credentials: { apiKey: KEY_A } } as never, 'test');
-    // A member whose company part is not percent-encoding: it stopped every worker's start.
-    await bed.redis.zadd(`${prefix}:provider-instances`, 0, '%E0%A4%A/recording');
     try {
-      await registry.refreshShadowed();
-      expect(registry.shadowedNames()).toEqual(['recording']);
       const recorded = recording.calls.length;
       const dev = await enqueue(ADMIN, 'recording', 'acme', 'dev', 'shadow-dev', { op: 'stop', params: { providerLeaseId: 'shadow-dev' } });
       expect(dev.body, dev.text).toMatchObject({ state: 'completed' });
@@ -326,11 +332,8 @@ describe('provider instances at run time, over the API', () => {
       const tenantDev = await enqueue(ACME, 'recording', 'acme', 'dev', 'shadow-dev-2', { op: 'stop', params: { providerLeaseId: 'shadow-dev-2' } });
       expect([tenantDev.status, tenantDev.body.error?.code]).toEqual([422, 'unknown_provider']);
     } finally {
-      await bed.redis.zrem(`${prefix}:provider-instances`, '%E0%A4%A/recording');
       await store.remove('acme', 'recording', undefined, { takeBack: true });
-      await registry.refreshShadowed();
     }
-    expect(registry.shadowedNames()).toEqual([]);
   });
 
   it('takes back a save whose name a worker began to serve while it was probed, leaving no tombstone (helper-59)', async () => {
@@ -343,7 +346,7 @@ describe('provider instances at run time, over the API', () => {
     });
     await expect(manager.create({ ...daytona('late', KEY_A), companyId: 'acme' }, { probe: false })).rejects.toMatchObject({ code: 'provider_name_taken' });
     expect(await store.get('acme', 'late')).toBeNull();
-    expect(await store.deletedAt('acme', 'late')).toBeNull();
+    expect(await store.wasDeleted('acme', 'late')).toBe(false);
   });
 
   it("probes a re-saved instance anew, not from its old credentials' probe of the last 30 s (helper-56)", async () => {

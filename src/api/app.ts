@@ -16,6 +16,7 @@ import express, { type ErrorRequestHandler, type NextFunction, type Request, typ
 import { z } from 'zod';
 import type { ClientPartition, LeaseOpsClient } from '../client.ts';
 import type { OperationView } from '../queues/inspect.ts';
+import { BUILT_IN_PROVIDER_NAMES } from '../providers/registry.ts';
 import { LayoutError } from '../queues/layout.ts';
 import type { Config } from '../config.ts';
 import {
@@ -562,31 +563,40 @@ export function createApiApp(deps: ApiDeps): express.Express {
   const sharedProviders = (deps.config.LEASE_OPS_SHARED_PROVIDERS ?? '*').split(',').map((s) => s.trim()).filter(Boolean);
   const mayUseConfigured = (principal: Principal, name: string) => principal.admin || sharedProviders.includes('*') || sharedProviders.includes(name);
   /**
-   * Refuses (422 unknown_provider) a provider a principal cannot have its lease's work run by.
+   * Decides the provider a principal's operation on a lease runs with, and refuses (422
+   * unknown_provider) one it cannot have: true for the lease's company's instance of that name
+   * (the operation is accepted for it: OperationJobData's `instance`), false for a configured
+   * provider. The company's instance for the lease's environment comes first, where a
+   * configured provider bears its name too (one saved before the operator configured that
+   * name); an admin-only configured provider does not exist for a scoped token. Decided here,
+   * once, and kept with the operation: no later deletion, narrowing or configuration hands it
+   * to another provider (helper-58, helper-59, helper-60).
    * A name no worker ever served is a typo, not a rollout: refused now, not failed later.
    * Until some worker said what it serves (none started yet, or Redis lost its data) there is
    * nothing to tell a typo by, and the name is taken, except from a scoped token a name it may
    * not use as a configured provider: that one is its company's instance or nothing (helper-57:
    * with the announcements gone, a tenant's enqueue of an admin-only provider was taken, and a
    * worker ran it with the operator's key). A request repeated under its idempotency key gets
-   * its receipt whatever the workers say. A company's instance (saved at run time, for this
-   * environment) counts as served, and is what workers run its leases with even where a
-   * configured provider bears its name (one saved before the operator configured that name);
-   * an admin-only configured provider does not exist for a scoped token.
+   * its receipt whatever the workers say.
    */
-  const providerUsable = async (lease: LeaseIdentity, principal: Principal, idempotencyKey?: string): Promise<void> => {
+  const providerUsable = async (lease: LeaseIdentity, principal: Principal, idempotencyKey?: string): Promise<boolean> => {
     const ops = client.partitionOf(lease).ops;
     const announced = await ops.announcedProviders(lease.provider);
     const providers = announced.filter((name) => mayUseConfigured(principal, name));
-    const served = providers.length > 0 ? ` (served: ${providers.sort().join(', ')})` : '';
+    const configuredUsable = providers.includes(lease.provider);
+    // A built-in name is never an instance's (refused when saved): no read.
+    if (configuredUsable && (BUILT_IN_PROVIDER_NAMES as readonly string[]).includes(lease.provider)) return false;
+    const instance = await client.instances.get(lease.companyId, lease.provider);
+    if (instance !== null && (instance.environmentIds === null || instance.environmentIds.includes(lease.environmentId))) return true;
+    if (configuredUsable) return false;
     // An admin-only name is its company's instance or nothing, a repeated request's too.
     const adminOnly = announced.includes(lease.provider) && !mayUseConfigured(principal, lease.provider);
-    if (!adminOnly && (providers.includes(lease.provider) || (idempotencyKey !== undefined && (await ops.idempotencyKeyUsed(lease, idempotencyKey))))) return;
-    const instance = await client.instances.get(lease.companyId, lease.provider);
-    const usable = instance !== null && (instance.environmentIds === null || instance.environmentIds.includes(lease.environmentId));
-    if (!usable && (announced.length > 0 || !mayUseConfigured(principal, lease.provider))) {
+    if (!adminOnly && idempotencyKey !== undefined && (await ops.idempotencyKeyUsed(lease, idempotencyKey))) return false;
+    if (announced.length > 0 || !mayUseConfigured(principal, lease.provider)) {
+      const served = providers.length > 0 ? ` (served: ${providers.sort().join(', ')})` : '';
       throw new HttpError(422, 'unknown_provider', `no worker serves provider "${lease.provider}", and company ${lease.companyId} has no provider instance of that name for environment ${lease.environmentId}${served}`);
     }
+    return false;
   };
   /** Whether a principal sees an instance: its company's, and (an environment-scoped token) only one bound to its environments. */
   const seesInstance = (principal: Principal, instance: Pick<InstanceView, 'companyId' | 'environmentIds'>) =>
@@ -613,8 +623,9 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const header = parse(IdempotencyHeaderSchema, { 'idempotency-key': req.get('idempotency-key') }, 'Idempotency-Key header');
     const idempotencyKey = body.idempotencyKey ?? header['idempotency-key'];
     const principal = res.locals.principal as Principal;
-    await providerUsable(lease, principal, idempotencyKey);
+    const companyInstance = await providerUsable(lease, principal, idempotencyKey);
     const enqueued = await client.enqueue(body.op, lease, body.params, {
+      ...(companyInstance ? { companyInstance } : {}),
       ...(body.deadlineMs === undefined ? {} : { deadlineMs: body.deadlineMs }),
       // Keys are scoped to the lease's company and environment (the queue does it), which
       // a caller can only name if its token sees them.
@@ -665,14 +676,14 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const body = parse(ExecBodySchema, req.body, 'body');
     // As an enqueue is (helper-58: a tenant ran commands through an admin-only provider, and a
     // name nobody serves went round the workers for 3 s).
-    await providerUsable(lease, res.locals.principal as Principal);
+    const companyInstance = await providerUsable(lease, res.locals.principal as Principal);
     // A caller that hangs up cancels the command (its activity ends; the worker sees it go).
     const gone = new AbortController();
     res.on('close', () => res.writableFinished || gone.abort());
     const release = waits.takeOrRefuse(waiter(res.locals.principal as Principal));
     givesTurnBack(res);
     res.on('close', release);
-    res.json(await client.exec(lease, body, { signal: gone.signal }).finally(release));
+    res.json(await client.exec(lease, body, { signal: gone.signal, companyInstance }).finally(release));
   });
   const activityInScope = async (token: string, principal: Principal) => {
     const lease = await client.activityLease(token);
@@ -723,8 +734,8 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const { jobId } = parse(OperationPathSchema, req.params, 'path');
     const principal = res.locals.principal as Principal;
     const lease = await operationInScope(jobId, principal);
-    // A rerun is accepted anew: its provider is checked as an enqueue's (helper-59: a tenant's
-    // rerun after its instance went ran on the operator's provider of that name).
+    // A rerun keeps the provider it was accepted for; it is checked as an enqueue is all the
+    // same (helper-59): a company cannot run again what it could not enqueue now.
     if (lease) await providerUsable(lease, principal);
     const done = await client.rerunOperation(jobId, actor(principal), { override: principal.admin });
     if (!done) throw operationNotFound(jobId);

@@ -117,12 +117,14 @@ export class WalkThreads implements Walks {
   private nextId = 1;
   private closed = false;
   /**
-   * The last walk that Redis did not answer (monotonic ms, and its error): a walk whose turn
-   * comes within REDIS_FAILED_RECENTLY_MS of it fails the same way at once, rather than each
-   * of a company's walks in line waiting out a background thread's Redis timeout in turn
-   * (helper-59: a hung Redis held a heavy company's line, and its turns, 20 s a walk).
+   * By line (a company's, the admin's), its last walk that Redis did not answer (monotonic ms,
+   * and its error): the next of that line whose turn comes within REDIS_FAILED_RECENTLY_MS
+   * fails the same way at once, rather than each walk in line waiting out a background
+   * thread's Redis timeout in turn (helper-59: a hung Redis held a heavy company's line, and
+   * its turns, 20 s a walk). Another line's walks ask Redis themselves (helper-60: one
+   * company's failure failed another's walks after Redis had recovered).
    */
-  private redisFailed: { at: number; error: Extract<WalkReply, { error: unknown }>['error'] } | null = null;
+  private readonly redisFailed = new Map<string, { at: number; error: Extract<WalkReply, { error: unknown }>['error'] }>();
 
   /** Redis commands each company's walks sent (for /metrics). */
   readonly commandsByCompany = new Map<string, number>();
@@ -190,7 +192,7 @@ export class WalkThreads implements Walks {
       // it (helper-15: 79 walks nobody waited for, Redis busy 18 s after the attack).
       const turn = (principal.admin ? this.adminTurns : this.turns).take(principal.companyId ?? '', () => {
         sent = true;
-        const failed = this.redisFailed;
+        const failed = this.redisFailed.get(lineOf(pending));
         if (failed && performance.now() - failed.at < REDIS_FAILED_RECENTLY_MS) {
           this.finish(pending, () => reject(rebuiltError(failed.error)));
           return;
@@ -254,7 +256,12 @@ export class WalkThreads implements Walks {
       this.commandsByCompany.set(pending.companyId, (this.commandsByCompany.get(pending.companyId) ?? 0) + reply.commands);
       this.charge?.(pending.companyId, reply.commands);
     }
-    if ('error' in reply && reply.error.name === 'RedisUnavailableError') this.redisFailed = { at: performance.now(), error: reply.error };
+    if ('error' in reply && reply.error.name === 'RedisUnavailableError') {
+      const now = performance.now();
+      // One entry per line that failed lately: the lapsed go as it grows.
+      if (this.redisFailed.size >= 1_000) for (const [line, failed] of this.redisFailed) if (now - failed.at >= REDIS_FAILED_RECENTLY_MS) this.redisFailed.delete(line);
+      this.redisFailed.set(lineOf(pending), { at: now, error: reply.error });
+    }
     this.finish(pending, () => ('error' in reply ? pending.reject(rebuiltError(reply.error)) : pending.resolve(reply.value)));
   }
 
@@ -295,6 +302,11 @@ const walkUnavailable = (why: string) => new HttpError(503, 'walk_unavailable', 
  * The thread's error as the API's handler knows it: Redis down stays a 503, a partition count
  * that differs from the deployment's stays a LayoutError (503, detail in the log).
  */
+/** The line a walk waits in for its turn: its company's, or the admin's (companyId null). */
+function lineOf(pending: Pending): string {
+  return pending.companyId === null ? '' : `company:${pending.companyId}`;
+}
+
 function rebuiltError(error: Extract<WalkReply, { error: unknown }>['error']): Error {
   if (error.name === 'RedisUnavailableError') return new RedisUnavailableError(error.url ?? '', error.timeoutMs ?? 0, undefined, error.credentialsRefused ?? false);
   if (error.layout && error.code) return new LayoutError(error.code, error.message);

@@ -16,8 +16,6 @@ export class ProviderRegistry {
   private readonly closers: (() => void | Promise<void>)[] = [];
   /** The instances saved at run time (the provider registry in Redis), if this worker serves them. */
   instances: InstanceProviders | null = null;
-  /** Configured names some company holds (or held in the last 30 days) an instance of (refreshShadowed); one object for every view. */
-  private shadow = { names: new Set<string>() };
 
   constructor(
     providers: LeaseProvider[] = [],
@@ -31,46 +29,26 @@ export class ProviderRegistry {
   shared(): ProviderRegistry {
     const view = new ProviderRegistry([...this.byName.values()], false);
     view.instances = this.instances;
-    view.shadow = this.shadow;
     return view;
   }
 
   /**
-   * The provider of a lease for an operation accepted at `acceptedAt`: its company's instance
-   * of that name if it holds one for the lease's environment (read from Redis, built once per
-   * revision), else a configured one by its name.
+   * The provider of a lease: a configured one by its name, else the lease's company's
+   * instance of that name (read from Redis, built once per revision); only the instance for
+   * an operation accepted for it (`companyInstance`).
    */
-  async resolve(lease: Pick<LeaseIdentity, 'provider' | 'companyId' | 'environmentId'>, acceptedAt = Date.now()): Promise<Resolution> {
-    const configured = this.byName.get(lease.provider);
-    if (configured) {
-      // A company's own instance comes first for its leases: one saved before the operator
-      // configured a provider of its name (the API refuses such names after) must not hand the
-      // company's work to the operator's provider and key (helper-58), nor may its deletion
-      // hand over what was accepted for it (helper-59). Only names some company holds or held
-      // in the last 30 days cost the extra reads.
-      if (this.instances && this.shadow.names.has(lease.provider)) {
-        const own = await this.instances.resolveOwn(lease.companyId, lease.environmentId, lease.provider, acceptedAt);
-        if (own) return own;
-      }
-      return { provider: configured };
+  async resolve(lease: Pick<LeaseIdentity, 'provider' | 'companyId' | 'environmentId'>, companyInstance = false): Promise<Resolution> {
+    // Accepted for the company's instance (operation data's `instance`): that instance or
+    // nothing, whatever configured provider bears its name now (helper-58, helper-59, helper-60).
+    if (companyInstance) {
+      return this.instances
+        ? this.instances.resolve(lease.companyId, lease.environmentId, lease.provider, { pinned: true })
+        : { code: 'unknown_provider', message: `this worker serves no provider instances (the operation is for company ${lease.companyId}'s instance "${lease.provider}")`, forGood: false };
     }
+    const configured = this.byName.get(lease.provider);
+    if (configured) return { provider: configured };
     if (this.instances) return this.instances.resolve(lease.companyId, lease.environmentId, lease.provider);
     return { code: 'unknown_provider', message: `no provider named "${lease.provider}" is configured on this worker`, forGood: false };
-  }
-
-  /**
-   * Reads which configured names some company holds (or held) an instance of. A worker does it
-   * at start, after saying what it serves: a save that lands later is taken back by the API
-   * (ProviderInstances), one that landed before is read here. And each minute after.
-   */
-  async refreshShadowed(): Promise<void> {
-    if (!this.instances || this.byName.size === 0) return;
-    this.shadow.names = await this.instances.store.namesHeldAmong(this.names());
-  }
-
-  /** Configured names a company's instance comes before, for that company's leases. */
-  shadowedNames(): string[] {
-    return [...this.shadow.names];
   }
 
   add(provider: LeaseProvider): void {

@@ -156,7 +156,7 @@ export class AttemptLife {
     this.cancelLookSkipped = copied !== null && data.op === 'acquire';
     const log = () => (this.logger ??= this.deps.log.child({ leaseId: data.lease.leaseId, provider: data.lease.provider, jobId: this.jobId, op: data.op, attempt: this.job.attemptsMade + 1 }));
 
-    const resolved = await this.laneStep(() => this.deps.providers.resolve(data.lease, data.acceptedAt));
+    const resolved = await this.laneStep(() => this.deps.providers.resolve(data.lease, data.instance === true));
     if (!('provider' in resolved)) {
       // Deleted, unreadable or not for this environment: that ends it. Not served here:
       // another replica may serve it (a rolling change of LEASE_OPS_PROVIDERS), so it is
@@ -370,7 +370,7 @@ export class AttemptLife {
     const observed = await this.theLeases(laneId, data, attemptSaw);
     // An acquire that learnt its sandbox's id names the lease by it before anything shows it.
     if (observed && observed[0] !== data.lease.leaseId) await this.nameSandbox(laneId, data.lease, observed[0], log, false);
-    await this.record(laneId, data.lease, observed, log);
+    await this.record(laneId, data, observed, log);
     if (attemptSaw) this.kept = { read: attemptSaw, observed };
     return observed;
   }
@@ -403,7 +403,7 @@ export class AttemptLife {
     // commands in order), not awaited first: the record is written before the lane moves on
     // (the release copies it for the next job), in the same round trip.
     // It never rejects (record says what failed), so nothing waits for it.
-    void this.record(laneId, data.lease, observed, log, this.deps.releaseRecords);
+    void this.record(laneId, data, observed, log, this.deps.releaseRecords);
     const entry = this.historyEntry({ kind: 'completed', jobId: this.jobId, op: data.op, attempt: this.job.attemptsMade + 1 });
     if (data.op === 'acquire') await faultPoint('before-acquire-release');
     // A sandbox with the lease's own id was not named (nothing to name): the release notes it.
@@ -660,7 +660,7 @@ export class AttemptLife {
       // carry is left out (it still finds a sandbox named after the job), never a clean-up
       // refused and the acquire retried for ever.
       if (dropped.length) log().warn({ dropped }, 'checkpoint entries the clean-up cannot carry (keys up to 128 characters, string values up to 256) are left out');
-      const { jobId: cleanUp } = await this.deps.ops.enqueueAbandon(data.lease, this.jobId, checkpoint);
+      const { jobId: cleanUp } = await this.deps.ops.enqueueAbandon(data.lease, this.jobId, checkpoint, data.instance === true);
       log().warn({ cleanUpJobId: cleanUp }, 'acquire failed for good; the clean-up of what it made is queued');
     } catch (err) {
       log().error({ err }, 'could not queue the clean-up of a failed acquire; the acquire will be retried');
@@ -682,10 +682,10 @@ export class AttemptLife {
     return record?.acquiredSandbox && record.acquiredSandbox !== observed[0] ? null : observed;
   }
 
-  private async record(laneId: string, lease: LeaseIdentity, observed: [string, SandboxState] | null, log: () => Logger, records = this.deps.records): Promise<void> {
+  private async record(laneId: string, data: OperationJobData, observed: [string, SandboxState] | null, log: () => Logger, records = this.deps.records): Promise<void> {
     if (!observed) return;
     try {
-      const kept = await records.observe(laneId, lease, observed[0], observed[1], this.jobId, this.hold(laneId));
+      const kept = await records.observe(laneId, data.lease, observed[0], observed[1], this.jobId, this.hold(laneId), data.instance === true);
       if (!kept) {
         log().warn('attempt no longer holds its lane (superseded, or Redis lost its data): what it saw is not recorded');
         return;

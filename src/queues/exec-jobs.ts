@@ -59,6 +59,8 @@ const ExecJobSchema = z.object({
     timeoutMs: z.number().int(),
   }),
   secrets: SealedSchema.optional(),
+  /** For the lease's company's provider instance of its name only (as an operation's `instance`). */
+  instance: z.literal(true).optional(),
 });
 type ExecJob = z.infer<typeof ExecJobSchema>;
 
@@ -96,7 +98,7 @@ export class ExecJobs {
     this.waited = new WaitedQueue(connection, settings, execQueueName(settings.LEASE_OPS_QUEUE), 'lease-ops-client-exec');
   }
 
-  async run(lease: LeaseIdentity, token: string, request: z.output<typeof ExecRequestSchema>, jobId: string): Promise<ExecOutcome> {
+  async run(lease: LeaseIdentity, token: string, request: z.output<typeof ExecRequestSchema>, jobId: string, companyInstance = false): Promise<ExecOutcome> {
     const { queue, events } = await this.waited.open();
     let secrets: ExecJob['secrets'];
     if (request.env !== undefined || request.stdin !== undefined) {
@@ -110,6 +112,7 @@ export class ExecJobs {
       ttlMs: request.ttlMs,
       request: { providerLeaseId: request.providerLeaseId, command: request.command, ...(request.args ? { args: request.args } : {}), ...(request.cwd ? { cwd: request.cwd } : {}), timeoutMs: request.timeoutMs },
       ...(secrets ? { secrets } : {}),
+      ...(companyInstance ? { instance: true as const } : {}),
     };
     const job: Job = await queue.add('exec', data, { jobId, attempts: 1, removeOnComplete: { age: 60 }, removeOnFail: { age: 60 } });
     try {
@@ -156,12 +159,12 @@ interface ExecDeps {
 async function runExecJob(job: Job, jobToken: string | undefined, deps: ExecDeps): Promise<ExecOutcome> {
   const parsed = ExecJobSchema.safeParse(job.data);
   if (!parsed.success) return { ok: false, code: 'invalid_job', message: 'an exec job this version cannot read' };
-  const { lease, token, ttlMs, request } = parsed.data;
+  const { lease, token, ttlMs, request, instance } = parsed.data;
   const log = deps.log.child({ lease, job: job.id, op: 'exec' });
   /** Gone back for another worker: its activity stays open for the worker that runs it. */
   let passedOn = false;
   try {
-    const resolved = await deps.providers.resolve(lease, job.timestamp);
+    const resolved = await deps.providers.resolve(lease, instance === true);
     if (!('provider' in resolved)) {
       // Not served here (another replica may serve it): back for another worker, while its activity is open.
       // Until its ttlMs: a command that waited for a worker longer does not run anyway.

@@ -55,7 +55,7 @@ export interface LeaseView {
   queued: OperationView[];
   queuedTotal: number;
   /** What lease-ops last saw of the sandbox, and since when it has been in that state. */
-  observed: Omit<LeaseRecord, 'lease' | 'acquiredAs' | 'acquiredSandbox'> | null;
+  observed: Omit<LeaseRecord, 'lease' | 'acquiredAs' | 'acquiredSandbox' | 'companyInstance'> | null;
   /** The newest failure not made good: an operation that failed for good, until that kind next succeeds or it is acknowledged. */
   lastFailure: { jobId: string; at: number; code: string; message: string } | null;
   /** An operator paused the lane (nothing new starts): who, and since when. */
@@ -301,7 +301,7 @@ export class Inspector {
         message: failed?.error?.message ?? 'the failed operation was already removed',
       };
     }
-    const observed = record ? (({ lease: _lease, acquiredAs: _acquiredAs, acquiredSandbox: _acquiredSandbox, ...rest }) => rest)(record) : null;
+    const observed = record ? (({ lease: _lease, acquiredAs: _acquiredAs, acquiredSandbox: _acquiredSandbox, companyInstance: _companyInstance, ...rest }) => rest)(record) : null;
     return {
       lease,
       laneId,

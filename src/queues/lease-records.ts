@@ -29,6 +29,8 @@ export interface LeaseRecord {
   acquiredAs: string | null;
   /** The sandbox the lease's last completed acquire handed out. */
   acquiredSandbox: string | null;
+  /** What saw it last was accepted for the company's provider instance (an operation's `instance`). */
+  companyInstance: boolean;
 }
 
 /** Whether a lease has a live sandbox its acquire handed out: then it is not acquired again. */
@@ -85,7 +87,7 @@ export class LeaseRecords {
    * An attempt's observation is fenced (`held`: its lane's holder key and its token): one
    * that no longer holds the lane records nothing, and gets null.
    */
-  async observe(laneId: string, lease: LeaseIdentity, providerLeaseId: string, state: SandboxState, jobId = '', held: LaneHold | null = null): Promise<{ since: number; began: boolean; now: number } | null> {
+  async observe(laneId: string, lease: LeaseIdentity, providerLeaseId: string, state: SandboxState, jobId = '', held: LaneHold | null = null, companyInstance = false): Promise<{ since: number; began: boolean; now: number } | null> {
     // A provider's word for the state, bounded: it is kept per lease and shown to callers.
     const providerState = historyValue(('providerState' in state ? state.providerState : state.kind).slice(0, 100));
     const [since, now] = (await this.observeScript(
@@ -104,6 +106,7 @@ export class LeaseRecords {
       jobId,
       `${lease.companyId}\n${lease.environmentId}\n${laneId}`,
       held?.token ?? '',
+      companyInstance ? '1' : '0',
     )) as [string, string];
     if (since === 'stale') return null;
     return { since: Number(since), began: since === now, now: Number(now) };
@@ -129,6 +132,7 @@ export class LeaseRecords {
       forceJob: h.forceJob ?? null,
       acquiredAs: h.acquiredAs ?? null,
       acquiredSandbox: h.acquiredSandbox ?? null,
+      companyInstance: h.instance === '1',
     };
   }
 

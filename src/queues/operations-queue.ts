@@ -49,6 +49,8 @@ export type EnqueueRequest = {
   deadlineMs?: number;
   /** The caller's key for this request: the same key returns the same job (for 24 h). */
   idempotencyKey?: string;
+  /** Run with the lease's company's provider instance of its name only (OperationJobData's `instance`). */
+  companyInstance?: boolean;
   /** lease-ops' own: an event on the lease's timeline written with this operation, just before it is accepted. */
   note?: HistoryNote;
   /**
@@ -451,7 +453,8 @@ export class OperationsQueue {
     return names;
   }
 
-  async enqueueAbandon(lease: LeaseIdentity, acquireJobId: string, checkpoint: Record<string, unknown> | null): Promise<Enqueued> {
+  /** Queues the clean-up of an acquire; `companyInstance`: the acquire's own (its data's `instance`). */
+  async enqueueAbandon(lease: LeaseIdentity, acquireJobId: string, checkpoint: Record<string, unknown> | null, companyInstance = false): Promise<Enqueued> {
     // The lane the acquire ran in: the lease's, whichever of its names the acquire was enqueued under.
     const laneId = laneIdOfJobId(acquireJobId) ?? laneIdOf(lease);
     const now = Date.now();
@@ -462,6 +465,7 @@ export class OperationsQueue {
       params: { acquireJobId, checkpoint: strings },
       acceptedAt: now,
       deadlineAt: now + (this.settings.LEASE_OPS_DEADLINES_MS['abandon-acquire'] ?? DEFAULT_DEADLINE_MS['abandon-acquire']),
+      ...(companyInstance ? { instance: true } : {}),
     });
     const jobId = `${laneId}.${createHash('sha256').update(`abandon:${acquireJobId}`).digest('base64url').slice(0, 16)}`;
     await this.queue.add(data.op, data, { ...this.jobOptions, jobId, delay: parkDelay(data, now) });
@@ -769,7 +773,7 @@ export function buildJobData(
   const op = OperationNameSchema.parse(request.op);
   const params = OperationParamsSchemas[op].parse(request.params);
   const deadlineMs = request.deadlineMs ?? deadlines[op] ?? DEFAULT_DEADLINE_MS[op];
-  return OperationJobDataSchema.parse({ op, lease: request.lease, params, acceptedAt: now, deadlineAt: now + deadlineMs });
+  return OperationJobDataSchema.parse({ op, lease: request.lease, params, acceptedAt: now, deadlineAt: now + deadlineMs, ...(request.companyInstance ? { instance: true } : {}) });
 }
 
 /**

@@ -87,7 +87,7 @@ export class OperatorActions {
       const [atm, stc, checkpointText] = await this.ops.connection.hmget(this.ops.queue.toKey(jobId), 'atm', 'stc', 'lo:checkpoint');
       const checkpoint = JSON.parse(checkpointText ?? 'null') as Record<string, unknown> | null;
       if (Number(atm ?? 0) > 0 || Number(stc ?? 0) > 0 || (checkpoint !== null && Object.keys(checkpoint).length > 0)) {
-        await this.ops.enqueueAbandon(acquire.data!.lease, jobId, checkpoint);
+        await this.ops.enqueueAbandon(acquire.data!.lease, jobId, checkpoint, acquire.data!.instance === true);
       }
     }
     // The lane recorded its outcome; a worker that takes it now repeats it (fails it with

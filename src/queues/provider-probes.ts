@@ -27,6 +27,8 @@ export const ProbeTargetSchema = z.object({
   draft: z.string().optional(),
   /** A saved instance's revision when it was asked about: a re-saved instance is probed anew, not answered from its old credentials' probe (helper-56). */
   rev: z.number().int().optional(),
+  /** The company's saved instance of that name only, never a configured provider of the same name (as an operation's `instance`). */
+  instance: z.literal(true).optional(),
 });
 export type ProbeTarget = z.infer<typeof ProbeTargetSchema>;
 
@@ -43,7 +45,7 @@ export async function runProbe(providers: ProviderRegistry, target: ProbeTarget,
     ? providers.instances
       ? await providers.instances.resolveDraft(target.draft)
       : ({ code: 'unknown_provider', message: 'this worker serves no saved provider instances', forGood: true } as const)
-    : await providers.resolve({ provider: name, companyId: target.companyId ?? '', environmentId: target.environmentId ?? '' });
+    : await providers.resolve({ provider: name, companyId: target.companyId ?? '', environmentId: target.environmentId ?? '' }, target.instance === true);
   if (!('provider' in resolved)) {
     // Not served by this worker (another may serve it): it may go back for another to take.
     if (!resolved.forGood) await notServedHere();
@@ -91,7 +93,7 @@ export class ProviderProbes {
     const name = probe.provider;
     const { queue, events } = await this.waited.open();
     // Shared for a while per provider (per instance); a draft's probe is its own.
-    const subject = probe.draft ? `draft.${probe.draft}` : Buffer.from(JSON.stringify([name, probe.companyId ?? null, probe.environmentId ?? null, probe.rev ?? null])).toString('base64url');
+    const subject = probe.draft ? `draft.${probe.draft}` : Buffer.from(JSON.stringify([name, probe.companyId ?? null, probe.environmentId ?? null, probe.rev ?? null, probe.instance ?? null])).toString('base64url');
     // The probe of the last PROBE_REUSE_MS from its first ask, named under a key that lives as
     // long: with the time cut in fixed slices, an ask just after a slice's end ran a new probe
     // (a CI run: "asked again at once" got another answer).

@@ -98,7 +98,8 @@ export class Watchdog {
     }
     const stuckFor = (await this.records.now()) - record.since;
     if (record.kind !== 'transitioning' || stuckFor < this.settings.stuckAfterMs) return report;
-    const resolved = await this.providers.resolve(record.lease);
+    // The provider the lease's last operation ran with: its company's instance, if it was for one.
+    const resolved = await this.providers.resolve(record.lease, record.companyInstance);
     if (!('provider' in resolved)) return report; // another replica serves it, or it is gone
     const provider = resolved.provider;
     const log = this.log.child({ laneId, leaseId: record.providerLeaseId, provider: provider.name, providerState: record.providerState });
@@ -145,6 +146,7 @@ export class Watchdog {
         lease: sandboxLease,
         params: { providerLeaseId: record.providerLeaseId, ifStoppingSince: record.since },
         idempotencyKey: `lease-ops:watchdog:${laneId}:${record.since}:${n}`,
+        companyInstance: record.companyInstance,
         // It joins only while the record still shows the claim (the episode may have ended
         // since), and the record keeps its job in that same step.
         claim: { laneId, since: record.since, forceStops: n },

@@ -44,8 +44,6 @@ export const SUPERSEDED_END = /^(Missing lock for job \S+\. |Lock mismatch for j
 export const REMOVED_END = /^Missing key for job \S+\. moveTo(Finished|Failed|Delayed)\b/;
 /** How long a closing worker waits for BullMQ's close once no job runs and Redis answers. */
 const CLOSE_STUCK_MS = 5_000;
-/** How often a worker reads again which of its providers' names companies hold instances of. */
-const SHADOWED_REREAD_MS = 60_000;
 /** How a closing worker's wait for BullMQ's close ended (see waitForClose). */
 type CloseWait = 'closed' | 'redis-gone' | 'stuck';
 /** BullMQ's stall limit, set out of reach: lease-ops applies LEASE_OPS_MAX_STALLED itself. */
@@ -189,8 +187,6 @@ export class LeaseWorker {
   private readonly attemptDeps: AttemptDeps;
   private readonly watchdog: Watchdog;
   private scheduleCheck: NodeJS.Timeout | null = null;
-  /** When this worker last read which of its providers' names companies hold instances of (monotonic). */
-  private shadowedReadAt = 0;
   private schedulesMissing = false;
 
   constructor(
@@ -386,8 +382,6 @@ export class LeaseWorker {
     await this.schedule();
     await this.ops.announceProviders(this.announced());
     await this.ops.announceStuckBudget(this.settings.LEASE_OPS_STUCK_STOPPING_MS);
-    await this.providers.refreshShadowed();
-    this.shadowedReadAt = performance.now();
     // Closed meanwhile: nothing more starts (a timer set now would outlive the close).
     if (this.closing) return;
     this.fencing.start();
@@ -424,11 +418,6 @@ export class LeaseWorker {
     // Said again each time, so the API knows it after Redis lost its data too.
     this.ops.announceProviders(this.announced()).catch((err: unknown) => this.log.warn({ err }, 'could not say which providers this replica serves'));
     this.ops.announceStuckBudget(this.settings.LEASE_OPS_STUCK_STOPPING_MS).catch((err: unknown) => this.log.warn({ err }, 'could not say its stuck-stopping budget'));
-    // Read again now and then: an instance whose save raced this worker's first announcement.
-    if (performance.now() - this.shadowedReadAt >= SHADOWED_REREAD_MS) {
-      this.shadowedReadAt = performance.now();
-      this.providers.refreshShadowed().catch((err: unknown) => this.log.warn({ err }, "could not read which configured providers' names companies hold instances of"));
-    }
     try {
       const ids = [SWEEP_SCHEDULER_ID, ...(this.settings.LEASE_OPS_WATCHDOG ? [WATCHDOG_SCHEDULER_ID] : [])];
       const present = await Promise.all(ids.map((id) => this.maintenanceQueue.getJobScheduler(id)));

@@ -124,7 +124,7 @@ export class ProviderInstances {
 
   /** Has a worker probe an instance's saved credentials. */
   probe(companyId: string, name: string, environmentId?: string, rev?: number): Promise<ProviderProbe> {
-    return this.deps.probe({ provider: name, companyId, ...(environmentId ? { environmentId } : {}), ...(rev === undefined ? {} : { rev }) });
+    return this.deps.probe({ provider: name, companyId, instance: true, ...(environmentId ? { environmentId } : {}), ...(rev === undefined ? {} : { rev }) });
   }
 
   rewrapAll(): ReturnType<ProviderInstanceStore['rewrapAll']> {

@@ -35,39 +35,21 @@ export class InstanceProviders {
     private readonly maxBuilt = DEFAULT_INSTANCE_CACHE,
   ) {}
 
-  /** The provider of a company's instance, for a lease in `environmentId`. */
-  async resolve(companyId: string, environmentId: string, name: string): Promise<Resolution> {
+  /**
+   * The provider of a company's instance, for a lease in `environmentId`. `pinned`: the
+   * operation was accepted for this instance, so one that is gone is deleted for it, tombstone
+   * or not (a save taken back, Redis' data lost).
+   */
+  async resolve(companyId: string, environmentId: string, name: string, opts: { pinned?: boolean } = {}): Promise<Resolution> {
     const cacheKey = `${companyId}\0${name}`;
+    const deleted = { code: 'provider_deleted', message: `the provider instance "${name}" of company ${companyId} was deleted`, forGood: true } as const;
     const rev = await this.store.rev(companyId, name);
     if (rev === null) {
       this.retire(cacheKey);
-      return (await this.store.wasDeleted(companyId, name))
-        ? deletedInstance(companyId, name)
+      return opts.pinned || (await this.store.wasDeleted(companyId, name))
+        ? deleted
         : { code: 'unknown_provider', message: `no provider named "${name}" is configured on this worker, nor saved for company ${companyId}`, forGood: false };
     }
-    return this.resolveRev(companyId, environmentId, name, rev);
-  }
-
-  /**
-   * Where a configured provider bears the name too: the company's instance for an operation
-   * accepted while it held one (provider_deleted once it is gone), null for the configured
-   * provider (the company holds none, deleted it before the operation was accepted, or holds
-   * one only for other environments).
-   */
-  async resolveOwn(companyId: string, environmentId: string, name: string, acceptedAt: number): Promise<Resolution | null> {
-    const rev = await this.store.rev(companyId, name);
-    if (rev === null) {
-      this.retire(`${companyId}\0${name}`);
-      const deletedAt = await this.store.deletedAt(companyId, name);
-      return deletedAt !== null && acceptedAt <= deletedAt ? deletedInstance(companyId, name) : null;
-    }
-    const own = await this.resolveRev(companyId, environmentId, name, rev);
-    return 'code' in own && own.code === 'unknown_provider' ? null : own;
-  }
-
-  private async resolveRev(companyId: string, environmentId: string, name: string, rev: number): Promise<Resolution> {
-    const cacheKey = `${companyId}\0${name}`;
-    const deleted = deletedInstance(companyId, name);
     let entry = this.built.get(cacheKey);
     if (entry?.rev !== rev) {
       const record = await this.store.record(companyId, name);
@@ -142,10 +124,6 @@ export class InstanceProviders {
       return { code: 'provider_credentials_unreadable', message: `${where} has settings this version cannot use: save it again`, forGood: true };
     }
   }
-}
-
-function deletedInstance(companyId: string, name: string): Unresolved {
-  return { code: 'provider_deleted', message: `the provider instance "${name}" of company ${companyId} was deleted`, forGood: true };
 }
 
 const capabilitiesByType = new Map<InstanceType, ProviderCapabilities>();

@@ -80,8 +80,7 @@ const enc = (part: string) => encodeURIComponent(part);
  *   provider-instances                          every <company>/<name> (zset, by name)
  *   provider-instance-kids                      instances per master key id (hash)
  *   provider-instance-rev                       the revision counter
- *   provider-instance-deleted:<company>:<name>  a deleted instance's tombstone: when (30 days)
- *   provider-instances-deleted                  every tombstone's <company>/<name> (zset, by when it lapses)
+ *   provider-instance-deleted:<company>:<name>  a deleted instance's tombstone (30 days)
  *   provider-instance-draft:<id>                an instance being probed before its save (2 min)
  * (company ids percent-encoded.)
  */
@@ -102,8 +101,8 @@ export class ProviderInstanceStore {
       maxPerCompany?: number;
     },
   ) {
-    this.saveScript = luaCommand(redis, 'instance-save', 7);
-    this.deleteScript = luaCommand(redis, 'instance-delete', 6);
+    this.saveScript = luaCommand(redis, 'instance-save', 6);
+    this.deleteScript = luaCommand(redis, 'instance-delete', 5);
     this.rewrapScript = luaCommand(redis, 'instance-rewrap', 2);
   }
 
@@ -115,9 +114,6 @@ export class ProviderInstanceStore {
   private companyIndex = (companyId: string) => `${this.prefix}:provider-instances:${enc(companyId)}`;
   private get allIndex() {
     return `${this.prefix}:provider-instances`;
-  }
-  private get tombstoneIndex() {
-    return `${this.prefix}:provider-instances-deleted`;
   }
   private get kidsKey() {
     return `${this.prefix}:provider-instance-kids`;
@@ -168,7 +164,6 @@ export class ProviderInstanceStore {
       this.kidsKey,
       `${this.prefix}:provider-instance-rev`,
       this.tombstoneKey(companyId, name),
-      this.tombstoneIndex,
       mode,
       expectedRev === undefined ? '' : String(expectedRev),
       name,
@@ -234,12 +229,10 @@ export class ProviderInstanceStore {
       this.allIndex,
       this.kidsKey,
       this.tombstoneKey(companyId, name),
-      this.tombstoneIndex,
       name,
       `${enc(companyId)}/${name}`,
       opts.takeBack ? 0 : TOMBSTONE_S,
       expectedRev === undefined ? '' : String(expectedRev),
-      Date.now(),
     )) as [string, string?];
     if (reply[0] === 'missing') throw instanceNotFound(name);
     if (reply[0] === 'conflict') throw new ProviderInstanceError('rev_conflict', 412, `the provider "${name}" changed meanwhile (now revision ${reply[1]}): read it again`);
@@ -284,38 +277,6 @@ export class ProviderInstanceStore {
     return { instances, nextCursor: members.length === opts.limit ? members[members.length - 1]! : null };
   }
 
-  /**
-   * Which of `names` some company holds an instance of, or deleted one of within the
-   * tombstones' 30 days (read in pages of the two indexes): a worker's configured providers
-   * that a company's instance shadows for that company's leases (registry.ts).
-   */
-  async namesHeldAmong(names: readonly string[]): Promise<Set<string>> {
-    const held = new Set<string>();
-    if (names.length === 0) return held;
-    const wanted = new Set(names);
-    // Only the name is wanted: the company part is not decoded (a member no save wrote cannot fail the read).
-    const take = (members: string[]) => {
-      for (const member of members) {
-        const name = member.slice(member.lastIndexOf('/') + 1);
-        if (wanted.has(name)) held.add(name);
-      }
-    };
-    const page = 1_000;
-    for (let from = '-'; ; ) {
-      const members = await this.redis.zrangebylex(this.allIndex, from, '+', 'LIMIT', 0, page);
-      take(members);
-      if (members.length < page) break;
-      from = `(${members[members.length - 1]!}`;
-    }
-    const now = Date.now();
-    await this.redis.zremrangebyscore(this.tombstoneIndex, '-inf', now);
-    for (let offset = 0; ; offset += page) {
-      const members = await this.redis.zrangebyscore(this.tombstoneIndex, now, '+inf', 'LIMIT', offset, page);
-      take(members);
-      if (members.length < page) return held;
-    }
-  }
-
   /** What a worker builds a provider from, or null when there is no such instance. */
   async record(companyId: string, name: string): Promise<InstanceRecord | 'unreadable' | null> {
     return this.recordAt(this.recordKey(companyId, name));
@@ -341,18 +302,6 @@ export class ProviderInstanceStore {
 
   async wasDeleted(companyId: string, name: string): Promise<boolean> {
     return (await this.redis.exists(this.tombstoneKey(companyId, name))) === 1;
-  }
-
-  /**
-   * When an instance was deleted (epoch ms), or null when it was not (within the tombstones'
-   * 30 days). A tombstone of an earlier version kept no time: Infinity, before everything.
-   */
-  async deletedAt(companyId: string, name: string): Promise<number | null> {
-    const value = await this.redis.get(this.tombstoneKey(companyId, name));
-    if (value === null) return null;
-    const at = Number(value);
-    // An earlier version stored the revision: a small number, no time.
-    return Number.isFinite(at) && at > 1e12 ? at : Number.POSITIVE_INFINITY;
   }
 
   /** How many instances each master key id wraps. */

@@ -6,7 +6,6 @@
   KEYS[1] the instance's record (hash)      KEYS[2] the company's index (zset, by name)
   KEYS[3] the deployment's index (zset)     KEYS[4] instances per master key id (hash)
   KEYS[5] the revision counter              KEYS[6] the instance's tombstone
-  KEYS[7] the deployment's index of tombstones (zset)
   ARGV[1] 'create' or 'update'   ARGV[2] the revision an update expects ('' = any)
   ARGV[3] its member in KEYS[2]  ARGV[4] its member in KEYS[3]   ARGV[5] now (ms)
   ARGV[6] most instances a company may hold (a create past it is refused; 0: no limit)
@@ -42,5 +41,4 @@ if not exists then redis.call('HSET', KEYS[1], 'createdAt', ARGV[5]) end
 redis.call('ZADD', KEYS[2], 0, ARGV[3])
 redis.call('ZADD', KEYS[3], 0, ARGV[4])
 redis.call('DEL', KEYS[6])
-redis.call('ZREM', KEYS[7], ARGV[4])
 return {'ok', rev}

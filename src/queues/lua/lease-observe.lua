@@ -17,6 +17,8 @@
   ARGV[8] the job whose attempt saw it ('' when none)
   ARGV[9] the lane's entry in the scope index ('<company>\n<environment>\n<laneId>')
   KEYS[5] the lane's holder   ARGV[10] the attempt's fencing token, or '' (not an attempt's)
+  ARGV[11] '1' when the operation was accepted for the company's provider instance (its
+  data's `instance`): the watchdog's force-stops go to that instance too
 
   Fenced: an attempt that lost its turn (frozen past its lock, say) records nothing, so what
   it saw long ago never overwrites what the lane's holder saw since.
@@ -50,6 +52,7 @@ rcall('HSET', recordKey, 'kind', kind, 'providerState', providerState, 'since', 
 if kind == 'gone' and rcall('HGET', recordKey, 'acquiredSandbox') == ARGV[5] then
   rcall('HDEL', recordKey, 'acquiredSandbox', 'acquiredBy')
 end
+if ARGV[11] == '1' then rcall('HSET', recordKey, 'instance', '1') else rcall('HDEL', recordKey, 'instance') end
 rcall('EXPIRE', recordKey, ARGV[6])
 
 if ARGV[7] == '1' then
