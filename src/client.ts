@@ -22,7 +22,8 @@ import { ProviderInstances } from './providers/instances/manager.ts';
 import { checkMasterKeys } from './providers/instances/resolver.ts';
 import { parseAllowedApiUrls } from './providers/instances/schemas.ts';
 import { loadMasterKeys, type MasterKeys } from './providers/instances/sealing.ts';
-import { ProviderInstanceStore } from './providers/instances/store.ts';
+import { holdsInstance, ProviderInstanceStore } from './providers/instances/store.ts';
+import { BUILT_IN_PROVIDER_NAMES } from './providers/registry.ts';
 import { createRedis, isRedisUnavailable, reportRedisError, type RedisClient } from './queues/redis.ts';
 import { maskUrl, withoutInfrastructure } from './secrets.ts';
 
@@ -55,8 +56,8 @@ export interface EnqueueOptions {
   idempotencyKey?: string;
   /**
    * Run it with the lease's company's provider instance of that name, never a configured
-   * provider of the same name (the API decides it for its callers). Default: a configured
-   * provider of the name first, else the company's instance.
+   * provider of the same name (true), or a configured provider of the name first (false).
+   * Default: true when the company holds an instance of the name for the lease's environment.
    */
   companyInstance?: boolean;
 }
@@ -204,6 +205,19 @@ export class LeaseOpsClient {
     ]).finally(() => clearTimeout(timer));
   }
 
+  /**
+   * Whether an operation of `lease` runs with its company's provider instance when its caller
+   * did not say (EnqueueOptions.companyInstance): the company's instance of the name for the
+   * lease's environment first, as the API decides (helper-61: the CLI's and an in-process
+   * paperclip host's operations ran with a configured provider of the name, the operator's key).
+   * A built-in name is never an instance's: no read.
+   */
+  private async holdsInstance(lease: LeaseIdentity): Promise<boolean> {
+    if ((BUILT_IN_PROVIDER_NAMES as readonly string[]).includes(lease.provider)) return false;
+    const parsed = LeaseIdentitySchema.safeParse(lease);
+    return parsed.success && holdsInstance(this.connection, this.settings.LEASE_OPS_PREFIX, parsed.data);
+  }
+
   /** Accepts an operation for a lease and returns its job id at once. */
   async enqueue<Op extends OperationName>(
     op: Op,
@@ -221,9 +235,11 @@ export class LeaseOpsClient {
     try {
       return await this.call(async () => {
         const partition = this.partitionOf(lease);
-        const pin = this.partitions.length > 1 ? await partition.ops.pinIdempotencyKey({ op, lease, params, ...opts }, this.settings.LEASE_OPS_PREFIX) : null;
+        const companyInstance = opts.companyInstance ?? (await this.holdsInstance(lease));
+        const request = { op, lease, params, ...opts, companyInstance };
+        const pin = this.partitions.length > 1 ? await partition.ops.pinIdempotencyKey(request, this.settings.LEASE_OPS_PREFIX) : null;
         try {
-          const { jobId, laneId, deduplicated } = await enqueueRouted((laneId) => this.partitionOf(laneId).ops, this.names, { op, lease, params, ...opts });
+          const { jobId, laneId, deduplicated } = await enqueueRouted((laneId) => this.partitionOf(laneId).ops, this.names, request);
           await pin?.settled(true);
           return { jobId, laneId, ...(deduplicated ? { deduplicated } : {}) };
         } catch (err) {
@@ -508,6 +524,7 @@ export class LeaseOpsClient {
     // command in another lease's sandbox would run outside that lease's gate.
     const sandboxLane = await this.call(() => this.laneOf({ ...parsedLease.data, leaseId: parsed.data.providerLeaseId }));
     if (sandboxLane.laneId !== laneId) throw new ExecError('not_the_lease_sandbox', `${parsed.data.providerLeaseId} is not the sandbox of lease ${parsedLease.data.leaseId}: run the command on that sandbox's own lease`);
+    const companyInstance = opts.companyInstance ?? (await this.call(() => this.holdsInstance(parsedLease.data)));
     const begun = await this.call(() => partition.ops.activities.begin(laneId, parsedLease.data, parsed.data.kind, parsed.data.ttlMs));
     if (begun.kind === 'closing') throw new LeaseClosingError(begun.jobId, begun.op);
     // A caller that goes away ends the activity: the worker sees it gone within a second and cancels the command.
@@ -519,7 +536,7 @@ export class LeaseOpsClient {
       jobs = new ExecJobs(this.connection, partition.settings, () => (this.opts.masterKeys === undefined ? loadMasterKeys() : this.opts.masterKeys));
       this.execJobs.set(partition.index, jobs);
     }
-    const outcome = await this.call(() => this.untilCut(jobs.run(parsedLease.data, begun.token, parsed.data, `exec.${randomUUID()}`, opts.companyInstance === true))).catch(async (err: unknown) => {
+    const outcome = await this.call(() => this.untilCut(jobs.run(parsedLease.data, begun.token, parsed.data, `exec.${randomUUID()}`, companyInstance))).catch(async (err: unknown) => {
       // Ended, the activity has the worker cancel the command (cut by closeNow, too: helper-38's ran on).
       const ending = partition.ops.activities.end(begun.token).then(
         () => true,

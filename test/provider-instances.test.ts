@@ -17,7 +17,7 @@ import { ProviderRegistry } from '../src/providers/registry.ts';
 import { PermanentError } from '../src/providers/errors.ts';
 import { probeFailure } from '../src/providers/types.ts';
 import { startTestApi, type TestApi } from './helpers/api-server.ts';
-import { scanKeys, TestBed } from './helpers/env.ts';
+import { readUntil, scanKeys, TestBed } from './helpers/env.ts';
 import { captureLog } from './helpers/log-capture.ts';
 import { createRecordingProvider } from './helpers/recording-provider.ts';
 
@@ -278,6 +278,10 @@ describe('provider instances at run time, over the API', () => {
       // For another company's token the admin-only name is still nothing.
       const refused = await enqueue(GLOBEX, 'recording', 'globex', 'prod', 'shadow-3', { op: 'stop', params: { providerLeaseId: 'shadow-3' } });
       expect([refused.status, refused.body.error?.code]).toEqual([422, 'unknown_provider']);
+      // A library caller (the CLI, an in-process paperclip host) that does not say gets the same (helper-61: the configured provider).
+      const library = await api.client.enqueueAndWait('stop', { provider: 'recording', companyId: 'acme', environmentId: 'prod', leaseId: 'shadow-1' }, { providerLeaseId: sandbox }, { waitMs: 20_000 });
+      expect(library.operation).toMatchObject({ state: 'completed', result: { state: 'stopped' } });
+      expect(recording.calls.filter((c) => c.leaseId === 'shadow-1' || c.leaseId === sandbox)).toEqual([]);
       // The company's probe of its instance asks its service with its key, not the configured provider.
       const probed = await call('GET', '/v1/providers/recording?probe=true', ACME);
       expect(probed.body, probed.text).toMatchObject({ source: 'instance', probe: { ok: true, code: 'ok' } });
@@ -319,6 +323,22 @@ describe('provider instances at run time, over the API', () => {
     expect(after.body, after.text).toMatchObject({ state: 'completed' });
     expect([...new Set(recording.calls.slice(recorded).map((c) => c.leaseId))]).toEqual(['shadow-after']);
     await bed.redis.del(`${bed.config.LEASE_OPS_PREFIX}:provider-instance-deleted:acme:recording`);
+  });
+
+  it("marks the clean-up of an acquire whose job vanished for the company's instance, as the acquire was (helper-61: a configured provider of the name)", async () => {
+    await store.create('acme', { name: 'recording', type: 'daytona', config: { apiUrl: fakeUrl, rateLimits: unpaced }, credentials: { apiKey: KEY_A } } as never, 'test');
+    try {
+      expect((await call('POST', '/v1/leases/recording/acme/prod/vanish-1/pause', ACME)).status).toBe(200);
+      const queued = await call('POST', '/v1/leases/recording/acme/prod/vanish-1/operations', ACME, { op: 'acquire', params: { runId: 'vanish-1' } });
+      expect(queued.status, queued.text).toBe(202);
+      // Removed as an operator would in Bull Board: the sweep finds it gone and queues its clean-up.
+      await bed.ops.queue.remove(queued.body.jobId);
+      await readUntil(async () => (await bed.ops.queue.getJobs(['delayed', 'waiting', 'active', 'completed', 'failed'])).some((j) => j.name === 'abandon-acquire' && j.data.params.acquireJobId === queued.body.jobId), 10_000, 'the clean-up queued');
+      const cleanUp = (await bed.ops.queue.getJobs(['delayed', 'waiting', 'active', 'completed', 'failed'])).find((j) => j.name === 'abandon-acquire' && j.data.params.acquireJobId === queued.body.jobId)!;
+      expect(cleanUp.data).toMatchObject({ instance: true });
+    } finally {
+      await store.remove('acme', 'recording', undefined, { takeBack: true });
+    }
   });
 
   it("runs a company's lease in an environment its instance is not for on the configured provider of that name (helper-59)", async () => {

@@ -26,6 +26,7 @@ import { LaneNames, LaneRedirect } from './lane-names.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 import { hasAcquiredSandbox, type LeaseRecord } from './lease-records.ts';
 import type { ProviderCapabilities } from '../providers/types.ts';
+import { holdsInstance } from '../providers/instances/store.ts';
 
 /**
  * How long a job waits in BullMQ's delayed set while it is not its lane's turn. The lane,
@@ -97,9 +98,11 @@ const FULL_RETRY_AFTER_MS = 5_000;
  * the same sandbox, or a release with the same parameters. '' for none.
  */
 export function coalescingKey(data: OperationJobData): string {
-  // A stop that asks the work in the sandbox to cancel is not the same request as one that waits for it.
-  if (data.op === 'stop') return `stop:${data.params.providerLeaseId}${data.params.cancelActiveWork ? ':cancel' : ''}`;
-  if (data.op === 'release') return `release:${createHash('sha256').update(JSON.stringify(data.params)).digest('base64url')}`;
+  // A stop that asks the work in the sandbox to cancel is not the same request as one that
+  // waits for it; nor is one for the company's instance the same as one for a configured provider (helper-61).
+  const instance = data.instance ? ':instance' : '';
+  if (data.op === 'stop') return `stop:${data.params.providerLeaseId}${data.params.cancelActiveWork ? ':cancel' : ''}${instance}`;
+  if (data.op === 'release') return `release:${createHash('sha256').update(JSON.stringify(data.params)).digest('base64url')}${instance}`;
   return '';
 }
 
@@ -518,7 +521,10 @@ export class OperationsQueue {
       // replica may have queued its clean-up meanwhile (and that may have ended).
       const current = await this.connection.hget(this.acquiresKey, jobId);
       if (current === null || completedAcquireAt(current) !== null) continue;
-      await this.enqueueAbandon(lease.data, jobId, null);
+      // Its job's data (and whether it was for the company's instance) went with it: decided as
+      // an enqueue would be, a lately deleted instance included (helper-61: the clean-up went to
+      // a configured provider of the name, and the sandbox the acquire made was left).
+      await this.enqueueAbandon(lease.data, jobId, null, await holdsInstance(this.connection, this.settings.LEASE_OPS_PREFIX, lease.data, { orDeleted: true }));
       queued++;
     }
     // Candidates whose entries went (their release came) are not kept for ever.

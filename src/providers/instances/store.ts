@@ -70,6 +70,25 @@ function parseRecord(fields: Record<string, string>): z.infer<typeof RecordSchem
 }
 
 const enc = (part: string) => encodeURIComponent(part);
+const instanceRecordKey = (prefix: string, companyId: string, name: string) => `${prefix}:provider-instance:${enc(companyId)}:${name}`;
+const instanceTombstoneKey = (prefix: string, companyId: string, name: string) => `${prefix}:provider-instance-deleted:${enc(companyId)}:${name}`;
+
+/**
+ * Whether a lease's company holds an instance of the lease's provider name for the lease's
+ * environment (or, `orDeleted`, deleted one within the tombstones' 30 days): what an operation
+ * of that lease runs with when its caller did not say (the API decides the same way, after
+ * what the caller may use). One read, two for a tombstone.
+ */
+export async function holdsInstance(
+  redis: RedisClient,
+  prefix: string,
+  lease: { provider: string; companyId: string; environmentId: string },
+  opts: { orDeleted?: boolean } = {},
+): Promise<boolean> {
+  const [rev, envs] = await redis.hmget(instanceRecordKey(prefix, lease.companyId, lease.provider), 'rev', 'envs');
+  if (rev !== null) return !envs || (safeJson(envs, z.array(z.string()))?.includes(lease.environmentId) ?? false);
+  return opts.orDeleted === true && (await redis.exists(instanceTombstoneKey(prefix, lease.companyId, lease.provider))) === 1;
+}
 
 /**
  * The provider registry in Redis: instances saved at run time, each belonging to a company
@@ -110,7 +129,7 @@ export class ProviderInstanceStore {
     return this.options.keys;
   }
 
-  private recordKey = (companyId: string, name: string) => `${this.prefix}:provider-instance:${enc(companyId)}:${name}`;
+  private recordKey = (companyId: string, name: string) => instanceRecordKey(this.prefix, companyId, name);
   private companyIndex = (companyId: string) => `${this.prefix}:provider-instances:${enc(companyId)}`;
   private get allIndex() {
     return `${this.prefix}:provider-instances`;
@@ -118,7 +137,7 @@ export class ProviderInstanceStore {
   private get kidsKey() {
     return `${this.prefix}:provider-instance-kids`;
   }
-  private tombstoneKey = (companyId: string, name: string) => `${this.prefix}:provider-instance-deleted:${enc(companyId)}:${name}`;
+  private tombstoneKey = (companyId: string, name: string) => instanceTombstoneKey(this.prefix, companyId, name);
   private draftKey = (id: string) => `${this.prefix}:provider-instance-draft:${id}`;
 
   private requireKeys(): MasterKeys {
