@@ -325,6 +325,22 @@ describe('provider instances at run time, over the API', () => {
     await bed.redis.del(`${bed.config.LEASE_OPS_PREFIX}:provider-instance-deleted:acme:recording`);
   });
 
+  it("does not coalesce a stop for the company's instance into a queued one for a configured provider of its name (helper-61: it ran there, with the operator's key)", async () => {
+    await store.create('acme', { name: 'recording', type: 'daytona', config: { apiUrl: fakeUrl, rateLimits: unpaced }, credentials: { apiKey: KEY_A } } as never, 'test');
+    try {
+      expect((await call('POST', '/v1/leases/recording/acme/prod/coalesce-1/pause', ACME)).status).toBe(200);
+      const lease = { provider: 'recording', companyId: 'acme', environmentId: 'prod', leaseId: 'coalesce-1' };
+      const configured = await api.client.enqueue('stop', lease, { providerLeaseId: 'coalesce-1' }, { companyInstance: false });
+      const own = await call('POST', '/v1/leases/recording/acme/prod/coalesce-1/operations', ACME, { op: 'stop', params: { providerLeaseId: 'coalesce-1' } });
+      expect(own.status, own.text).toBe(202);
+      expect(own.body.jobId).not.toBe(configured.jobId);
+      const again = await api.client.enqueue('stop', lease, { providerLeaseId: 'coalesce-1' });
+      expect(again).toMatchObject({ jobId: own.body.jobId, deduplicated: 'coalesced' });
+    } finally {
+      await store.remove('acme', 'recording', undefined, { takeBack: true });
+    }
+  });
+
   it("marks the clean-up of an acquire whose job vanished for the company's instance, as the acquire was (helper-61: a configured provider of the name)", async () => {
     await store.create('acme', { name: 'recording', type: 'daytona', config: { apiUrl: fakeUrl, rateLimits: unpaced }, credentials: { apiKey: KEY_A } } as never, 'test');
     try {
