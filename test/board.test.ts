@@ -150,6 +150,10 @@ describe.skipIf(!haveChromium)('Bull Board in a real browser', () => {
     expect(Math.abs(backoff.delay - (retryAt - (await client.ops.queue.getJob(stop.jobId))!.timestamp))).toBeLessThan(2_000);
     expect(backoff.externalUrl?.href).toBe('/ui/leases/recording/acme/prod/busy');
     expect((await tab('active')).get(running.jobId)?.name).toBe('resume · acme/prod/held · lane head, executing, attempt 1');
+    // A job whose data is not JSON (written into Redis by hand) is listed as unreadable: BullMQ's own listing answered 500.
+    await client.ops.connection.hset(client.ops.queue.toKey('board-unreadable'), { name: 'stop', data: '{not json', opts: '{}', timestamp: String(Date.now()), finishedOn: String(Date.now()), failedReason: 'x' });
+    await client.ops.connection.zadd(client.ops.queue.toKey('failed'), Date.now(), 'board-unreadable');
+    expect((await tab('failed')).get('board-unreadable')?.name).toMatch(/^unreadable job/);
     const failed = (await tab('failed')).get(refused.jobId)!;
     expect(failed.name).toBe('destroy · acme/prod/refused · failed');
     expect(failed.failedReason).toContain('refused destroy');

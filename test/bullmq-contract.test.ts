@@ -142,6 +142,18 @@ describe('BullMQ, as lease-ops relies on it', () => {
     expect({ name: job!.name, data: job!.data, state: await queue.getJobState('same-id') }).toEqual({ name: 'first', data: { n: 1 }, state: 'delayed' });
   });
 
+  it("fails a whole listing on one job whose data is not JSON (SyntaxError), and names the states as getRanges takes them with sanitizeJobTypes: the board's adapter reads job by job then", async () => {
+    const { queue, key } = await fresh('unreadable');
+    await queue.add('fine', { n: 1 }, { jobId: 'fine' });
+    await redis.hset(key('broken'), { name: 'stop', data: '{not json', opts: '{}', timestamp: String(Date.now()) });
+    await redis.lpush(key('wait'), 'broken');
+    await expect(queue.getJobs(['waiting'])).rejects.toBeInstanceOf(SyntaxError);
+    const sanitize = (queue as unknown as { sanitizeJobTypes(types: unknown): string[] }).sanitizeJobTypes;
+    expect(typeof sanitize).toBe('function');
+    const types = sanitize.call(queue, ['waiting']);
+    expect(await queue.getRanges(types as never, 0, -1, false)).toEqual(['broken', 'fine']);
+  });
+
   it('runs a delayed job at once when it is moved to the wait list as promote does it (wait, marker, event, delay 0)', async () => {
     const { queue, key, startWorker } = await fresh('hand-off');
     const ran = gate<string>();

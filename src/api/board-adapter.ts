@@ -1,5 +1,5 @@
 import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
-import type { Job } from 'bullmq';
+import { Job, type JobType } from 'bullmq';
 import { laneIdOfJobId } from '../lease.ts';
 import { codeOf, failedBeforeItRan } from '../queues/inspect.ts';
 import { parsePause } from '../queues/lane.ts';
@@ -77,16 +77,41 @@ export class LeaseOpsBoardAdapter extends BullMQAdapter {
     });
   }
 
+  /**
+   * BullMQ's own listing fails the whole page (a 500) on one job whose data it cannot parse
+   * (written into Redis by hand, or by something else than lease-ops): read job by job, and
+   * list such a job by its id, as unreadable.
+   */
   override async getJobs(...args: Parameters<BullMQAdapter['getJobs']>): ReturnType<BullMQAdapter['getJobs']> {
-    const jobs = await super.getJobs(...args);
-    await this.tell(jobs as unknown as Job[]);
-    return jobs;
+    let jobs: Job[];
+    try {
+      jobs = (await super.getJobs(...args)) as unknown as Job[];
+    } catch (err) {
+      if (!(err instanceof SyntaxError)) throw err;
+      const [statuses, start, end] = args;
+      // sanitizeJobTypes is BullMQ's (protected in its typings; pinned by test/bullmq-contract.test.ts).
+      const queue = this.ops.queue as unknown as { sanitizeJobTypes(types: unknown): JobType[]; getRanges(types: JobType[], start?: number, end?: number, asc?: boolean): Promise<string[]> };
+      // The ids as BullMQ's getJobs lists them (its own names of the states, newest first).
+      const ids = await queue.getRanges(queue.sanitizeJobTypes(statuses), start, end, false);
+      jobs = (await Promise.all(ids.map((id) => this.readJob(id)))).filter((job): job is Job => job !== null);
+    }
+    await this.tell(jobs);
+    return jobs as unknown as Awaited<ReturnType<BullMQAdapter['getJobs']>>;
   }
 
   override async getJob(...args: Parameters<BullMQAdapter['getJob']>): ReturnType<BullMQAdapter['getJob']> {
-    const job = await super.getJob(...args);
-    if (job) await this.tell([job as unknown as Job]);
-    return job;
+    const job = await this.readJob(args[0]);
+    if (job) await this.tell([job]);
+    return job as unknown as Awaited<ReturnType<BullMQAdapter['getJob']>>;
+  }
+
+  private async readJob(id: string): Promise<Job | null> {
+    try {
+      return (await Job.fromId(this.ops.queue, id)) ?? null;
+    } catch (err) {
+      if (!(err instanceof SyntaxError)) throw err;
+      return new Job(this.ops.queue, 'unreadable job (its data is not JSON)', {}, {}, id);
+    }
   }
 
   /** Gives each job a toJSON that says where it stands (the board formats jobs from toJSON). */
