@@ -22,7 +22,7 @@ import { ProviderInstances } from './providers/instances/manager.ts';
 import { checkMasterKeys } from './providers/instances/resolver.ts';
 import { parseAllowedApiUrls } from './providers/instances/schemas.ts';
 import { loadMasterKeys, type MasterKeys } from './providers/instances/sealing.ts';
-import { holdsInstance, ProviderInstanceStore } from './providers/instances/store.ts';
+import { ProviderInstanceStore } from './providers/instances/store.ts';
 import { BUILT_IN_PROVIDER_NAMES } from './providers/registry.ts';
 import { createRedis, isRedisUnavailable, reportRedisError, type RedisClient } from './queues/redis.ts';
 import { maskUrl, withoutInfrastructure } from './secrets.ts';
@@ -215,7 +215,7 @@ export class LeaseOpsClient {
   private async holdsInstance(lease: LeaseIdentity): Promise<boolean> {
     if ((BUILT_IN_PROVIDER_NAMES as readonly string[]).includes(lease.provider)) return false;
     const parsed = LeaseIdentitySchema.safeParse(lease);
-    return parsed.success && holdsInstance(this.connection, this.settings.LEASE_OPS_PREFIX, parsed.data);
+    return parsed.success && this.instances.store.holds(parsed.data);
   }
 
   /** Accepts an operation for a lease and returns its job id at once. */

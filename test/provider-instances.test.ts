@@ -230,13 +230,21 @@ describe('provider instances at run time, over the API', () => {
     const providersKey = `${bed.config.LEASE_OPS_PREFIX}:providers`;
     const deploymentKey = `${bed.config.LEASE_OPS_PREFIX}:deployment`;
     const [announced, deployment] = await Promise.all([bed.redis.hgetall(providersKey), bed.redis.hgetall(deploymentKey)]);
-    await bed.redis.del(providersKey, deploymentKey);
+    /** `ask` with the announcements gone: asked again if the worker's sweep (every 300 ms here) said them again meanwhile. */
+    const unannounced = async (ask: () => Promise<Awaited<ReturnType<typeof call>>>, undo: () => Promise<void>) => {
+      for (let tries = 0; ; tries++) {
+        await bed.redis.del(providersKey, deploymentKey);
+        const answer = await ask();
+        if ((await bed.redis.exists(providersKey, deploymentKey)) === 0 || tries >= 20) return answer;
+        await undo();
+      }
+    };
     try {
-      const unannounced = await enqueue(ACME, 'daytona', 'acme', 'prod', 'r-2', { op: 'stop', params: { providerLeaseId: 'r-2' } });
-      expect([unannounced.status, unannounced.body.error?.code]).toEqual([422, 'unknown_provider']);
+      const tenantStop = await unannounced(() => enqueue(ACME, 'daytona', 'acme', 'prod', 'r-2', { op: 'stop', params: { providerLeaseId: 'r-2' } }), async () => undefined);
+      expect([tenantStop.status, tenantStop.body.error?.code]).toEqual([422, 'unknown_provider']);
       // Nor is an instance saved then: its name cannot be checked against the workers' providers
       // (helper-58: named like an admin-only one, its company's leases ran on the operator's key).
-      const saved = await call('POST', '/v1/providers?probe=false', ACME, daytona('acme-window', KEY_A));
+      const saved = await unannounced(() => call('POST', '/v1/providers?probe=false', ACME, daytona('acme-window', KEY_A)), () => store.remove('acme', 'acme-window', undefined, { takeBack: true }).catch(() => undefined));
       expect([saved.status, saved.body.error?.code]).toEqual([503, 'providers_unannounced']);
     } finally {
       await bed.redis.hset(providersKey, announced);
@@ -285,6 +293,16 @@ describe('provider instances at run time, over the API', () => {
       // The company's probe of its instance asks its service with its key, not the configured provider.
       const probed = await call('GET', '/v1/providers/recording?probe=true', ACME);
       expect(probed.body, probed.text).toMatchObject({ source: 'instance', probe: { ok: true, code: 'ok' } });
+      // So where the configured provider is shared too (helper-62: the operator's provider, with the operator's key).
+      const sharedApi = await startTestApi(Object.assign(Object.create(bed) as TestBed, { config: { ...bed.config, LEASE_OPS_SHARED_PROVIDERS: '*' } }), undefined, { masterKeys: keys });
+      try {
+        const res = await fetch(`${sharedApi.base}/v1/providers/recording?probe=true`, { headers: { authorization: `Bearer ${ACME}` } });
+        expect(await res.json()).toMatchObject({ source: 'instance', probe: { ok: true, code: 'ok' } });
+        const other = await fetch(`${sharedApi.base}/v1/providers/recording?probe=true`, { headers: { authorization: `Bearer ${GLOBEX}` } });
+        expect(await other.json()).toMatchObject({ name: 'recording', probe: { code: 'nothing_to_check' } });
+      } finally {
+        await sharedApi.close();
+      }
     } finally {
       await store.remove('acme', 'recording', undefined, { takeBack: true });
     }
@@ -336,6 +354,13 @@ describe('provider instances at run time, over the API', () => {
       expect(own.body.jobId).not.toBe(configured.jobId);
       const again = await api.client.enqueue('stop', lease, { providerLeaseId: 'coalesce-1' });
       expect(again).toMatchObject({ jobId: own.body.jobId, deduplicated: 'coalesced' });
+      // A force-stop absorbs the queued stop decided as it is, not the other (helper-62: it absorbed none for an instance).
+      const forcedConfigured = await api.client.enqueue('force-stop', lease, { providerLeaseId: 'coalesce-1' }, { companyInstance: false });
+      expect(forcedConfigured).toMatchObject({ jobId: configured.jobId, deduplicated: 'absorbed-stop' });
+      const forced = await call('POST', '/v1/leases/recording/acme/prod/coalesce-1/operations', ACME, { op: 'force-stop', params: { providerLeaseId: 'coalesce-1' } });
+      expect(forced.body, forced.text).toMatchObject({ jobId: own.body.jobId, deduplicated: 'absorbed-stop' });
+      expect((await bed.ops.queue.getJob(configured.jobId))!.data.instance).toBeUndefined();
+      expect((await bed.ops.queue.getJob(own.body.jobId))!.data.instance).toBe(true);
     } finally {
       await store.remove('acme', 'recording', undefined, { takeBack: true });
     }

@@ -625,7 +625,8 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const principal = res.locals.principal as Principal;
     const companyInstance = await providerUsable(lease, principal, idempotencyKey);
     const enqueued = await client.enqueue(body.op, lease, body.params, {
-      ...(companyInstance ? { companyInstance } : {}),
+      // Decided here, once: the client does not decide again (helper-62).
+      companyInstance,
       ...(body.deadlineMs === undefined ? {} : { deadlineMs: body.deadlineMs }),
       // Keys are scoped to the lease's company and environment (the queue does it), which
       // a caller can only name if its token sees them.
@@ -832,7 +833,10 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const { name } = parse(ProviderPathSchema, req.params, 'path');
     const { probe, companyId: requested } = parse(ProbeQuerySchema, req.query, 'query');
     const configured = (await client.providers()).find((p) => p.name === name);
-    if (configured && mayUseConfigured(principal, name) && (requested === undefined || !principal.admin)) {
+    // A company's own instance of the name comes first for its token, as its operations' does
+    // (helper-62: its probe asked the operator's provider, with the operator's key).
+    const own = configured && !principal.admin && principal.companyId ? await client.instances.get(principal.companyId, name) : null;
+    if (configured && mayUseConfigured(principal, name) && (requested === undefined || !principal.admin) && !(own && seesInstance(principal, own))) {
       res.json(probe === 'true' ? { ...configured, probe: await client.probeProvider(name) } : configured);
       return;
     }

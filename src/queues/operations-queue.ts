@@ -26,7 +26,6 @@ import { LaneNames, LaneRedirect } from './lane-names.ts';
 import { luaCommand, type LuaCommand } from './lua-scripts.ts';
 import { hasAcquiredSandbox, type LeaseRecord } from './lease-records.ts';
 import type { ProviderCapabilities } from '../providers/types.ts';
-import { holdsInstance } from '../providers/instances/store.ts';
 
 /**
  * How long a job waits in BullMQ's delayed set while it is not its lane's turn. The lane,
@@ -98,12 +97,18 @@ const FULL_RETRY_AFTER_MS = 5_000;
  * the same sandbox, or a release with the same parameters. '' for none.
  */
 export function coalescingKey(data: OperationJobData): string {
-  // A stop that asks the work in the sandbox to cancel is not the same request as one that
-  // waits for it; nor is one for the company's instance the same as one for a configured provider (helper-61).
-  const instance = data.instance ? ':instance' : '';
-  if (data.op === 'stop') return `stop:${data.params.providerLeaseId}${data.params.cancelActiveWork ? ':cancel' : ''}${instance}`;
-  if (data.op === 'release') return `release:${createHash('sha256').update(JSON.stringify(data.params)).digest('base64url')}${instance}`;
+  if (data.op === 'stop') return stopKey(data.params.providerLeaseId, data.params.cancelActiveWork === true, data.instance === true);
+  if (data.op === 'release') return `release:${createHash('sha256').update(JSON.stringify(data.params)).digest('base64url')}${data.instance ? ':instance' : ''}`;
   return '';
+}
+
+/**
+ * A queued stop's coalescing key. A stop that asks the work in the sandbox to cancel is not the
+ * same request as one that waits for it; nor is one for the company's instance the same as one
+ * for a configured provider (helper-61), for a stop joining it or a force-stop absorbing it (helper-62).
+ */
+function stopKey(providerLeaseId: string, cancelActiveWork: boolean, companyInstance: boolean): string {
+  return `stop:${providerLeaseId}${cancelActiveWork ? ':cancel' : ''}${companyInstance ? ':instance' : ''}`;
 }
 
 export type QueueSettings = Pick<
@@ -288,7 +293,7 @@ export class OperationsQueue {
       // A force-stop absorbs a stop of the same sandbox that has not started yet (a
       // conditional one, which may force nothing, must not stand in for a stop).
       // The key is marked accepted, naming the stop's job, in the same step.
-      const upgraded = await this.lanes.upgradeQueuedStop(laneId, `stop:${data.params.providerLeaseId}`, data, idem);
+      const upgraded = await this.lanes.upgradeQueuedStop(laneId, stopKey(data.params.providerLeaseId, false, data.instance === true), data, idem);
       if (upgraded) {
         return { jobId: upgraded, laneId, deduplicated: 'absorbed-stop', joinedHere: false };
       }
@@ -487,7 +492,7 @@ export class OperationsQueue {
    * that records its end (lane-release.lua), before BullMQ completes (and perhaps removes)
    * its job, but this call's listing of entries can be older than its look at a job's state.
    */
-  async reconcileAcquires(count = 200, graceMs = 1_000): Promise<number> {
+  async reconcileAcquires(count = 200, graceMs = 1_000, holdsInstance: (lease: LeaseIdentity) => Promise<boolean> = async () => false): Promise<number> {
     const [next, flat] = await this.connection.hscan(this.acquiresKey, this.acquiresCursor, 'COUNT', count);
     this.acquiresCursor = next;
     const now = Date.now();
@@ -522,9 +527,10 @@ export class OperationsQueue {
       const current = await this.connection.hget(this.acquiresKey, jobId);
       if (current === null || completedAcquireAt(current) !== null) continue;
       // Its job's data (and whether it was for the company's instance) went with it: decided as
-      // an enqueue would be, a lately deleted instance included (helper-61: the clean-up went to
-      // a configured provider of the name, and the sandbox the acquire made was left).
-      await this.enqueueAbandon(lease.data, jobId, null, await holdsInstance(this.connection, this.settings.LEASE_OPS_PREFIX, lease.data, { orDeleted: true }));
+      // an enqueue would be, a lately deleted instance included (`holdsInstance`, the worker's
+      // registry: instances live under the deployment's prefix, not a partition's; helper-61,
+      // helper-62: the clean-up went to a configured provider of the name, its sandbox was left).
+      await this.enqueueAbandon(lease.data, jobId, null, await holdsInstance(lease.data));
       queued++;
     }
     // Candidates whose entries went (their release came) are not kept for ever.

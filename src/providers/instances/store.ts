@@ -313,6 +313,11 @@ export class ProviderInstanceStore {
     return { companyId: record.companyId, name: record.name, type: record.type, config, environmentIds: envs, sealed, fingerprint: record.fingerprint, rev: record.rev };
   }
 
+  /** Whether a lease's company holds (or, `orDeleted`, lately deleted) an instance of its provider name for its environment (holdsInstance). */
+  holds(lease: { provider: string; companyId: string; environmentId: string }, opts: { orDeleted?: boolean } = {}): Promise<boolean> {
+    return holdsInstance(this.redis, this.prefix, lease, opts);
+  }
+
   /** An instance's revision (what a worker compares with the provider it built), or null. */
   async rev(companyId: string, name: string): Promise<number | null> {
     const rev = await this.redis.hget(this.recordKey(companyId, name), 'rev');
