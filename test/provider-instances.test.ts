@@ -374,11 +374,22 @@ describe('provider instances at run time, over the API', () => {
       expect(queued.status, queued.text).toBe(202);
       // Removed as an operator would in Bull Board: the sweep finds it gone and queues its clean-up.
       await bed.ops.queue.remove(queued.body.jobId);
-      await readUntil(async () => (await bed.ops.queue.getJobs(['delayed', 'waiting', 'active', 'completed', 'failed'])).some((j) => j.name === 'abandon-acquire' && j.data.params.acquireJobId === queued.body.jobId), 10_000, 'the clean-up queued');
-      const cleanUp = (await bed.ops.queue.getJobs(['delayed', 'waiting', 'active', 'completed', 'failed'])).find((j) => j.name === 'abandon-acquire' && j.data.params.acquireJobId === queued.body.jobId)!;
-      expect(cleanUp.data).toMatchObject({ instance: true });
+      const cleanUpOf = async (jobId: string) => {
+        await readUntil(async () => (await bed.ops.queue.getJobs(['delayed', 'waiting', 'active', 'completed', 'failed'])).some((j) => j.name === 'abandon-acquire' && j.data.params.acquireJobId === jobId), 10_000, 'the clean-up queued');
+        return (await bed.ops.queue.getJobs(['delayed', 'waiting', 'active', 'completed', 'failed'])).find((j) => j.name === 'abandon-acquire' && j.data.params.acquireJobId === jobId)!;
+      };
+      expect((await cleanUpOf(queued.body.jobId)).data).toMatchObject({ instance: true });
+      // Once the instance is deleted, an admin's acquire runs on the configured provider, and so
+      // does its clean-up (helper-63: marked for the deleted instance, it failed provider_deleted).
+      await store.remove('acme', 'recording');
+      expect((await call('POST', '/v1/leases/recording/acme/prod/vanish-2/pause', ADMIN)).status).toBe(200);
+      const configured = await call('POST', '/v1/leases/recording/acme/prod/vanish-2/operations', ADMIN, { op: 'acquire', params: { runId: 'vanish-2' } });
+      expect(configured.status, configured.text).toBe(202);
+      await bed.ops.queue.remove(configured.body.jobId);
+      expect((await cleanUpOf(configured.body.jobId)).data.instance).toBeUndefined();
     } finally {
-      await store.remove('acme', 'recording', undefined, { takeBack: true });
+      await store.remove('acme', 'recording', undefined, { takeBack: true }).catch(() => undefined);
+      await bed.redis.del(`${bed.config.LEASE_OPS_PREFIX}:provider-instance-deleted:acme:recording`);
     }
   });
 

@@ -527,9 +527,11 @@ export class OperationsQueue {
       const current = await this.connection.hget(this.acquiresKey, jobId);
       if (current === null || completedAcquireAt(current) !== null) continue;
       // Its job's data (and whether it was for the company's instance) went with it: decided as
-      // an enqueue would be, a lately deleted instance included (`holdsInstance`, the worker's
-      // registry: instances live under the deployment's prefix, not a partition's; helper-61,
-      // helper-62: the clean-up went to a configured provider of the name, its sandbox was left).
+      // an enqueue would be now (`holdsInstance`, the worker's registry: instances live under the
+      // deployment's prefix, not a partition's; helper-61, helper-62: the clean-up went to a
+      // configured provider of the name, its sandbox was left). An instance deleted since counts
+      // as none (helper-63: an acquire accepted for the configured provider after the deletion
+      // had its clean-up failed provider_deleted); one accepted for it has nothing to clean with.
       await this.enqueueAbandon(lease.data, jobId, null, await holdsInstance(lease.data));
       queued++;
     }

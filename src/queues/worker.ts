@@ -329,7 +329,7 @@ export class LeaseWorker {
             const report = await sweepLanes(this.ops, settings.LEASE_OPS_SWEEP_STALE_MS, this.log);
             if (report.dropped || report.handedOff) this.log.info(report, 'lane sweep repaired lanes');
             const instances = this.providers.instances;
-            const abandoned = await this.ops.reconcileAcquires(undefined, undefined, async (lease) => instances !== null && (await instances.store.holds(lease, { orDeleted: true })));
+            const abandoned = await this.ops.reconcileAcquires(undefined, undefined, async (lease) => instances !== null && (await instances.store.holds(lease)));
             if (abandoned) this.log.warn({ abandoned }, 'acquires whose jobs vanished before they ended: their clean-up is queued');
             const deadlineEntriesForgotten = await this.ops.lanes.tidyDeadlines(this.ops.bytes.heldKey);
             return { ...report, abandoned, deadlineEntriesForgotten };

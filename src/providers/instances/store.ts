@@ -75,19 +75,12 @@ const instanceTombstoneKey = (prefix: string, companyId: string, name: string) =
 
 /**
  * Whether a lease's company holds an instance of the lease's provider name for the lease's
- * environment (or, `orDeleted`, deleted one within the tombstones' 30 days): what an operation
- * of that lease runs with when its caller did not say (the API decides the same way, after
- * what the caller may use). One read, two for a tombstone.
+ * environment: what an operation of that lease runs with when its caller did not say (the API
+ * decides the same way, after what the caller may use). One read.
  */
-export async function holdsInstance(
-  redis: RedisClient,
-  prefix: string,
-  lease: { provider: string; companyId: string; environmentId: string },
-  opts: { orDeleted?: boolean } = {},
-): Promise<boolean> {
+async function holdsInstance(redis: RedisClient, prefix: string, lease: { provider: string; companyId: string; environmentId: string }): Promise<boolean> {
   const [rev, envs] = await redis.hmget(instanceRecordKey(prefix, lease.companyId, lease.provider), 'rev', 'envs');
-  if (rev !== null) return !envs || (safeJson(envs, z.array(z.string()))?.includes(lease.environmentId) ?? false);
-  return opts.orDeleted === true && (await redis.exists(instanceTombstoneKey(prefix, lease.companyId, lease.provider))) === 1;
+  return rev !== null && (!envs || (safeJson(envs, z.array(z.string()))?.includes(lease.environmentId) ?? false));
 }
 
 /**
@@ -313,9 +306,9 @@ export class ProviderInstanceStore {
     return { companyId: record.companyId, name: record.name, type: record.type, config, environmentIds: envs, sealed, fingerprint: record.fingerprint, rev: record.rev };
   }
 
-  /** Whether a lease's company holds (or, `orDeleted`, lately deleted) an instance of its provider name for its environment (holdsInstance). */
-  holds(lease: { provider: string; companyId: string; environmentId: string }, opts: { orDeleted?: boolean } = {}): Promise<boolean> {
-    return holdsInstance(this.redis, this.prefix, lease, opts);
+  /** Whether a lease's company holds an instance of its provider name for its environment (holdsInstance). */
+  holds(lease: { provider: string; companyId: string; environmentId: string }): Promise<boolean> {
+    return holdsInstance(this.redis, this.prefix, lease);
   }
 
   /** An instance's revision (what a worker compares with the provider it built), or null. */
