@@ -7,6 +7,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ConfigError } from '../src/config.ts';
 import { DaytonaFake } from '../src/fakes/daytona-fake.ts';
 import { laneIdOf } from '../src/lease.ts';
+import { clientBackend } from '../src/paperclip/backend.ts';
+import { leaseOpsDriverHooks } from '../src/paperclip/driver.ts';
 import { ProviderInstances } from '../src/providers/instances/manager.ts';
 import { leaseRecordKey } from '../src/queues/lease-records.ts';
 import { InstanceProviders } from '../src/providers/instances/resolver.ts';
@@ -361,6 +363,31 @@ describe('provider instances at run time, over the API', () => {
       expect(forced.body, forced.text).toMatchObject({ jobId: own.body.jobId, deduplicated: 'absorbed-stop' });
       expect((await bed.ops.queue.getJob(configured.jobId))!.data.instance).toBeUndefined();
       expect((await bed.ops.queue.getJob(own.body.jobId))!.data.instance).toBe(true);
+    } finally {
+      await store.remove('acme', 'recording', undefined, { takeBack: true });
+    }
+  });
+
+  it("runs nothing of a company with an unreadable instance named like a configured provider on that provider, and an in-process paperclip host's probe asks the company's own instance (helper-64)", async () => {
+    await store.create('acme', { name: 'recording', type: 'daytona', config: { apiUrl: fakeUrl, rateLimits: unpaced }, credentials: { apiKey: KEY_A } } as never, 'test');
+    try {
+      // The in-process plugin (the host runs lease-ops' client itself): its probe hook for acme's environment.
+      const hooks = leaseOpsDriverHooks(() => clientBackend(api.client));
+      const probed = await hooks.onProbe({ driverKey: 'lease-ops', companyId: 'acme', environmentId: 'prod', config: { provider: 'recording' } });
+      expect(probed, JSON.stringify(probed)).toMatchObject({ ok: true, diagnostics: [{ code: 'ok' }] });
+      const other = await hooks.onProbe({ driverKey: 'lease-ops', companyId: 'globex', environmentId: 'prod', config: { provider: 'recording' } });
+      expect(other.diagnostics).toMatchObject([{ code: 'nothing_to_check' }]);
+      // A record altered in Redis: held all the same (as the library decides), so its operations
+      // go to the instance (a worker that built it keeps it for its revision; one that did not
+      // fails them provider_credentials_unreadable), none to the operator's provider.
+      await bed.redis.hdel(`${bed.config.LEASE_OPS_PREFIX}:provider-instance:acme:recording`, 'by');
+      const recorded = recording.calls.length;
+      const usedA = fake.requestsByKey.get(KEY_A) ?? 0;
+      const stopped = await enqueue(ACME, 'recording', 'acme', 'prod', 'altered-1', { op: 'stop', params: { providerLeaseId: 'altered-1' } });
+      expect(stopped.body.state, stopped.text).toMatch(/^(completed|failed)$/);
+      if (stopped.body.state === 'failed') expect(stopped.body.error.code).toBe('provider_credentials_unreadable');
+      else expect(fake.requestsByKey.get(KEY_A)).toBeGreaterThan(usedA);
+      expect(recording.calls.length).toBe(recorded);
     } finally {
       await store.remove('acme', 'recording', undefined, { takeBack: true });
     }

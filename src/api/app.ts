@@ -586,8 +586,9 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const configuredUsable = providers.includes(lease.provider);
     // A built-in name is never an instance's (refused when saved): no read.
     if (configuredUsable && (BUILT_IN_PROVIDER_NAMES as readonly string[]).includes(lease.provider)) return false;
-    const instance = await client.instances.get(lease.companyId, lease.provider);
-    if (instance !== null && (instance.environmentIds === null || instance.environmentIds.includes(lease.environmentId))) return true;
+    // The library's own rule, by the same read (helper-64: an unreadable record was "none" here and
+    // "held" there; it is held, and its operations fail provider_credentials_unreadable).
+    if (await client.instances.store.holds(lease)) return true;
     if (configuredUsable) return false;
     // An admin-only name is its company's instance or nothing, a repeated request's too.
     const adminOnly = announced.includes(lease.provider) && !mayUseConfigured(principal, lease.provider);

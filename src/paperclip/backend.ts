@@ -7,6 +7,7 @@ import type { AnnouncedProvider } from '../queues/operations-queue.ts';
 import type { ProviderProbe } from '../queues/provider-probes.ts';
 import type { ExecRequestInput } from '../queues/exec-jobs.ts';
 import type { ExecResult } from '../providers/types.ts';
+import { instanceCapabilities } from '../providers/instances/resolver.ts';
 
 /**
  * A hook's failure, with lease-ops' stable code (`lease_environment_mismatch`,
@@ -56,7 +57,12 @@ export interface LeaseOpsBackend {
    */
   cancel(jobId: string, deadline: number): Promise<'cancelled' | 'ended' | 'unknown'>;
   /** A provider and what it can do, with a probe of its credentials if asked; null if none is served by that name. */
-  provider(name: string, probe: boolean, deadline: number): Promise<(AnnouncedProvider & { probe?: ProviderProbe }) | null>;
+  /**
+   * The provider a config names, probed if asked. `scope`: the company and environment asking
+   * (a probe hook), whose own instance of the name comes first, as for its operations (over
+   * HTTP the token's company decides).
+   */
+  provider(name: string, probe: boolean, deadline: number, scope?: { companyId: string; environmentId: string }): Promise<(AnnouncedProvider & { probe?: ProviderProbe }) | null>;
   /**
    * Runs a command in the lease's sandbox, bracketed by an activity: how it ended. Asked once
    * (never again after no answer: it may have run); lease_closing while a stop, release or
@@ -97,7 +103,13 @@ export function clientBackend(client: LeaseOpsClient): LeaseOpsBackend {
     exec(lease, request) {
       return client.exec(lease, request).catch(hookError);
     },
-    async provider(name, probe) {
+    async provider(name, probe, _deadline, scope) {
+      // The company's own instance first (helper-64: in-process, its probe asked the operator's provider).
+      const own = scope ? await client.instances.get(scope.companyId, name).catch(hookError) : null;
+      if (scope && own && (own.environmentIds === null || own.environmentIds.includes(scope.environmentId))) {
+        const view: AnnouncedProvider = { name, lastSeenAt: Date.parse(own.updatedAt), capabilities: instanceCapabilities(own.type) };
+        return probe ? { ...view, probe: await client.instances.probe(scope.companyId, name, scope.environmentId, own.rev).catch(hookError) } : view;
+      }
       const found = (await client.providers().catch(hookError)).find((p) => p.name === name);
       if (!found) return null;
       return probe ? { ...found, probe: await client.probeProvider(name).catch(hookError) } : found;

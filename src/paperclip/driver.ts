@@ -210,7 +210,7 @@ export function leaseOpsDriverHooks(backendFor: (config: LeaseOpsDriverConfig) =
         return { ok: false, summary: (err as Error).message, diagnostics: [{ severity: 'error', code: 'invalid_config', message: (err as Error).message }] };
       }
       try {
-        const provider = await backendFor(config).provider(config.provider, true, Date.now() + Math.min(config.hookTimeoutMs, 30_000));
+        const provider = await backendFor(config).provider(config.provider, true, Date.now() + Math.min(config.hookTimeoutMs, 30_000), { companyId: params.companyId, environmentId: params.environmentId });
         if (!provider) return { ok: false, summary: `lease-ops serves no provider "${config.provider}"`, diagnostics: [{ severity: 'error', code: 'unknown_provider', message: `lease-ops serves no provider "${config.provider}"` }] };
         const probe = provider.probe;
         const ok = probe?.ok ?? false;
