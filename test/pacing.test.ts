@@ -66,10 +66,14 @@ describe('pacing shared by every worker replica', () => {
     // The clients think they may send 10 a second; the cloud allows 5 per 3 s and says so.
     const { bed, fake } = await threeWorkers({ limit: 5, windowMs: 3_000 }, { CREATEOS_REQUESTS_PER_MINUTE: '600', CREATEOS_BURST: '1' });
     const jobs = await acquireMany(bed, 8);
-    const ended = await bed.waitForAll(jobs.map((j) => j.jobId), 45_000);
-    expect([...ended.values()].every((s) => s === 'completed')).toBe(true);
+    await readUntil(async () => fake.calls.some((c) => c.status === 429), 20_000, 'the first 429');
     const first = fake.calls.find((c) => c.status === 429)!;
-    expect(first).toBeDefined();
+    // Acquires that met no 429 themselves, accepted 1 s into the hold: only the hold every
+    // replica shares keeps them back (those that met one back off by its Retry-After anyway).
+    await new Promise((r) => setTimeout(r, Math.max(0, Number((first.end + 1_000_000_000n - process.hrtime.bigint()) / 1_000_000n))));
+    const wave = await Promise.all(Array.from({ length: 4 }, (_, i) => bed.ops.enqueue({ op: 'acquire', lease: { provider: 'createos', companyId: 'co', environmentId: 'env', leaseId: `q-${i}` }, params: { runId: `q-${i}` } })));
+    const ended = await bed.waitForAll([...jobs, ...wave].map((j) => j.jobId), 45_000);
+    expect([...ended.values()].every((s) => s === 'completed')).toBe(true);
     const answeredAt = Number(first.end / 1_000_000n);
     const retryAfterMs = 3_000; // the fake's window; its Retry-After is what is left of it, rounded up
     // Seen from 1 s after the 429 to 0.5 s before the hold ends: a request already on its way
