@@ -206,13 +206,13 @@ export class LeaseOpsClient {
   }
 
   /**
-   * Whether an operation of `lease` runs with its company's provider instance when its caller
-   * did not say (EnqueueOptions.companyInstance): the company's instance of the name for the
-   * lease's environment first, as the API decides (helper-61: the CLI's and an in-process
-   * paperclip host's operations ran with a configured provider of the name, the operator's key).
-   * A built-in name is never an instance's: no read.
+   * Whether the lease's company holds an instance of the lease's provider name for its
+   * environment: what an operation of `lease` runs with when its caller did not say
+   * (EnqueueOptions.companyInstance), and what the API decides by (helper-61: the CLI's and an
+   * in-process paperclip host's operations ran with a configured provider of the name, the
+   * operator's key). A built-in name is never an instance's: no read.
    */
-  private async holdsInstance(lease: LeaseIdentity): Promise<boolean> {
+  async holdsInstance(lease: LeaseIdentity): Promise<boolean> {
     if ((BUILT_IN_PROVIDER_NAMES as readonly string[]).includes(lease.provider)) return false;
     const parsed = LeaseIdentitySchema.safeParse(lease);
     return parsed.success && this.instances.store.holds(parsed.data);
@@ -853,7 +853,6 @@ async function untilFinishedOrRemoved(job: Job, jobId: string, events: QueueEven
 }
 
 /** What `promise` gives, or null when `ms` pass (or `signal` aborts) first. */
-
 async function settledWithin<T>(promise: Promise<T>, ms: number, signal: AbortSignal): Promise<T | null> {
   let timer: NodeJS.Timeout | undefined;
   let onAbort: (() => void) | undefined;

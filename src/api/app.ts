@@ -16,7 +16,6 @@ import express, { type ErrorRequestHandler, type NextFunction, type Request, typ
 import { z } from 'zod';
 import type { ClientPartition, LeaseOpsClient } from '../client.ts';
 import type { OperationView } from '../queues/inspect.ts';
-import { BUILT_IN_PROVIDER_NAMES } from '../providers/registry.ts';
 import { LayoutError } from '../queues/layout.ts';
 import type { Config } from '../config.ts';
 import {
@@ -584,11 +583,9 @@ export function createApiApp(deps: ApiDeps): express.Express {
     const announced = await ops.announcedProviders(lease.provider);
     const providers = announced.filter((name) => mayUseConfigured(principal, name));
     const configuredUsable = providers.includes(lease.provider);
-    // A built-in name is never an instance's (refused when saved): no read.
-    if (configuredUsable && (BUILT_IN_PROVIDER_NAMES as readonly string[]).includes(lease.provider)) return false;
     // The library's own rule, by the same read (helper-64: an unreadable record was "none" here and
     // "held" there; it is held, and its operations fail provider_credentials_unreadable).
-    if (await client.instances.store.holds(lease)) return true;
+    if (await client.holdsInstance(lease)) return true;
     if (configuredUsable) return false;
     // An admin-only name is its company's instance or nothing, a repeated request's too.
     const adminOnly = announced.includes(lease.provider) && !mayUseConfigured(principal, lease.provider);

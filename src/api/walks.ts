@@ -298,15 +298,15 @@ const heavyKey = (pending: Pending) => `${pending.companyId ?? ''}\n${pending.re
 /** A walk that could not run (its thread died, the API closes, its caller left): 503, try again. */
 const walkUnavailable = (why: string) => new HttpError(503, 'walk_unavailable', `the walk did not run: ${why}; retry`, { retryAfterS: 1 });
 
-/**
- * The thread's error as the API's handler knows it: Redis down stays a 503, a partition count
- * that differs from the deployment's stays a LayoutError (503, detail in the log).
- */
 /** The line a walk waits in for its turn: its company's, or the admin's (companyId null). */
 function lineOf(pending: Pending): string {
   return pending.companyId === null ? '' : `company:${pending.companyId}`;
 }
 
+/**
+ * The thread's error as the API's handler knows it: Redis down stays a 503, a partition count
+ * that differs from the deployment's stays a LayoutError (503, detail in the log).
+ */
 function rebuiltError(error: Extract<WalkReply, { error: unknown }>['error']): Error {
   if (error.name === 'RedisUnavailableError') return new RedisUnavailableError(error.url ?? '', error.timeoutMs ?? 0, undefined, error.credentialsRefused ?? false);
   if (error.layout && error.code) return new LayoutError(error.code, error.message);

@@ -71,7 +71,6 @@ function parseRecord(fields: Record<string, string>): z.infer<typeof RecordSchem
 
 const enc = (part: string) => encodeURIComponent(part);
 const instanceRecordKey = (prefix: string, companyId: string, name: string) => `${prefix}:provider-instance:${enc(companyId)}:${name}`;
-const instanceTombstoneKey = (prefix: string, companyId: string, name: string) => `${prefix}:provider-instance-deleted:${enc(companyId)}:${name}`;
 
 /**
  * Whether a lease's company holds an instance of the lease's provider name for the lease's
@@ -130,7 +129,7 @@ export class ProviderInstanceStore {
   private get kidsKey() {
     return `${this.prefix}:provider-instance-kids`;
   }
-  private tombstoneKey = (companyId: string, name: string) => instanceTombstoneKey(this.prefix, companyId, name);
+  private tombstoneKey = (companyId: string, name: string) => `${this.prefix}:provider-instance-deleted:${enc(companyId)}:${name}`;
   private draftKey = (id: string) => `${this.prefix}:provider-instance-draft:${id}`;
 
   private requireKeys(): MasterKeys {
