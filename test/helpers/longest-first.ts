@@ -5,15 +5,16 @@ import { BaseSequencer, type TestSpecification } from 'vitest/node';
 /**
  * The files that take longest (wall time in a full run here, docs/testing.md), most first:
  * they start first, so none of them starts last and keeps the run going alone at its end. A
- * clean clone has no timings of its own for vitest to sort by. The stuck-stop default's one
- * test mostly waits (30 s of a stop budget): it starts beside the two that keep the CPU busy.
+ * clean clone has no timings of its own for vitest to sort by. The two that keep the CPU busy
+ * (project `busy`) run first, on their own (vitest.config.ts); then the stuck-stop default's one
+ * test, which mostly waits (30 s of a stop budget), starts with the longest of the rest.
  * Below those, a file that mostly waits (fencing, pacing) follows one that keeps the CPU busy
  * (partitioned, bounded-recovery), so that fewer of the busy ones run at once. The rest follow,
  * largest first.
  */
 const LONGEST = [
-  'redis:test/lane-model.test.ts',
-  'redis:test/chaos.test.ts',
+  'busy:test/lane-model.test.ts',
+  'busy:test/chaos.test.ts',
   'redis:test/stuck-stop-default.test.ts',
   'redis:test/paperclip-plugin.test.ts',
   'redis:test/quick-start.test.ts',
@@ -34,6 +35,7 @@ const LONGEST = [
   'redis:test/attack/security.test.ts',
   'redis:test/acquire-leaks.test.ts',
   'redis:test/attack/third-attack.test.ts',
+  'redis:test/failover.test.ts',
 ];
 
 export default class LongestFirst extends BaseSequencer {
