@@ -1,12 +1,12 @@
 import { Job, UnrecoverableError, Worker } from 'bullmq';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { BACKOFF_TYPE } from '../src/queues/operations-queue.ts';
+import { BACKOFF_TYPE, OperationsQueue } from '../src/queues/operations-queue.ts';
 import type { LaneOutcome } from '../src/queues/lane.ts';
 import { luaCommand, type LuaCommand } from '../src/queues/lua-scripts.ts';
 import { createRedis, type RedisClient } from '../src/queues/redis.ts';
 import { RetryLaterError } from '../src/queues/retry-policy.ts';
-import { lease, TestBed } from './helpers/env.ts';
+import { lease, scanKeys, testConfig } from './helpers/env.ts';
 
 /*
  * A model-based test of the lane: random interleavings of enqueue, hand-off, attempt start,
@@ -56,8 +56,29 @@ interface Attempt {
   outcome: LaneOutcome | null;
 }
 
+/**
+ * One run's queue and lanes under a prefix of its own, on a connection the seed's runs share: a
+ * bed of its own per run (four connections, each sent every script it ran whole, BullMQ's too)
+ * spent about a third of the file's CPU on connecting.
+ */
+class ModelBed {
+  readonly config = testConfig({ LEASE_OPS_KEEP_COMPLETED_S: '3600' });
+  readonly ops: OperationsQueue;
+  constructor(private readonly redis: RedisClient) {
+    this.ops = new OperationsQueue(redis, this.config);
+  }
+  /** Keys left under this run's prefix that belong to lanes. */
+  laneKeys(): Promise<string[]> {
+    return scanKeys(this.redis, `${this.config.LEASE_OPS_PREFIX}:lane*`);
+  }
+  async close(): Promise<void> {
+    await this.ops.close();
+    for (const key of await scanKeys(this.redis, `${this.config.LEASE_OPS_PREFIX}*`)) await this.redis.unlink(key);
+  }
+}
+
 interface Real {
-  bed: TestBed;
+  bed: ModelBed;
   worker: Worker;
   redis: RedisClient;
   fenceCheck: LuaCommand;
@@ -526,34 +547,40 @@ describe('the lane against a reference model (fast-check commands, fixed seed, r
   // The seeds run at once (each run has its own bed, prefix and worker).
   it.concurrent.each(seeds)('agrees with the model after every step, and every operation ends once with the outcome its attempt decided (seed $seed, $numRuns runs)', async ({ seed, numRuns }) => {
     const admissions: Record<string, number> = {};
-    await fc.assert(
-      fc.asyncProperty(commands, async (cmds) => {
-        const bed = await TestBed.create({ LEASE_OPS_KEEP_COMPLETED_S: '3600' });
-        const connection = createRedis(bed.config.REDIS_URL);
-        const worker = new Worker(bed.config.LEASE_OPS_QUEUE, undefined, {
-          connection,
-          prefix: bed.config.LEASE_OPS_PREFIX,
-          autorun: false,
-          maxStalledCount: 1_000_000_000,
-          lockDuration: 600_000,
-          settings: { backoffStrategy: (_n, type, err) => (type === BACKOFF_TYPE && err instanceof RetryLaterError ? err.delayMs : -1) },
-        });
-        const real: Real = { bed, worker, redis, fenceCheck: luaCommand(redis, 'fence-check', 2), attempts: [], locks: 0, admissions };
-        const model: Model = { ops: [], seq: 0, violations: [] };
-        try {
-          await fc.asyncModelRun(() => ({ model, real }), cmds);
-          await drain(model, real);
-          expect(model.violations).toEqual([]);
-          const left = await bed.laneKeys();
-          expect(left.filter((k) => /:lane:[^:]+$/.test(k))).toEqual([]);
-        } finally {
-          await worker.close(true);
-          connection.disconnect();
-          await bed.close();
-        }
-      }),
-      { seed, numRuns, endOnFailure: !process.env.LANE_MODEL_SHRINK },
-    );
+    // The seed's runs one after another, each on these two (its own prefix, queue and worker).
+    const shared = createRedis(process.env.REDIS_URL ?? 'redis://127.0.0.1:6379');
+    const connection = createRedis(process.env.REDIS_URL ?? 'redis://127.0.0.1:6379');
+    try {
+      await fc.assert(
+        fc.asyncProperty(commands, async (cmds) => {
+          const bed = new ModelBed(shared);
+          const worker = new Worker(bed.config.LEASE_OPS_QUEUE, undefined, {
+            connection,
+            prefix: bed.config.LEASE_OPS_PREFIX,
+            autorun: false,
+            maxStalledCount: 1_000_000_000,
+            lockDuration: 600_000,
+            settings: { backoffStrategy: (_n, type, err) => (type === BACKOFF_TYPE && err instanceof RetryLaterError ? err.delayMs : -1) },
+          });
+          const real: Real = { bed, worker, redis, fenceCheck: luaCommand(redis, 'fence-check', 2), attempts: [], locks: 0, admissions };
+          const model: Model = { ops: [], seq: 0, violations: [] };
+          try {
+            await fc.asyncModelRun(() => ({ model, real }), cmds);
+            await drain(model, real);
+            expect(model.violations).toEqual([]);
+            const left = await bed.laneKeys();
+            expect(left.filter((k) => /:lane:[^:]+$/.test(k))).toEqual([]);
+          } finally {
+            await worker.close(true);
+            await bed.close();
+          }
+        }),
+        { seed, numRuns, endOnFailure: !process.env.LANE_MODEL_SHRINK },
+      );
+    } finally {
+      shared.disconnect();
+      connection.disconnect();
+    }
     // The runs reached the interesting places: starts, parks, outcomes repeated after a crash...
     expect(admissions.run).toBeGreaterThan(200);
     expect(admissions.park).toBeGreaterThan(20);
