@@ -1,9 +1,8 @@
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
-import { pathToFileURL } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import { createRedis } from '../src/queues/redis.ts';
 import { REDIS_URL, scanKeys } from './helpers/env.ts';
@@ -38,21 +37,6 @@ function copyOfRepo(): string {
     }
   }
   return dir;
-}
-
-/**
- * The dist/ this run already built (`npm run test` builds it first, in CI from a clean clone),
- * carried into the copy when it was built from the copy's very sources: the copy's `npm start` then
- * finds it current and builds nothing (14 s of the test, 22 s of CPU beside the other files).
- * Returns whether it was carried: a dist/ from other sources is left behind, and the copy builds.
- */
-async function carryBuild(dir: string): Promise<boolean> {
-  const { sourceHash } = (await import(pathToFileURL(join(ROOT, 'scripts', 'source-hash.js')).href)) as { sourceHash: (root: string) => string };
-  const recorded = join(ROOT, 'dist', '.source-hash');
-  if (!existsSync(recorded) || readFileSync(recorded, 'utf8') !== sourceHash(dir)) return false;
-  cpSync(join(ROOT, 'dist'), join(dir, 'dist'), { recursive: true });
-  cpSync(join(ROOT, 'packages', 'client', 'dist'), join(dir, 'packages', 'client', 'dist'), { recursive: true });
-  return true;
 }
 
 /** Resolves with the first match of `pattern` in the child's output so far or to come. */
@@ -117,7 +101,6 @@ describe("the README's quick start, in a fresh copy of the repository", () => {
   it('sets up and runs the main job: the lifecycle plays, then the API, board and metrics answer', async () => {
     const [setUpAndRun] = readmeCommands();
     dir = copyOfRepo();
-    const carried = await carryBuild(dir);
     const output = { text: '' };
     // Its own process group, so the test can stop npm and everything it started at once.
     child = spawn('bash', ['-c', setUpAndRun!], {
@@ -133,8 +116,6 @@ describe("the README's quick start, in a fresh copy of the repository", () => {
     const [, token] = await waitForOutput(child, output, /lease-ops: token (\S+)/, 10_000);
     await waitForOutput(child, output, /serving/, 60_000);
     for (const op of ['acquire', 'stop', 'resume', 'release']) expect(output.text).toMatch(new RegExp(`POST ${op}\\s+-> completed`));
-    // Built once per change: the carried build was taken as current; without one, the copy built.
-    expect(output.text.includes('building dist/ from the sources')).toBe(!carried);
 
     const auth = { authorization: `Bearer ${token}` };
     expect((await fetch(`${api}/healthz`)).status).toBe(200);
