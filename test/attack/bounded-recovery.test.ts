@@ -159,8 +159,18 @@ describe('scenario 7: attention names blocked lanes, and only those', () => {
       pending = pending.filter((_, i) => !seen[i]);
       if (pending.length) await new Promise((r) => setTimeout(r, 50));
       return pending.length === 0;
-    // 3-5 s here, alone or beside three busy loops; a CI run on a slow day (2026-12-07, 524 s) missed 30 s.
-    }, 90_000, 'every destroy backing off');
+    // 3-5 s here, alone or beside three busy loops; a CI run on a slow day (2026-12-07, 524 s)
+    // missed 30 s, and a full run beside two busy loops 90 s (not explained: alone beside them it
+    // passes in seconds). Where the ones left stand is said when it fails.
+    }, 90_000, 'every destroy backing off').catch(async (err: Error) => {
+      const where: Record<string, number> = {};
+      for (const id of pending) {
+        const state = `${await bed.ops.queue.getJobState(id)}${(await bed.redis.hexists(bed.ops.queue.toKey(id), 'lo:parked')) ? ' (parked)' : ''}`;
+        where[state] = (where[state] ?? 0) + 1;
+      }
+      const lane = pending[0] ? await bed.ops.lanes.view(quiet.find((q) => q.jobId === pending[0])!.laneId) : null;
+      throw new Error(`${err.message}: ${pending.length} not, by state ${JSON.stringify(where)}; the first one's lane ${JSON.stringify(lane)}`);
+    });
     // Long past twice the sweep bound (2 × (stale + interval) = 800 ms), every lane here is
     // quiet: the backing-off ones are healthy, and the sweep keeps marking them seen.
     const quietSince = Date.now();
