@@ -70,17 +70,6 @@ function parseRecord(fields: Record<string, string>): z.infer<typeof RecordSchem
 }
 
 const enc = (part: string) => encodeURIComponent(part);
-const instanceRecordKey = (prefix: string, companyId: string, name: string) => `${prefix}:provider-instance:${enc(companyId)}:${name}`;
-
-/**
- * Whether a lease's company holds an instance of the lease's provider name for the lease's
- * environment: what an operation of that lease runs with when its caller did not say (the API
- * decides the same way, after what the caller may use). One read.
- */
-async function holdsInstance(redis: RedisClient, prefix: string, lease: { provider: string; companyId: string; environmentId: string }): Promise<boolean> {
-  const [rev, envs] = await redis.hmget(instanceRecordKey(prefix, lease.companyId, lease.provider), 'rev', 'envs');
-  return rev !== null && (!envs || (safeJson(envs, z.array(z.string()))?.includes(lease.environmentId) ?? false));
-}
 
 /**
  * The provider registry in Redis: instances saved at run time, each belonging to a company
@@ -121,7 +110,7 @@ export class ProviderInstanceStore {
     return this.options.keys;
   }
 
-  private recordKey = (companyId: string, name: string) => instanceRecordKey(this.prefix, companyId, name);
+  private recordKey = (companyId: string, name: string) => `${this.prefix}:provider-instance:${enc(companyId)}:${name}`;
   private companyIndex = (companyId: string) => `${this.prefix}:provider-instances:${enc(companyId)}`;
   private get allIndex() {
     return `${this.prefix}:provider-instances`;
@@ -305,9 +294,14 @@ export class ProviderInstanceStore {
     return { companyId: record.companyId, name: record.name, type: record.type, config, environmentIds: envs, sealed, fingerprint: record.fingerprint, rev: record.rev };
   }
 
-  /** Whether a lease's company holds an instance of its provider name for its environment (holdsInstance). */
-  holds(lease: { provider: string; companyId: string; environmentId: string }): Promise<boolean> {
-    return holdsInstance(this.redis, this.prefix, lease);
+  /**
+   * Whether a lease's company holds an instance of the lease's provider name for the lease's
+   * environment: what an operation of that lease runs with when its caller did not say (the API
+   * decides the same way, after what the caller may use). One read.
+   */
+  async holds(lease: { provider: string; companyId: string; environmentId: string }): Promise<boolean> {
+    const [rev, envs] = await this.redis.hmget(this.recordKey(lease.companyId, lease.provider), 'rev', 'envs');
+    return rev !== null && (!envs || (safeJson(envs, z.array(z.string()))?.includes(lease.environmentId) ?? false));
   }
 
   /** An instance's revision (what a worker compares with the provider it built), or null. */
