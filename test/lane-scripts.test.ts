@@ -46,6 +46,22 @@ describe('lane scripts', () => {
     expect((await bed.ops.lanes.view(a.laneId)).holder).toEqual({ job: a.jobId, token: second });
   });
 
+  it('parks a head whose lane another job still holds: its start gets no token, and the holder keeps its own', async () => {
+    // The lane's head is not its holder when the holder left the list while it ran (an operator
+    // removed it; the sweep's repair dropped it): that attempt may still be running, so the new
+    // head waits for its release or the sweep. A start given a token here would run beside it,
+    // kept from the provider only by the fence (helper-65's surviving mutant of lane-acquire).
+    bed = await TestBed.create();
+    const a = await enqueueParked(bed, 'h');
+    const b = await enqueueParked(bed, 'h');
+    const holder = (await bed.ops.lanes.view(a.laneId)).holder!;
+    await bed.redis.lrem(bed.ops.lanes.listKey(a.laneId), 0, a.jobId);
+    expect((await bed.ops.lanes.view(a.laneId)).jobs).toEqual([b.jobId]);
+    expect(await bed.laneAcquire(a.laneId, b.jobId)).toEqual({ kind: 'park' });
+    expect((await bed.ops.lanes.view(a.laneId)).holder).toEqual(holder);
+    expect(await bed.redis.hget(bed.ops.queue.toKey(b.jobId), 'lo:parked')).toBe('1');
+  });
+
   it('refuses the drop of a parked job past its deadline by an attempt that lost the job\'s lock, and changes nothing', async () => {
     bed = await TestBed.create();
     const a = await enqueueParked(bed, 'y');
