@@ -4,14 +4,13 @@ import LongestFirst from './test/helpers/longest-first.ts';
 // The suites that cover the lane, retries, fencing and the watchdog run twice: against the
 // shared Redis, and against a local 3-master Redis Cluster that the `cluster` project starts.
 const ON_CLUSTER = ['test/partitioned.test.ts', 'test/lane.test.ts', 'test/lane-scripts.test.ts', 'test/fencing.test.ts', 'test/watchdog.test.ts', 'test/on-cluster.test.ts'];
-// The two files that keep a core busy each for their whole run (the lane model's 450 runs; the
-// chaos campaign's four worker processes) run first, beside each other and two files that mostly
-// wait (the stuck-stop default's 30 s stop budget; the provider contracts' HTTP to their fakes,
-// about 5 s of CPU in 13-17 s together): the campaign is never beside more than one busy file (at
-// two more, it caught the fencing limit docs/reliability.md names), and the third slot, idle
-// while the campaign's second half waits on locks and outages, does waiting that the rest would
-// otherwise hold a slot for. The rest then run three at a time.
-const FIRST = ['test/lane-model.test.ts', 'test/chaos.test.ts', 'test/stuck-stop-default.test.ts', 'test/providers.contract.test.ts'];
+// The chaos campaign runs first, beside two files that mostly wait about as long (a fifth of a
+// core each: the stuck-stop default's 30 s stop budget, pacing's rate-limit holds) and nothing
+// busy: under load past two busy files it caught the fencing limit docs/reliability.md names,
+// and beside the lane model (a core of its own) it took half as long again while both cores
+// were full, then left them idle in its second half, which waits on locks and outages. The
+// rest, the lane model among them, then run three at a time.
+const FIRST = ['test/chaos.test.ts', 'test/stuck-stop-default.test.ts', 'test/pacing.test.ts'];
 
 export default defineConfig({
   // Vite's caches outside node_modules: a folder created there makes npm's record of the

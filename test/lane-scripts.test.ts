@@ -57,9 +57,14 @@ describe('lane scripts', () => {
     const holder = (await bed.ops.lanes.view(a.laneId)).holder!;
     await bed.redis.lrem(bed.ops.lanes.listKey(a.laneId), 0, a.jobId);
     expect((await bed.ops.lanes.view(a.laneId)).jobs).toEqual([b.jobId]);
+    // What parking does besides answering, made visible: b as if it had last backed off (the
+    // push marked it parked already; helper-66: a bare 'park' answer passed without this).
+    await bed.redis.hdel(bed.ops.queue.toKey(b.jobId), 'lo:parked');
+    await bed.redis.zadd(bed.ops.lanes.backingOffKey, Date.now(), b.jobId);
     expect(await bed.laneAcquire(a.laneId, b.jobId)).toEqual({ kind: 'park' });
     expect((await bed.ops.lanes.view(a.laneId)).holder).toEqual(holder);
     expect(await bed.redis.hget(bed.ops.queue.toKey(b.jobId), 'lo:parked')).toBe('1');
+    expect(await bed.redis.zscore(bed.ops.lanes.backingOffKey, b.jobId)).toBeNull();
   });
 
   it('refuses the drop of a parked job past its deadline by an attempt that lost the job\'s lock, and changes nothing', async () => {

@@ -140,7 +140,13 @@ describe('the same with real worker processes', () => {
     expect(['delayed', 'waiting', 'active', 'completed']).toContain(await b.ops.queue.getJobState(J));
     const K = (await b.ops.enqueue({ op: 'stop', lease: L, params: { providerLeaseId: 'park-kill' }, deadlineMs })).jobId;
     // The sweep (every 0.5 s here) hands J off; it used to wait for its deadline, 10 min away.
-    const ended = await b.waitForAll([J, K], 15_000);
+    const ended = await b.waitForAll([J, K], 15_000).catch(async (err: Error) => {
+      // Seen once in a full run (helper-66), not alone or beside a CPU hog: where J, K and
+      // their lane stand, and what the worker left said, for the next sighting.
+      const states = await Promise.all([J, K].map(async (id) => `${id}: ${await b.ops.queue.getJobState(id)}`));
+      const lane = await b.ops.lanes.view(laneIdOf(L));
+      throw new Error(`${err.message}\n${states.join('; ')}; lane ${JSON.stringify(lane)}\nthe runner's last lines:\n${runner.logs.slice(-20).join('\n')}`);
+    });
     expect([ended.get(J), ended.get(K)]).toEqual(['completed', 'completed']);
     expect(readCallFile(callFile).filter((c) => c.jobId === J && c.end).map((c) => c.outcome)).toEqual(['settling', 'ok']);
   });
