@@ -15,8 +15,8 @@ const UNLISTED_S = 10;
 /**
  * Files that keep about a core busy for most of their time (processes they start, npm and tsc,
  * CPU-bound checks): measured alone on 2026-12-08, CPU time over wall time 0.65 or more. Two of
- * them started together slow each other down (the quick start took 54-63 s beside the packed
- * package, 34-41 s when they started apart).
+ * them started together slow each other down (the quick start took 51-63 s beside the packed
+ * package, 34-44 s when they started apart).
  */
 const BUSY = new Set([
   'test/quick-start.test.ts',
@@ -56,7 +56,8 @@ export default class LongestFirst extends BaseSequencer {
     const left = [...files].sort((a, b) => group(a) - group(b) || seconds(b) - seconds(a) || size(b) - size(a));
     const order: TestSpecification[] = [];
     while (left.length) {
-      // Of three slots, at most one of the last two files started is busy when a busy one starts.
+      // A busy file starts only when neither of the last two started in its group is busy: at
+      // most one busy file in any three in a row (the start order; busy files may still overlap).
       const first = left[0]!;
       const sameGroup = (f: TestSpecification) => group(f) === group(first);
       const spaced = busy(first) && order.slice(-2).filter(sameGroup).some(busy) ? left.findIndex((f) => sameGroup(f) && !busy(f)) : 0;
