@@ -6,6 +6,11 @@ import { BaseSequencer, type TestSpecification } from 'vitest/node';
 /** Each file's time in a full run here (seconds, by project), written by record-times.ts. */
 export const FILE_TIMES_PATH = fileURLToPath(new URL('./file-times.json', import.meta.url));
 
+/** The times file as a map of `project:file` to seconds. */
+export function readFileTimes(): Record<string, number> {
+  return JSON.parse(readFileSync(FILE_TIMES_PATH, 'utf8')) as Record<string, number>;
+}
+
 /**
  * A file the times do not list yet (a new one) is taken to last this long: early enough that a
  * slow new file does not start last and keep the run going alone at its end.
@@ -40,12 +45,12 @@ const BUSY = new Set([
  * a clean clone has no timings for vitest to sort by), so none of them starts last and keeps
  * the run going alone at its end; among files of equal time (or none listed), the larger
  * first. A busy file does not start right after another busy one, nor one after next, while
- * a file that mostly waits is left to go between them. Which files run together at all is the projects' order
- * (vitest.config.ts).
+ * a file that mostly waits is left to go between them. Which files run together at all is the
+ * projects' order (vitest.config.ts).
  */
 export default class LongestFirst extends BaseSequencer {
   override async sort(files: TestSpecification[]): Promise<TestSpecification[]> {
-    const times = JSON.parse(readFileSync(FILE_TIMES_PATH, 'utf8')) as Record<string, number>;
+    const times = readFileTimes();
     const root = this.ctx.config.root;
     const seconds = (f: TestSpecification) => times[`${f.project.name}:${relative(root, f.moduleId)}`] ?? UNLISTED_S;
     const size = (f: TestSpecification) => statSync(f.moduleId).size;

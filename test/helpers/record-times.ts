@@ -1,7 +1,7 @@
-import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Reporter, TestModule, TestRunEndReason, Vitest } from 'vitest/node';
-import { FILE_TIMES_PATH } from './longest-first.ts';
+import { FILE_TIMES_PATH, readFileTimes } from './longest-first.ts';
 
 /**
  * Writes each file's time in this run (its tests' and hooks', by project, in seconds) to
@@ -22,7 +22,7 @@ export default class RecordTimes implements Reporter {
   onTestRunEnd(testModules: ReadonlyArray<TestModule>, _errors: unknown, reason: TestRunEndReason): void {
     const root = this.vitest?.config.root ?? process.cwd();
     const times = new Map<string, number>(testModules.map((mod) => [`${mod.project.name}:${mod.relativeModuleId}`, Math.round(mod.diagnostic().duration / 100) / 10] as const));
-    const before = existsSync(FILE_TIMES_PATH) ? (JSON.parse(readFileSync(FILE_TIMES_PATH, 'utf8')) as Record<string, number>) : {};
+    const before = existsSync(FILE_TIMES_PATH) ? readFileTimes() : {};
     const missing = Object.keys(before).filter((key) => !times.has(key) && existsSync(join(root, key.slice(key.indexOf(':') + 1))));
     const refusal =
       reason !== 'passed'
